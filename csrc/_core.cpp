@@ -1,0 +1,287 @@
+// pybind11 bindings of the C++ core: argument checks, GIL release, calls. No arithmetic here.
+//
+// Every entry point takes NumPy arrays that must already have the right dtype, be C-contiguous
+// and (for outputs) writeable; nothing is converted or copied behind the caller's back, so an
+// output can never silently land in a temporary. Errors say what was expected and what came.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gemm.h"
+#include "im2col.h"
+#include "parallel.h"
+#include "pool.h"
+
+namespace py = pybind11;
+using Shape = std::vector<int64_t>;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << "(";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << (s.size() == 1 ? ",)" : ")");
+  return o.str();
+}
+
+Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
+
+// The array behind `obj`, checked for type, dtype, contiguity, ndim and writeability.
+template <class T>
+py::array checked(py::handle obj, const char* name, int ndim, bool output) {
+  const char* want = std::is_same<T, float>::value ? "float32" : "int32";
+  if (!py::isinstance<py::array>(obj))
+    throw py::type_error(std::string(name) + ": expected a numpy " + want + " array, got " +
+                         std::string(py::str(obj.get_type().attr("__name__"))));
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  if (!a.dtype().is(py::dtype::of<T>()))
+    throw py::type_error(std::string(name) + ": expected dtype " + want + ", got " +
+                         std::string(py::str(a.dtype())));
+  if (a.ndim() != ndim)
+    throw py::value_error(std::string(name) + ": expected a " + std::to_string(ndim) +
+                          "-d array, got shape " + shape_str(shape_of(a)));
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(name) + ": expected a C-contiguous array (use "
+                          "numpy.ascontiguousarray), got strides that are not");
+  if (output && !a.writeable())
+    throw py::value_error(std::string(name) + ": the output array is read-only");
+  return a;
+}
+
+void expect_shape(const py::array& a, const char* name, const Shape& want) {
+  if (shape_of(a) != want)
+    throw py::value_error(std::string(name) + ": expected shape " + shape_str(want) + ", got " +
+                          shape_str(shape_of(a)));
+}
+
+void expect_positive(int64_t v, const char* name) {
+  if (v < 1) throw py::value_error(std::string(name) + " must be >= 1, got " + std::to_string(v));
+}
+
+// An output must not share memory with an input: the kernels read inputs while writing.
+void expect_disjoint(const py::array& out, const py::array& in, const char* out_name,
+                     const char* in_name) {
+  auto lo = [](const py::array& a) { return reinterpret_cast<uintptr_t>(a.data()); };
+  auto hi = [&](const py::array& a) { return lo(a) + a.nbytes(); };
+  if (out.nbytes() && in.nbytes() && lo(out) < hi(in) && lo(in) < hi(out))
+    throw py::value_error(std::string(out_name) + " overlaps " + in_name +
+                          "; pass a separate output array");
+}
+
+template <class T>
+T* ptr(py::array& a) { return static_cast<T*>(a.mutable_data()); }
+template <class T>
+const T* cptr(const py::array& a) { return static_cast<const T*>(a.data()); }
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+
+void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans_b,
+                float alpha, float beta, int threads, bool reference) {
+  auto a = checked<float>(a_, "a", 2, false), b = checked<float>(b_, "b", 2, false);
+  auto c = checked<float>(c_, "c", 2, true);
+  const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
+  const int64_t Kb = trans_b ? b.shape(1) : b.shape(0), N = trans_b ? b.shape(0) : b.shape(1);
+  if (K != Kb)
+    throw py::value_error("gemm: inner dimensions differ: op(a) is " + shape_str({M, K}) +
+                          " and op(b) is " + shape_str({Kb, N}));
+  expect_shape(c, "c", {M, N});
+  expect_disjoint(c, a, "c", "a");
+  expect_disjoint(c, b, "c", "b");
+  if (threads < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(threads));
+  const float *pa = cptr<float>(a), *pb = cptr<float>(b);
+  float* pc = ptr<float>(c);
+  const int64_t lda = a.shape(1), ldb = b.shape(1), ldc = N;
+  py::gil_scoped_release nogil;
+  if (reference)
+    pyhet::sgemm_ref(trans_a, trans_b, M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+  else
+    pyhet::sgemm(trans_a, trans_b, M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc, threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// im2col / col2im
+
+struct ConvGeom {
+  int64_t N, C, H, W, KH, KW, stride, pad, OH, OW;
+};
+
+ConvGeom conv_geom(const py::array& x, int64_t kh, int64_t kw, int64_t stride, int64_t pad) {
+  expect_positive(kh, "kernel height");
+  expect_positive(kw, "kernel width");
+  expect_positive(stride, "stride");
+  if (pad < 0) throw py::value_error("padding must be >= 0, got " + std::to_string(pad));
+  ConvGeom g{x.shape(0), x.shape(1), x.shape(2), x.shape(3), kh, kw, stride, pad, 0, 0};
+  if (g.H + 2 * pad < kh || g.W + 2 * pad < kw)
+    throw py::value_error("a " + std::to_string(kh) + "x" + std::to_string(kw) +
+                          " kernel does not fit a " + std::to_string(g.H) + "x" +
+                          std::to_string(g.W) + " input with padding " + std::to_string(pad));
+  g.OH = pyhet::conv_out_size(g.H, kh, stride, pad);
+  g.OW = pyhet::conv_out_size(g.W, kw, stride, pad);
+  return g;
+}
+
+void bind_im2col(py::handle x_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
+                 py::handle col_, int threads) {
+  auto x = checked<float>(x_, "x", 4, false);
+  auto col = checked<float>(col_, "col", 2, true);
+  const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
+  expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
+  expect_disjoint(col, x, "col", "x");
+  const float* px = cptr<float>(x);
+  float* pc = ptr<float>(col);
+  py::gil_scoped_release nogil;
+  pyhet::im2col(px, g.N, g.C, g.H, g.W, kh, kw, stride, pad, pc, threads);
+}
+
+void bind_col2im(py::handle col_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
+                 py::handle x_, int threads) {
+  auto col = checked<float>(col_, "col", 2, false);
+  auto x = checked<float>(x_, "x", 4, true);
+  const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
+  expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
+  expect_disjoint(x, col, "x", "col");
+  const float* pc = cptr<float>(col);
+  float* px = ptr<float>(x);
+  py::gil_scoped_release nogil;
+  pyhet::col2im(pc, g.N, g.C, g.H, g.W, kh, kw, stride, pad, px, threads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pooling
+
+void bind_maxpool(py::handle x_, int64_t k, int64_t s, py::handle out_, py::handle arg_,
+                  int threads) {
+  auto x = checked<float>(x_, "x", 4, false);
+  auto out = checked<float>(out_, "out", 4, true);
+  auto arg = checked<int32_t>(arg_, "arg", 4, true);
+  expect_positive(k, "pool size");
+  expect_positive(s, "pool stride");
+  const int64_t N = x.shape(0), C = x.shape(1), H = x.shape(2), W = x.shape(3);
+  if (H < k || W < k)
+    throw py::value_error("max-pool window " + std::to_string(k) + " is larger than the " +
+                          std::to_string(H) + "x" + std::to_string(W) + " input");
+  const Shape want{N, C, (H - k) / s + 1, (W - k) / s + 1};
+  expect_shape(out, "out", want);
+  expect_shape(arg, "arg", want);
+  expect_disjoint(out, x, "out", "x");
+  const float* px = cptr<float>(x);
+  float* po = ptr<float>(out);
+  int32_t* pa = ptr<int32_t>(arg);
+  py::gil_scoped_release nogil;
+  pyhet::maxpool_forward(px, N * C, H, W, k, s, po, pa, threads);
+}
+
+void bind_maxpool_backward(py::handle dout_, py::handle arg_, py::handle dx_, int threads) {
+  auto dout = checked<float>(dout_, "dout", 4, false);
+  auto arg = checked<int32_t>(arg_, "arg", 4, false);
+  auto dx = checked<float>(dx_, "dx", 4, true);
+  expect_shape(arg, "arg", shape_of(dout));
+  if (dx.shape(0) != dout.shape(0) || dx.shape(1) != dout.shape(1))
+    throw py::value_error("dx: expected " + std::to_string(dout.shape(0)) + " x " +
+                          std::to_string(dout.shape(1)) + " planes, got shape " +
+                          shape_str(shape_of(dx)));
+  expect_disjoint(dx, dout, "dx", "dout");
+  const int64_t N = dx.shape(0), C = dx.shape(1), H = dx.shape(2), W = dx.shape(3);
+  const int32_t* pa = cptr<int32_t>(arg);
+  // arg comes from Python: check every index lands in its plane before scattering.
+  for (py::ssize_t i = 0; i < arg.size(); ++i)
+    if (pa[i] < 0 || pa[i] >= H * W)
+      throw py::value_error("arg: index " + std::to_string(pa[i]) + " is outside a " +
+                            std::to_string(H) + "x" + std::to_string(W) + " plane");
+  const float* pd = cptr<float>(dout);
+  float* px = ptr<float>(dx);
+  py::gil_scoped_release nogil;
+  pyhet::maxpool_backward(pd, pa, N * C, H, W, dout.shape(2), dout.shape(3), px, threads);
+}
+
+void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t p, py::handle out_,
+                            py::handle arg_, int threads) {
+  auto y = checked<float>(y_, "y", 4, false);
+  auto bias = checked<float>(bias_, "bias", 1, false);
+  auto out = checked<float>(out_, "out", 4, true);
+  auto arg = checked<int32_t>(arg_, "arg", 4, true);
+  expect_positive(p, "pool size");
+  const int64_t K = y.shape(0), N = y.shape(1), H = y.shape(2), W = y.shape(3);
+  if (H < p || W < p)
+    throw py::value_error("max-pool window " + std::to_string(p) + " is larger than the " +
+                          std::to_string(H) + "x" + std::to_string(W) + " conv output");
+  expect_shape(bias, "bias", {K});
+  const Shape want{N, K, (H - p) / p + 1, (W - p) / p + 1};
+  expect_shape(out, "out", want);
+  expect_shape(arg, "arg", want);
+  expect_disjoint(out, y, "out", "y");
+  const float *py_ = cptr<float>(y), *pb = cptr<float>(bias);
+  float* po = ptr<float>(out);
+  int32_t* pa = ptr<int32_t>(arg);
+  py::gil_scoped_release nogil;
+  pyhet::bias_relu_maxpool(py_, pb, K, N, H, W, p, po, pa, threads);
+}
+
+void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t p,
+                                     py::handle dy_, int threads) {
+  auto dout = checked<float>(dout_, "dout", 4, false);
+  auto arg = checked<int32_t>(arg_, "arg", 4, false);
+  auto dy = checked<float>(dy_, "dy", 4, true);
+  expect_positive(p, "pool size");
+  const int64_t K = dy.shape(0), N = dy.shape(1), H = dy.shape(2), W = dy.shape(3);
+  if (H < p || W < p)
+    throw py::value_error("dy: a " + std::to_string(H) + "x" + std::to_string(W) +
+                          " plane is smaller than the pool window " + std::to_string(p));
+  const Shape want{N, K, (H - p) / p + 1, (W - p) / p + 1};
+  expect_shape(dout, "dout", want);
+  expect_shape(arg, "arg", want);
+  expect_disjoint(dy, dout, "dy", "dout");
+  const int32_t* pa = cptr<int32_t>(arg);
+  for (py::ssize_t i = 0; i < arg.size(); ++i)
+    if (pa[i] < -1 || pa[i] >= H * W)
+      throw py::value_error("arg: index " + std::to_string(pa[i]) + " is outside a " +
+                            std::to_string(H) + "x" + std::to_string(W) + " plane");
+  const float* pd = cptr<float>(dout);
+  float* pdy = ptr<float>(dy);
+  py::gil_scoped_release nogil;
+  pyhet::bias_relu_maxpool_backward(pd, pa, K, N, H, W, p, pdy, threads);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pyhet's C++ core: packed SGEMM, im2col/col2im, pooling. Use pyhet.ops instead.";
+  m.def("sgemm",
+        [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta,
+           int threads) { bind_sgemm(a, b, c, ta, tb, alpha, beta, threads, false); },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+        py::arg("threads") = 1,
+        "c = alpha * op(a) @ op(b) + beta * c on the packed kernel, in place.");
+  m.def("sgemm_ref",
+        [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta) {
+          bind_sgemm(a, b, c, ta, tb, alpha, beta, 1, true);
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+        py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+        "The triple-loop reference of sgemm.");
+  m.def("gemm_kernel", &pyhet::sgemm_kernel_name, "The micro-kernel sgemm uses on this CPU.");
+  m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
+  m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
+        py::arg("pad"), py::arg("col"), py::arg("threads") = 1);
+  m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
+        py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1);
+  m.def("maxpool", &bind_maxpool, py::arg("x"), py::arg("k"), py::arg("stride"), py::arg("out"),
+        py::arg("arg"), py::arg("threads") = 1);
+  m.def("maxpool_backward", &bind_maxpool_backward, py::arg("dout"), py::arg("arg"),
+        py::arg("dx"), py::arg("threads") = 1);
+  m.def("bias_relu_maxpool", &bind_bias_relu_maxpool, py::arg("y"), py::arg("bias"),
+        py::arg("pool"), py::arg("out"), py::arg("arg"), py::arg("threads") = 1);
+  m.def("bias_relu_maxpool_backward", &bind_bias_relu_maxpool_backward, py::arg("dout"),
+        py::arg("arg"), py::arg("pool"), py::arg("dy"), py::arg("threads") = 1);
+}

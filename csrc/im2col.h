@@ -1,0 +1,24 @@
+// im2col and its mirror col2im, batched over the images of a minibatch.
+//
+// Letters: x (N, C, H, W) input in NCHW; kernel (KH, KW); output plane (OH, OW) with
+//   OH = (H + 2 * pad - KH) / stride + 1, OW likewise;
+//   col (C * KH * KW, N * OH * OW): row (c, i, j), column (n, oh, ow), so that
+//   W (K, C*KH*KW) @ col gives the conv output in (K, N, OH, OW) order.
+#pragma once
+#include <cstdint>
+
+namespace pyhet {
+
+inline int64_t conv_out_size(int64_t size, int64_t k, int64_t stride, int64_t pad) {
+  return (size + 2 * pad - k) / stride + 1;
+}
+
+// col = im2col(x); padding rows and columns come out as zeros.
+void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+            int64_t stride, int64_t pad, float* col, int threads);
+
+// x = col2im(col): x is overwritten with the sum of every col entry that im2col copied from it.
+void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+            int64_t stride, int64_t pad, float* x, int threads);
+
+}  // namespace pyhet

@@ -1,0 +1,193 @@
+"""The Python face of the C++ core, with readable errors.
+
+Every function takes float32 NumPy arrays and returns new arrays (or writes into ``out=``).
+An array of another dtype, or something that is not an array, raises ``TypeError``: nothing is
+converted behind your back. Wrong ndim or shapes, or ``threads < 1``, raise ``ValueError``.
+Non-contiguous inputs are copied to contiguous ones (the result is still exact); outputs must
+be C-contiguous.
+
+Letters: x (N, C, H, W) images in NCHW; col (C*KH*KW, N*OH*OW) the im2col matrix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "gemm", "sgemm", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",
+    "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
+    "conv_out_size",
+]
+
+
+def default_threads() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def gemm_kernel() -> str:
+    """The GEMM micro-kernel chosen for this CPU: ``"avx2-fma"`` or ``"portable"``."""
+    return _core.gemm_kernel()
+
+
+def have_openmp() -> bool:
+    return _core.have_openmp()
+
+
+def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
+    return (size + 2 * pad - k) // stride + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks
+
+
+def _threads(threads) -> int:
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise TypeError(f"threads must be an int or None, got {type(threads).__name__}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return int(threads)
+
+
+def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, "
+                        f"got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-d array, got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def _out(out, shape, name: str, dtype=np.float32) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != dtype:
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name}: the output must be C-contiguous")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# GEMM
+
+
+def gemm(a, b, threads=None) -> np.ndarray:
+    """float32 ``C = A @ B`` on the core's packed GEMM; A (M, K), B (K, N) -> C (M, N)."""
+    a = _array(a, "a", 2)
+    b = _array(b, "b", 2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"gemm: a is {a.shape} and b is {b.shape}; "
+                         f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+    c = np.empty((a.shape[0], b.shape[1]), np.float32)
+    _core.sgemm(a, b, c, threads=_threads(threads))
+    return c
+
+
+def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, threads=None):
+    """``c = alpha * op(a) @ op(b) + beta * c`` in place (c is allocated when None and beta == 0).
+
+    op(a) is a.T when trans_a (the transpose is handled while packing, not copied).
+    """
+    a = _array(a, "a", 2)
+    b = _array(b, "b", 2)
+    m = a.shape[1] if trans_a else a.shape[0]
+    n = b.shape[0] if trans_b else b.shape[1]
+    if c is None:
+        if beta != 0:
+            raise ValueError("sgemm: beta != 0 needs an existing c")
+        c = np.empty((m, n), np.float32)
+    c = _out(c, (m, n), "c")
+    _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
+                threads=_threads(threads))
+    return c
+
+
+# ------------------------------------------------------------------------------------------------
+# im2col / col2im
+
+
+def _col_shape(x_shape, kh, kw, stride, pad):
+    n, c, h, w = x_shape
+    oh, ow = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
+    return (c * kh * kw, n * oh * ow)
+
+
+def im2col(x, kh, kw, stride=1, pad=0, *, out=None, threads=None) -> np.ndarray:
+    """x (N, C, H, W) -> col (C*KH*KW, N*OH*OW): row (c, i, j), column (n, oh, ow)."""
+    x = _array(x, "x", 4)
+    if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
+        raise ValueError(f"im2col: a {kh}x{kw} kernel does not fit a {x.shape[2]}x{x.shape[3]} "
+                         f"input with padding {pad}")
+    col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
+    _core.im2col(x, kh, kw, stride, pad, col, threads=_threads(threads))
+    return col
+
+
+def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, threads=None) -> np.ndarray:
+    """The mirror of im2col: sums col's entries back into an (N, C, H, W) array."""
+    col = _array(col, "col", 2)
+    x = _out(out, tuple(x_shape), "out")
+    _core.col2im(col, kh, kw, stride, pad, x, threads=_threads(threads))
+    return x
+
+
+# ------------------------------------------------------------------------------------------------
+# Pooling
+
+
+def maxpool(x, k=2, stride=None, *, threads=None):
+    """x (N, C, H, W) -> (out, arg), floor mode; arg is the flat index of each max in its plane."""
+    x = _array(x, "x", 4)
+    stride = k if stride is None else stride
+    n, c, h, w = x.shape
+    if h < k or w < k:
+        raise ValueError(f"maxpool: window {k} is larger than the {h}x{w} input")
+    shape = (n, c, (h - k) // stride + 1, (w - k) // stride + 1)
+    out, arg = np.empty(shape, np.float32), np.empty(shape, np.int32)
+    _core.maxpool(x, k, stride, out, arg, threads=_threads(threads))
+    return out, arg
+
+
+def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
+    dout = _array(dout, "dout", 4)
+    arg = _array(arg, "arg", 4, np.int32)
+    dx = np.empty(tuple(x_shape), np.float32)
+    _core.maxpool_backward(dout, arg, dx, threads=_threads(threads))
+    return dx
+
+
+def bias_relu_maxpool(y, bias, pool=2, *, threads=None):
+    """y (K, N, H, W), bias (K,) -> (out (N, K, PH, PW), arg): maxpool(relu(y + bias))."""
+    y = _array(y, "y", 4)
+    bias = _array(bias, "bias", 1)
+    k, n, h, w = y.shape
+    if h < pool or w < pool:
+        raise ValueError(f"bias_relu_maxpool: window {pool} is larger than the {h}x{w} input")
+    shape = (n, k, (h - pool) // pool + 1, (w - pool) // pool + 1)
+    out, arg = np.empty(shape, np.float32), np.empty(shape, np.int32)
+    _core.bias_relu_maxpool(y, bias, pool, out, arg, threads=_threads(threads))
+    return out, arg
+
+
+def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, *, out=None, threads=None):
+    """dout, arg (N, K, PH, PW) -> dy (K, N, H, W), the gradient of the conv output."""
+    dout = _array(dout, "dout", 4)
+    arg = _array(arg, "arg", 4, np.int32)
+    dy = _out(out, tuple(y_shape), "out")
+    _core.bias_relu_maxpool_backward(dout, arg, pool, dy, threads=_threads(threads))
+    return dy
