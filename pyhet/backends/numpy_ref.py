@@ -1,0 +1,254 @@
+"""The reference backend: every operation of the network, written to be read.
+
+It is the oracle of the tests and a device kind of its own (``--devices numpy``). Each function
+takes arrays of one array module, NumPy or CuPy (``xp``), and works in their dtype, so the
+gradient checks run it in float64 and the GPU backend runs it on CuPy arrays.
+
+Letters: N images, C input channels, (H, W) input plane, K kernels (output channels),
+(R, S) kernel size, (OH, OW) output plane, F features, M classes.
+  x (N, C, H, W)   w (K, C, R, S)   b (K,)   y (N, K, OH, OW)
+  col (C*R*S, N*OH*OW): row (c, i, j), column (n, oh, ow)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def array_module(a):
+    """numpy, or cupy for a CuPy array (cupy is imported only if such an array exists)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
+    return (size + 2 * pad - k) // stride + 1
+
+
+# ================================================================================================
+# im2col and col2im
+
+
+def im2col(x, R: int, S: int, stride: int = 1, pad: int = 0):
+    """x (N, C, H, W) -> col (C*R*S, N*OH*OW)."""
+    xp = array_module(x)
+    N, C, H, W = x.shape
+    OH, OW = out_size(H, R, stride, pad), out_size(W, S, stride, pad)
+    xpad = xp.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
+    col = xp.empty((C, R, S, N, OH, OW), x.dtype)
+    for i in range(R):
+        for j in range(S):
+            # the input pixels that kernel tap (i, j) sees, for every output position
+            patch = xpad[:, :, i:i + stride * OH:stride, j:j + stride * OW:stride]
+            col[:, i, j] = patch.transpose(1, 0, 2, 3)
+    return col.reshape(C * R * S, N * OH * OW)
+
+
+def col2im(col, x_shape, R: int, S: int, stride: int = 1, pad: int = 0):
+    """The mirror of im2col: each col entry is added back to the pixel it came from."""
+    xp = array_module(col)
+    N, C, H, W = x_shape
+    OH, OW = out_size(H, R, stride, pad), out_size(W, S, stride, pad)
+    col = col.reshape(C, R, S, N, OH, OW)
+    dxpad = xp.zeros((N, C, H + 2 * pad, W + 2 * pad), col.dtype)
+    for i in range(R):
+        for j in range(S):
+            dxpad[:, :, i:i + stride * OH:stride, j:j + stride * OW:stride] += (
+                col[:, i, j].transpose(1, 0, 2, 3))
+    return dxpad[:, :, pad:pad + H, pad:pad + W] if pad else dxpad
+
+
+# ================================================================================================
+# Conv2d: y = w * x + b, as one GEMM over the im2col matrix. The *_col forms start from the im2col
+# matrix, so that several devices in one process can share one im2col of their common input.
+
+
+def conv2d_forward_col(col, x_shape, w, b, stride: int = 1, pad: int = 0):
+    """col (C*R*S, N*OH*OW), w (K, C, R, S), b (K,) -> y (N, K, OH, OW)."""
+    N, C, H, W = x_shape
+    K, _, R, S = w.shape
+    OH, OW = out_size(H, R, stride, pad), out_size(W, S, stride, pad)
+    y = w.reshape(K, -1) @ col + b[:, None]                # (K, N*OH*OW)
+    return y.reshape(K, N, OH, OW).transpose(1, 0, 2, 3).copy()
+
+
+def conv2d_backward_col(dy, col, w, need_dcol: bool = True):
+    """dy (N, K, OH, OW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
+    K = w.shape[0]
+    dy2 = dy.transpose(1, 0, 2, 3).reshape(K, -1)          # (K, N*OH*OW)
+    dw = (dy2 @ col.T).reshape(w.shape)
+    db = dy2.sum(axis=1)
+    dcol = w.reshape(K, -1).T @ dy2 if need_dcol else None
+    return dcol, dw, db
+
+
+def conv2d_forward(x, w, b, stride: int = 1, pad: int = 0):
+    """x (N, C, H, W), w (K, C, R, S), b (K,) -> y (N, K, OH, OW), col (kept for backward)."""
+    col = im2col(x, w.shape[2], w.shape[3], stride, pad)
+    return conv2d_forward_col(col, x.shape, w, b, stride, pad), col
+
+
+def conv2d_backward(dy, col, x_shape, w, stride: int = 1, pad: int = 0, need_dx: bool = True):
+    """dy (N, K, OH, OW) -> dx (N, C, H, W) or None, dw (K, C, R, S), db (K,)."""
+    dcol, dw, db = conv2d_backward_col(dy, col, w, need_dx)
+    dx = col2im(dcol, x_shape, w.shape[2], w.shape[3], stride, pad) if need_dx else None
+    return dx, dw, db
+
+
+# ================================================================================================
+# ReLU
+
+
+def relu_forward(x):
+    xp = array_module(x)
+    return xp.maximum(x, 0)
+
+
+def relu_backward(dy, y):
+    """The gradient passes where the output is positive."""
+    return dy * (y > 0)
+
+
+# ================================================================================================
+# MaxPool2d, floor mode (PyTorch's default): rows and columns that do not fill a window drop.
+# arg (N, C, PH, PW) is the flat index h * W + w of each window's maximum in its plane; the
+# first maximum wins and a NaN wins over everything, as in PyTorch.
+
+
+def maxpool_forward(x, k: int = 2, stride: int | None = None):
+    """x (N, C, H, W) -> y (N, C, PH, PW), arg (N, C, PH, PW) int32."""
+    xp = array_module(x)
+    s = k if stride is None else stride
+    N, C, H, W = x.shape
+    PH, PW = (H - k) // s + 1, (W - k) // s + 1
+    rows = (xp.arange(PH) * s)[:, None]                    # top row of each window
+    cols = (xp.arange(PW) * s)[None, :]                    # left column of each window
+    y = x[:, :, 0:s * PH:s, 0:s * PW:s].copy()
+    arg = xp.broadcast_to(rows * W + cols, y.shape).astype(np.int32)
+    for i in range(k):
+        for j in range(k):
+            v = x[:, :, i:i + s * PH:s, j:j + s * PW:s]
+            take = (v > y) | (xp.isnan(v) & ~xp.isnan(y))
+            y = xp.where(take, v, y)
+            arg = xp.where(take, ((rows + i) * W + cols + j).astype(np.int32), arg)
+    return y, arg
+
+
+def maxpool_backward(dy, arg, x_shape):
+    """dy, arg (N, C, PH, PW) -> dx (N, C, H, W): each gradient goes to its window's maximum."""
+    xp = array_module(dy)
+    N, C, H, W = x_shape
+    dx = xp.zeros((N * C, H * W), dy.dtype)
+    planes = xp.arange(N * C)[:, None]
+    _scatter_add(dx, (planes, arg.reshape(N * C, -1)), dy.reshape(N * C, -1))
+    return dx.reshape(x_shape)
+
+
+def _scatter_add(a, index, values):
+    xp = array_module(a)
+    if xp is np:
+        np.add.at(a, index, values)
+    else:  # CuPy
+        import cupyx
+
+        cupyx.scatter_add(a, index, values)
+
+
+# ================================================================================================
+# Flatten, Linear
+
+
+def flatten_forward(x):
+    """x (N, C, H, W) -> (N, C*H*W), in (C, H, W) order as torch.flatten does."""
+    return x.reshape(x.shape[0], -1)
+
+
+def linear_forward(x, w, b):
+    """x (N, F), w (M, F), b (M,) -> y (N, M) = x @ w.T + b."""
+    return x @ w.T + b
+
+
+def linear_backward(dy, x, w, need_dx: bool = True):
+    """dy (N, M) -> dx (N, F) or None, dw (M, F), db (M,)."""
+    dx = dy @ w if need_dx else None
+    return dx, dy.T @ x, dy.sum(axis=0)
+
+
+# ================================================================================================
+# Softmax cross-entropy, mean over the batch
+
+
+def softmax_cross_entropy(logits, labels):
+    """logits (N, M), labels (N,) int -> loss (a 0-d array), dlogits (N, M)."""
+    xp = array_module(logits)
+    N = logits.shape[0]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logsumexp = xp.log(xp.exp(shifted).sum(axis=1))
+    picked = shifted[xp.arange(N), labels]
+    loss = (logsumexp - picked).mean()
+    dlogits = xp.exp(shifted - logsumexp[:, None])         # softmax
+    dlogits[xp.arange(N), labels] -= 1
+    return loss, dlogits / N
+
+
+# ================================================================================================
+# The conv block of the network, conv (valid, stride 1) -> ReLU -> max-pool, from the im2col
+# matrix of its input. The C++ backend fuses the same block; tests compare the two.
+
+
+def conv_block_forward(col, x_shape, w, b, pool: int = 2):
+    """col of x (N, C, H, W) -> out (N, K, PH, PW), saved (what the backward needs)."""
+    r = relu_forward(conv2d_forward_col(col, x_shape, w, b))
+    out, arg = maxpool_forward(r, pool)
+    return out, (r, arg)
+
+
+def conv_block_backward(dout, saved, col, w, need_dcol: bool = True):
+    """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
+    r, arg = saved
+    dy = relu_backward(maxpool_backward(dout, arg, r.shape), r)
+    return conv2d_backward_col(dy, col, w, need_dcol)
+
+
+# ================================================================================================
+# The backend object: what a device of kind `numpy` computes with.
+
+
+class NumpyBackend:
+    """The reference backend as a device kind: host arrays, plain NumPy."""
+
+    name = "numpy"
+    xp = np
+
+    def __init__(self, threads: int = 1):
+        self.threads = threads  # NumPy's BLAS has its own threads; kept for a uniform interface
+
+    def asarray(self, a):
+        return np.ascontiguousarray(a)
+
+    def to_host(self, a):
+        return a
+
+    def im2col(self, x, R, S, key=None):
+        return im2col(x, R, S)
+
+    def col2im(self, dcol, x_shape, R, S):
+        return col2im(dcol, x_shape, R, S)
+
+    def block_forward(self, col, x_shape, w, b, pool, key=None):
+        return conv_block_forward(col, x_shape, w, b, pool)
+
+    def block_backward(self, dout, saved, col, w, need_dcol):
+        return conv_block_backward(dout, saved, col, w, need_dcol)
+
+    def linear_forward(self, x, w, b):
+        return linear_forward(x, w, b)
+
+    def linear_backward(self, dy, x, w, need_dx=True):
+        return linear_backward(dy, x, w, need_dx)
+
+    def softmax_cross_entropy(self, logits, labels):
+        return softmax_cross_entropy(logits, labels)
