@@ -204,6 +204,26 @@ class Net:
         out["fc.bias"] = np.array(self.fc.params["bias"])
         return out
 
+    def momentum(self) -> dict:
+        """{layer: (vw, vb)} host arrays, (None, None) before the first step."""
+        out = {}
+        for conv in self.convs:
+            _, _, vw, vb = conv.gather_state()
+            out[conv.name] = (vw, vb)
+        out["fc"] = (self._fc_momentum["weight"], self._fc_momentum["bias"])
+        return out
+
+    def set_momentum(self, moms: dict) -> None:
+        """Install momentum buffers {"conv1.weight": array, ...} (from a checkpoint)."""
+        for conv in self.convs:
+            if f"{conv.name}.weight" in moms:
+                w, b, _, _ = conv.gather_state()
+                conv.install(w, b, moms[f"{conv.name}.weight"], moms[f"{conv.name}.bias"],
+                             conv.counts)
+        if "fc.weight" in moms:
+            self._fc_momentum = {"weight": moms["fc.weight"].copy(),
+                                 "bias": moms["fc.bias"].copy()}
+
     def partition(self) -> dict:
         return {conv.name: {d.name: c for d, c in zip(self.devices, conv.counts)}
                 for conv in self.convs}

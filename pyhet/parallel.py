@@ -28,7 +28,7 @@ class PartitionedConv:
         self.devices = list(devices)
         self.kernel_shape = w.shape[1:]
         self.host = host                     # backend that sums dcol parts and runs col2im
-        self._install(w, b, None, None, counts)
+        self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
 
@@ -36,7 +36,7 @@ class PartitionedConv:
     def K(self) -> int:
         return int(sum(self.counts))
 
-    def _install(self, w, b, vw, vb, counts):
+    def install(self, w, b, vw, vb, counts):
         counts = [int(c) for c in counts]
         if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != w.shape[0]:
             raise DeviceError(f"{self.name}: a partition of {w.shape[0]} kernels over "
@@ -67,7 +67,7 @@ class PartitionedConv:
         if list(counts) == self.counts:
             return
         w, b, vw, vb = self.gather_state()
-        self._install(w, b, vw, vb, counts)
+        self.install(w, b, vw, vb, counts)
 
     # --- forward / backward / step ------------------------------------------------------------
 

@@ -1,0 +1,159 @@
+"""The command line: ``pyhet train``, ``pyhet devices``, ``pyhet bench``.
+
+Errors in the user's input end the command with one message on stderr and exit status 2 for
+usage errors, 1 for the rest; no traceback unless --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+
+from .errors import PyhetError
+
+EXIT_ERROR, EXIT_USAGE = 1, 2
+BENCHMARKS = ("gemm", "step", "scaling")
+
+
+def _kernels(text: str):
+    try:
+        a, b = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two kernel counts as A,B (e.g. 500,1500), "
+                                         f"got {text!r}") from None
+    if a < 1 or b < 1:
+        raise argparse.ArgumentTypeError(f"kernel counts must be >= 1, got {text!r}")
+    return (a, b)
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not v > 0:
+            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        return v
+    return parse
+
+
+def _non_negative_float(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pyhet", description="Train CNNs with each conv layer's "
+                                "kernels split across heterogeneous devices.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    t = sub.add_parser("train", help="train the two-conv-layer CNN")
+    t.add_argument("--kernels", type=_kernels, default=(32, 64), metavar="A,B",
+                   help="kernels in conv1, conv2 (default 32,64; 500,1500 is the paper's)")
+    t.add_argument("--kernel-size", type=_positive(int), default=5, metavar="K")
+    t.add_argument("--dataset", default="bundled",
+                   help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
+    t.add_argument("--data-dir", default=None, metavar="DIR")
+    t.add_argument("--devices", default="auto", metavar="SPEC",
+                   help="e.g. cpu:1,cpu:1@0.5 or numpy or gpu:0,cpu (default auto)")
+    t.add_argument("--balance", choices=("dynamic", "static", "even"), default="dynamic")
+    t.add_argument("--batch-size", type=_positive(int), default=64, metavar="N")
+    t.add_argument("--epochs", type=_positive(int), default=2, metavar="E")
+    t.add_argument("--steps", type=_positive(int), default=None, metavar="S",
+                   help="stop after S optimizer steps (overrides --epochs)")
+    t.add_argument("--lr", type=_positive(float), default=0.01)
+    t.add_argument("--momentum", type=_non_negative_float, default=0.9)
+    t.add_argument("--weight-decay", type=_non_negative_float, default=0.0)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
+    t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
+    t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
+    t.add_argument("--checkpoint-dir", metavar="DIR", help="write a checkpoint every epoch")
+    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    b = sub.add_parser("bench", help="run a benchmark from bench/ (gemm, step, scaling)",
+                       add_help=False)
+    b.add_argument("name", choices=BENCHMARKS)
+    b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    return p
+
+
+def cmd_train(args) -> int:
+    from .train import TrainConfig, train
+
+    cfg = TrainConfig(kernels=args.kernels, kernel_size=args.kernel_size, dataset=args.dataset,
+                      data_dir=args.data_dir, devices=args.devices, balance=args.balance,
+                      batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
+                      lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                      seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
+                      save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      progress=not args.quiet)
+    result = train(cfg)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(human_summary(result))
+    return 0
+
+
+def human_summary(r: dict) -> str:
+    st = r["step_time_s"]
+    lines = [f"trained {r['steps']} steps ({r['epochs']:.2f} epochs) of batch {r['batch_size']} "
+             f"on {r['dataset']}, kernels {r['kernels'][0]},{r['kernels'][1]}",
+             f"devices: " + ", ".join(f"{d['name']}={d['spec']}" for d in r["devices"])]
+    if st:
+        lines.append(f"step time: median {st['median']:.4f} s, {r['images_per_s']:.1f} images/s, "
+                     f"conv share {r['conv_time_fraction']:.0%}")
+    for layer, part in r["partition"].items():
+        lines.append(f"{layer} partition: " + ", ".join(f"{k} {v}" for k, v in part.items()))
+    lines.append(f"final train loss: {r['train_loss']:.4f}")
+    acc = r["test_accuracy"]
+    lines.append("test accuracy: " + ("n/a (no test split)" if acc is None else f"{acc:.4f}"))
+    return "\n".join(lines)
+
+
+def cmd_bench(args) -> int:
+    try:
+        module = importlib.import_module(f"pyhet.bench.{args.name}")
+    except ImportError:
+        module = importlib.import_module(f"bench.{args.name}")  # running from a source tree
+    return int(module.main(args.args) or 0)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        parser.error(f"unknown command {args.command}")
+    except PyhetError as e:
+        if args.debug:
+            raise
+        print(f"pyhet: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("pyhet: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def entry():  # console script
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        sys.exit(main())

@@ -1,0 +1,272 @@
+"""Training: data -> devices -> network -> SGD steps -> summary.
+
+The step loop times every step and the parts of it (conv forward/backward on the devices, the fc
+layer on the master, the update), so the summary can say where the time went.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import ops
+from .backends.cpu import CpuBackend
+from .backends.numpy_ref import NumpyBackend
+from .data import Dataset, iterate_batches, load_dataset
+from .devices import Device, check_threads, cuda_device_count, make_devices, parse_devices
+from .errors import PyhetError, TrainingError, WeightsError
+from .model import PARAM_NAMES, Net, NetShape, init_params, load_weights, save_weights
+from .optim import SGDConfig
+from .partition import even
+from .progress import Progress
+
+BALANCE_MODES = ("dynamic", "static", "even")
+
+
+@dataclass
+class TrainConfig:
+    kernels: tuple = (32, 64)
+    kernel_size: int = 5
+    dataset: str = "bundled"
+    data_dir: str | None = None
+    devices: str = "auto"
+    balance: str = "dynamic"
+    batch_size: int = 64
+    epochs: int = 2
+    steps: int | None = None
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    seed: int = 0
+    shuffle: bool = True
+    init: str | None = None
+    save: str | None = None
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    progress: bool = True
+
+    def check(self):
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.epochs < 1 and self.steps is None:
+            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        if self.balance not in BALANCE_MODES:
+            raise ValueError(f"--balance must be one of {', '.join(BALANCE_MODES)}, "
+                             f"got {self.balance!r}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir")
+        SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
+
+
+# ================================================================================================
+# Timing
+
+
+@dataclass
+class StepTimer:
+    """Accumulates the time of named parts of the current step."""
+
+    parts: dict = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
+
+
+# ================================================================================================
+# Setting up
+
+
+def host_backend(devices):
+    """The master's backend: the C++ core on every core, or the reference if only numpy devices
+    were asked for (so that `--devices numpy` is pure NumPy end to end)."""
+    if all(d.kind == "numpy" for d in devices):
+        return NumpyBackend()
+    return CpuBackend(ops.default_threads())
+
+
+def initial_partition(shape: NetShape, devices, balance: str) -> dict:
+    """Kernels per device for each conv layer before training starts."""
+    n = len(devices)
+    return {"conv1": even(shape.kernels[0], n), "conv2": even(shape.kernels[1], n)}
+
+
+def _checkpoints(directory):
+    return sorted(glob.glob(os.path.join(directory, "checkpoint-*.npz")))
+
+
+def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg: TrainConfig):
+    """Weights, momentum and the position in the data; training resumed from it goes on
+    exactly as if it had not stopped."""
+    os.makedirs(directory, exist_ok=True)
+    arrays = dict(net.params())
+    for name, (vw, vb) in net.momentum().items():
+        if vw is not None:
+            arrays[f"momentum/{name}.weight"], arrays[f"momentum/{name}.bias"] = vw, vb
+    meta = {"step": step, "epoch": epoch, "batch": batch, "seed": cfg.seed,
+            "batch_size": cfg.batch_size, "shuffle": cfg.shuffle}
+    arrays["meta"] = np.array(json.dumps(meta))
+    path = os.path.join(directory, f"checkpoint-{step:09d}.npz")
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path, shape: NetShape):
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            moms = {k[len("momentum/"):]: f[k] for k in f.files if k.startswith("momentum/")}
+    except Exception as e:
+        raise WeightsError(f"checkpoint {path}: not readable ({e})") from None
+    return load_weights(path, shape), moms, meta
+
+
+# ================================================================================================
+# Training
+
+
+def train(cfg: TrainConfig, log=None) -> dict:
+    """Train as cfg says; returns the summary (the JSON object of `pyhet train --json`)."""
+    log = log if log is not None else sys.stderr
+    try:
+        cfg.check()
+    except ValueError as e:
+        raise PyhetError(str(e)) from None
+    ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    try:
+        shape = NetShape(ds.input_shape, tuple(cfg.kernels), cfg.kernel_size, ds.num_classes)
+    except ValueError as e:
+        raise PyhetError(str(e)) from None
+
+    start = {"step": 0, "epoch": 0, "batch": 0}
+    moms = {}
+    ckpts = _checkpoints(cfg.checkpoint_dir) if cfg.resume else []
+    if ckpts:
+        params, moms, start = load_checkpoint(ckpts[-1], shape)
+        print(f"resuming from {ckpts[-1]} (step {start['step']})", file=log)
+    elif cfg.init:
+        params = load_weights(cfg.init, shape)
+    else:
+        params = init_params(shape, cfg.seed)
+
+    specs = parse_devices(cfg.devices, gpu_count=cuda_device_count)
+    check_threads(specs)
+    devices = make_devices(specs)
+    try:
+        host = host_backend(devices)
+        net = Net(shape, params, devices, initial_partition(shape, devices, cfg.balance), host)
+        if moms:
+            net.set_momentum(moms)
+        return _run(cfg, ds, net, start, log)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log) -> dict:
+    sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
+    n_train = ds.x_train.shape[0]
+    per_epoch = math.ceil(n_train / cfg.batch_size)
+    total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    step, epoch, skip = start["step"], start["epoch"], start["batch"]
+    step_times, conv_times, losses = [], [], []
+    busy0 = {d.name: d.busy_s for d in net.devices}
+    t_train = time.perf_counter()
+
+    while step < total_steps:
+        # Each epoch's order comes from (seed, epoch) alone, so a resumed run sees the same data.
+        rng = np.random.default_rng([cfg.seed, epoch])
+        todo = min(per_epoch - skip, total_steps - step)
+        bar = Progress(todo, f"epoch {epoch + 1}", log, enabled=cfg.progress)
+        batches = iterate_batches(ds.x_train, ds.y_train, cfg.batch_size, cfg.shuffle, rng)
+        for b, (xb, yb) in enumerate(batches):
+            if b < skip:
+                continue
+            if step >= total_steps:
+                break
+            timer = StepTimer()
+            t0 = time.perf_counter()
+            loss = net.train_step(xb, yb, sgd, timer)
+            dt = time.perf_counter() - t0
+            step += 1
+            if not math.isfinite(loss):
+                bar.close()
+                raise TrainingError(f"the loss became {loss} at step {step} (epoch {epoch + 1}, "
+                                    f"batch {b + 1}): training diverged; try a smaller --lr "
+                                    f"(now {cfg.lr})")
+            step_times.append(dt)
+            conv_times.append(timer.parts.get("conv_forward", 0) +
+                              timer.parts.get("conv_backward", 0))
+            losses.append(loss)
+            bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
+        bar.close()
+        done_epoch = b + 1 >= per_epoch if per_epoch else True
+        epoch, skip = (epoch + 1, 0) if done_epoch else (epoch, b)
+        if cfg.checkpoint_dir:
+            save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg)
+    train_s = time.perf_counter() - t_train
+    busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
+
+    accuracy = evaluate(net, ds, cfg.batch_size) if ds.x_test is not None else None
+    if cfg.save:
+        save_weights(cfg.save, net.params())
+    return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
+                   epochs=step / per_epoch)
+
+
+def evaluate(net: Net, ds: Dataset, batch_size: int) -> float:
+    """Accuracy on the whole test split."""
+    correct = 0
+    for xb, yb in iterate_batches(ds.x_test, ds.y_test, max(batch_size, 256), False, None):
+        correct += int((np.asarray(net.forward(xb)).argmax(axis=1) == yb).sum())
+    return correct / ds.x_test.shape[0]
+
+
+def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
+            epochs) -> dict:
+    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
+    conv = conv_times[1:] if len(conv_times) > 1 else conv_times
+    total = sum(step_times)
+    devices = []
+    for d in net.devices:
+        devices.append({"name": d.name, "spec": str(d.spec), "rank": d.spec.rank or 0,
+                        "busy_s": round(busy[d.name], 4),
+                        "idle_fraction": round(max(0.0, 1 - busy[d.name] / total), 4)
+                        if total else None,
+                        "emulated_speed": d.speed if d.spec.speed != 1.0 else None})
+    return {
+        "steps": len(step_times) + 0,
+        "epochs": round(epochs, 4),
+        "batch_size": cfg.batch_size,
+        "devices": devices,
+        "partition": net.partition(),
+        "balance": cfg.balance,
+        "step_time_s": {"median": statistics.median(timed), "min": min(timed),
+                        "max": max(timed)} if timed else None,
+        "images_per_s": (cfg.batch_size / statistics.median(timed)) if timed else None,
+        "train_loss": losses[-1] if losses else None,
+        "test_accuracy": accuracy,
+        "conv_time_fraction": (sum(conv) / sum(timed)) if timed and sum(timed) else None,
+        "dataset": ds.name,
+        "kernels": list(net.shape.kernels),
+        "kernel_size": net.shape.kernel_size,
+        "train_time_s": round(train_s, 3),
+        "emulated": any(d.spec.speed != 1.0 for d in net.devices),
+    }
