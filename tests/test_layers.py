@@ -1,0 +1,150 @@
+"""Every layer's hand-written backward against central finite differences, in float64 on the
+reference backend (fixed seeds).
+
+The check: for a random cotangent G, the loss L = sum(G * forward(x)); the analytic gradients
+from backward(G) must match (L(x + e) - L(x - e)) / 2e entry by entry.
+"""
+
+import numpy as np
+import pytest
+
+from pyhet.backends import numpy_ref as ref
+from pyhet.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
+
+EPS = 1e-6
+RTOL, ATOL = 1e-5, 1e-7
+
+
+def numeric_grad(f, a):
+    """Central differences of the scalar f() with respect to every entry of a (in place)."""
+    g = np.zeros_like(a)
+    flat, gflat = a.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + EPS
+        up = f()
+        flat[i] = old - EPS
+        down = f()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * EPS)
+    return g
+
+
+def check_layer(layer, x, seed=0):
+    rng = np.random.default_rng(seed)
+    y = layer.forward(x)
+    G = rng.standard_normal(y.shape)
+    dx = layer.backward(G)
+
+    def loss():
+        return float((layer.forward(x) * G).sum())
+
+    if dx is not None:
+        np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=RTOL, atol=ATOL)
+    for name, p in layer.params.items():
+        np.testing.assert_allclose(layer.grads[name], numeric_grad(loss, p), rtol=RTOL,
+                                   atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize("N,C,H,W,K,R,S,stride,pad", [
+    (2, 3, 7, 6, 4, 3, 3, 1, 0),
+    (1, 2, 5, 5, 3, 5, 5, 1, 0),      # kernel as large as the input
+    (3, 1, 8, 7, 2, 2, 3, 2, 1),      # stride and padding, rectangular kernel
+    (2, 2, 6, 6, 5, 1, 1, 1, 0),      # 1x1
+])
+def test_conv2d_gradients(N, C, H, W, K, R, S, stride, pad):
+    rng = np.random.default_rng(1)
+    layer = Conv2d(rng.standard_normal((K, C, R, S)), rng.standard_normal(K), stride, pad)
+    check_layer(layer, rng.standard_normal((N, C, H, W)))
+
+
+def test_relu_gradient():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4, 5, 5))
+    x[np.abs(x) < 1e-3] = 0.5  # keep away from the kink, where the derivative is undefined
+    check_layer(ReLU(), x)
+
+
+@pytest.mark.parametrize("shape,k,stride", [((2, 3, 7, 7), 2, None), ((1, 2, 6, 9), 3, 2),
+                                            ((2, 1, 5, 4), 2, 1)])
+def test_maxpool_gradient(shape, k, stride):
+    # distinct values, spaced well above EPS, so no perturbation changes a window's maximum
+    rng = np.random.default_rng(3)
+    x = rng.permutation(np.prod(shape)).reshape(shape).astype(np.float64) * 1e-2
+    check_layer(MaxPool2d(k, stride), x)
+
+
+def test_flatten_gradient():
+    check_layer(Flatten(), np.random.default_rng(4).standard_normal((2, 3, 4, 5)))
+
+
+def test_linear_gradient():
+    rng = np.random.default_rng(5)
+    layer = Linear(rng.standard_normal((7, 11)), rng.standard_normal(7))
+    check_layer(layer, rng.standard_normal((5, 11)))
+
+
+def test_softmax_cross_entropy_gradient():
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((6, 5)) * 3
+    labels = rng.integers(0, 5, 6)
+    layer = SoftmaxCrossEntropy()
+    layer.forward(logits, labels)
+    d = layer.backward()
+    np.testing.assert_allclose(
+        d, numeric_grad(lambda: float(layer.forward(logits, labels)), logits),
+        rtol=RTOL, atol=ATOL)
+
+
+def test_softmax_cross_entropy_value_and_stability():
+    logits = np.array([[1000.0, 0.0], [0.0, 0.0]])
+    loss, d = ref.softmax_cross_entropy(logits, np.array([0, 1]))
+    assert np.isfinite(loss) and np.isclose(loss, np.log(2) / 2)
+    np.testing.assert_allclose(d.sum(axis=1), 0, atol=1e-12)
+
+
+def test_conv_block_gradients():
+    """The network's block (conv -> ReLU -> pool, from the im2col matrix) as one function."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 9, 8))
+    w, b = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(4)
+    G = rng.standard_normal((2, 4, 3, 3))
+
+    def loss():
+        col = ref.im2col(x, 3, 3)
+        return float((ref.conv_block_forward(col, x.shape, w, b, 2)[0] * G).sum())
+
+    col = ref.im2col(x, 3, 3)
+    out, saved = ref.conv_block_forward(col, x.shape, w, b, 2)
+    dcol, dw, db = ref.conv_block_backward(G, saved, col, w)
+    dx = ref.col2im(dcol, x.shape, 3, 3)
+    np.testing.assert_allclose(dw, numeric_grad(loss, w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(db, numeric_grad(loss, b), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=RTOL, atol=ATOL)
+
+
+def test_conv_forward_matches_direct_definition():
+    """The im2col conv against the textbook sum, so the oracle itself is checked."""
+    rng = np.random.default_rng(8)
+    x, w, b = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((4, 3, 3, 2)), \
+        rng.standard_normal(4)
+    y, _ = ref.conv2d_forward(x, w, b, stride=2, pad=1)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros_like(y)
+    for n in range(2):
+        for k in range(4):
+            for i in range(y.shape[2]):
+                for j in range(y.shape[3]):
+                    want[n, k, i, j] = (xp[n, :, 2 * i:2 * i + 3, 2 * j:2 * j + 2] * w[k]).sum() \
+                        + b[k]
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+def test_maxpool_floor_mode_and_ties():
+    x = np.array([[[[1, 3, 3, 0, 9],
+                    [2, 3, 1, 1, 9],
+                    [7, 7, 7, 7, 9]]]], dtype=np.float64)
+    y, arg = ref.maxpool_forward(x, 2)
+    assert y.shape == (1, 1, 1, 2)                     # the odd row and column are dropped
+    np.testing.assert_array_equal(y[0, 0], [[3, 3]])
+    np.testing.assert_array_equal(arg[0, 0], [[1, 2]])  # the first maximum wins

@@ -1,0 +1,85 @@
+"""Distributed training gives the single-device weights: any partition of the kernels over
+mixed devices, C++ and reference, ends within float32 tolerance of one reference device."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyhet.backends.cpu import CpuBackend
+from pyhet.backends.numpy_ref import NumpyBackend
+from pyhet.devices import make_devices, parse_devices
+from pyhet.model import Net, NetShape, init_params
+from pyhet.optim import SGDConfig
+
+CFG = SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
+SHAPE = NetShape((2, 13, 12), (7, 9), 3, 5)   # pooling drops a row in both blocks
+
+
+def batch(seed, n=6):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n,) + SHAPE.input_shape).astype(np.float32),
+            rng.integers(0, SHAPE.num_classes, n))
+
+
+def train(spec, partition, steps=3, host=None):
+    devices = make_devices(parse_devices(spec))
+    try:
+        host = host or (NumpyBackend() if spec == "numpy" else CpuBackend(1))
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, partition, host)
+        losses = [net.train_step(*batch(s), CFG) for s in range(steps)]
+        return net.params(), losses
+    finally:
+        for d in devices:
+            d.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return train("numpy", {"conv1": [7], "conv2": [9]})
+
+
+def assert_close_params(got, want, rtol=1e-4):
+    for k in want:
+        err = np.abs(got[k] - want[k]).max() / (np.abs(want[k]).max() + 1e-12)
+        assert err < rtol, f"{k}: max relative error {err:.2e}"
+
+
+def test_cpu_step_matches_reference(reference):
+    params, losses = train("cpu:1", {"conv1": [7], "conv2": [9]})
+    assert_close_params(params, reference[0])
+    np.testing.assert_allclose(losses, reference[1], rtol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.sampled_from(["cpu:1", "numpy", "cpu:2"]), min_size=2, max_size=4),
+       st.data())
+def test_any_partition_gives_single_device_weights(reference, kinds, data):
+    n = len(kinds)
+    part = {}
+    for layer, K in (("conv1", 7), ("conv2", 9)):
+        cuts = sorted(data.draw(st.lists(st.integers(0, K), min_size=n - 1, max_size=n - 1)))
+        bounds = [0] + cuts + [K]
+        part[layer] = [bounds[i + 1] - bounds[i] for i in range(n)]   # zeros allowed
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # more threads than cores is fine here
+        params, _ = train(",".join(kinds), part)
+    assert_close_params(params, reference[0])
+
+
+def test_repartition_mid_training_keeps_the_result(reference):
+    devices = make_devices(parse_devices("cpu:1,numpy,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 2, 2], "conv2": [3, 3, 3]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        net.conv1.repartition([0, 1, 6])
+        net.conv2.repartition([8, 0, 1])
+        net.train_step(*batch(1), CFG)
+        net.conv2.repartition([1, 4, 4])
+        net.train_step(*batch(2), CFG)
+        assert_close_params(net.params(), reference[0])
+    finally:
+        for d in devices:
+            d.close()
