@@ -1,0 +1,190 @@
+"""One SGD step of the paper's network on one device: pyhet against PyTorch's CPU path.
+
+    pyhet bench step [--kernels 500,1500] [--batch-size 16] [--threads 1] [--steps 3]
+                     [--rounds 2] [--json FILE]
+
+Each side runs in its own fresh process pinned to the same cores (so peak memory is each one's
+own), in rounds A B A B; a round warms up with one step, then times --steps steps. The table
+gives the median step time of each side, the ratio pyhet / PyTorch (below 1 is faster), the
+GFLOP/s each reaches and each process's peak resident memory. PyTorch is skipped, with a note,
+where it is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+INPUT = (3, 32, 32)
+CLASSES = 10
+
+
+def _batch(n):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((n,) + INPUT).astype(np.float32),
+            rng.integers(0, CLASSES, n))
+
+
+def _pin(threads):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= threads:
+        os.sched_setaffinity(0, cores[:threads])
+
+
+# ------------------------------------------------------------------------------------------------
+# Workers (each runs in its own process)
+
+
+def worker_pyhet(kernels, batch, threads, steps):
+    from pyhet.backends.cpu import CpuBackend
+    from pyhet.devices import make_devices, parse_devices
+    from pyhet.model import Net, NetShape, init_params
+    from pyhet.optim import SGDConfig
+    from pyhet.train import StepTimer
+
+    shape = NetShape(INPUT, kernels, 5, CLASSES)
+    devices = make_devices(parse_devices(f"cpu:{threads}"))
+    net = Net(shape, init_params(shape, 0), devices,
+              {"conv1": [kernels[0]], "conv2": [kernels[1]]}, CpuBackend(threads))
+    x, y = _batch(batch)
+    cfg = SGDConfig(0.01, 0.9, 0.0)
+    times, parts = [], {}
+    for i in range(steps + 1):
+        timer = StepTimer()
+        t0 = time.perf_counter()
+        net.train_step(x, y, cfg, timer)
+        if i:
+            times.append(time.perf_counter() - t0)
+            for k, v in timer.parts.items():
+                parts[k] = parts.get(k, 0.0) + v / steps
+    for d in devices:
+        d.close()
+    return {"times": times, "parts": parts}
+
+
+def worker_torch(kernels, batch, threads, steps):
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    A, B = kernels
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(INPUT[0], A, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(A, B, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(B * 5 * 5, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    x, y = (torch.from_numpy(a) for a in _batch(batch))
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = lossf(model(x), y)
+        loss.backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return {"times": times, "torch": torch.__version__}
+
+
+def _run_worker(side, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side,
+           "--kernels", f"{args.kernels[0]},{args.kernels[1]}", "--batch-size",
+           str(args.batch_size), "--threads", str(args.threads), "--steps", str(args.steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side} worker failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _torch_available():
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="pyhet bench step", description=__doc__.split("\n")[0])
+    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--worker", choices=("pyhet", "torch"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.kernels = tuple(int(v) for v in args.kernels.split(","))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        _pin(args.threads)
+        fn = worker_pyhet if args.worker == "pyhet" else worker_torch
+        out = fn(args.kernels, args.batch_size, args.threads, args.steps)
+        out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(out))
+        return 0
+
+    from pyhet.model import NetShape
+
+    flops = sum(NetShape(INPUT, args.kernels, 5, CLASSES).flops_per_image().values()) \
+        * args.batch_size
+    sides = ["pyhet"] + (["torch"] if _torch_available() else [])
+    runs = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for s in sides:
+            runs[s].append(_run_worker(s, args))
+            print(f"round {r + 1}/{args.rounds} {s}: median "
+                  f"{statistics.median(runs[s][-1]['times']):.3f} s", file=sys.stderr)
+
+    result = {"benchmark": "step", "kernels": list(args.kernels), "batch_size": args.batch_size,
+              "threads": args.threads, "gflop_per_step": flops / 1e9, "sides": {}}
+    for s in sides:
+        times = [t for run in runs[s] for t in run["times"]]
+        med = statistics.median(times)
+        result["sides"][s] = {"median_s": med, "min_s": min(times), "max_s": max(times),
+                              "gflops": flops / med / 1e9,
+                              "peak_rss_mb": max(run["max_rss_mb"] for run in runs[s])}
+    parts = {}
+    for run in runs["pyhet"]:
+        for k, v in run["parts"].items():
+            parts[k] = parts.get(k, 0.0) + v / len(runs["pyhet"])
+    result["pyhet_parts_s"] = parts
+    if "torch" in sides:
+        result["torch_version"] = runs["torch"][0]["torch"]
+        result["ratio_pyhet_over_torch"] = (result["sides"]["pyhet"]["median_s"] /
+                                            result["sides"]["torch"]["median_s"])
+
+    print(f"one SGD step, kernels {args.kernels[0]},{args.kernels[1]}, 3x32x32, batch "
+          f"{args.batch_size}, {args.threads} thread(s), {flops / 1e9:.1f} GFLOP per step")
+    print(f"{'side':<8}{'median s':>10}{'min s':>9}{'GFLOP/s':>10}{'peak RSS MB':>13}")
+    for s, v in result["sides"].items():
+        print(f"{s:<8}{v['median_s']:>10.3f}{v['min_s']:>9.3f}{v['gflops']:>10.1f}"
+              f"{v['peak_rss_mb']:>13.0f}")
+    if "ratio_pyhet_over_torch" in result:
+        print(f"ratio pyhet / torch {result['torch_version']}: "
+              f"{result['ratio_pyhet_over_torch']:.3f}")
+    else:
+        print("PyTorch is not installed: no reference measured (pip install torch)")
+    print("pyhet step parts (s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
