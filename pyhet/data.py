@@ -1,0 +1,611 @@
+"""Datasets: read them from their published file formats, check them, normalise them.
+
+    ds = load_dataset("fashion-mnist", data_dir=None, seed=0)
+    for xb, yb in iterate_batches(ds.x_train, ds.y_train, 64, shuffle=True, rng=rng): ...
+
+Names (`DATASETS`, plus `npz:FILE`):
+
+    bundled        a class-balanced subset of Fashion-MNIST shipped in pyhet/_bundled/
+                   (12,000 train / 2,000 test images, see its NOTICE), gzipped IDX
+    fashion-mnist  the four IDX files, gzipped or raw (default /usr/share/datasets/fashion-mnist)
+    mnist          the same format and file names (default ~/.cache/pyhet/mnist)
+    cifar10        the python (pickled) or binary layout (default ~/.cache/pyhet/cifar10)
+    synthetic      1,024 random CIFAR-10-shaped images, 10 classes, no test split
+    npz:FILE       arrays x, y [, x_test, y_test, num_classes], as INTERFACE.md defines
+
+The named datasets are scaled to [0, 1] and then normalised per channel with the
+training split's mean and standard deviation (both splits with the same numbers);
+an npz dataset is used as it comes (uint8 only scaled to [0, 1]).
+
+Every file is checked against what its format promises, and a file that is
+missing, truncated or malformed raises `DataError` with a message that names the
+file, what was expected and what came.
+
+Dimension letters: N images, C channels, H x W pixels. x (N, C, H, W), y (N,).
+"""
+
+import functools
+import gzip
+import io
+import os
+import pickle
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
+
+BUNDLED_DIR = Path(__file__).resolve().parent / "_bundled"
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+MNIST_CLASSES = [str(d) for d in range(10)]
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
+                   "dog", "frog", "horse", "ship", "truck"]
+
+
+def _cache_dir(name):
+    """~/.cache/pyhet/NAME (or $XDG_CACHE_HOME/pyhet/NAME): where mnist and cifar10
+    are looked for when no --data-dir is given; nothing is ever downloaded there."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pyhet" / name
+
+
+# ================================================================ the Dataset
+
+@dataclass
+class Dataset:
+    """Arrays ready for training: x float32 C-contiguous (N, C, H, W), y int64 (N,)."""
+
+    name: str
+    x_train: np.ndarray            # (N, C, H, W) float32
+    y_train: np.ndarray            # (N,) int64
+    x_test: "np.ndarray | None"    # (M, C, H, W) float32, or None
+    y_test: "np.ndarray | None"    # (M,) int64, or None
+    num_classes: int
+    classes: "list[str] | None"    # class names, where known
+    source: str                    # where it was read from
+
+    @property
+    def input_shape(self):
+        """(C, H, W) of one image."""
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+
+def describe(ds):
+    """One line: name, image counts, image shape, classes and source."""
+    counts = (f"{len(ds.x_train)} train images, no test split" if ds.x_test is None
+              else f"{len(ds.x_train)} train + {len(ds.x_test)} test images")
+    shape = "x".join(str(d) for d in ds.input_shape)
+    names = f" ({', '.join(ds.classes)})" if ds.classes else ""
+    return (f"{ds.name}: {counts} of {shape}, {ds.num_classes} classes{names}; "
+            f"from {ds.source}")
+
+
+def iterate_batches(x, y, batch_size, shuffle, rng=None):
+    """Yield (xb, yb) batches of one epoch over x (N, ...) and y (N,).
+
+    Without shuffle the batches are consecutive slices in file order (views, no
+    copy); with shuffle they follow `rng.permutation(N)` (a numpy Generator), and
+    each batch is gathered into a new C-contiguous array. The last batch holds
+    the N % batch_size leftover images when there are any.
+    """
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"x has {n} images but y has {len(y)} labels")
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch_size = int(batch_size)
+    if shuffle:
+        if rng is None:
+            raise ValueError("shuffle=True needs an rng (numpy.random.Generator)")
+        order = rng.permutation(n)
+        for start in range(0, n, batch_size):
+            idx = order[start:start + batch_size]
+            yield x[idx], y[idx]                       # (B, C, H, W), (B,)
+    else:
+        for start in range(0, n, batch_size):
+            yield x[start:start + batch_size], y[start:start + batch_size]
+
+
+# ================================================================ entry point
+
+def load_dataset(name, data_dir=None, seed=0):
+    """The Dataset called `name` (one of DATASETS, or "npz:FILE").
+
+    data_dir is where the fashion-mnist, mnist and cifar10 files are (default: the
+    dataset's usual place); the other names ignore it. seed only changes synthetic.
+    """
+    if not isinstance(name, str):
+        raise DataError(f"dataset name must be a string, got {name!r}")
+    if name.startswith("npz:"):
+        return load_npz(name[len("npz:"):])
+    if name == "bundled":
+        return _load_idx_dataset("bundled", BUNDLED_DIR, FASHION_MNIST_CLASSES,
+                                 hint=" (pyhet's bundled dataset is missing: reinstall pyhet)")
+    if name == "fashion-mnist":
+        where = Path(data_dir).expanduser() if data_dir else FASHION_MNIST_DIR
+        hint = "" if data_dir else (" (Debian/Ubuntu: apt install dataset-fashion-mnist;"
+                                    " or pass --data-dir DIR)")
+        return _load_idx_dataset("fashion-mnist", where, FASHION_MNIST_CLASSES, hint)
+    if name == "mnist":
+        where = Path(data_dir).expanduser() if data_dir else _cache_dir("mnist")
+        hint = "" if data_dir else " (pass --data-dir DIR, the folder that holds the MNIST files)"
+        return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint)
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "synthetic":
+        return make_synthetic(seed)
+    raise DataError(f"unknown dataset {name!r}: expected one of "
+                    f"{', '.join(DATASETS)}, or npz:FILE")
+
+
+# ================================================================ normalisation
+
+def _normalise(x_train, x_test):
+    """uint8 (N, C, H, W) splits -> float32, scaled to [0, 1], then per channel
+    (x - mean) / std with the training split's mean and std.
+
+    The statistics are exact: on the raw 0..255 integers, the float64 sums of x
+    and x**2 are whole numbers below 2**53, accumulated two thousand images at
+    a time so that no float64 copy of the whole set is ever made.
+    """
+    n, c = x_train.shape[:2]
+    count = x_train.size // c                                 # values per channel
+    s1 = np.zeros(c, np.float64)
+    s2 = np.zeros(c, np.float64)
+    for start in range(0, n, 2048):
+        chunk = x_train[start:start + 2048].astype(np.float64)  # (B, C, H, W)
+        s1 += chunk.sum(axis=(0, 2, 3))
+        s2 += np.square(chunk).sum(axis=(0, 2, 3))
+    mean = s1 / count                                         # (C,) in 0..255 units
+    var = np.maximum(s2 / count - mean * mean, 0.0)
+    std = np.sqrt(var)
+    std[std == 0] = 255.0                                     # a constant channel: leave its scale
+    mean, std = mean / 255.0, std / 255.0                     # in [0, 1] units
+
+    # ((x / 255) - mean) / std  ==  x * scale + shift, per channel
+    scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, c, 1, 1)
+    shift = (-mean / std).astype(np.float32).reshape(1, c, 1, 1)
+
+    def apply(x):
+        if x is None:
+            return None
+        out = x.astype(np.float32)                            # (N, C, H, W), C-contiguous
+        out *= scale
+        out += shift
+        return out
+
+    return apply(x_train), apply(x_test)
+
+
+def _labels(y):
+    return np.ascontiguousarray(y, dtype=np.int64)
+
+
+# ================================================================ reading files
+
+def _read_file(path):
+    """The bytes of `path`, gunzipped when its name ends in .gz."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            # BadGzipFile (an OSError) for a wrong header or CRC, EOFError when
+            # the stream is cut short, zlib.error for corrupt deflate data
+            raise DataError(f"{path}: not a valid gzip file ({e})") from None
+    return data
+
+
+# ---------------------------------------------------------------- IDX (MNIST, Fashion-MNIST)
+
+IDX_IMAGES = 0x00000803      # unsigned bytes, 3 dimensions (N, H, W)
+IDX_LABELS = 0x00000801      # unsigned bytes, 1 dimension (N,)
+
+# (images, labels) file names of each split; each may also come gzipped, as NAME.gz
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def read_idx(path, magic):
+    """The uint8 array of an IDX file (gzipped if its name ends in .gz).
+
+    IDX: a big-endian uint32 magic number (0x0000 08 D: unsigned bytes, D
+    dimensions), D big-endian uint32 sizes, then the values in C order.
+    """
+    data = _read_file(path)
+    ndim = magic & 0xFF
+    kind = {IDX_IMAGES: "image", IDX_LABELS: "label"}.get(magic, "IDX")
+    if len(data) < 4:
+        raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header "
+                        f"(expected magic 0x{magic:08x})")
+    (got,) = struct.unpack(">I", data[:4])
+    if got != magic:
+        raise DataError(f"{path}: not an IDX {kind} file: magic number 0x{got:08x}, "
+                        f"expected 0x{magic:08x} (unsigned bytes, {ndim} dimension"
+                        f"{'s' if ndim > 1 else ''})")
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header of "
+                        f"{ndim} dimensions ({header} bytes); truncated file?")
+    dims = struct.unpack(f">{ndim}I", data[4:header])
+    expected = int(np.prod(dims, dtype=np.int64))
+    payload = len(data) - header
+    if payload != expected:
+        what = "truncated file?" if payload < expected else "trailing bytes"
+        sizes = " x ".join(map(str, dims)) + f" = {expected}" if ndim > 1 else f"{expected}"
+        raise DataError(f"{path}: header promises {sizes} bytes of data, the file "
+                        f"holds {payload} ({what})")
+    if dims[0] == 0:
+        raise DataError(f"{path}: holds no {kind}s (the header says 0)")
+    return np.frombuffer(data, np.uint8, offset=header).reshape(dims)
+
+
+def _find_idx_file(folder, stem, hint):
+    """folder/stem or folder/stem.gz (the raw one when both are there)."""
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    if not folder.is_dir():
+        raise DataError(f"{folder}: no such folder, expected the IDX files "
+                        f"{stem}[.gz] etc. in it{hint}")
+    raise DataError(f"{folder / stem}[.gz]: no such file{hint}")
+
+
+def read_idx_split(folder, split, hint="", num_classes=10):
+    """x (N, H, W) uint8, y (N,) uint8 and the two paths of one split."""
+    image_stem, label_stem = IDX_FILES[split]
+    image_path = _find_idx_file(folder, image_stem, hint)
+    label_path = _find_idx_file(folder, label_stem, hint)
+    x = read_idx(image_path, IDX_IMAGES)                 # (N, H, W)
+    y = read_idx(label_path, IDX_LABELS)                 # (N,)
+    if len(x) != len(y):
+        raise DataError(f"{label_path}: {len(y)} labels, but {image_path.name} "
+                        f"has {len(x)} images")
+    _check_label_range(y, num_classes, label_path)
+    return x, y, image_path, label_path
+
+
+def _load_idx_dataset(name, folder, classes, hint):
+    x_train, y_train, path, _ = read_idx_split(folder, "train", hint)
+    x_test, y_test, test_path, _ = read_idx_split(folder, "test", hint)
+    if x_test.shape[1:] != x_train.shape[1:]:
+        raise DataError(f"{test_path}: images of {x_test.shape[1]}x{x_test.shape[2]}, "
+                        f"but the training images are {x_train.shape[1]}x{x_train.shape[2]}")
+    xtr, xte = _normalise(x_train[:, None], x_test[:, None])  # (N, 1, H, W)
+    return Dataset(name, xtr, _labels(y_train), xte, _labels(y_test),
+                   num_classes=len(classes), classes=list(classes), source=str(folder))
+
+
+def _check_label_range(y, num_classes, path):
+    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(f"{path}: label {int(y[i])} at index {i} is out of range, "
+                        f"expected 0..{num_classes - 1} ({len(bad)} such labels)")
+
+
+# ---------------------------------------------------------------- CIFAR-10
+
+CIFAR_PIXELS = 3 * 32 * 32                  # R plane, G plane, B plane of 32 x 32
+CIFAR_RECORD = 1 + CIFAR_PIXELS             # binary layout: label byte + pixels
+CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
+CIFAR_TEST = "test_batch"
+
+
+def _find_cifar_folder(data_dir):
+    """(folder, layout) where layout is "bin" or "py". data_dir may be either
+    cifar-10-batches-* folder itself, or the folder that holds one."""
+    root = Path(data_dir).expanduser() if data_dir else _cache_dir("cifar10")
+    hint = "" if data_dir else " (pass --data-dir DIR)"
+    candidates = [root, root / "cifar-10-batches-bin", root / "cifar-10-batches-py"]
+    for folder in candidates:
+        if (folder / "data_batch_1.bin").is_file() or (folder / "test_batch.bin").is_file():
+            return folder, "bin"
+        if (folder / "data_batch_1").is_file() or (folder / "test_batch").is_file():
+            return folder, "py"
+    if not root.is_dir():
+        raise DataError(f"{root}: no such folder, expected CIFAR-10 in it "
+                        f"(cifar-10-batches-py/ or cifar-10-batches-bin/){hint}")
+    archives = [p.name for p in root.glob("cifar-10-*.tar.gz")]
+    extract = f"; found {archives[0]}: extract it with tar xzf" if archives else ""
+    raise DataError(f"{root}: no CIFAR-10 batches found: expected data_batch_1..5 and "
+                    f"test_batch (python layout) or the same with .bin (binary layout), "
+                    f"in it or in cifar-10-batches-py/ or cifar-10-batches-bin/ "
+                    f"under it{extract}{hint}")
+
+
+def read_cifar_bin(path):
+    """x (N, 3, 32, 32) uint8, y (N,) uint8 of one binary-layout batch file:
+    records of 1 label byte and 3072 pixel bytes."""
+    data = _read_file(path)
+    if len(data) == 0 or len(data) % CIFAR_RECORD:
+        raise DataError(f"{path}: {len(data)} bytes, not a whole number of CIFAR-10 "
+                        f"records of {CIFAR_RECORD} bytes (1 label + 3072 pixels); "
+                        f"truncated file?")
+    records = np.frombuffer(data, np.uint8).reshape(-1, CIFAR_RECORD)
+    y = records[:, 0].copy()                                   # (N,)
+    x = records[:, 1:].reshape(-1, 3, 32, 32)                  # (N, 3, 32, 32)
+    _check_label_range(y, 10, path)
+    return x, y
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what CIFAR-10's python batches hold: dicts,
+    lists, strings, numbers and NumPy arrays. Any other global (os.system, eval,
+    any class) is refused, so loading a hostile file cannot run its code.
+
+    NumPy's helpers are looked up by the names the files use, old (numpy.core,
+    as in the published files) and new (numpy._core), and mapped to this NumPy's
+    own functions without importing the deprecated numpy.core module.
+    """
+
+    def find_class(self, module, name):
+        allowed = _pickle_globals()
+        if (module, name) in allowed:
+            return allowed[(module, name)]
+        raise pickle.UnpicklingError(f"refused to load global {module}.{name}: "
+                                     f"only NumPy arrays are allowed")
+
+
+@functools.lru_cache(maxsize=None)
+def _pickle_globals():
+    """{(module, name): object} of the globals a pickled ndarray refers to."""
+    sample = np.zeros(1, np.uint8)
+    reconstruct = sample.__reduce__()[0]                       # protocols 0-4
+    frombuffer = sample.__reduce_ex__(5)[0]                    # protocol 5
+    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+               # Python 3 protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
+               ("_codecs", "encode"): _latin1_encode}
+    for core in ("numpy.core", "numpy._core"):
+        allowed[(core + ".multiarray", "_reconstruct")] = reconstruct
+        allowed[(core + ".numeric", "_frombuffer")] = frombuffer
+    return allowed
+
+
+def _latin1_encode(text, encoding="latin1", errors="strict"):
+    """_codecs.encode for the only codec a bytes pickle uses."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"refused _codecs.encode with {encoding!r}")
+    return text.encode("latin1", errors)
+
+
+def _unpickle(path):
+    data = _read_file(path)
+    try:
+        return _ArraysOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except Exception as e:        # any failure to decode is a malformed (or hostile) file
+        raise DataError(f"{path}: not a readable CIFAR-10 python batch "
+                        f"({type(e).__name__}: {e})") from None
+
+
+def _get(d, key, path):
+    """d[key] for a dict unpickled with encoding="bytes" (bytes keys) or a str-keyed one."""
+    for k in (key.encode(), key):
+        if k in d:
+            return d[k]
+    raise DataError(f"{path}: no key {key!r} in the batch dict "
+                    f"(keys: {', '.join(repr(k) for k in d)})")
+
+
+def read_cifar_py(path):
+    """x (N, 3, 32, 32) uint8, y (N,) uint8 of one python-layout (pickled) batch:
+    a dict with data (N, 3072) uint8 and labels, a list of N ints."""
+    d = _unpickle(path)
+    if not isinstance(d, dict):
+        raise DataError(f"{path}: expected a pickled dict, got {type(d).__name__}")
+    data = _get(d, "data", path)
+    labels = _get(d, "labels", path)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+            or data.shape[1] != CIFAR_PIXELS:
+        got = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
+               else type(data).__name__)
+        raise DataError(f"{path}: 'data' should be a uint8 array of shape (N, {CIFAR_PIXELS}), "
+                        f"got {got}")
+    try:
+        y = np.asarray(labels)
+    except Exception:
+        y = np.asarray([], dtype=object)
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise DataError(f"{path}: 'labels' should be a list of integers, "
+                        f"got {type(labels).__name__} ({y.dtype}, shape {y.shape})")
+    if len(y) != len(data):
+        raise DataError(f"{path}: {len(y)} labels, but 'data' has {len(data)} images")
+    if len(y) == 0:
+        raise DataError(f"{path}: holds no images")
+    _check_label_range(y, 10, path)
+    return data.reshape(-1, 3, 32, 32), y.astype(np.uint8)
+
+
+def _cifar_class_names(folder):
+    """Names from batches.meta (python) or batches.meta.txt (binary) when present."""
+    meta_py, meta_txt = folder / "batches.meta", folder / "batches.meta.txt"
+    names = None
+    if meta_py.is_file():
+        d = _unpickle(meta_py)
+        raw = d.get(b"label_names", d.get("label_names")) if isinstance(d, dict) else None
+        if raw is not None:
+            names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n)
+                     for n in raw]
+    elif meta_txt.is_file():
+        names = [line.strip() for line in meta_txt.read_text("utf-8", "replace").splitlines()
+                 if line.strip()]
+    if names is None:
+        return list(CIFAR10_CLASSES)
+    if len(names) != 10:
+        meta = meta_py if meta_py.is_file() else meta_txt
+        raise DataError(f"{meta}: {len(names)} label names, expected 10")
+    return names
+
+
+def load_cifar10(data_dir=None):
+    """CIFAR-10 from the python or binary layout, x (N, 3, 32, 32) normalised."""
+    folder, layout = _find_cifar_folder(data_dir)
+    read = read_cifar_bin if layout == "bin" else read_cifar_py
+    suffix = ".bin" if layout == "bin" else ""
+    parts = [read(folder / (name + suffix)) for name in CIFAR_TRAIN]
+    x_train = np.concatenate([x for x, _ in parts])            # (50000, 3, 32, 32)
+    y_train = np.concatenate([y for _, y in parts])
+    x_test, y_test = read(folder / (CIFAR_TEST + suffix))      # (10000, 3, 32, 32)
+    classes = _cifar_class_names(folder)
+    xtr, xte = _normalise(x_train, x_test)
+    return Dataset("cifar10", xtr, _labels(y_train), xte, _labels(y_test),
+                   num_classes=10, classes=classes, source=str(folder))
+
+
+# ================================================================ synthetic
+
+SYNTHETIC_SIZE = 1024
+
+
+def make_synthetic(seed=0):
+    """1,024 random 3x32x32 uint8 images of 10 classes, no test split.
+
+    Each class has its own random template and an image is half template, half
+    noise, so the set is random yet learnable: a training run's loss can fall.
+    """
+    rng = np.random.default_rng(seed)
+    templates = rng.integers(0, 256, size=(10, 3, 32, 32))              # (10, 3, 32, 32)
+    y = rng.integers(0, 10, size=SYNTHETIC_SIZE)                         # (N,)
+    noise = rng.integers(0, 256, size=(SYNTHETIC_SIZE, 3, 32, 32))       # (N, 3, 32, 32)
+    x = ((templates[y] + noise) // 2).astype(np.uint8)
+    xtr, _ = _normalise(x, None)
+    return Dataset("synthetic", xtr, _labels(y), None, None, num_classes=10, classes=None,
+                   source=f"generated (seed {seed})")
+
+
+# ================================================================ npz:FILE
+
+def load_npz(filename):
+    """The npz dataset INTERFACE.md defines: x (N, C, H, W) float32 (used as is) or
+    uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
+    if not filename:
+        raise DataError("npz: needs a file name, as in --dataset npz:data.npz")
+    path = Path(filename).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists()
+                        else f"{path}: not a file")
+    # np.load is handed an open file, not the name: for a file that looks like a
+    # zip but is not one, np.load(name) leaves its own handle open
+    with open(path, "rb") as f:
+        try:
+            archive = np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            raise DataError(f"{path}: not a readable .npz file ({e})") from None
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise DataError(f"{path}: a single .npy array, expected an .npz archive "
+                            f"with arrays x and y (np.savez)")
+        with archive:
+            x, y, x_test, y_test, num_classes = _read_npz_arrays(archive, path)
+
+    _check_npz_images(x, "x", None, path)
+    _check_npz_labels(y, "y", len(x), path)
+    if x_test is not None:
+        _check_npz_images(x_test, "x_test", x, path)
+        _check_npz_labels(y_test, "y_test", len(x_test), path)
+
+    largest = int(y.max()) if y_test is None else max(int(y.max()), int(y_test.max()))
+    if num_classes is None:
+        num_classes = largest + 1
+    else:
+        if num_classes.size != 1 or num_classes.dtype.kind not in "iu":
+            raise DataError(f"{path}: 'num_classes' should be one integer, got "
+                            f"{num_classes.dtype} of shape {num_classes.shape}")
+        num_classes = int(num_classes.reshape(()))
+        if num_classes < 1:
+            raise DataError(f"{path}: 'num_classes' is {num_classes}, expected >= 1")
+        if largest >= num_classes:
+            which = "y" if int(y.max()) == largest else "y_test"
+            arr = y if which == "y" else y_test
+            i = int(np.argmax(arr))
+            raise DataError(f"{path}: {which}[{i}] = {largest} is out of range, "
+                            f"num_classes is {num_classes} (expected 0..{num_classes - 1})")
+
+    def images(a):
+        if a is None:
+            return None
+        if a.dtype == np.uint8:
+            return a.astype(np.float32) / np.float32(255.0)         # scaled only
+        return np.ascontiguousarray(a)                               # float32 as is
+
+    return Dataset(f"npz:{filename}", images(x), _labels(y), images(x_test),
+                   None if y_test is None else _labels(y_test),
+                   num_classes=num_classes, classes=None, source=str(path))
+
+
+def _read_npz_arrays(archive, path):
+    """x, y, x_test, y_test, num_classes of an open NpzFile (None where absent)."""
+    keys = set(archive.files)
+
+    def get(key):
+        if key not in keys:
+            return None
+        try:
+            return archive[key]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise DataError(f"{path}: array {key!r} cannot be read ({e})") from None
+
+    for key in ("x", "y"):
+        if key not in keys:
+            raise DataError(f"{path}: no array {key!r}; expected x (N, C, H, W) and "
+                            f"y (N,), found {', '.join(sorted(keys)) or 'no arrays'}")
+    if ("x_test" in keys) != ("y_test" in keys):
+        have, missing = ("x_test", "y_test") if "x_test" in keys else ("y_test", "x_test")
+        raise DataError(f"{path}: has {have!r} but no {missing!r}; give both or neither")
+    return get("x"), get("y"), get("x_test"), get("y_test"), get("num_classes")
+
+
+def _check_npz_images(a, key, like, path):
+    """a must be (N, C, H, W), float32 or uint8, N > 0; shaped and typed like `like`."""
+    if a.dtype not in (np.float32, np.uint8):
+        raise DataError(f"{path}: {key!r} is {a.dtype}, expected float32 (used as is) "
+                        f"or uint8 (scaled to [0, 1])")
+    if a.ndim != 4:
+        raise DataError(f"{path}: {key!r} has shape {a.shape}, expected 4 dimensions "
+                        f"(N, C, H, W)")
+    if like is None:
+        if len(a) == 0 or 0 in a.shape[1:]:
+            raise DataError(f"{path}: {key!r} has shape {a.shape}, expected at least "
+                            f"one image of non-zero size")
+    else:
+        if len(a) == 0:
+            raise DataError(f"{path}: {key!r} holds no images; leave x_test and y_test "
+                            f"out for a dataset without a test split")
+        if a.shape[1:] != like.shape[1:]:
+            raise DataError(f"{path}: {key!r} has images of {a.shape[1:]}, but 'x' has "
+                            f"{like.shape[1:]} (C, H, W)")
+        if a.dtype != like.dtype:
+            raise DataError(f"{path}: {key!r} is {a.dtype}, but 'x' is {like.dtype}; "
+                            f"both splits must have the same dtype")
+    if a.dtype == np.float32 and not np.isfinite(a).all():
+        raise DataError(f"{path}: {key!r} holds NaN or infinite values")
+
+
+def _check_npz_labels(y, key, n, path):
+    """y must be (n,) integers >= 0."""
+    if y.dtype.kind not in "iu":
+        raise DataError(f"{path}: {key!r} is {y.dtype}, expected integer labels")
+    if y.ndim != 1:
+        raise DataError(f"{path}: {key!r} has shape {y.shape}, expected 1 dimension (N,)")
+    if len(y) != n:
+        images = "x" if key == "y" else "x_test"
+        raise DataError(f"{path}: {key!r} has {len(y)} labels, but {images!r} "
+                        f"has {n} images")
+    if n and int(y.min()) < 0:
+        i = int(np.argmin(y))
+        raise DataError(f"{path}: {key}[{i}] = {int(y[i])} is negative, expected labels >= 0")
