@@ -30,3 +30,110 @@ def proportional(total: int, weights) -> list[int]:
 def even(total: int, n: int) -> list[int]:
     """The same share for every device (as even as whole kernels allow)."""
     return proportional(total, [1.0] * n)
+
+
+# ================================================================================================
+# Partitioning with a cost model: device i takes t_i(k) = overhead_i + k / speed_i seconds for k
+# kernels of a layer (overhead: what it pays whatever its share, such as moving the layer's
+# input to a GPU). The best split makes every device that takes part finish at the same time T:
+# k_i = (T - overhead_i) * speed_i, at most cap_i (memory); a device with overhead_i >= T is
+# left out, since any share would make the step slower.
+
+
+def balanced(total: int, speeds, overheads=None, caps=None) -> list[int]:
+    """Kernels per device minimising max_i t_i(k_i), whole numbers summing to `total`."""
+    n = len(speeds)
+    speeds = [float(s) for s in speeds]
+    overheads = [0.0] * n if overheads is None else [max(0.0, float(o)) for o in overheads]
+    caps = [total] * n if caps is None else [max(0, min(total, int(c))) for c in caps]
+    if any(not math.isfinite(s) or s < 0 for s in speeds) or not any(
+            s > 0 and c > 0 for s, c in zip(speeds, caps)):
+        raise ValueError(f"no device can take kernels: speeds {speeds}, memory caps {caps}")
+    if sum(c for s, c in zip(speeds, caps) if s > 0) < total:
+        raise ValueError(f"the devices' memory holds {sum(caps)} kernels of this layer, "
+                         f"{total} are needed")
+
+    def share(T):
+        return [min(c, max(0.0, (T - o) * s)) for s, o, c in zip(speeds, overheads, caps)]
+
+    lo, hi = 0.0, max(o for o in overheads) + total / max(speeds)
+    while sum(share(hi)) < total:
+        hi *= 2
+    for _ in range(100):  # bisection on the common finishing time T
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(share(mid)) < total else (lo, mid)
+    exact = share(hi)
+    scale = total / sum(exact)
+    exact = [e * scale for e in exact]
+    counts = [min(c, math.floor(e)) for e, c in zip(exact, caps)]
+    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
+    short = total - sum(counts)
+    for i in order:
+        if short == 0:
+            break
+        if counts[i] < caps[i] and speeds[i] > 0:
+            counts[i] += 1
+            short -= 1
+    return counts
+
+
+def predicted_time(counts, speeds, overheads=None) -> float:
+    """max_i t_i(k_i) under the cost model (devices without kernels cost nothing)."""
+    overheads = overheads or [0.0] * len(counts)
+    return max((o + k / s) if k else 0.0 for k, s, o in zip(counts, speeds, overheads))
+
+
+# ================================================================================================
+# Dynamic balancing: re-measure each device's speed from its busy time in every step and move
+# kernels when the devices stay out of balance.
+
+
+class Balancer:
+    """Watches one layer. Each step, observe(counts, busy_times) updates a smoothed speed per
+    device (kernels per second of busy time) and returns new counts when moving kernels is
+    predicted to shorten the layer by more than `threshold`, else None.
+
+    Guards against oscillation: small changes of a speed are smoothed (exponential average)
+    while a jump of more than `jump` replaces it, a move needs the imbalance to be seen in
+    `patience` consecutive steps, and the step right after a move is not measured (it may carry
+    the move's own cost).
+    """
+
+    def __init__(self, total: int, speeds, overheads=None, threshold: float = 0.04,
+                 smoothing: float = 0.5, patience: int = 2, jump: float = 0.15):
+        self.total = total
+        self.speeds = [float(s) for s in speeds]
+        self.overheads = overheads or [0.0] * len(speeds)
+        self.threshold, self.smoothing, self.patience = threshold, smoothing, patience
+        self.jump = jump
+        self._strikes = 0
+        self._skip = 0
+
+    def observe(self, counts, busy) -> list[int] | None:
+        if self._skip:
+            self._skip -= 1
+            return None
+        for i, (k, t) in enumerate(zip(counts, busy)):
+            work = t - self.overheads[i]
+            if k > 0 and work > 0:
+                s, old = k / work, self.speeds[i]
+                # a jump (the device's speed really changed) replaces the estimate; small
+                # differences (noise) are smoothed
+                jump = old <= 0 or abs(s - old) > self.jump * old
+                self.speeds[i] = s if jump else (1 - self.smoothing) * old + self.smoothing * s
+        # imbalance as measured, and the gain the model predicts from moving
+        active = [t for k, t in zip(counts, busy) if k > 0]
+        imbalance = max(active) / (sum(active) / len(active)) - 1 if active else 0.0
+        target = balanced(self.total, self.speeds, self.overheads)
+        now = predicted_time(counts, self.speeds, self.overheads)
+        best = predicted_time(target, self.speeds, self.overheads)
+        if target != list(counts) and imbalance > self.threshold and best < now * (
+                1 - self.threshold / 2):
+            self._strikes += 1
+        else:
+            self._strikes = 0
+        if self._strikes >= self.patience:
+            self._strikes = 0
+            self._skip = 1
+            return target
+        return None
