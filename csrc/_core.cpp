@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_kernel.h"
 #include "im2col.h"
 #include "parallel.h"
 #include "pool.h"
+#include "update.h"
 
 namespace py = pybind11;
 using Shape = std::vector<int64_t>;
@@ -36,8 +38,11 @@ std::string shape_str(const Shape& s) {
 Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
 
 // The array behind `obj`, checked for type, dtype, contiguity, ndim and writeability.
+// row_strided: also accept a 2-d array whose rows are contiguous but further apart than their
+// length (a block of a bigger matrix); its row stride becomes the GEMM's leading dimension.
 template <class T>
-py::array checked(py::handle obj, const char* name, int ndim, bool output) {
+py::array checked(py::handle obj, const char* name, int ndim, bool output,
+                  bool row_strided = false) {
   const char* want = std::is_same<T, float>::value ? "float32" : "int32";
   if (!py::isinstance<py::array>(obj))
     throw py::type_error(std::string(name) + ": expected a numpy " + want + " array, got " +
@@ -49,9 +54,15 @@ py::array checked(py::handle obj, const char* name, int ndim, bool output) {
   if (a.ndim() != ndim)
     throw py::value_error(std::string(name) + ": expected a " + std::to_string(ndim) +
                           "-d array, got shape " + shape_str(shape_of(a)));
-  if (!(a.flags() & py::array::c_style))
-    throw py::value_error(std::string(name) + ": expected a C-contiguous array (use "
-                          "numpy.ascontiguousarray), got strides that are not");
+  if (!(a.flags() & py::array::c_style) && !(row_strided && ndim == 2 && a.strides(1) ==
+                                                static_cast<py::ssize_t>(sizeof(T)) &&
+                                                a.strides(0) >= a.shape(1) * a.strides(1) &&
+                                                a.strides(0) % a.strides(1) == 0))
+    throw py::value_error(std::string(name) + (row_strided
+        ? ": expected a 2-d array whose rows are contiguous (a row block or column block of a "
+          "C-contiguous matrix), got other strides"
+        : ": expected a C-contiguous array (use numpy.ascontiguousarray), got strides that are "
+          "not"));
   if (output && !a.writeable())
     throw py::value_error(std::string(name) + ": the output array is read-only");
   return a;
@@ -70,9 +81,14 @@ void expect_positive(int64_t v, const char* name) {
 // An output must not share memory with an input: the kernels read inputs while writing.
 void expect_disjoint(const py::array& out, const py::array& in, const char* out_name,
                      const char* in_name) {
+  // the byte span an array touches (arrays here have non-negative strides)
   auto lo = [](const py::array& a) { return reinterpret_cast<uintptr_t>(a.data()); };
-  auto hi = [&](const py::array& a) { return lo(a) + a.nbytes(); };
-  if (out.nbytes() && in.nbytes() && lo(out) < hi(in) && lo(in) < hi(out))
+  auto hi = [&](const py::array& a) {
+    uintptr_t end = lo(a) + a.itemsize();
+    for (py::ssize_t d = 0; d < a.ndim(); ++d) end += (a.shape(d) - 1) * a.strides(d);
+    return end;
+  };
+  if (out.size() && in.size() && lo(out) < hi(in) && lo(in) < hi(out))
     throw py::value_error(std::string(out_name) + " overlaps " + in_name +
                           "; pass a separate output array");
 }
@@ -87,8 +103,8 @@ const T* cptr(const py::array& a) { return static_cast<const T*>(a.data()); }
 
 void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans_b,
                 float alpha, float beta, int threads, bool reference) {
-  auto a = checked<float>(a_, "a", 2, false), b = checked<float>(b_, "b", 2, false);
-  auto c = checked<float>(c_, "c", 2, true);
+  auto a = checked<float>(a_, "a", 2, false, true), b = checked<float>(b_, "b", 2, false, true);
+  auto c = checked<float>(c_, "c", 2, true, true);
   const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
   const int64_t Kb = trans_b ? b.shape(1) : b.shape(0), N = trans_b ? b.shape(0) : b.shape(1);
   if (K != Kb)
@@ -100,7 +116,10 @@ void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool 
   if (threads < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(threads));
   const float *pa = cptr<float>(a), *pb = cptr<float>(b);
   float* pc = ptr<float>(c);
-  const int64_t lda = a.shape(1), ldb = b.shape(1), ldc = N;
+  auto ld = [](const py::array& x) {
+    return x.shape(0) > 1 ? static_cast<int64_t>(x.strides(0) / x.itemsize()) : x.shape(1);
+  };
+  const int64_t lda = ld(a), ldb = ld(b), ldc = ld(c);
   py::gil_scoped_release nogil;
   if (reference)
     pyhet::sgemm_ref(trans_a, trans_b, M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc);
@@ -130,30 +149,43 @@ ConvGeom conv_geom(const py::array& x, int64_t kh, int64_t kw, int64_t stride, i
   return g;
 }
 
+// channels: None for all, or (begin, end) to touch only those input channels.
+std::pair<int64_t, int64_t> channel_range(py::object channels, int64_t C) {
+  if (channels.is_none()) return {0, C};
+  auto r = channels.cast<std::pair<int64_t, int64_t>>();
+  if (r.first < 0 || r.second > C || r.first > r.second)
+    throw py::value_error("channels: expected a range (begin, end) with 0 <= begin <= end <= " +
+                          std::to_string(C) + ", got (" + std::to_string(r.first) + ", " +
+                          std::to_string(r.second) + ")");
+  return r;
+}
+
 void bind_im2col(py::handle x_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                 py::handle col_, int threads) {
+                 py::handle col_, int threads, py::object channels) {
   auto x = checked<float>(x_, "x", 4, false);
   auto col = checked<float>(col_, "col", 2, true);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
   expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
   expect_disjoint(col, x, "col", "x");
+  const auto c = channel_range(channels, g.C);
   const float* px = cptr<float>(x);
   float* pc = ptr<float>(col);
   py::gil_scoped_release nogil;
-  pyhet::im2col(px, g.N, g.C, g.H, g.W, kh, kw, stride, pad, pc, threads);
+  pyhet::im2col(px, g.N, g.C, g.H, g.W, kh, kw, stride, pad, pc, threads, c.first, c.second);
 }
 
 void bind_col2im(py::handle col_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                 py::handle x_, int threads) {
+                 py::handle x_, int threads, py::object channels) {
   auto col = checked<float>(col_, "col", 2, false);
   auto x = checked<float>(x_, "x", 4, true);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
   expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
   expect_disjoint(x, col, "x", "col");
+  const auto c = channel_range(channels, g.C);
   const float* pc = cptr<float>(col);
   float* px = ptr<float>(x);
   py::gil_scoped_release nogil;
-  pyhet::col2im(pc, g.N, g.C, g.H, g.W, kh, kw, stride, pad, px, threads);
+  pyhet::col2im(pc, g.N, g.C, g.H, g.W, kh, kw, stride, pad, px, threads, c.first, c.second);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -252,6 +284,25 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t 
   pyhet::bias_relu_maxpool_backward(pd, pa, K, N, H, W, p, pdy, threads);
 }
 
+// ---------------------------------------------------------------------------------------------
+// SGD
+
+void bind_sgd_update(py::handle p_, py::handle g_, py::handle v_, float lr, float momentum,
+                     float weight_decay, bool first, int threads) {
+  auto p = checked<float>(p_, "p", 1, true);
+  auto g = checked<float>(g_, "g", 1, false);
+  auto v = checked<float>(v_, "v", 1, true);
+  expect_shape(g, "g", shape_of(p));
+  expect_shape(v, "v", shape_of(p));
+  expect_disjoint(p, g, "p", "g");
+  expect_disjoint(v, g, "v", "g");
+  expect_disjoint(p, v, "p", "v");
+  float *pp = ptr<float>(p), *pv = ptr<float>(v);
+  const float* pg = cptr<float>(g);
+  py::gil_scoped_release nogil;
+  pyhet::sgd_update(pp, pg, pv, p.shape(0), lr, momentum, weight_decay, first, threads);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -271,15 +322,27 @@ PYBIND11_MODULE(_core, m) {
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         "The triple-loop reference of sgemm.");
   m.def("gemm_kernel", &pyhet::sgemm_kernel_name, "The micro-kernel sgemm uses on this CPU.");
+  m.def("set_gemm_kernel",
+        [](const std::string& name) {
+          if (!pyhet::gemm::set_kernel(name.c_str()))
+            throw py::value_error("set_gemm_kernel: expected 'auto', 'portable' or 'avx2-fma' "
+                                  "(the last only on a CPU with AVX2 and FMA), got '" + name + "'");
+        },
+        py::arg("name"),
+        "Test hook: force the GEMM micro-kernel for every later call, or go back to 'auto'.");
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
-        py::arg("pad"), py::arg("col"), py::arg("threads") = 1);
+        py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none());
   m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
-        py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1);
+        py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
+        py::arg("channels") = py::none());
   m.def("maxpool", &bind_maxpool, py::arg("x"), py::arg("k"), py::arg("stride"), py::arg("out"),
         py::arg("arg"), py::arg("threads") = 1);
   m.def("maxpool_backward", &bind_maxpool_backward, py::arg("dout"), py::arg("arg"),
         py::arg("dx"), py::arg("threads") = 1);
+  m.def("sgd_update", &bind_sgd_update, py::arg("p"), py::arg("g"), py::arg("v"), py::arg("lr"),
+        py::arg("momentum"), py::arg("weight_decay"), py::arg("first"), py::arg("threads") = 1,
+        "In place: d = g + wd*p; v = d if first else momentum*v + d; p -= lr*v (flat arrays).");
   m.def("bias_relu_maxpool", &bind_bias_relu_maxpool, py::arg("y"), py::arg("bias"),
         py::arg("pool"), py::arg("out"), py::arg("arg"), py::arg("threads") = 1);
   m.def("bias_relu_maxpool_backward", &bind_bias_relu_maxpool_backward, py::arg("dout"),

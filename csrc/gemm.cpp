@@ -1,7 +1,31 @@
-// Placeholder: the triple loop until the packed kernel lands.
+// Packed, blocked SGEMM in the BLIS manner: the reference triple loop, the packing routines, the
+// five loops around one MR x NR micro-kernel, the threading, the portable micro-kernel and the
+// run-time choice between it and the AVX2/FMA one (gemm_avx2.cpp).
+//
+// Letters: C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C, all row-major.
+//
+//   for jc in N by NC:              a KC x NC block of op(B) is packed once, shared by the team
+//     for pc in K by KC:            (it lives in L3; each KC x NR sliver of it stays in L1)
+//       for ic in M by MC:          each thread packs its own MC x KC block of op(A) (in L2)
+//         for jr in NC by NR:       the macro-kernel: one micro-kernel call per MR x NR tile
+//           for ir in MC by MR:
+//
+// Threads split M (each thread owns a band of rows of C) or the NR slivers of each NC block (each
+// owns a band of columns), chosen by shape, so no two threads ever write the same element of C.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
 #include "gemm.h"
+#include "gemm_kernel.h"
+#include "parallel.h"
 
 namespace pyhet {
+
+// ---------------------------------------------------------------------------------------------
+// The reference
 
 void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
@@ -18,12 +42,400 @@ void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     }
 }
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-           int64_t ldc, int) {
-  sgemm_ref(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+namespace gemm {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Block sizes (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared)
+//
+// KC: a KC x NR sliver of packed B (16 KiB) stays in L1 with room for the streaming A sliver.
+// MC: the packed MC x KC block of A (240 KiB) fills about half of L2.
+// NC: the packed KC x NC block of B (4 MiB) fits in L3 beside the other core's working set.
+
+#ifndef PYHET_GEMM_KC
+#define PYHET_GEMM_KC 256
+#endif
+#ifndef PYHET_GEMM_MC
+#define PYHET_GEMM_MC 240
+#endif
+#ifndef PYHET_GEMM_NC
+#define PYHET_GEMM_NC 4096
+#endif
+constexpr int64_t KC = PYHET_GEMM_KC;
+constexpr int64_t MC = PYHET_GEMM_MC;
+constexpr int64_t NC = PYHET_GEMM_NC;
+static_assert(MC % MR == 0 && NC % NR == 0, "blocks must hold whole micro-tiles");
+
+// A product below this many FLOPs per thread runs on fewer threads: waking a thread and the
+// barriers between blocks would cost more than they save.
+constexpr double kMinFlopsPerThread = 4.0e6;
+// Rows split among threads share one packed B block when it holds at least this many floats
+// (64 KiB); smaller blocks are cheaper to pack twice than to wait for each other at a barrier.
+constexpr int64_t kMinSharedBFloats = 16384;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// ---------------------------------------------------------------------------------------------
+// Packing: op() is applied here, edges are padded with zeros.
+
+// The rows [i0, i0 + mc) and columns [p0, p0 + kc) of op(A), as MR x kc slivers.
+void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+            int64_t kc, float* dst) {
+  for (int64_t ir = 0; ir < mc; ir += MR, dst += kc * MR) {
+    const int64_t m = std::min<int64_t>(MR, mc - ir);
+    if (!trans) {  // op(A)[i][p] = A[i * lda + p]: MR rows read side by side
+      const float* src = A + (i0 + ir) * lda + p0;
+      if (m == MR) {
+        for (int64_t p = 0; p < kc; ++p)
+          for (int i = 0; i < MR; ++i) dst[p * MR + i] = src[i * lda + p];
+      } else {
+        for (int64_t p = 0; p < kc; ++p)
+          for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? src[i * lda + p] : 0.f;
+      }
+    } else {  // op(A)[i][p] = A[p * lda + i]: each column of the sliver is contiguous
+      const float* src = A + p0 * lda + i0 + ir;
+      if (m == MR) {
+        for (int64_t p = 0; p < kc; ++p)
+          for (int i = 0; i < MR; ++i) dst[p * MR + i] = src[p * lda + i];
+      } else {
+        for (int64_t p = 0; p < kc; ++p)
+          for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? src[p * lda + i] : 0.f;
+      }
+    }
+  }
 }
 
-const char* sgemm_kernel_name() { return "portable"; }
+// One kc x NR sliver of op(B): rows [p0, p0 + kc), columns [j0, j0 + n), n <= NR.
+void pack_b_sliver(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
+                   int64_t n, float* dst) {
+  if (!trans) {  // op(B)[p][j] = B[p * ldb + j]: each row of the sliver is contiguous
+    const float* src = B + p0 * ldb + j0;
+    if (n == NR) {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = src[p * ldb + j];
+    } else {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < n ? src[p * ldb + j] : 0.f;
+    }
+  } else {  // op(B)[p][j] = B[j * ldb + p]: NR rows of B read side by side
+    const float* src = B + j0 * ldb + p0;
+    if (n == NR) {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = src[j * ldb + p];
+    } else {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < n ? src[j * ldb + p] : 0.f;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work space: one aligned block per calling thread, reused from call to call. Its owner (the
+// thread that called sgemm) hands slices of it to its OpenMP team, so concurrent calls from
+// different threads never share a buffer.
+
+class Workspace {
+ public:
+  ~Workspace() { std::free(data_); }
+  float* get(size_t floats) {
+    if (floats > size_) {
+      std::free(data_);
+      data_ = nullptr;
+      size_ = 0;
+      const size_t bytes = round_up(static_cast<int64_t>(floats * sizeof(float)), 64);
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data_) throw std::bad_alloc();
+      size_ = floats;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+float* workspace(size_t floats) {
+  thread_local Workspace ws;
+  return ws.get(floats);
+}
+
+// ---------------------------------------------------------------------------------------------
+// C = beta * C over an M x N block (K == 0 or alpha == 0); beta == 0 writes zeros.
+
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* c = C + i * ldc;
+    if (beta == 0.f)
+      std::memset(c, 0, sizeof(float) * N);
+    else if (beta != 1.f)
+      for (int64_t j = 0; j < N; ++j) c[j] *= beta;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The macro-kernel: the packed mc x kc block of A times the NR slivers [s0, s1) of packed B
+// (sliver s at bpack + s * b_stride).
+
+void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_t s0,
+                  int64_t s1, const float* apack, const float* bpack, int64_t b_stride,
+                  float alpha, float beta, float* C, int64_t ldc) {
+  alignas(64) float tile[MR * NR];
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t j = s * NR, n = std::min<int64_t>(NR, nc - j);
+    const float* b = bpack + s * b_stride;
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+      const int64_t m = std::min<int64_t>(MR, mc - ir);
+      const float* a = apack + ir * kc;
+      float* c = C + ir * ldc + j;
+      if (m == MR && n == NR) {
+        kernel(kc, a, b, c, ldc, alpha, beta);
+        continue;
+      }
+      // An edge tile: compute the whole tile into `tile`, then write only the part inside C.
+      kernel(kc, a, b, tile, NR, 1.f, 0.f);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t jj = 0; jj < n; ++jj) {
+          float& dst = c[i * ldc + jj];
+          dst = alpha * tile[i * NR + jj] + (beta == 0.f ? 0.f : beta * dst);
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// How a call is split among threads
+
+struct Problem {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  float alpha, beta;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float* C;
+  int64_t ldc;
+};
+
+// A team of tm x tn threads: thread t owns a band of rows of C (row t / tn of tm, in whole MR
+// tiles) and, within every NC block, a band of its NR slivers (column t % tn of tn).
+//
+// When rows are split (tm > 1), the threads of a column need the same packed B. If the B block
+// is big, they pack it together into one shared buffer (`cooperative`: one `omp for`, then a
+// barrier before it is overwritten). If it is small, a barrier would cost more than packing it
+// twice, so each thread packs its own copy (`b_private`) and never waits for the others. When
+// only columns are split (tm == 1), every thread packs just its own slivers into its part of
+// the shared buffer, again without barriers.
+struct Plan {
+  int team = 1, tm = 1, tn = 1;
+  bool cooperative = false, b_private = false;
+  int64_t b_floats = 0, a_floats = 0;  // one buffer of packed B, of packed A
+  // Sliver s of packed B starts at s * b_stride, whatever the kc of the current block: a thread
+  // that runs ahead into the next (shorter) K block then never writes over a neighbour's sliver.
+  int64_t b_stride = 0;
+};
+
+// Pick tm x tn = threads so that the busiest thread has the fewest micro-tiles; ties go to
+// splitting rows, which packs no block of A twice.
+void thread_grid(int64_t M, int64_t N, int threads, int* tm, int* tn) {
+  const int64_t m_tiles = ceil_div(M, MR), n_tiles = ceil_div(std::min(N, NC), NR);
+  int64_t best = -1;
+  for (int r = threads; r >= 1; --r) {
+    if (threads % r) continue;
+    const int c = threads / r;
+    const int64_t cost = ceil_div(m_tiles, r) * ceil_div(n_tiles, c);
+    if (best < 0 || cost < best) {
+      best = cost;
+      *tm = r;
+      *tn = c;
+    }
+  }
+}
+
+Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
+  Plan plan;
+#ifdef _OPENMP
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * K;
+  const double fit = flops / kMinFlopsPerThread;  // threads worth waking
+  plan.team = clamp_threads(threads);
+  if (fit < plan.team) plan.team = std::max(1, static_cast<int>(fit));
+#else
+  (void)threads;
+#endif
+  thread_grid(M, N, plan.team, &plan.tm, &plan.tn);
+  const int64_t kc = std::min(KC, K);
+  plan.b_stride = kc * NR;
+  plan.b_floats = ceil_div(std::min(NC, N), NR) * plan.b_stride;
+  plan.a_floats = std::min(MC, round_up(M, MR)) * kc;
+  plan.cooperative = plan.tm > 1 && plan.b_floats >= kMinSharedBFloats;
+  plan.b_private = plan.tm > 1 && !plan.cooperative;
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The five loops, as run by thread t of the plan's team (or alone: t = 0, tm = tn = 1).
+// `#pragma omp for` and `barrier` bind to the team of sgemm's parallel region.
+
+void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, float* bpack,
+                float* apack) {
+  const int row = t / plan.tn, col = t % plan.tn;
+  const int64_t m_tiles = ceil_div(P.M, MR);
+  const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
+  const int64_t m1 = std::min(P.M, m_tiles * (row + 1) / plan.tm * MR);
+  // MC blocks of equal size (rounded to MR) rather than full ones and a small remainder.
+  const int64_t m_blocks = std::max<int64_t>(1, ceil_div(m1 - m0, MC));
+  const int64_t mc_step = round_up(ceil_div(m1 - m0, m_blocks), MR);
+
+  for (int64_t jc = 0; jc < P.N; jc += NC) {
+    const int64_t nc = std::min(NC, P.N - jc);
+    const int64_t slivers = ceil_div(nc, NR);
+    const int64_t s0 = slivers * col / plan.tn, s1 = slivers * (col + 1) / plan.tn;
+    for (int64_t pc = 0; pc < P.K; pc += KC) {
+      const int64_t kc = std::min(KC, P.K - pc);
+      const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
+      auto pack = [&](int64_t s) {
+        pack_b_sliver(P.trans_b, P.B, P.ldb, pc, kc, jc + s * NR,
+                      std::min<int64_t>(NR, nc - s * NR), bpack + s * plan.b_stride);
+      };
+      if (plan.cooperative) {
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < slivers; ++s) pack(s);
+        // (the implicit barrier of omp for: all of B is packed before anyone reads it)
+      } else {
+        for (int64_t s = s0; s < s1; ++s) pack(s);
+      }
+
+      for (int64_t ic = m0; ic < m1; ic += mc_step) {
+        const int64_t mc = std::min(mc_step, m1 - ic);
+        pack_a(P.trans_a, P.A, P.lda, ic, mc, pc, kc, apack);
+        macro_kernel(kernel, mc, nc, kc, s0, s1, apack, bpack, plan.b_stride, P.alpha, beta,
+                     P.C + ic * P.ldc + jc, P.ldc);
+      }
+      if (plan.cooperative) {
+#pragma omp barrier
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The portable micro-kernel: plain loops over a fixed-size tile that the compiler vectorises for
+// whatever the build targets (SSE2 on a generic x86-64 build).
+
+}  // namespace
+
+void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                           float alpha, float beta) {
+  float acc[MR][NR] = {};
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
+    for (int i = 0; i < MR; ++i) {
+      const float ai = a[i];
+      for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+    }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      c[i * ldc + j] = alpha * acc[i][j] + (beta == 0.f ? 0.f : beta * c[i * ldc + j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Choosing the micro-kernel at run time
+
+namespace {
+
+enum Choice { kAuto, kPortable, kAvx2 };
+std::atomic<int> forced_kernel{kAuto};
+
+bool cpu_has_avx2_fma() {
+#ifdef PYHET_HAVE_AVX2_KERNEL
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+MicroKernel chosen_kernel(const char** name) {
+  const int choice = forced_kernel.load(std::memory_order_relaxed);
+#ifdef PYHET_HAVE_AVX2_KERNEL
+  if (choice != kPortable && cpu_has_avx2_fma()) {
+    if (name) *name = "avx2-fma";
+    return micro_kernel_avx2;
+  }
+#endif
+  (void)choice;
+  if (name) *name = "portable";
+  return micro_kernel_portable;
+}
+
+}  // namespace
+
+bool set_kernel(const char* name) {
+  if (std::strcmp(name, "auto") == 0) {
+    forced_kernel = kAuto;
+  } else if (std::strcmp(name, "portable") == 0) {
+    forced_kernel = kPortable;
+  } else if (std::strcmp(name, "avx2-fma") == 0) {
+    if (!cpu_has_avx2_fma()) return false;
+    forced_kernel = kAvx2;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace gemm
+
+const char* sgemm_kernel_name() {
+  const char* name = nullptr;
+  gemm::chosen_kernel(&name);
+  return name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The entry point
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc, int threads) {
+  using namespace gemm;
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) {  // as in BLAS: A and B are not read
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  const MicroKernel kernel = chosen_kernel(nullptr);
+  const Problem P{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+  const Plan plan = make_plan(M, N, K, threads);
+
+  // The work space: the packed B block (one per thread when b_private), one A block per thread.
+  const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
+  float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
+
+  // With one thread the region is inactive but still binds run_thread's `omp for` and `barrier`
+  // (so a call from inside someone else's parallel region never joins their team).
+#pragma omp parallel num_threads(plan.team) if (plan.team > 1)
+  {
+    int t = 0, got = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    got = omp_get_num_threads();
+#endif
+    float* apack = ws + b_total + plan.a_floats * t;
+    float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
+    if (got == plan.team) {
+      run_thread(P, plan, kernel, t, bpack, apack);
+    } else if (t == 0) {  // the runtime gave fewer threads than asked for: thread 0 does it all
+      Plan alone = plan;
+      alone.team = alone.tm = alone.tn = 1;
+      alone.cooperative = alone.b_private = false;
+      run_thread(P, alone, kernel, 0, bpack, apack);
+    }
+  }
+}
 
 }  // namespace pyhet

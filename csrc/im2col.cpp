@@ -10,11 +10,12 @@
 namespace pyhet {
 
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t stride, int64_t pad, float* col, int threads) {
+            int64_t stride, int64_t pad, float* col, int threads, int64_t c_begin,
+            int64_t c_end) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
-  const int64_t P = OH * OW, rows = C * KH * KW;
+  const int64_t P = OH * OW, r_begin = c_begin * KH * KW, r_end = c_end * KH * KW;
 #pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
     const int64_t c = r / (KH * KW), i = (r / KW) % KH, j = r % KW;
     float* dst = col + r * N * P;
     for (int64_t n = 0; n < N; ++n) {
@@ -47,11 +48,11 @@ void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
 }
 
 void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t stride, int64_t pad, float* x, int threads) {
+            int64_t stride, int64_t pad, float* x, int threads, int64_t c_begin, int64_t c_end) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
   const int64_t P = OH * OW;
 #pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
-  for (int64_t c = 0; c < C; ++c) {
+  for (int64_t c = c_begin; c < c_end; ++c) {
     for (int64_t n = 0; n < N; ++n) std::memset(x + (n * C + c) * H * W, 0, sizeof(float) * H * W);
     for (int64_t i = 0; i < KH; ++i)
       for (int64_t j = 0; j < KW; ++j) {

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (gemm, step, scaling)",
                        add_help=False)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import WeightsError
 from .layers import Flatten, Linear, SoftmaxCrossEntropy, init_uniform
-from .optim import SGDConfig, sgd_update
+from .optim import SGDConfig
 from .parallel import PartitionedConv
 
 POOL = 2
@@ -70,6 +70,17 @@ class NetShape:
                 "conv2.weight": (B, A, k, k), "conv2.bias": (B,),
                 "fc.weight": (self.num_classes, self.features), "fc.bias": (self.num_classes,)}
 
+    def geometries(self, batch: int):
+        """The two conv blocks' shapes at this batch size (what devices are calibrated on)."""
+        from .devices import LayerGeometry
+
+        C, H, W = self.input_shape
+        A, B = self.kernels
+        k = self.kernel_size
+        h1, w1 = self.pooled1
+        return [LayerGeometry("conv1", batch, C, H, W, A, k, k, POOL),
+                LayerGeometry("conv2", batch, A, h1, w1, B, k, k, POOL)]
+
     def flops_per_image(self) -> dict:
         """Multiply-adds x 2 of one training step per image, by part (forward and backward)."""
         C, H, W = self.input_shape
@@ -105,8 +116,11 @@ def save_weights(path, params: dict) -> None:
     """Write the parameters as an .npz of float32 arrays in PyTorch's layout (atomically)."""
     path = os.fspath(path)
     tmp = path + ".tmp.npz"
-    np.savez(tmp, **{k: np.asarray(params[k], np.float32) for k in PARAM_NAMES})
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **{k: np.asarray(params[k], np.float32) for k in PARAM_NAMES})
+        os.replace(tmp, path)
+    except OSError as e:
+        raise WeightsError(f"cannot write the weight file {path}: {e.strerror or e}") from None
 
 
 def load_weights(path, shape: NetShape) -> dict:
@@ -115,9 +129,11 @@ def load_weights(path, shape: NetShape) -> dict:
     if not os.path.isfile(path):
         raise WeightsError(f"weight file {path}: no such file")
     try:
-        with np.load(path, allow_pickle=False) as f:
+        # np.load is handed an open file: np.load(name) leaks its handle on a broken zip
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    except (OSError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as e:
+        # TypeError: a single .npy array (an ndarray is no context manager)
         raise WeightsError(f"weight file {path}: not a readable .npz ({e})") from None
     want = shape.param_shapes()
     missing = [k for k in PARAM_NAMES if k not in arrays]
@@ -149,14 +165,12 @@ class Net:
 
     def __init__(self, shape: NetShape, params: dict, devices, partition: dict, host):
         # partition: {"conv1": counts per device, "conv2": counts per device}
-        # host: the master's backend (fc, loss, col2im)
+        # host: the master's backend (fc and loss)
         self.shape, self.devices, self.host = shape, list(devices), host
         self.conv1 = PartitionedConv("conv1", params["conv1.weight"], params["conv1.bias"],
-                                     self.devices, partition["conv1"], POOL, need_dx=False,
-                                     host=host)
+                                     self.devices, partition["conv1"], POOL, need_dx=False)
         self.conv2 = PartitionedConv("conv2", params["conv2.weight"], params["conv2.bias"],
-                                     self.devices, partition["conv2"], POOL, need_dx=True,
-                                     host=host)
+                                     self.devices, partition["conv2"], POOL, need_dx=True)
         self.flatten = Flatten()
         self.fc = Linear(params["fc.weight"].copy(), params["fc.bias"].copy(), backend=host)
         self.loss = SoftmaxCrossEntropy()
@@ -190,8 +204,8 @@ class Net:
             for conv in self.convs:
                 conv.step(cfg)
             for k in ("weight", "bias"):
-                self._fc_momentum[k] = sgd_update(self.fc.params[k], self.fc.grads[k],
-                                                  self._fc_momentum[k], cfg)
+                self._fc_momentum[k] = self.host.sgd_update(self.fc.params[k], self.fc.grads[k],
+                                                            self._fc_momentum[k], cfg)
         return float(loss)
 
     def params(self) -> dict:

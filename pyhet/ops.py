@@ -70,6 +70,15 @@ def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def _matrix(a, name: str) -> np.ndarray:
+    """A float32 matrix for the GEMM: a block of a bigger C-contiguous matrix (rows contiguous,
+    further apart) is passed as it is, with its row stride as leading dimension."""
+    if isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == np.float32 and (
+            a.strides[1] == 4 and a.strides[0] >= 4 * a.shape[1] and a.strides[0] % 4 == 0):
+        return a
+    return _array(a, name, 2)
+
+
 def _out(out, shape, name: str, dtype=np.float32) -> np.ndarray:
     if out is None:
         return np.empty(shape, dtype)
@@ -101,17 +110,18 @@ def gemm(a, b, threads=None) -> np.ndarray:
 def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, threads=None):
     """``c = alpha * op(a) @ op(b) + beta * c`` in place (c is allocated when None and beta == 0).
 
-    op(a) is a.T when trans_a (the transpose is handled while packing, not copied).
+    op(a) is a.T when trans_a (the transpose is handled while packing, not copied). a, b and c
+    may be blocks of bigger matrices whose rows are contiguous (``w[:, r0:r1]``).
     """
-    a = _array(a, "a", 2)
-    b = _array(b, "b", 2)
+    a, b = _matrix(a, "a"), _matrix(b, "b")
     m = a.shape[1] if trans_a else a.shape[0]
     n = b.shape[0] if trans_b else b.shape[1]
     if c is None:
         if beta != 0:
             raise ValueError("sgemm: beta != 0 needs an existing c")
         c = np.empty((m, n), np.float32)
-    c = _out(c, (m, n), "c")
+    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+        c = _out(c, (m, n), "c")  # raises the right error
     _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
                 threads=_threads(threads))
     return c
@@ -127,22 +137,26 @@ def _col_shape(x_shape, kh, kw, stride, pad):
     return (c * kh * kw, n * oh * ow)
 
 
-def im2col(x, kh, kw, stride=1, pad=0, *, out=None, threads=None) -> np.ndarray:
-    """x (N, C, H, W) -> col (C*KH*KW, N*OH*OW): row (c, i, j), column (n, oh, ow)."""
+def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):
+    """x (N, C, H, W) -> col (C*KH*KW, N*OH*OW): row (c, i, j), column (n, oh, ow).
+
+    channels=(c0, c1) fills only the rows of those input channels (of `out`)."""
     x = _array(x, "x", 4)
     if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
         raise ValueError(f"im2col: a {kh}x{kw} kernel does not fit a {x.shape[2]}x{x.shape[3]} "
                          f"input with padding {pad}")
     col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
-    _core.im2col(x, kh, kw, stride, pad, col, threads=_threads(threads))
+    _core.im2col(x, kh, kw, stride, pad, col, threads=_threads(threads), channels=channels)
     return col
 
 
-def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, threads=None) -> np.ndarray:
-    """The mirror of im2col: sums col's entries back into an (N, C, H, W) array."""
+def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):
+    """The mirror of im2col: sums col's entries back into an (N, C, H, W) array.
+
+    channels=(c0, c1) computes only those channels (of `out`), from their rows of col."""
     col = _array(col, "col", 2)
     x = _out(out, tuple(x_shape), "out")
-    _core.col2im(col, kh, kw, stride, pad, x, threads=_threads(threads))
+    _core.col2im(col, kh, kw, stride, pad, x, threads=_threads(threads), channels=channels)
     return x
 
 

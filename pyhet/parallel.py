@@ -3,12 +3,20 @@
 Forward: every device gets the layer input and computes its output channels, then bias, ReLU
 and max-pool on the spot (all per channel, so this is exact); it returns only its pooled slice,
 and the slices are joined along the channel axis. Backward: each device gets its slice of the
-output gradient, computes its weight and bias gradients and its part of the input gradient's
-im2col matrix (dcol = w_i^T dy_i); the parts are summed and folded back once by col2im. The
-parameter update runs where the parameters live.
+output gradient and computes its weight and bias gradients; the input gradient
+dx = col2im(sum_j w_j^T dy_j) is the sum of every shard's part. The parameter update runs where
+the parameters live.
 
-Letters: x (N, C, H, W) layer input, out (N, K, PH, PW) pooled output, counts[i] kernels on
-device i, sum(counts) = K.
+Work that one shared step can do is not repeated per device. The devices that compute on host
+memory in this process (kind cpu, the "host group") share one im2col matrix of the input, each
+filling the rows of its share of the input channels; and they split the input gradient by input
+channels rather than each computing a part of all of it: device i computes the rows of dcol of
+its channels from every host shard (w_j, dy_j), then col2im of those channels. So the input
+gradient costs the same whatever the number of devices. A device outside the group (numpy, gpu,
+another process) does its own im2col and returns its own part of dx, which is added.
+
+Letters: x (N, C, H, W) layer input, out (N, K, PH, PW) pooled output, (R, S) kernel size,
+counts[i] kernels on device i, sum(counts) = K.
 """
 
 from __future__ import annotations
@@ -16,18 +24,18 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import DeviceError
+from .partition import proportional
 
 
 class PartitionedConv:
     """conv (valid, stride 1) -> ReLU -> max-pool, its K kernels spread over devices."""
 
-    def __init__(self, name: str, w, b, devices, counts, pool: int = 2, need_dx: bool = True,
-                 host=None):
+    def __init__(self, name: str, w, b, devices, counts, pool: int = 2, need_dx: bool = True):
         # w (K, C, R, S), b (K,) host float32; counts: kernels per device, in device order
         self.name, self.pool, self.need_dx = name, pool, need_dx
         self.devices = list(devices)
-        self.kernel_shape = w.shape[1:]
-        self.host = host                     # backend that sums dcol parts and runs col2im
+        self.kernel_shape = tuple(w.shape[1:])
+        self._buffers: dict = {}
         self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
@@ -37,73 +45,113 @@ class PartitionedConv:
         return int(sum(self.counts))
 
     def install(self, w, b, vw, vb, counts):
+        """Give device i kernels [sum(counts[:i]), sum(counts[:i+1])) with their momentum."""
         counts = [int(c) for c in counts]
         if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != w.shape[0]:
             raise DeviceError(f"{self.name}: a partition of {w.shape[0]} kernels over "
                               f"{len(self.devices)} devices is needed, got {counts}")
         self.counts = counts
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        self.bounds = [(int(bounds[i]), int(bounds[i + 1])) for i in range(len(counts))]
+        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
-        futures = [d.submit("load_shard", d.load_shard, self.name, w[k0:k1], b[k0:k1],
-                            part(vw, k0, k1), part(vb, k0, k1), self.pool)
-                   for d, (k0, k1) in zip(self.devices, self.bounds)]
-        _gather(futures)
+        _gather([d.submit("load_shard", d.load_shard, self.name, w[k0:k1], b[k0:k1],
+                          part(vw, k0, k1), part(vb, k0, k1), self.pool)
+                 for d, (k0, k1) in zip(self.devices, self.bounds)])
+        # the host group's shares of the input channels follow their shares of the kernels
+        self.group = [i for i, d in enumerate(self.devices)
+                      if d.shares_host_memory and counts[i] > 0]
+        C = self.kernel_shape[0]
+        split = proportional(C, [counts[i] for i in self.group]) if self.group else []
+        edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
+        self.channels = {i: (int(edges[n]), int(edges[n + 1])) for n, i in enumerate(self.group)
+                         if edges[n + 1] > edges[n]}
 
     def gather_state(self):
-        """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays)."""
+        """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
+        momentum is None before the first update."""
         parts = _gather([d.submit("get_shard", d.get_shard, self.name) for d in self.devices])
         w, b = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
-        moms = []
-        for i in (2, 3):
-            started = [p[i] is not None for p in parts if p[0].shape[0]]
-            moms.append(np.concatenate([p[i] if p[i] is not None else
-                                        np.zeros_like(p[i - 2]) for p in parts])
-                        if any(started) else None)
-        return w, b, moms[0], moms[1]
+        started = any(p[2] is not None for p in parts)
+        vw = vb = None
+        if started:
+            vw, vb = (np.concatenate([p[i] if p[i] is not None else np.zeros_like(p[i - 2])
+                                      for p in parts]) for i in (2, 3))
+        return w, b, vw, vb
 
     def repartition(self, counts):
         """Move kernels between devices (weights and momentum with them); exact."""
-        if list(counts) == self.counts:
+        if [int(c) for c in counts] == self.counts:
             return
         w, b, vw, vb = self.gather_state()
         self.install(w, b, vw, vb, counts)
+
+    def _buffer(self, key, shape):
+        a = self._buffers.get(key)
+        if a is None or a.shape != shape:
+            a = self._buffers[key] = np.empty(shape, np.float32)
+        return a
 
     # --- forward / backward / step ------------------------------------------------------------
 
     def forward(self, x):
         """x (N, C, H, W) -> out (N, K, PH, PW), host arrays."""
+        N, C, H, W = x.shape
+        _, R, S = self.kernel_shape
+        if C != self.kernel_shape[0]:
+            raise ValueError(f"{self.name}: expected {self.kernel_shape[0]} input channels, "
+                             f"got input of shape {x.shape}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
         self.x_shape = x.shape
-        futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x)
-                   for d in self.devices]
+        col = None
+        if self.group:  # one im2col for the host group, filled by channel shares
+            col = self._buffer("col", (C * R * S, N * (H - R + 1) * (W - S + 1)))
+            _gather([self.devices[i].submit(f"{self.name} im2col", self.devices[i].im2col_part,
+                                            x, R, S, col, ch, tag=self.name)
+                     for i, ch in self.channels.items()])
+        futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
+                            col if i in self.group else None, tag=self.name)
+                   for i, d in enumerate(self.devices)]
         return np.concatenate(_gather(futures), axis=1)
 
     def backward(self, dout):
         """dout (N, K, PH, PW) -> dx (N, C, H, W), or None when the layer needs no dx."""
+        def mode(i):
+            return "none" if not self.need_dx else "shared" if i in self.group else "own"
+
         futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
-                            dout[:, k0:k1], self.need_dx)
-                   for d, (k0, k1) in zip(self.devices, self.bounds)]
-        parts = [p for p in _gather(futures) if p is not None]
+                            dout[:, k0:k1], mode(i), tag=self.name)
+                   for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
+        results = _gather(futures)
         if not self.need_dx:
             return None
-        dcol = parts[0]
-        for p in parts[1:]:
-            dcol = dcol + p if dcol is parts[0] else dcol.__iadd__(p)
-        R, S = self.kernel_shape[1], self.kernel_shape[2]
-        return self.host.col2im(dcol, self.x_shape, R, S)
+        _, R, S = self.kernel_shape
+        dx = np.zeros(self.x_shape, np.float32) if not self.group else \
+            np.empty(self.x_shape, np.float32)
+        if self.group:
+            parts = [results[i] for i in self.group]
+            dcol = self._buffer("dcol", self._buffers["col"].shape)
+            _gather([self.devices[i].submit(f"{self.name} input gradient",
+                                            self.devices[i].input_grad_part, parts, dcol, dx,
+                                            R, S, ch, tag=self.name)
+                     for i, ch in self.channels.items()])
+        for i, r in enumerate(results):
+            if i not in self.group and r is not None:
+                dx += r
+        return dx
 
     def step(self, cfg):
-        _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg)
+        _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg, tag=self.name)
                  for d in self.devices])
 
 
 def _gather(futures):
-    """Wait for every future; re-raise the first error once all have finished."""
+    """Wait for every future; re-raise the first error once all have finished, so no device is
+    left working on a step that has failed."""
     results, error = [], None
     for f in futures:
         try:
             results.append(f.result())
-        except Exception as e:  # keep waiting for the others so none is left running
+        except Exception as e:
             error = error or e
             results.append(None)
     if error is not None:

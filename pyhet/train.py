@@ -22,11 +22,12 @@ from . import ops
 from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend
 from .data import Dataset, iterate_batches, load_dataset
-from .devices import Device, check_threads, cuda_device_count, make_devices, parse_devices
-from .errors import PyhetError, TrainingError, WeightsError
+from .devices import (Calibration, calibrate, check_threads, cuda_device_count, make_devices,
+                      parse_devices)
+from .errors import DeviceError, PyhetError, TrainingError, WeightsError
 from .model import PARAM_NAMES, Net, NetShape, init_params, load_weights, save_weights
 from .optim import SGDConfig
-from .partition import even
+from .partition import Balancer, balanced, even
 from .progress import Progress
 
 BALANCE_MODES = ("dynamic", "static", "even")
@@ -66,6 +67,9 @@ class TrainConfig:
                              f"got {self.balance!r}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("--resume needs --checkpoint-dir")
+        if self.save and not os.path.isdir(os.path.dirname(os.path.abspath(self.save))):
+            raise ValueError(f"--save {self.save}: the folder "
+                             f"{os.path.dirname(os.path.abspath(self.save))} does not exist")
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
 
 
@@ -100,10 +104,47 @@ def host_backend(devices):
     return CpuBackend(ops.default_threads())
 
 
-def initial_partition(shape: NetShape, devices, balance: str) -> dict:
-    """Kernels per device for each conv layer before training starts."""
+def plan_partition(shape: NetShape, devices, balance: str, batch: int, seed: int = 0):
+    """Kernels per device for each conv layer before training starts, and the calibration it
+    came from (None for --balance even or a single device)."""
     n = len(devices)
-    return {"conv1": even(shape.kernels[0], n), "conv2": even(shape.kernels[1], n)}
+    if n == 1 or balance == "even":
+        return {"conv1": even(shape.kernels[0], n), "conv2": even(shape.kernels[1], n)}, None
+    cal = calibrate(devices, shape.geometries(batch), seed)
+    part = {}
+    for g in shape.geometries(batch):
+        try:
+            part[g.name] = balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
+                                    cal.caps[g.name])
+        except ValueError as e:
+            raise DeviceError(f"{g.name}: {e}") from None
+    return part, cal
+
+
+class DynamicBalance:
+    """--balance dynamic: after every step, re-measure each device's speed on each layer from
+    its busy time and move kernels when the devices stay out of balance."""
+
+    def __init__(self, net: Net, cal: Calibration):
+        self.net = net
+        self.balancers = {conv.name: Balancer(conv.K, cal.speeds[conv.name],
+                                              cal.overheads[conv.name]) for conv in net.convs}
+        self.last = self._busy()
+        self.moves = []
+
+    def _busy(self):
+        return {d.name: dict(d.busy_by_tag) for d in self.net.devices}
+
+    def after_step(self, step: int):
+        now = self._busy()
+        for conv in self.net.convs:
+            busy = [now[d.name].get(conv.name, 0.0) - self.last[d.name].get(conv.name, 0.0)
+                    for d in self.net.devices]
+            counts = self.balancers[conv.name].observe(conv.counts, busy)
+            if counts is not None:
+                conv.repartition(counts)
+                self.moves.append({"step": step, "layer": conv.name, "counts": counts})
+        self.last = self._busy()
 
 
 def _checkpoints(directory):
@@ -160,6 +201,11 @@ def train(cfg: TrainConfig, log=None) -> dict:
     ckpts = _checkpoints(cfg.checkpoint_dir) if cfg.resume else []
     if ckpts:
         params, moms, start = load_checkpoint(ckpts[-1], shape)
+        for key in ("seed", "batch_size", "shuffle"):
+            if start.get(key) != getattr(cfg, key):
+                raise PyhetError(f"checkpoint {ckpts[-1]} was made with {key} {start.get(key)}, "
+                                 f"but this run has {getattr(cfg, key)}: resume with the same "
+                                 f"settings, or start afresh without --resume")
         print(f"resuming from {ckpts[-1]} (step {start['step']})", file=log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
@@ -171,16 +217,21 @@ def train(cfg: TrainConfig, log=None) -> dict:
     devices = make_devices(specs)
     try:
         host = host_backend(devices)
-        net = Net(shape, params, devices, initial_partition(shape, devices, cfg.balance), host)
+        partition, cal = plan_partition(shape, devices, cfg.balance, cfg.batch_size, cfg.seed)
+        net = Net(shape, params, devices, partition, host)
         if moms:
             net.set_momentum(moms)
-        return _run(cfg, ds, net, start, log)
+        balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
+        result = _run(cfg, ds, net, start, log, balance)
+        result["calibration"] = cal.as_dict(devices) if cal else None
+        result["partition_moves"] = balance.moves if balance else []
+        return result
     finally:
         for d in devices:
             d.close()
 
 
-def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log) -> dict:
+def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None) -> dict:
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     n_train = ds.x_train.shape[0]
     per_epoch = math.ceil(n_train / cfg.batch_size)
@@ -211,14 +262,17 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log) -> dict:
                 raise TrainingError(f"the loss became {loss} at step {step} (epoch {epoch + 1}, "
                                     f"batch {b + 1}): training diverged; try a smaller --lr "
                                     f"(now {cfg.lr})")
+            if balance is not None:
+                balance.after_step(step)
             step_times.append(dt)
             conv_times.append(timer.parts.get("conv_forward", 0) +
                               timer.parts.get("conv_backward", 0))
             losses.append(loss)
             bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
         bar.close()
-        done_epoch = b + 1 >= per_epoch if per_epoch else True
-        epoch, skip = (epoch + 1, 0) if done_epoch else (epoch, b)
+        # this pass trained batches skip .. skip + todo - 1 of the epoch (b is not that count:
+        # after a break it is the first batch left untrained)
+        epoch, skip = (epoch + 1, 0) if skip + todo >= per_epoch else (epoch, skip + todo)
         if cfg.checkpoint_dir:
             save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg)
     train_s = time.perf_counter() - t_train
@@ -228,7 +282,7 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log) -> dict:
     if cfg.save:
         save_weights(cfg.save, net.params())
     return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
-                   epochs=step / per_epoch)
+                   epochs=step / per_epoch, steps=step)
 
 
 def evaluate(net: Net, ds: Dataset, batch_size: int) -> float:
@@ -240,7 +294,7 @@ def evaluate(net: Net, ds: Dataset, batch_size: int) -> float:
 
 
 def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
-            epochs) -> dict:
+            epochs, steps) -> dict:
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
     conv = conv_times[1:] if len(conv_times) > 1 else conv_times
     total = sum(step_times)
@@ -252,7 +306,7 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accurac
                         if total else None,
                         "emulated_speed": d.speed if d.spec.speed != 1.0 else None})
     return {
-        "steps": len(step_times) + 0,
+        "steps": steps,
         "epochs": round(epochs, 4),
         "batch_size": cfg.batch_size,
         "devices": devices,

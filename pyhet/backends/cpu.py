@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ops
+from .. import _core, ops
+from ..optim import sgd_update
 from . import numpy_ref as ref
 
 
@@ -31,6 +32,9 @@ class CpuBackend:
 
     def to_host(self, a):
         return a
+
+    def free_memory(self):
+        return ref.host_available_memory()
 
     def buffer(self, key, shape, dtype=np.float32):
         """A work array kept between calls with the same key and shape (contents undefined)."""
@@ -66,18 +70,59 @@ class CpuBackend:
 
     def block_backward(self, dout, saved, col, w, need_dcol):
         """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
-        arg, y_shape, pool, key = saved
-        K = w.shape[0]
-        dy = self.buffer(("dy", key), y_shape) if key is not None else None
-        dy = ops.bias_relu_maxpool_backward(dout, arg, y_shape, pool, out=dy,
-                                            threads=self.threads).reshape(K, -1)
-        dw = ops.sgemm(dy, col, trans_b=True, threads=self.threads).reshape(w.shape)
-        db = dy.sum(axis=1, dtype=np.float32)
+        dy = self.block_grad_output(dout, saved)
+        dw, db = self.block_grad_params(dy, col, w)
         dcol = None
         if need_dcol:
-            dcol = self.buffer(("dcol", key), col.shape) if key is not None else None
-            dcol = ops.sgemm(w.reshape(K, -1), dy, dcol, trans_a=True, threads=self.threads)
+            dcol = self.buffer(("dcol", saved[3]), col.shape) if saved[3] is not None else None
+            dcol = ops.sgemm(w.reshape(w.shape[0], -1), dy, dcol, trans_a=True,
+                             threads=self.threads)
         return dcol, dw, db
+
+    def block_grad_output(self, dout, saved):
+        """dout (N, K, PH, PW) -> dy (K, N*OH*OW): the gradient of the conv output."""
+        arg, y_shape, pool, key = saved
+        dy = self.buffer(("dy", key), y_shape) if key is not None else None
+        dy = ops.bias_relu_maxpool_backward(dout, arg, y_shape, pool, out=dy,
+                                            threads=self.threads)
+        return dy.reshape(y_shape[0], -1)
+
+    def block_grad_params(self, dy, col, w):
+        """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,)."""
+        dw = ops.sgemm(dy, col, trans_b=True, threads=self.threads).reshape(w.shape)
+        return dw, dy.sum(axis=1, dtype=np.float32)
+
+    # --- work on a share of a matrix that several devices of one process fill together -----
+
+    def im2col_part(self, x, R, S, col, channels):
+        """Fill the rows of input channels [c0, c1) of the shared im2col matrix col."""
+        ops.im2col(x, R, S, out=col, channels=channels, threads=self.threads)
+
+    def input_grad_part(self, parts, dcol, dx, R, S, channels):
+        """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
+        dcol[rows] = sum_j w_j[:, rows]^T @ dy_j (rows of those channels), then col2im of those
+        channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]."""
+        r0, r1 = channels[0] * R * S, channels[1] * R * S
+        block = dcol[r0:r1]
+        for j, (w2, dy) in enumerate(parts):
+            ops.sgemm(w2[:, r0:r1], dy, block, trans_a=True, beta=0.0 if j == 0 else 1.0,
+                      threads=self.threads)
+        if not parts:
+            block[...] = 0
+        ops.col2im(dcol, dx.shape, R, S, out=dx, channels=channels, threads=self.threads)
+
+    # --- the update, in one pass over memory --------------------------------------------------
+
+    def sgd_update(self, p, g, v, cfg):
+        """As pyhet.optim.sgd_update (torch.optim.SGD's rule), on the C++ core."""
+        if not cfg.momentum:
+            return sgd_update(p, g, v, cfg)
+        first = v is None
+        if first:
+            v = np.empty_like(p)
+        _core.sgd_update(p.reshape(-1), np.ascontiguousarray(g).reshape(-1), v.reshape(-1),
+                         cfg.lr, cfg.momentum, cfg.weight_decay, first, self.threads)
+        return v
 
     # --- fc and loss (on the master) --------------------------------------------------------
 

@@ -24,6 +24,18 @@ def array_module(a):
     return np
 
 
+def host_available_memory():
+    """Bytes of host memory available to new allocations (Linux), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
     return (size + 2 * pad - k) // stride + 1
 
@@ -229,6 +241,9 @@ class NumpyBackend:
     def asarray(self, a):
         return np.ascontiguousarray(a)
 
+    def free_memory(self):
+        return host_available_memory()
+
     def to_host(self, a):
         return a
 
@@ -252,3 +267,8 @@ class NumpyBackend:
 
     def softmax_cross_entropy(self, logits, labels):
         return softmax_cross_entropy(logits, labels)
+
+    def sgd_update(self, p, g, v, cfg):
+        from ..optim import sgd_update
+
+        return sgd_update(p, g, v, cfg)

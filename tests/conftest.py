@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny npz datasets, and the command line run in-process or as a process.
+
+x (N, C, H, W) float32 images, y (N,) int64 labels.
+"""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+# ================================================================ tiny npz datasets
+
+def make_npz_dataset(path, n=24, shape=(1, 12, 12), classes=3, n_test=0, seed=0,
+                     dtype=np.float32, **extra):
+    """Write an npz dataset (INTERFACE.md) of n random images and labels 0..classes-1 that
+    uses every class; return the arrays written. extra: more arrays, or overrides."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+
+    def images(count):
+        if dtype == np.uint8:
+            return rng.integers(0, 256, size=(count, *shape), dtype=np.uint8)
+        return rng.standard_normal((count, *shape)).astype(dtype)
+
+    def labels(count):
+        y = np.arange(count) % classes
+        rng.shuffle(y)
+        return y.astype(np.int64)
+
+    arrays["x"], arrays["y"] = images(n), labels(n)
+    if n_test:
+        arrays["x_test"], arrays["y_test"] = images(n_test), labels(n_test)
+    arrays.update(extra)
+    np.savez(path, **arrays)
+    return arrays
+
+
+@pytest.fixture
+def npz_dataset(tmp_path):
+    """A factory: npz_dataset(name="data.npz", **make_npz_dataset options) -> its path."""
+    def make(name="data.npz", **kw):
+        path = tmp_path / name
+        make_npz_dataset(path, **kw)
+        return path
+    return make
+
+
+# ================================================================ running the command line
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+# Options that keep a training run tiny and quiet enough to read; tests add their own.
+TINY = ["--kernels", "3,4", "--kernel-size", "3", "--devices", "cpu:1", "--batch-size", "8"]
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli(*argv) runs `pyhet argv...` in this process (pyhet.cli.main) and returns
+    Result(exit code, stdout, stderr). A SystemExit from argparse becomes the exit code."""
+    from pyhet.cli import main
+
+    def run(*argv):
+        capsys.readouterr()  # drop anything printed before
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+    return run
+
+
+@pytest.fixture
+def cli_process(tmp_path):
+    """cli_process(*argv) runs `python -m pyhet argv...` as a separate process in a scratch
+    folder (so that the installed pyhet is the one imported) and returns Result."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
+
+    def run(*argv, timeout=120):
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        p = subprocess.run([sys.executable, "-m", "pyhet", *[str(a) for a in argv]],
+                           cwd=workdir, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr)
+    return run
+
+
+def run_python(code, timeout=120):
+    """Run `python -c code` in a clean folder; returns the CompletedProcess."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=Path(sys.executable).parent,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def load_npz(path):
+    """{name: array} of an .npz file, read completely."""
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}

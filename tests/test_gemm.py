@@ -1,0 +1,272 @@
+"""The packed SGEMM (csrc/gemm.cpp) against a float64 NumPy product and against sgemm_ref.
+
+C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C, float32, row-major.
+
+Tolerance: every element must be within gamma_n * (|alpha| * (|op(A)| @ |op(B)|) + |beta| * |C0|)
+of the float64 result, gamma_n = n*u / (1 - n*u), u = 2**-24 (Higham's bound for a dot product
+summed in any order with n roundings). Here n = K + K // 32 + 4: one rounding per product-sum,
+plus the alpha scale and the add into C once per K block (blocks hold >= 64 values of K), plus
+beta. A correct kernel cannot miss it; a dropped, doubled or misplaced term misses it by orders
+of magnitude.
+"""
+
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyhet import _core, ops
+
+U = 2.0 ** -24
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+def _avx2_available() -> bool:
+    try:
+        _core.set_gemm_kernel("avx2-fma")
+    except ValueError:
+        return False
+    finally:
+        _core.set_gemm_kernel("auto")
+    return True
+
+
+HAVE_AVX2 = _avx2_available()
+KERNELS = ["portable",
+           pytest.param("avx2-fma", marks=pytest.mark.skipif(
+               not HAVE_AVX2, reason="this CPU or build has no AVX2/FMA kernel"))]
+
+
+@contextlib.contextmanager
+def micro_kernel(name):
+    _core.set_gemm_kernel(name)
+    try:
+        assert ops.gemm_kernel() == name
+        yield
+    finally:
+        _core.set_gemm_kernel("auto")
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    with micro_kernel(request.param):
+        yield request.param
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def operands(rng, m, n, k, trans_a, trans_b):
+    """Stored a, b (transposed layouts when asked) and a C0, all float32 in [-1, 1)."""
+    a = rng.uniform(-1, 1, (k, m) if trans_a else (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (n, k) if trans_b else (k, n)).astype(np.float32)
+    c0 = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+    return a, b, c0
+
+
+def expect_close(c, a, b, c0, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+    """Assert c meets the stated bound against the float64 product (see the module doc)."""
+    A = (a.T if trans_a else a).astype(np.float64)
+    B = (b.T if trans_b else b).astype(np.float64)
+    alpha, beta = float(np.float32(alpha)), float(np.float32(beta))
+    exact = alpha * (A @ B)
+    scale = abs(alpha) * (np.abs(A) @ np.abs(B))
+    if beta != 0:
+        exact += beta * c0.astype(np.float64)
+        scale += abs(beta) * np.abs(c0.astype(np.float64))
+    k = A.shape[1]
+    n = k + k // 32 + 4
+    tol = n * U / (1 - n * U) * scale + 1e-30
+    assert c.dtype == np.float32 and c.shape == exact.shape
+    assert np.all(np.isfinite(c))
+    err = np.abs(c.astype(np.float64) - exact)
+    worst = np.unravel_index(np.argmax(err - tol), err.shape) if err.size else None
+    assert np.all(err <= tol), (f"at {worst}: error {err[worst]:.3g} > tolerance {tol[worst]:.3g}")
+
+
+def run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=False):
+    c = np.full(c0.shape, np.nan, np.float32) if nan_c else c0.copy()
+    _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
+                threads=threads)
+    return c
+
+
+def run_ref(a, b, c0, trans_a, trans_b, alpha, beta):
+    c = c0.copy()
+    _core.sgemm_ref(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    return c
+
+
+# ------------------------------------------------------------------------------------------------
+# Odd sizes, every transpose, both micro-kernels, one and two threads
+
+# (M, N, K): 1 and primes; not multiples of MR = 6, NR = 16 or KC; exact tiles; several K blocks
+# (K > 2 * KC); several MC blocks; N > NC = 4096; M, N or K far below a tile; products big
+# enough (> 8 MFLOP) that two threads really split them, by rows or by columns.
+SHAPES = [
+    (1, 1, 1), (3, 7, 17), (17, 3, 7), (7, 17, 3), (6, 16, 64), (12, 32, 256), (5, 15, 257),
+    (255, 17, 1), (1, 255, 300), (17, 255, 7), (97, 101, 103), (255, 300, 257), (300, 255, 513),
+    (3, 4133, 5), (16, 10, 3001), (10, 3001, 16), (7, 2003, 301), (301, 17, 1001),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_sizes(kernel, m, n, k, trans_a, trans_b, threads):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    c = run_sgemm(a, b, c0, trans_a, trans_b, 1.0, 0.0, threads, nan_c=True)
+    expect_close(c, a, b, c0, trans_a, trans_b)
+    if m * n * k <= 2_000_000:  # the triple loop is slow; it is checked on the smaller shapes
+        expect_close(run_ref(a, b, c0, trans_a, trans_b, 1.0, 0.0), a, b, c0, trans_a, trans_b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (2.0, 1.0),
+                                        (1.0, 0.0), (0.0, 0.5), (0.0, 0.0)])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_alpha_beta(kernel, trans_a, trans_b, alpha, beta, threads):
+    # Several K blocks and edge tiles on both sides, so beta is applied once and alpha per block.
+    rng = np.random.default_rng(7)
+    m, n, k = 131, 77, 600
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads)
+    expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta)
+    expect_close(run_ref(a, b, c0, trans_a, trans_b, alpha, beta), a, b, c0, trans_a, trans_b,
+                 alpha, beta)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha", [1.0, -2.0])
+def test_beta_zero_ignores_nan_in_c(kernel, alpha, threads):
+    rng = np.random.default_rng(3)
+    a, b, c0 = operands(rng, 301, 203, 700, False, True)
+    c = run_sgemm(a, b, c0, False, True, alpha, 0.0, threads, nan_c=True)
+    expect_close(c, a, b, c0, False, True, alpha, 0.0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("beta", [0.0, 1.0, -3.0])
+def test_k_zero_scales_c(beta, threads):
+    c0 = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    c = c0.copy() if beta else np.full((3, 4), np.nan, np.float32)
+    _core.sgemm(np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32), c, beta=beta,
+                threads=threads)
+    np.testing.assert_array_equal(c, beta * c0 if beta else np.zeros((3, 4), np.float32))
+
+
+@pytest.mark.parametrize("m,n", [(0, 5), (5, 0), (0, 0)])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_empty_output(m, n, trans_a, trans_b):
+    a, b, c0 = operands(np.random.default_rng(0), m, n, 9, trans_a, trans_b)
+    c = c0.copy()
+    _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, beta=2.0, threads=2)
+    assert c.shape == (m, n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(0, 300),
+       trans=st.sampled_from(TRANS), alpha=st.sampled_from([1.0, -1.0, 0.375]),
+       beta=st.sampled_from([0.0, 1.0, -0.5]), threads=st.sampled_from([1, 2]),
+       kernel_name=st.sampled_from(["portable", "avx2-fma"] if HAVE_AVX2 else ["portable"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, kernel_name, seed):
+    trans_a, trans_b = trans
+    a, b, c0 = operands(np.random.default_rng(seed), m, n, k, trans_a, trans_b)
+    with micro_kernel(kernel_name):
+        c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
+    expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta)
+    ref = run_ref(a, b, c0, trans_a, trans_b, alpha, beta)
+    expect_close(ref, a, b, c0, trans_a, trans_b, alpha, beta)
+
+
+# ------------------------------------------------------------------------------------------------
+# Concurrency: each Python thread's call has its own OpenMP team and its own pack buffers
+
+
+def test_concurrent_calls_from_python_threads():
+    rng = np.random.default_rng(11)
+    jobs = []
+    for i in range(6):
+        m, n, k = 150 + 13 * i, 170 - 7 * i, 280 + 31 * i
+        ta, tb = TRANS[i % 4]
+        jobs.append((ta, tb) + operands(rng, m, n, k, ta, tb))
+    results = [[None] * 4 for _ in jobs]
+    start = threading.Barrier(len(jobs))
+
+    def work(i):
+        ta, tb, a, b, c0 = jobs[i]
+        start.wait()
+        for r in range(4):
+            results[i][r] = run_sgemm(a, b, c0, ta, tb, 1.0, 0.0, 2, nan_c=True)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for (ta, tb, a, b, c0), outs in zip(jobs, results):
+        for c in outs:
+            assert c is not None
+            expect_close(c, a, b, c0, ta, tb)
+
+
+# ------------------------------------------------------------------------------------------------
+# pyhet.ops.gemm: the Python face
+
+
+def test_ops_gemm_matches_numpy():
+    rng = np.random.default_rng(5)
+    a, b, c0 = operands(rng, 123, 45, 678, False, False)
+    for threads in (None, 1, 2):
+        expect_close(ops.gemm(a, b, threads=threads), a, b, c0)
+
+
+def test_ops_gemm_non_contiguous_inputs():
+    rng = np.random.default_rng(6)
+    a = rng.uniform(-1, 1, (80, 141)).astype(np.float32)[::2, 1::2]  # (40, 70), strided
+    b = rng.uniform(-1, 1, (100, 140)).astype(np.float32).T[::2, :50]  # (70, 50), transposed
+    assert not a.flags.c_contiguous and not b.flags.c_contiguous
+    c = ops.gemm(a, b, threads=2)
+    expect_close(c, np.ascontiguousarray(a), np.ascontiguousarray(b), np.zeros_like(c))
+
+
+def test_ops_sgemm_transposes_and_beta():
+    rng = np.random.default_rng(8)
+    a, b, c0 = operands(rng, 50, 60, 70, True, True)
+    c = ops.sgemm(a, b, c0.copy(), trans_a=True, trans_b=True, alpha=0.5, beta=2.0, threads=2)
+    expect_close(c, a, b, c0, True, True, 0.5, 2.0)
+
+
+@pytest.mark.parametrize("a,b,error", [
+    (np.ones((3, 4), np.float64), np.ones((4, 5), np.float32), TypeError),
+    (np.ones((3, 4), np.float32), np.ones((4, 5), np.int32), TypeError),
+    ([[1.0, 2.0]], np.ones((2, 5), np.float32), TypeError),
+    (np.ones((3, 4), np.float32), "b", TypeError),
+    (np.ones(4, np.float32), np.ones((4, 5), np.float32), ValueError),
+    (np.ones((3, 4), np.float32), np.ones((4, 5, 1), np.float32), ValueError),
+    (np.ones((3, 4), np.float32), np.ones((5, 4), np.float32), ValueError),
+])
+def test_ops_gemm_errors(a, b, error):
+    with pytest.raises(error):
+        ops.gemm(a, b)
+
+
+@pytest.mark.parametrize("threads", [0, -1])
+def test_ops_gemm_threads_must_be_positive(threads):
+    with pytest.raises(ValueError, match="threads"):
+        ops.gemm(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), threads=threads)
+
+
+def test_kernel_names():
+    assert ops.gemm_kernel() in ("avx2-fma", "portable")
+    with pytest.raises(ValueError, match="set_gemm_kernel"):
+        _core.set_gemm_kernel("sse9")
+    assert ops.gemm_kernel() in ("avx2-fma", "portable")
+    if HAVE_AVX2:
+        assert ops.gemm_kernel() == "avx2-fma"
