@@ -89,46 +89,63 @@ def predicted_time(counts, speeds, overheads=None) -> float:
 
 
 class Balancer:
-    """Watches one layer. Each step, observe(counts, busy_times) updates a smoothed speed per
+    """Watches one layer. Each step, observe(counts, busy_times) updates a speed estimate per
     device (kernels per second of busy time) and returns new counts when moving kernels is
     predicted to shorten the layer by more than `threshold`, else None.
 
-    Guards against oscillation: small changes of a speed are smoothed (exponential average)
-    while a jump of more than `jump` replaces it, a move needs the imbalance to be seen in
-    `patience` consecutive steps, and the step right after a move is not measured (it may carry
-    the move's own cost).
+    Guards against oscillation on noisy timings: a single measurement moves an estimate only a
+    little (exponential average), and one that differs from the estimate by more than `jump` is
+    held back: it is an outlier, or the start of a real change of speed, which is confirmed by
+    `confirm` such measurements in a row, all the same way, and then replaces the estimate by
+    their median. No move is made while a measurement is held back; a move needs its predicted
+    gain in `patience` consecutive steps; and the step right after a move is not measured (it
+    may carry the move's own cost).
     """
 
     def __init__(self, total: int, speeds, overheads=None, threshold: float = 0.04,
-                 smoothing: float = 0.5, patience: int = 2, jump: float = 0.15):
+                 smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
+                 confirm: int = 3):
         self.total = total
         self.speeds = [float(s) for s in speeds]
-        self.overheads = overheads or [0.0] * len(speeds)
+        self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self.threshold, self.smoothing, self.patience = threshold, smoothing, patience
-        self.jump = jump
+        self.jump, self.confirm = jump, confirm
+        self._recent = [[] for _ in speeds]
+        self._pending = [False for _ in speeds]
         self._strikes = 0
         self._skip = 0
+
+    def _measure(self, i, k, t):
+        # the overhead is taken off, but never more than half the time (a bad overhead
+        # estimate must not blow the speed up)
+        m = k / max(t - self.overheads[i], 0.5 * t)
+        est = self.speeds[i]
+        recent = (self._recent[i] + [m])[-self.confirm:]
+        self._recent[i] = recent
+        self._pending[i] = False
+        if est <= 0:
+            self.speeds[i] = m
+        elif len(recent) == self.confirm and (all(r > est * (1 + self.jump) for r in recent) or
+                                              all(r < est * (1 - self.jump) for r in recent)):
+            self.speeds[i] = sorted(recent)[len(recent) // 2]
+            self._recent[i] = []
+        elif abs(m - est) > self.jump * est:
+            self._pending[i] = True  # an outlier, or the start of a real change: wait and see
+        else:
+            self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
     def observe(self, counts, busy) -> list[int] | None:
         if self._skip:
             self._skip -= 1
             return None
         for i, (k, t) in enumerate(zip(counts, busy)):
-            work = t - self.overheads[i]
-            if k > 0 and work > 0:
-                s, old = k / work, self.speeds[i]
-                # a jump (the device's speed really changed) replaces the estimate; small
-                # differences (noise) are smoothed
-                jump = old <= 0 or abs(s - old) > self.jump * old
-                self.speeds[i] = s if jump else (1 - self.smoothing) * old + self.smoothing * s
-        # imbalance as measured, and the gain the model predicts from moving
-        active = [t for k, t in zip(counts, busy) if k > 0]
-        imbalance = max(active) / (sum(active) / len(active)) - 1 if active else 0.0
+            if k > 0 and t > 0:
+                self._measure(i, k, t)
         target = balanced(self.total, self.speeds, self.overheads)
         now = predicted_time(counts, self.speeds, self.overheads)
         best = predicted_time(target, self.speeds, self.overheads)
-        if target != list(counts) and imbalance > self.threshold and best < now * (
-                1 - self.threshold / 2):
+        if target != list(counts) and best < now * (1 - self.threshold) and not any(
+                self._pending):
             self._strikes += 1
         else:
             self._strikes = 0
