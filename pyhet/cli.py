@@ -86,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
+    d = sub.add_parser("devices", help="list the devices and their calibrated speed on a network")
+    d.add_argument("--devices", default="auto", metavar="SPEC")
+    d.add_argument("--kernels", type=_kernels, default=(32, 64), metavar="A,B")
+    d.add_argument("--kernel-size", type=_positive(int), default=5, metavar="K")
+    d.add_argument("--dataset", default="bundled", help="gives the input shape")
+    d.add_argument("--batch-size", type=_positive(int), default=64, metavar="N")
+    d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
+    d.add_argument("--json", action="store_true", help="print the listing as JSON")
+    d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
     b = sub.add_parser("bench", help="run a benchmark from bench/ (gemm, step, scaling)",
                        add_help=False)
     b.add_argument("name", choices=BENCHMARKS)
@@ -127,6 +138,47 @@ def human_summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+def cmd_devices(args) -> int:
+    from .devices import describe_devices
+
+    report = describe_devices(args.devices, args.kernels, args.kernel_size, args.dataset,
+                              args.batch_size, calibrate_them=not args.no_calibrate)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    h = report["host"]
+    print(f"host: {h['cores']} cores, OpenMP {'on' if h['openmp'] else 'off'}, GEMM kernel "
+          f"{h['gemm_kernel']}, {h['memory_available_gib']:.1f} GiB available")
+    gpus = report["gpus"]
+    if gpus and "error" in gpus[0]:
+        print(f"GPUs: none ({gpus[0]['error']})")
+    else:
+        for g in gpus:
+            print(f"GPU {g['index']}: {g['name']}, {g['memory_free'] / 2**30:.1f} of "
+                  f"{g['memory_total'] / 2**30:.1f} GiB free")
+    net = report["network"]
+    print(f"\n--devices {args.devices} on kernels {net['kernels'][0]},{net['kernels'][1]}, "
+          f"k={net['kernel_size']}, input {'x'.join(map(str, net['input_shape']))}, batch "
+          f"{net['batch_size']}:")
+    cal = report["calibration"]
+    head = f"{'name':<6}{'spec':<14}"
+    if cal:
+        head += "".join(f"{layer + ' kernels/s':>18}{'overhead ms':>13}{'share':>7}"
+                        for layer in cal)
+    print(head)
+    for d in report["devices"]:
+        line = f"{d['name']:<6}{d['spec']:<14}"
+        if cal:
+            for layer, per in cal.items():
+                c = per[d["name"]]
+                line += (f"{c['kernels_per_s']:>18.1f}{1000 * c['overhead_s']:>13.2f}"
+                         f"{report['partition'][layer][d['name']]:>7}")
+        print(line)
+    if any(d["emulated_speed"] for d in report["devices"]):
+        print("(devices with @S are emulated: they idle to run S times as fast)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     try:
         module = importlib.import_module(f"pyhet.bench.{args.name}")
@@ -143,6 +195,8 @@ def main(argv=None) -> int:
             return cmd_train(args)
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "devices":
+            return cmd_devices(args)
         parser.error(f"unknown command {args.command}")
     except PyhetError as e:
         if args.debug:

@@ -113,10 +113,11 @@ def _auto(gpu_count) -> list[DeviceSpec]:
 
 def cuda_device_count() -> int:
     """The number of CUDA GPUs CuPy sees; 0 when CuPy or a driver is missing."""
+    from .backends.cuda import gpu_count, import_cupy
+
     try:
-        import cupy
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
+        return gpu_count(import_cupy())
+    except DeviceError:
         return 0
 
 
@@ -141,11 +142,9 @@ def make_backend(spec: DeviceSpec):
         from .backends.numpy_ref import NumpyBackend
         return NumpyBackend()
     if spec.kind == "gpu":
-        try:
-            from .backends.cuda import CudaBackend  # imports CuPy; raises DeviceError if unusable
-        except ImportError as e:
-            raise DeviceError(f"{spec}: no usable GPU ({e})") from None
-        return CudaBackend(spec.arg or 0)
+        from .backends.cuda import CudaBackend  # CuPy is imported only here
+
+        return CudaBackend(spec.arg or 0)  # a DeviceError says what is missing
     raise DeviceError(f"unknown device kind {spec.kind!r}")
 
 
@@ -351,8 +350,9 @@ class Calibration:
 
 
 def _trial_kernels(device: Device, K: int) -> int:
-    # enough kernels for the GEMMs to run at speed; more on a GPU, whose fixed costs are higher
-    return max(1, min(K, 256 if device.kind == "gpu" else 32))
+    # enough kernels for the GEMMs to run at speed and to outweigh the fixed costs; more on a
+    # GPU, whose fixed costs are higher
+    return max(1, min(K, 256 if device.kind == "gpu" else 64))
 
 
 def _time_block(device: Device, g: LayerGeometry, k: int, x, rng) -> float:
@@ -373,38 +373,113 @@ def _time_block(device: Device, g: LayerGeometry, k: int, x, rng) -> float:
     return took
 
 
-def calibrate_device(device: Device, g: LayerGeometry, seed: int = 0):
-    """(kernels/s, overhead s, memory cap) of one device on layer g, from a warm, short run:
-    t(k) = overhead + k / speed fitted through two kernel counts, the best of two runs each."""
+def calibrate(devices, geometries, seed: int = 0, rounds: int = 3) -> Calibration:
+    """Each device's speed on each layer, from a warm, short run on the real shapes.
+
+    The devices are timed one at a time (so that devices sharing cores or memory bandwidth do
+    not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
+    the best time of each is kept, so that a drift of the machine hits all of them alike.
+
+    A device of the host group does all its work (its kernels, and its shares of the im2col and
+    of the input gradient) at its own pace, so its time is taken as proportional to its share:
+    speed = k / t(k), no overhead. Another device (a GPU) also pays fixed costs whatever its
+    share (moving the layer's input and output, its own im2col): t(k) = overhead + k / speed is
+    fitted through two kernel counts.
+    """
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((g.N, g.C, g.H, g.W)).astype(np.float32)
-    kb = _trial_kernels(device, g.K)
-    ka = max(1, kb // 2)
-    _time_block(device, g, kb, x, rng)  # warm-up: page faults, thread pools, GPU kernels
-    tb = min(_time_block(device, g, kb, x, rng) for _ in range(2))
-    if ka == kb:
-        speed, overhead = kb / tb, 0.0
-    else:
-        ta = min(_time_block(device, g, ka, x, rng) for _ in range(2))
-        slope = (tb - ta) / (kb - ka)
-        overhead = tb - kb * slope
-        if slope <= 0 or not 0 <= overhead < 0.9 * tb:  # timing noise: no usable fit
-            speed, overhead = kb / tb, 0.0
-        else:
-            speed = 1.0 / slope
-    free = device.backend.free_memory() if hasattr(device.backend, "free_memory") else None
-    cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes()) //
-                                       g.bytes_per_kernel())
-    return speed, overhead, min(g.K, cap)
-
-
-def calibrate(devices, geometries, seed: int = 0) -> Calibration:
-    """Calibrate every device on every layer, the devices at once (as they will run)."""
     speeds, overheads, caps = {}, {}, {}
     for g in geometries:
-        with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-            results = list(pool.map(lambda d: calibrate_device(d, g, seed), devices))
-        speeds[g.name] = [r[0] for r in results]
-        overheads[g.name] = [r[1] for r in results]
-        caps[g.name] = [r[2] for r in results]
+        x = rng.standard_normal((g.N, g.C, g.H, g.W)).astype(np.float32)
+        trials = []  # (device index, kernels)
+        for i, d in enumerate(devices):
+            kb = _trial_kernels(d, g.K)
+            trials.append((i, kb))
+            if not d.shares_host_memory and kb // 4 >= 1 and kb // 4 < kb:
+                trials.append((i, kb // 4))
+        for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
+            for _ in range(2):
+                _time_block(devices[i], g, k, x, rng)
+        best = {t: float("inf") for t in trials}
+        for _ in range(rounds):
+            for i, k in trials:
+                best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng))
+        speeds[g.name], overheads[g.name], caps[g.name] = [], [], []
+        for i, d in enumerate(devices):
+            kb = _trial_kernels(d, g.K)
+            tb = best[(i, kb)]
+            speed, overhead = kb / tb, 0.0
+            if (i, kb // 4) in best and kb // 4 < kb:
+                ka, ta = kb // 4, best[(i, kb // 4)]
+                slope = (tb - ta) / (kb - ka)
+                if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
+                    speed, overhead = 1.0 / slope, tb - kb * slope
+            free = d.backend.free_memory() if hasattr(d.backend, "free_memory") else None
+            cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes()) //
+                                               g.bytes_per_kernel())
+            speeds[g.name].append(speed)
+            overheads[g.name].append(overhead)
+            caps[g.name].append(min(g.K, cap))
     return Calibration(speeds, overheads, caps)
+
+
+# ================================================================================================
+# `pyhet devices`
+
+INPUT_SHAPES = {"bundled": (1, 28, 28), "fashion-mnist": (1, 28, 28), "mnist": (1, 28, 28),
+                "cifar10": (3, 32, 32), "synthetic": (3, 32, 32)}
+
+
+def _input_shape(dataset: str):
+    if dataset in INPUT_SHAPES:
+        return INPUT_SHAPES[dataset]
+    from .data import load_dataset  # npz: the shape is in the file
+
+    return load_dataset(dataset).input_shape
+
+
+def describe_devices(spec: str, kernels, kernel_size: int, dataset: str, batch: int,
+                     calibrate_them: bool = True) -> dict:
+    """The host, the GPUs, and the devices of `spec` with their calibrated speed on the network
+    (and the partition calibration gives)."""
+    from .backends.numpy_ref import host_available_memory
+    from .model import NetShape
+    from .partition import balanced
+
+    gpus = []
+    try:
+        from .backends.cuda import describe_gpus
+
+        gpus = describe_gpus()
+    except DeviceError as e:
+        gpus = [{"error": str(e)}]
+    avail = host_available_memory()
+    report = {"host": {"cores": ops.default_threads(), "openmp": ops.have_openmp(),
+                       "gemm_kernel": ops.gemm_kernel(),
+                       "memory_available_gib": (avail or 0) / 2**30},
+              "gpus": gpus}
+    try:
+        shape = NetShape(_input_shape(dataset), tuple(kernels), kernel_size, 10)
+    except ValueError as e:
+        raise DeviceError(str(e)) from None
+    report["network"] = {"kernels": list(kernels), "kernel_size": kernel_size,
+                         "input_shape": list(shape.input_shape), "batch_size": batch}
+    specs = parse_devices(spec, gpu_count=cuda_device_count)
+    check_threads(specs)
+    devices = make_devices(specs)
+    try:
+        report["devices"] = [{"name": d.name, "spec": str(d.spec), "kind": d.kind,
+                              "emulated_speed": d.spec.speed if d.spec.speed != 1 else None}
+                             for d in devices]
+        report["calibration"] = report["partition"] = None
+        if calibrate_them:
+            geoms = shape.geometries(batch)
+            cal = calibrate(devices, geoms)
+            report["calibration"] = cal.as_dict(devices)
+            report["partition"] = {
+                g.name: dict(zip([d.name for d in devices],
+                                 balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
+                                          cal.caps[g.name]))) for g in geoms}
+    finally:
+        for d in devices:
+            d.close()
+    return report

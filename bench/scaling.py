@@ -1,0 +1,261 @@
+"""Scaling of the paper's network over several devices, and dynamic balancing at work.
+
+    pyhet bench scaling [--kernels 500,1500] [--batch-size 16] [--steps 4] [--rounds 2]
+                        [--json FILE] [--plot FILE.png] [--quick]
+
+Part 1: one SGD step of the network (3x32x32 input) on each device alone, on 1 to all CPU cores
+as separate cpu:1 devices, and on heterogeneous mixes (cpu:1,cpu:1@0.5 with --balance even,
+static and dynamic; gpu:0 with the CPU cores where CuPy sees a GPU). For each: the median step
+time, images/s, the speedup over the fastest single device of the mix, the efficiency
+(throughput over the sum of each device's solo throughput) and the conv2 partition. All
+configurations are built once and timed in turn, round after round, so that drifts of this
+shared machine hit them alike.
+
+Part 2: dynamic balancing. cpu:1,cpu:1 trains with --balance dynamic; after a few steps device
+d1 is slowed to half speed (the @S emulation, changed mid-training). The table follows the
+partition and the step time step by step, and compares the settled step time with the static,
+calibrated partition for the new speeds (cpu:1,cpu:1@0.5 --balance static of part 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+try:
+    from . import _util
+except ImportError:  # run as a script: python bench/scaling.py
+    import _util
+
+from pyhet import ops
+from pyhet.backends.cpu import CpuBackend
+from pyhet.devices import cuda_device_count, make_devices, parse_devices
+from pyhet.model import Net, NetShape, init_params
+from pyhet.optim import SGDConfig
+from pyhet.train import DynamicBalance, plan_partition
+
+INPUT = (3, 32, 32)
+CLASSES = 10
+SGD = SGDConfig(lr=0.01, momentum=0.9, weight_decay=0.0)
+
+
+class Config:
+    """One device mix with one balance mode, built once and stepped on demand."""
+
+    def __init__(self, spec, balance, shape, params, batch):
+        self.spec, self.balance = spec, balance
+        self.devices = make_devices(parse_devices(spec))
+        t0 = time.perf_counter()
+        partition, cal = plan_partition(shape, self.devices, balance, batch)
+        self.calibration_s = time.perf_counter() - t0
+        self.net = Net(shape, params, self.devices, partition, CpuBackend(ops.default_threads()))
+        self.dynamic = DynamicBalance(self.net, cal) if balance == "dynamic" and cal else None
+        self.times = []
+        self.steps = 0
+
+    @property
+    def label(self):
+        return self.spec if len(self.devices) == 1 else f"{self.spec} ({self.balance})"
+
+    def step(self, x, y, record=True):
+        t0 = time.perf_counter()
+        self.net.train_step(x, y, SGD)
+        dt = time.perf_counter() - t0
+        self.steps += 1
+        if self.dynamic:
+            self.dynamic.after_step(self.steps)
+        if record:
+            self.times.append(dt)
+        return dt
+
+    def close(self):
+        for d in self.devices:
+            d.close()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
+    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--dynamic-steps", type=int, default=16,
+                   help="steps of part 2 after the speed change")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    p.add_argument("--quick", action="store_true",
+                   help="a small network (64,128 kernels) for a fast check")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.kernels = "64,128"
+    args.kernels = tuple(int(v) for v in args.kernels.split(","))
+    return args
+
+
+def configurations(cores: int, gpus: int):
+    solo = ["cpu:1", "cpu:1@0.5"] + [f"gpu:{i}" for i in range(min(gpus, 1))]
+    mixes = [(",".join(["cpu:1"] * n), "static") for n in range(2, cores + 1)]
+    mixes += [("cpu:1,cpu:1@0.5", mode) for mode in ("even", "static", "dynamic")]
+    if gpus:
+        rest = max(1, cores - 1)
+        mixes += [(f"gpu:0,cpu:{rest}", mode) for mode in ("static", "dynamic")]
+        solo.append(f"cpu:{rest}")
+    return solo, mixes
+
+
+def part1(args, shape, params, x, y):
+    cores, gpus = ops.default_threads(), cuda_device_count()
+    solo, mixes = configurations(cores, gpus)
+    configs = [Config(s, "static", shape, params, args.batch_size) for s in solo]
+    configs += [Config(s, m, shape, params, args.batch_size) for s, m in mixes]
+    try:
+        for c in configs:  # warm-up step (and the first dynamic measurements)
+            c.step(x, y, record=False)
+        for r in range(args.rounds):
+            for c in configs:
+                for _ in range(args.steps):
+                    c.step(x, y)
+                print(f"round {r + 1}/{args.rounds} {c.label}: median "
+                      f"{statistics.median(c.times[-args.steps:]):.3f} s", file=sys.stderr)
+        solo_ips = {c.spec: args.batch_size / statistics.median(c.times) for c in configs
+                    if len(c.devices) == 1}
+        rows = []
+        for c in configs:
+            med = statistics.median(c.times)
+            ips = args.batch_size / med
+            members = [str(d.spec) for d in c.devices]
+            member_ips = [solo_ips.get(m) for m in members]
+            known = all(v is not None for v in member_ips)
+            rows.append({
+                "config": c.spec, "balance": c.balance if len(c.devices) > 1 else None,
+                "devices": members, "step_s": med, "min_s": min(c.times),
+                "images_per_s": ips,
+                "speedup": ips / max(member_ips) if known else None,
+                "efficiency": ips / sum(member_ips) if known else None,
+                "partition": c.net.partition(), "calibration_s": c.calibration_s,
+                "moves": c.dynamic.moves if c.dynamic else []})
+        return rows
+    finally:
+        for c in configs:
+            c.close()
+
+
+def part2(args, shape, params, x, y, static_ref):
+    c = Config("cpu:1,cpu:1", "dynamic", shape, params, args.batch_size)
+    trace = []
+    try:
+        before = 4
+        for i in range(before + args.dynamic_steps):
+            if i == before:
+                c.devices[1].speed = 0.5  # the speed change, mid-training
+            dt = c.step(x, y)
+            trace.append({"step": i + 1, "d1_speed": c.devices[1].speed, "step_s": dt,
+                          "conv2": list(c.net.conv2.counts), "conv1": list(c.net.conv1.counts)})
+    finally:
+        c.close()
+    after = trace[before:]
+    final = after[-1]["conv2"]
+    # settled: the step from which the partition no longer changes
+    settle = len(after)
+    for k in range(len(after) - 1, -1, -1):
+        if after[k]["conv2"] != final or after[k]["conv1"] != after[-1]["conv1"]:
+            break
+        settle = k
+    tail = [t["step_s"] for t in after[settle + 1:]] or [after[-1]["step_s"]]
+    settled_s = statistics.median(tail)
+    return {"trace": trace, "change_at_step": before + 1,
+            "settled_after_steps": settle + 1, "settled_step_s": settled_s,
+            "static_step_s": static_ref,
+            "settled_over_static": settled_s / static_ref if static_ref else None,
+            "final_partition": {"conv1": after[-1]["conv1"], "conv2": final}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = _util.system_info()
+    print(_util.describe_system(info))
+    shape = NetShape(INPUT, args.kernels, 5, CLASSES)
+    params = init_params(shape, 0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch_size,) + INPUT).astype(np.float32)
+    y = rng.integers(0, CLASSES, args.batch_size)
+
+    rows = part1(args, shape, params, x, y)
+    print(f"\nPart 1: one SGD step, kernels {args.kernels[0]},{args.kernels[1]}, 3x32x32, batch "
+          f"{args.batch_size}; median of {args.steps * args.rounds} steps")
+    table = [[r["config"], r["balance"] or "-", r["step_s"], r["images_per_s"],
+              "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+              "-" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
+              "/".join(str(v) for v in r["partition"]["conv2"].values())] for r in rows]
+    print(_util.format_table(["devices", "balance", "step s", "img/s", "speedup", "efficiency",
+                              "conv2 partition"], table))
+
+    static = next((r for r in rows if r["config"] == "cpu:1,cpu:1@0.5" and
+                   r["balance"] == "static"), None)
+    even = next((r for r in rows if r["config"] == "cpu:1,cpu:1@0.5" and
+                 r["balance"] == "even"), None)
+    if static and even:
+        print(f"cpu:1,cpu:1@0.5: calibrated (static) over even: "
+              f"{static['images_per_s'] / even['images_per_s']:.2f}x the throughput")
+
+    dyn = part2(args, shape, params, x, y, static["step_s"] if static else None)
+    print(f"\nPart 2: --balance dynamic on cpu:1,cpu:1; d1 slowed to 0.5 before step "
+          f"{dyn['change_at_step']}")
+    print(_util.format_table(["step", "d1 speed", "step s", "conv1 partition", "conv2 partition"],
+                             [[t["step"], t["d1_speed"], t["step_s"],
+                               "/".join(map(str, t["conv1"])), "/".join(map(str, t["conv2"]))]
+                              for t in dyn["trace"]]))
+    print(f"settled {dyn['settled_after_steps']} steps after the change at "
+          f"{dyn['settled_step_s']:.3f} s per step; the static calibrated partition for these "
+          f"speeds: {dyn['static_step_s']:.3f} s (ratio {dyn['settled_over_static']:.3f})")
+
+    result = {"benchmark": "scaling", "system": info, "kernels": list(args.kernels),
+              "batch_size": args.batch_size, "configs": rows, "dynamic": dyn}
+    if args.json:
+        _util.write_json(args.json, result)
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def plot(result, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows = [r for r in result["configs"] if r["speedup"] is not None]
+    labels = [r["config"] + (f"\n{r['balance']}" if r["balance"] else "") for r in rows]
+    a.bar(range(len(rows)), [r["images_per_s"] for r in rows], color="tab:blue")
+    for i, r in enumerate(rows):
+        a.text(i, r["images_per_s"], f"{100 * r['efficiency']:.0f}%", ha="center",
+               va="bottom", fontsize=8)
+    a.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30, ha="right")
+    a.set_ylabel("images/s (label: efficiency)")
+    a.set_title(f"kernels {result['kernels'][0]},{result['kernels'][1]}, "
+                f"batch {result['batch_size']}")
+    trace = result["dynamic"]["trace"]
+    b.plot([t["step"] for t in trace], [t["step_s"] for t in trace], "o-", label="dynamic")
+    if result["dynamic"]["static_step_s"]:
+        b.axhline(result["dynamic"]["static_step_s"], color="gray", ls="--",
+                  label="static, calibrated for the new speeds")
+    b.axvline(result["dynamic"]["change_at_step"] - 0.5, color="red", ls=":",
+              label="d1 slowed to 0.5")
+    b.set_xlabel("step")
+    b.set_ylabel("step time (s)")
+    b.set_title("dynamic balancing, cpu:1,cpu:1")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

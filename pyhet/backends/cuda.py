@@ -1,0 +1,117 @@
+"""The GPU backend: CuPy, imported only when a ``gpu`` device is asked for.
+
+The array code is the reference backend's (numpy_ref is written against an ``xp`` module), run
+on CuPy arrays: the GEMMs go to cuBLAS through ``@``, im2col/col2im, ReLU and max-pool are
+CuPy array expressions. So the logic a GPU runs is the logic the tests check on every machine.
+All calls of one device come from its single worker thread, which makes its GPU current.
+
+Letters as in numpy_ref.
+"""
+
+from __future__ import annotations
+
+
+from ..errors import DeviceError
+from ..optim import sgd_update
+from . import numpy_ref as ref
+
+
+def import_cupy():
+    """CuPy, or a DeviceError saying what is missing."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise DeviceError(f"a gpu device needs CuPy, which is not installed ({e}); install it "
+                          f"with pip install 'pyhet[cuda12]' (or 'pyhet[cuda13]', matching "
+                          f"your CUDA driver)") from None
+    return cupy
+
+
+def gpu_count(cupy) -> int:
+    """The number of CUDA GPUs, or a DeviceError when there is no usable driver."""
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # CUDARuntimeError, or a missing libcuda
+        raise DeviceError(f"CuPy is installed but found no usable CUDA driver or GPU "
+                          f"({type(e).__name__}: {e})") from None
+
+
+class CudaBackend:
+    name = "gpu"
+
+    def __init__(self, index: int = 0):
+        cp = import_cupy()
+        n = gpu_count(cp)
+        if not 0 <= index < n:
+            have = f"GPUs 0..{n - 1}" if n else "no GPU"
+            raise DeviceError(f"gpu:{index} was asked for, but this machine has {have}")
+        self.cp = self.xp = cp
+        self.index = index
+        self.device = cp.cuda.Device(index)
+        self.threads = 1
+
+    def _use(self):
+        self.device.use()
+
+    # --- arrays -----------------------------------------------------------------------------
+
+    def asarray(self, a):
+        self._use()
+        return self.cp.ascontiguousarray(self.cp.asarray(a))
+
+    def to_host(self, a):
+        self._use()
+        return self.cp.asnumpy(a)
+
+    def free_memory(self):
+        self._use()
+        free, _total = self.cp.cuda.runtime.memGetInfo()
+        # CuPy's pool keeps freed blocks for reuse: count them as free too
+        return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
+    # --- the conv block, on the reference code over CuPy arrays ------------------------------
+
+    def im2col(self, x, R, S, key=None):
+        self._use()
+        return ref.im2col(x, R, S)
+
+    def col2im(self, dcol, x_shape, R, S):
+        self._use()
+        return ref.col2im(dcol, x_shape, R, S)
+
+    def block_forward(self, col, x_shape, w, b, pool, key=None):
+        self._use()
+        return ref.conv_block_forward(col, x_shape, w, b, pool)
+
+    def block_backward(self, dout, saved, col, w, need_dcol):
+        self._use()
+        return ref.conv_block_backward(dout, saved, col, w, need_dcol)
+
+    def sgd_update(self, p, g, v, cfg):
+        self._use()
+        return sgd_update(p, g, v, cfg)
+
+    def synchronize(self):
+        self.device.synchronize()
+
+
+def describe_gpus() -> list[dict]:
+    """What CuPy sees, for `pyhet devices`: [{index, name, memory_total, memory_free}], or a
+    one-item list with an "error" saying why there is none."""
+    try:
+        cp = import_cupy()
+        n = gpu_count(cp)
+    except DeviceError as e:
+        return [{"error": str(e)}]
+    out = []
+    for i in range(n):
+        with cp.cuda.Device(i):
+            props = cp.cuda.runtime.getDeviceProperties(i)
+            free, total = cp.cuda.runtime.memGetInfo()
+        name = props.get("name", b"?")
+        out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_total": int(total), "memory_free": int(free)})
+    return out
+
+
+__all__ = ["CudaBackend", "import_cupy", "gpu_count", "describe_gpus"]
