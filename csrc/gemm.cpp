@@ -321,22 +321,34 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
 }
 
 // ---------------------------------------------------------------------------------------------
-// The portable micro-kernel: plain loops over a fixed-size tile that the compiler vectorises for
-// whatever the build targets (SSE2 on a generic x86-64 build).
+// The portable micro-kernel: plain loops that the compiler vectorises for whatever the build
+// targets (SSE2 on a generic x86-64 build). A whole 6 x 16 tile would need 24 SSE registers of
+// accumulators, more than there are, so it goes two rows at a time: 8 accumulators, 4 vectors
+// of b, 2 broadcasts of a; the kc x NR sliver of b is read three times, from L1.
 
 }  // namespace
 
 void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                            float alpha, float beta) {
-  float acc[MR][NR] = {};
-  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
-    for (int i = 0; i < MR; ++i) {
-      const float ai = a[i];
-      for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+  static_assert(MR % 2 == 0, "the portable kernel takes rows in pairs");
+  for (int i = 0; i < MR; i += 2) {
+    float acc0[NR] = {}, acc1[NR] = {};
+    const float* ap = a + i;
+    const float* bp = b;
+    for (int64_t p = 0; p < kc; ++p, ap += MR, bp += NR) {
+      const float a0 = ap[0], a1 = ap[1];
+      for (int j = 0; j < NR; ++j) {
+        acc0[j] += a0 * bp[j];
+        acc1[j] += a1 * bp[j];
+      }
     }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j)
-      c[i * ldc + j] = alpha * acc[i][j] + (beta == 0.f ? 0.f : beta * c[i * ldc + j]);
+    float* c0 = c + i * ldc;
+    float* c1 = c0 + ldc;
+    for (int j = 0; j < NR; ++j) {
+      c0[j] = alpha * acc0[j] + (beta == 0.f ? 0.f : beta * c0[j]);
+      c1[j] = alpha * acc1[j] + (beta == 0.f ? 0.f : beta * c1[j]);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class Balancer:
         self.jump, self.confirm = jump, confirm
         self._recent = [[] for _ in speeds]
         self._pending = [False for _ in speeds]
+        self._noise = [0.0 for _ in speeds]
         self._strikes = 0
         self._skip = 0
 
@@ -123,15 +124,19 @@ class Balancer:
         recent = (self._recent[i] + [m])[-self.confirm:]
         self._recent[i] = recent
         self._pending[i] = False
+        # what counts as a jump grows with the device's own timing noise (3 times its mean
+        # relative deviation), so that a noisy device does not keep holding moves back
+        jump = max(self.jump, 3 * self._noise[i])
         if est <= 0:
             self.speeds[i] = m
-        elif len(recent) == self.confirm and (all(r > est * (1 + self.jump) for r in recent) or
-                                              all(r < est * (1 - self.jump) for r in recent)):
+        elif len(recent) == self.confirm and (all(r > est * (1 + jump) for r in recent) or
+                                              all(r < est * (1 - jump) for r in recent)):
             self.speeds[i] = sorted(recent)[len(recent) // 2]
             self._recent[i] = []
-        elif abs(m - est) > self.jump * est:
+        elif abs(m - est) > jump * est:
             self._pending[i] = True  # an outlier, or the start of a real change: wait and see
         else:
+            self._noise[i] = 0.7 * self._noise[i] + 0.3 * abs(m - est) / est
             self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
     def observe(self, counts, busy) -> list[int] | None:
@@ -144,8 +149,9 @@ class Balancer:
         target = balanced(self.total, self.speeds, self.overheads)
         now = predicted_time(counts, self.speeds, self.overheads)
         best = predicted_time(target, self.speeds, self.overheads)
-        if target != list(counts) and best < now * (1 - self.threshold) and not any(
-                self._pending):
+        # the gain must also beat what the speed estimates' own noise could make up
+        threshold = max(self.threshold, max(self._noise))
+        if target != list(counts) and best < now * (1 - threshold) and not any(self._pending):
             self._strikes += 1
         else:
             self._strikes = 0

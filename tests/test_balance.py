@@ -1,0 +1,138 @@
+"""Partitioning: exact proportional shares, the cost model, memory caps, leaving out a device
+that would slow the step, and the dynamic balancer's convergence, without oscillation; and
+dynamic balancing in training, when a device's speed changes mid-training."""
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyhet.backends.cpu import CpuBackend
+from pyhet.devices import calibrate, make_devices, parse_devices
+from pyhet.model import Net, NetShape, init_params
+from pyhet.optim import SGDConfig
+from pyhet.partition import Balancer, balanced, even, predicted_time, proportional
+from pyhet.train import DynamicBalance
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 5000), st.lists(st.floats(0, 100), min_size=1, max_size=8))
+def test_proportional_is_exact_and_fair(total, weights):
+    if sum(weights) <= 0:
+        with pytest.raises(ValueError):
+            proportional(total, weights)
+        return
+    counts = proportional(total, weights)
+    assert sum(counts) == total and min(counts) >= 0
+    s = sum(weights)
+    for c, w in zip(counts, weights):  # largest remainder: within one of the exact share
+        assert abs(c - total * w / s) < 1
+
+
+def test_even_and_proportional_examples():
+    assert even(10, 3) == [4, 3, 3]
+    assert proportional(1500, [1, 0.5]) == [1000, 500]
+    assert proportional(7, [1, 1, 0]) == [4, 3, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3000), st.lists(st.floats(0.1, 100), min_size=1, max_size=6),
+       st.data())
+def test_balanced_sums_respects_caps_and_is_near_optimal(total, speeds, data):
+    n = len(speeds)
+    overheads = data.draw(st.lists(st.floats(0, 5), min_size=n, max_size=n))
+    caps = data.draw(st.lists(st.integers(0, total), min_size=n, max_size=n))
+    if sum(caps) < total:
+        with pytest.raises(ValueError, match="memory"):
+            balanced(total, speeds, overheads, caps)
+        return
+    counts = balanced(total, speeds, overheads, caps)
+    assert sum(counts) == total
+    assert all(0 <= c <= cap for c, cap in zip(counts, caps))
+    # no single kernel moved from the slowest-finishing device makes it better by a whole kernel
+    t = predicted_time(counts, speeds, overheads)
+    slack = max(1 / s for s in speeds)
+    assert t <= predicted_time(proportional(total, speeds), speeds, overheads) + slack or \
+        any(c > cap for c, cap in zip(proportional(total, speeds), caps))
+
+
+def test_balanced_leaves_out_a_device_that_would_slow_the_step():
+    # a fast device, and one whose fixed cost alone exceeds the whole step on the first
+    assert balanced(100, [100.0, 50.0], [0.0, 2.0]) == [100, 0]
+    # with a small fixed cost it takes its (smaller) part
+    counts = balanced(100, [100.0, 50.0], [0.0, 0.1])
+    assert 0 < counts[1] < 33
+
+
+def test_balanced_follows_memory_caps():
+    assert balanced(1500, [10.0, 1.0], caps=[300, 1500]) == [300, 1200]
+
+
+def simulate(balancer, speeds_at, steps, total, noise, seed=0):
+    rnd = random.Random(seed)
+    counts = even(total, len(speeds_at(0)))
+    history = []
+    for step in range(steps):
+        sp = speeds_at(step)
+        busy = [c / s * rnd.uniform(1 - noise, 1 + noise) if c else 0.0
+                for c, s in zip(counts, sp)]
+        new = balancer.observe(counts, busy)
+        if new is not None:
+            assert sum(new) == total
+            counts = new
+        history.append(list(counts))
+    return history
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.05, 0.2])
+def test_balancer_settles_after_a_speed_change_without_oscillating(noise):
+    total = 1500
+    speeds_at = (lambda step: [1.0, 1.0] if step < 10 else [1.0, 0.25])
+    history = simulate(Balancer(total, [1.0, 1.0]), speeds_at, 40, total, noise)
+    assert all(h == history[0] for h in history[:10])      # balanced: nothing moves
+    ideal = 0.2 * total
+    settled = next(i for i in range(10, 40) if abs(history[i][1] - ideal) < 0.05 * total)
+    assert settled - 10 < 10                                # within 10 steps of the change
+    moves_after = sum(1 for a, b in zip(history[settled:], history[settled + 1:]) if a != b)
+    assert moves_after <= 1                                 # and it stays put
+
+
+def test_balancer_ignores_noise_when_balanced():
+    history = simulate(Balancer(500, [1.0, 1.0, 1.0]), lambda s: [1.0, 1.0, 1.0], 60, 500, 0.2)
+    assert len({tuple(h) for h in history}) <= 2
+
+
+# ------------------------------------------------------------------------------------------------
+# In training: the emulated speed of a device changes mid-training
+
+
+def test_dynamic_balancing_follows_a_speed_change_in_training():
+    shape = NetShape((3, 20, 20), (24, 48), 3, 10)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 3, 20, 20)).astype(np.float32)
+    y = rng.integers(0, 10, 32)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        cal = calibrate(devices, shape.geometries(32))
+        part = {g.name: balanced(g.K, cal.speeds[g.name]) for g in shape.geometries(32)}
+        net = Net(shape, init_params(shape, 0), devices, part, CpuBackend(1))
+        balance = DynamicBalance(net, cal)
+        history = []
+        for step in range(1, 25):
+            if step == 6:
+                devices[1].speed = 0.25          # the test hook: d1 becomes 4x slower
+            net.train_step(x, y, SGDConfig())
+            balance.after_step(step)
+            history.append(list(net.conv2.counts))
+    finally:
+        for d in devices:
+            d.close()
+    share = [h[1] / 48 for h in history]
+    # after the change d1 should end near a fifth of the kernels (1 / (1 + 4))
+    settled = next((i for i in range(5, 24) if 0.08 <= share[i] <= 0.32), None)
+    assert settled is not None and settled - 5 < 10, history
+    assert all(0.08 <= s <= 0.32 for s in share[settled:]), history
+    moves_after = sum(1 for a, b in zip(history[settled:], history[settled + 1:]) if a != b)
+    assert moves_after <= 2, history

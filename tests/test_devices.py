@@ -1,0 +1,219 @@
+"""Device SPECs and their errors, GPU errors, a device failing mid-step, the GPU backend's code
+on a stand-in CuPy, and calibration."""
+
+import sys
+import threading
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+from pyhet import ops
+from pyhet.backends.cpu import CpuBackend
+from pyhet.devices import (DeviceSpec, calibrate, check_threads, make_backend, make_devices,
+                           parse_devices)
+from pyhet.errors import DeviceError
+from pyhet.model import Net, NetShape, init_params
+from pyhet.optim import SGDConfig
+from pyhet.partition import balanced
+
+CORES = ops.default_threads()
+
+
+# ------------------------------------------------------------------------------------------------
+# SPEC parsing
+
+
+@pytest.mark.parametrize("spec,want", [
+    ("cpu:2", [DeviceSpec("cpu", 2)]),
+    ("numpy", [DeviceSpec("numpy")]),
+    ("gpu", [DeviceSpec("gpu", 0)]),
+    ("gpu:1", [DeviceSpec("gpu", 1)]),
+    ("cpu:1, cpu:1@0.5", [DeviceSpec("cpu", 1), DeviceSpec("cpu", 1, 0.5)]),
+    ("0/cpu:1,1/gpu:0@0.25", [DeviceSpec("cpu", 1, rank=0), DeviceSpec("gpu", 0, 0.25, 1)]),
+    ("numpy@1", [DeviceSpec("numpy")]),
+])
+def test_parse_devices(spec, want):
+    assert parse_devices(spec) == want
+
+
+def test_cpu_without_threads_takes_every_core():
+    (d,) = parse_devices("cpu")
+    assert d.threads == CORES and str(d) == f"cpu:{CORES}"
+
+
+def test_auto_is_every_gpu_and_the_remaining_cores():
+    assert parse_devices("auto", gpu_count=lambda: 0) == [DeviceSpec("cpu", CORES)]
+    got = parse_devices("auto", gpu_count=lambda: 2)
+    assert got[:2] == [DeviceSpec("gpu", 0), DeviceSpec("gpu", 1)]
+    assert got[2] == DeviceSpec("cpu", max(1, CORES - 2))
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("", "empty"),
+    ("tpu:0", "unknown device kind 'tpu'"),
+    ("cpu:0", "at least 1 thread"),
+    ("cpu:two", "whole number"),
+    ("cpu:1@2", "0 < S <= 1"),
+    ("cpu:1@0", "0 < S <= 1"),
+    ("cpu:1@fast", "0 < S <= 1"),
+    ("numpy:3", "takes no argument"),
+    ("cpu:1,,cpu:1", "not of the form"),
+    ("cpu:-1", "whole number"),
+])
+def test_bad_specs_are_refused_clearly(spec, message):
+    with pytest.raises(DeviceError, match=message):
+        parse_devices(spec)
+
+
+def test_more_threads_than_cores_warns():
+    with pytest.warns(RuntimeWarning, match="threads"):
+        check_threads(parse_devices(f"cpu:{CORES},cpu:1"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_threads(parse_devices("cpu:1"))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPUs: what is missing is said
+
+
+def fake_cupy(count=1, driver=True):
+    """A stand-in for CuPy over NumPy arrays: enough of its API for the GPU backend."""
+    cp = types.ModuleType("cupy")
+    cp.asarray, cp.ascontiguousarray, cp.asnumpy = np.asarray, np.ascontiguousarray, np.asarray
+
+    class Device:
+        def __init__(self, i):
+            self.id = i
+
+        def use(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    def count_fn():
+        if not driver:
+            raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is too old")
+        return count
+
+    cp.cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
+        getDeviceCount=count_fn, memGetInfo=lambda: (8 << 30, 16 << 30),
+        getDeviceProperties=lambda i: {"name": b"Stand-in GPU"}))
+    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
+    return cp
+
+
+def test_gpu_without_cupy_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    with pytest.raises(DeviceError, match="needs CuPy"):
+        make_backend(DeviceSpec("gpu", 0))
+
+
+def test_gpu_without_driver_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(driver=False))
+    with pytest.raises(DeviceError, match="no usable CUDA driver"):
+        make_backend(DeviceSpec("gpu", 0))
+
+
+def test_gpu_number_that_is_not_there(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
+    with pytest.raises(DeviceError, match=r"gpu:3 was asked for, but this machine has GPUs 0..0"):
+        make_backend(DeviceSpec("gpu", 3))
+
+
+def test_gpu_backend_code_trains_like_one_device(monkeypatch):
+    """The CuPy backend's own code (transfers, the reference ops on its arrays, the update),
+    run on a stand-in CuPy: mixed with a cpu device it gives the single-device weights."""
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
+    shape = NetShape((2, 12, 11), (5, 6), 3, 4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 2, 12, 11)).astype(np.float32)
+    y = rng.integers(0, 4, 5)
+    cfg = SGDConfig(0.05, 0.9, 1e-3)
+    results = []
+    for spec, part in (("numpy", {"conv1": [5], "conv2": [6]}),
+                       ("gpu:0,cpu:1", {"conv1": [2, 3], "conv2": [4, 2]})):
+        devices = make_devices(parse_devices(spec))
+        net = Net(shape, init_params(shape, 1), devices, part, CpuBackend(1))
+        for _ in range(3):
+            net.train_step(x, y, cfg)
+        results.append(net.params())
+        for d in devices:
+            d.close()
+    for k in results[0]:
+        np.testing.assert_allclose(results[1][k], results[0][k], rtol=1e-4, atol=1e-5,
+                                   err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------------
+# A device that fails mid-step
+
+
+def test_a_device_failing_mid_step_is_named_and_nothing_hangs():
+    shape = NetShape((1, 10, 10), (4, 4), 3, 3)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
+    net = Net(shape, init_params(shape, 0), devices, {"conv1": [1, 2, 1], "conv2": [2, 1, 1]},
+              CpuBackend(1))
+    x = np.zeros((2, 1, 10, 10), np.float32)
+    y = np.array([0, 1])
+    net.train_step(x, y, SGDConfig())
+    calls = {"n": 0}
+    original = devices[1].backend.block_grad_output
+
+    def broken(*args):
+        calls["n"] += 1
+        raise MemoryError("out of memory on the device")
+
+    devices[1].backend.block_grad_output = broken
+    outcome = {}
+
+    def run():
+        try:
+            net.train_step(x, y, SGDConfig())
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "training hung after a device failed"
+    err = outcome.get("error")
+    assert isinstance(err, DeviceError)
+    assert "d1" in str(err) and "cpu:1" in str(err) and "out of memory" in str(err)
+    assert calls["n"] == 1
+    # the other devices are still usable: put the device right and train on
+    devices[1].backend.block_grad_output = original
+    net.train_step(x, y, SGDConfig())
+    for d in devices:
+        d.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Calibration
+
+
+def test_calibration_sees_the_emulated_speeds():
+    # big enough that each timing is milliseconds, not the cost of handing work to a thread
+    shape = NetShape((3, 32, 32), (32, 96), 5, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
+    try:
+        cal = calibrate(devices, shape.geometries(16))
+    finally:
+        for d in devices:
+            d.close()
+    for layer, s in cal.speeds.items():
+        assert 0.6 < s[0] / s[1] < 1.6, (layer, s)       # the same device twice
+        assert 1.4 < s[0] / s[2] < 2.8, (layer, s)       # one at half speed
+        assert cal.overheads[layer] == [0.0, 0.0, 0.0]   # host devices: no fixed cost
+        assert cal.caps[layer] == [32 if layer == "conv1" else 96] * 3
+    part = balanced(96, cal.speeds["conv2"])
+    assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
