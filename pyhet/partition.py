@@ -93,13 +93,20 @@ class Balancer:
     device (kernels per second of busy time) and returns new counts when moving kernels is
     predicted to shorten the layer by more than `threshold`, else None.
 
-    Guards against oscillation on noisy timings: a single measurement moves an estimate only a
-    little (exponential average), and one that differs from the estimate by more than `jump` is
-    held back: it is an outlier, or the start of a real change of speed, which is confirmed by
-    `confirm` such measurements in a row, all the same way, and then replaces the estimate by
-    their median. No move is made while a measurement is held back; a move needs its predicted
-    gain in `patience` consecutive steps; and the step right after a move is not measured (it
-    may carry the move's own cost).
+    Devices are judged against each other: what slows every device alike (the machine, other
+    work) only rescales all estimates slowly. Guards against oscillation on noisy timings: a
+    single measurement moves an estimate only a little (exponential average), and one that
+    differs from the estimate by more than `jump` (or three times the device's own timing
+    noise) is held back: it is an outlier, or the start of a real change of speed, which is
+    confirmed by `confirm` such measurements in a row, all the same way, and then replaces the
+    estimate by their median. No move is made while a measurement is held back; a move needs
+    its predicted gain, which must also beat the timing noise, in `patience` consecutive steps;
+    the step right after a move is not measured (it may carry the move's own cost); and a
+    device that has kernels keeps at least one, so that it is still measured.
+
+    The model t(k) = overhead + k / speed keeps the calibrated overhead; where fixed costs per
+    call dominate (tiny layers), a device looks slower the fewer kernels it has, and the
+    partition approaches equal busy times over a few moves.
     """
 
     def __init__(self, total: int, speeds, overheads=None, threshold: float = 0.04,
@@ -116,10 +123,7 @@ class Balancer:
         self._strikes = 0
         self._skip = 0
 
-    def _measure(self, i, k, t):
-        # the overhead is taken off, but never more than half the time (a bad overhead
-        # estimate must not blow the speed up)
-        m = k / max(t - self.overheads[i], 0.5 * t)
+    def _measure(self, i, m):
         est = self.speeds[i]
         recent = (self._recent[i] + [m])[-self.confirm:]
         self._recent[i] = recent
@@ -143,10 +147,27 @@ class Balancer:
         if self._skip:
             self._skip -= 1
             return None
-        for i, (k, t) in enumerate(zip(counts, busy)):
-            if k > 0 and t > 0:
-                self._measure(i, k, t)
+        # speeds measured in this step (kernels per second of busy time); the overhead is
+        # taken off, but never more than half the time (a bad overhead must not blow them up)
+        measured = {i: k / max(t - self.overheads[i], 0.5 * t)
+                    for i, (k, t) in enumerate(zip(counts, busy)) if k > 0 and t > 0}
+        # What changes every device alike (the machine, the network's phase) is a drift, not a
+        # change of balance: each device is judged against the others, and the common factor
+        # moves all estimates slowly.
+        drift = 1.0
+        known = [i for i in measured if self.speeds[i] > 0]
+        if len(known) >= 2:
+            drift = sum(measured[i] for i in known) / sum(self.speeds[i] for i in known)
+        for i, m in measured.items():
+            self._measure(i, m / drift)
+        if len(known) >= 2:
+            scale = 1 - self.smoothing + self.smoothing * drift
+            self.speeds = [v * scale for v in self.speeds]
         target = balanced(self.total, self.speeds, self.overheads)
+        for i, k in enumerate(counts):  # keep measuring every device that takes part
+            if k > 0 and target[i] == 0:
+                target[max(range(len(target)), key=lambda j: target[j])] -= 1
+                target[i] = 1
         now = predicted_time(counts, self.speeds, self.overheads)
         best = predicted_time(target, self.speeds, self.overheads)
         # the gain must also beat what the speed estimates' own noise could make up
