@@ -566,3 +566,19 @@ def test_gemm_argument_checks(args, kwargs, error):
     from pyhet import ops
     with pytest.raises(error):
         ops.gemm(*args, **kwargs)
+
+
+@pytest.mark.slow
+def test_bare_train_learns_the_bundled_data():
+    """`pyhet train` with every default (the bundled Fashion-MNIST subset, 32,64 kernels, two
+    epochs) reaches the accuracy the README promises, as its own process would."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pyhet", "train", "--json", "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2 * 188 and summary["dataset"] == "bundled"
+    assert summary["test_accuracy"] >= 0.75, summary
