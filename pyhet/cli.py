@@ -126,7 +126,7 @@ def human_summary(r: dict) -> str:
     st = r["step_time_s"]
     lines = [f"trained {r['steps']} steps ({r['epochs']:.2f} epochs) of batch {r['batch_size']} "
              f"on {r['dataset']}, kernels {r['kernels'][0]},{r['kernels'][1]}",
-             f"devices: " + ", ".join(f"{d['name']}={d['spec']}" for d in r["devices"])]
+             "devices: " + ", ".join(f"{d['name']}={d['spec']}" for d in r["devices"])]
     if st:
         lines.append(f"step time: median {st['median']:.4f} s, {r['images_per_s']:.1f} images/s, "
                      f"conv share {r['conv_time_fraction']:.0%}")

@@ -301,6 +301,12 @@ class Device:
 
 
 def make_devices(specs: list[DeviceSpec]) -> list[Device]:
+    """Device objects d0, d1, ... for the specs, all in this process."""
+    for s in specs:
+        if s.rank not in (None, 0):
+            raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but this run has "
+                              f"only rank 0 (devices on other ranks need mpiexec and the MPI "
+                              f"transport, which this version does not have yet)")
     return [Device(f"d{i}", s) for i, s in enumerate(specs)]
 
 

@@ -21,6 +21,9 @@ counts[i] kernels on device i, sum(counts) = K.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import numpy as np
 
 from .errors import DeviceError
@@ -36,6 +39,8 @@ class PartitionedConv:
         self.devices = list(devices)
         self.kernel_shape = tuple(w.shape[1:])
         self._buffers: dict = {}
+        self.phase_s: dict = {}   # wall time of each phase, summed over steps
+        self.moves = 0            # repartitions so far
         self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
@@ -82,8 +87,18 @@ class PartitionedConv:
         """Move kernels between devices (weights and momentum with them); exact."""
         if [int(c) for c in counts] == self.counts:
             return
-        w, b, vw, vb = self.gather_state()
-        self.install(w, b, vw, vb, counts)
+        with self._phase("repartition"):
+            w, b, vw, vb = self.gather_state()
+            self.install(w, b, vw, vb, counts)
+        self.moves += 1
+
+    @contextmanager
+    def _phase(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - t0
 
     def _buffer(self, key, shape):
         a = self._buffers.get(key)
@@ -105,43 +120,51 @@ class PartitionedConv:
         col = None
         if self.group:  # one im2col for the host group, filled by channel shares
             col = self._buffer("col", (C * R * S, N * (H - R + 1) * (W - S + 1)))
-            _gather([self.devices[i].submit(f"{self.name} im2col", self.devices[i].im2col_part,
-                                            x, R, S, col, ch, tag=self.name)
-                     for i, ch in self.channels.items()])
-        futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
-                            col if i in self.group else None, tag=self.name)
-                   for i, d in enumerate(self.devices)]
-        return np.concatenate(_gather(futures), axis=1)
+            with self._phase("im2col"):
+                _gather([self.devices[i].submit(f"{self.name} im2col",
+                                                self.devices[i].im2col_part, x, R, S, col, ch,
+                                                tag=self.name)
+                         for i, ch in self.channels.items()])
+        with self._phase("forward"):
+            futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
+                                col if i in self.group else None, tag=self.name)
+                       for i, d in enumerate(self.devices)]
+            parts = _gather(futures)
+        with self._phase("join"):
+            return np.concatenate(parts, axis=1)
 
     def backward(self, dout):
         """dout (N, K, PH, PW) -> dx (N, C, H, W), or None when the layer needs no dx."""
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
-        futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
-                            dout[:, k0:k1], mode(i), tag=self.name)
-                   for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
-        results = _gather(futures)
+        with self._phase("backward"):
+            futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
+                                dout[:, k0:k1], mode(i), tag=self.name)
+                       for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
+            results = _gather(futures)
         if not self.need_dx:
             return None
         _, R, S = self.kernel_shape
         dx = np.zeros(self.x_shape, np.float32) if not self.group else \
             np.empty(self.x_shape, np.float32)
-        if self.group:
-            parts = [results[i] for i in self.group]
-            dcol = self._buffer("dcol", self._buffers["col"].shape)
-            _gather([self.devices[i].submit(f"{self.name} input gradient",
-                                            self.devices[i].input_grad_part, parts, dcol, dx,
-                                            R, S, ch, tag=self.name)
-                     for i, ch in self.channels.items()])
-        for i, r in enumerate(results):
-            if i not in self.group and r is not None:
-                dx += r
+        with self._phase("input_gradient"):
+            if self.group:
+                parts = [results[i] for i in self.group]
+                dcol = self._buffer("dcol", self._buffers["col"].shape)
+                _gather([self.devices[i].submit(f"{self.name} input gradient",
+                                                self.devices[i].input_grad_part, parts, dcol,
+                                                dx, R, S, ch, tag=self.name)
+                         for i, ch in self.channels.items()])
+            for i, r in enumerate(results):
+                if i not in self.group and r is not None:
+                    dx += r
         return dx
 
     def step(self, cfg):
-        _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg, tag=self.name)
-                 for d in self.devices])
+        with self._phase("update"):
+            _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg,
+                              tag=self.name) for d in self.devices])
 
 
 def _gather(futures):

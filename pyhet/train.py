@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .data import Dataset, iterate_batches, load_dataset
 from .devices import (Calibration, calibrate, check_threads, cuda_device_count, make_devices,
                       parse_devices)
 from .errors import DeviceError, PyhetError, TrainingError, WeightsError
-from .model import PARAM_NAMES, Net, NetShape, init_params, load_weights, save_weights
+from .model import Net, NetShape, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
@@ -323,4 +323,8 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accurac
         "kernel_size": net.shape.kernel_size,
         "train_time_s": round(train_s, 3),
         "emulated": any(d.spec.speed != 1.0 for d in net.devices),
+        # where each conv layer's time went (wall seconds per step, summed over devices'
+        # concurrent work: the phases follow each other)
+        "phase_time_s": {conv.name: {k: round(v / max(1, len(step_times)), 6)
+                                     for k, v in conv.phase_s.items()} for conv in net.convs},
     }

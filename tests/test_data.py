@@ -214,7 +214,8 @@ IDX_DAMAGE = {
     # file damaged: its new content, built from sane arrays
     "wrong magic (labels magic on images)": (TRAIN_IMAGES, lambda: idx_bytes(_images(), 0x801)),
     "wrong magic (images magic on labels)": (TRAIN_LABELS, lambda: idx_bytes(_images(), 0x803)),
-    "int32 values (type code 0x0c)": (TRAIN_IMAGES, lambda: b"\x00\x00\x0c\x03" + idx_bytes(_images(), 0x803)[4:]),
+    "int32 values (type code 0x0c)": (
+        TRAIN_IMAGES, lambda: b"\x00\x00\x0c\x03" + idx_bytes(_images(), 0x803)[4:]),
     "truncated payload": (TRAIN_IMAGES, lambda: idx_bytes(_images(), 0x803)[:-100]),
     "trailing bytes": (TEST_LABELS, lambda: idx_bytes(np.zeros(12, np.uint8), 0x801) + b"\x00"),
     "truncated header": (TEST_IMAGES, lambda: idx_bytes(_images(12), 0x803)[:9]),
@@ -239,7 +240,8 @@ def test_idx_damage_names_the_file(tmp_path, gz, damage):
 GZ_DAMAGE = {
     "not gzip at all": lambda good: b"this is not gzip data at all, honestly",
     "stream cut short": lambda good: good[: len(good) // 2],
-    "flipped bytes in the deflate data": lambda good: good[:20] + bytes(b ^ 0xFF for b in good[20:60]) + good[60:],
+    "flipped bytes in the deflate data":
+        lambda good: good[:20] + bytes(b ^ 0xFF for b in good[20:60]) + good[60:],
     "wrong CRC": lambda good: good[:-8] + bytes(b ^ 0xFF for b in good[-8:-4]) + good[-4:],
 }
 

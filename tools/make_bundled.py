@@ -83,7 +83,8 @@ def sha256(path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--src", type=Path, default=Path("/usr/share/datasets/fashion-mnist"))
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "pyhet" / "_bundled")
+    p.add_argument("--out", type=Path,
+                   default=Path(__file__).resolve().parent.parent / "pyhet" / "_bundled")
     p.add_argument("--train-per-class", type=int, default=1200)
     p.add_argument("--test-per-class", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
