@@ -217,3 +217,10 @@ def test_calibration_sees_the_emulated_speeds():
         assert cal.caps[layer] == [32 if layer == "conv1" else 96] * 3
     part = balanced(96, cal.speeds["conv2"])
     assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
+
+
+def test_devices_on_other_ranks_are_refused_without_mpi():
+    with pytest.raises(DeviceError, match="MPI rank 1"):
+        make_devices(parse_devices("0/cpu:1,1/cpu:1"))
+    (d,) = make_devices(parse_devices("0/cpu:1"))
+    d.close()
