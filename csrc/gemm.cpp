@@ -46,20 +46,23 @@ namespace gemm {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Block sizes (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared)
+// Block sizes (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared), chosen by measuring
+// 1024^3 and the conv2 products on one core (override with -DPYHET_GEMM_KC=... to tune).
 //
-// KC: a KC x NR sliver of packed B (16 KiB) stays in L1 with room for the streaming A sliver.
-// MC: the packed MC x KC block of A (240 KiB) fills about half of L2.
-// NC: the packed KC x NC block of B (4 MiB) fits in L3 beside the other core's working set.
+// KC: the length of the dot products the micro-kernel sums in registers before it touches C.
+//     512 halves the C traffic of 256 and measured ~4% faster on 1024^3; the KC x NR sliver of
+//     packed B (32 KiB) then just fills L1, and what falls out is refetched from L2 in time.
+// MC: the packed MC x KC block of A (240 KiB) stays in L2, half of it on Zen 3.
+// NC: the packed KC x NC block of B (4 MiB) stays in L3 beside the other core's.
 
 #ifndef PYHET_GEMM_KC
-#define PYHET_GEMM_KC 256
+#define PYHET_GEMM_KC 512
 #endif
 #ifndef PYHET_GEMM_MC
-#define PYHET_GEMM_MC 240
+#define PYHET_GEMM_MC 120
 #endif
 #ifndef PYHET_GEMM_NC
-#define PYHET_GEMM_NC 4096
+#define PYHET_GEMM_NC 2048
 #endif
 constexpr int64_t KC = PYHET_GEMM_KC;
 constexpr int64_t MC = PYHET_GEMM_MC;
@@ -106,26 +109,43 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
   }
 }
 
-// One kc x NR sliver of op(B): rows [p0, p0 + kc), columns [j0, j0 + n), n <= NR.
-void pack_b_sliver(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
-                   int64_t n, float* dst) {
-  if (!trans) {  // op(B)[p][j] = B[p * ldb + j]: each row of the sliver is contiguous
-    const float* src = B + p0 * ldb + j0;
-    if (n == NR) {
-      for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = src[p * ldb + j];
-    } else {
-      for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < n ? src[p * ldb + j] : 0.f;
+// The NR slivers [s0, s1) of the block of op(B) with rows [p0, p0 + kc) and columns
+// [j0, j0 + nc); sliver s goes to dst + s * stride and holds columns j0 + s * NR ...
+void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
+            int64_t nc, int64_t s0, int64_t s1, float* dst, int64_t stride) {
+  if (!trans) {
+    // op(B)[p][j] = B[p * ldb + j]: 8 rows at a time across all the slivers, so that B is read
+    // in runs along its rows and each sliver is written 512 bytes at a time (sliver by sliver
+    // would touch a new page every 64 bytes when B is wide: 2-3x slower).
+    constexpr int64_t rows = 8;
+    for (int64_t pb = 0; pb < kc; pb += rows) {
+      const int64_t pe = std::min(kc, pb + rows);
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t j = s * NR, n = std::min<int64_t>(NR, nc - j);
+        const float* src = B + (p0 + pb) * ldb + j0 + j;
+        float* d = dst + s * stride + pb * NR;
+        for (int64_t p = pb; p < pe; ++p, src += ldb, d += NR) {
+          if (n == NR) {
+            std::memcpy(d, src, sizeof(float) * NR);
+          } else {
+            for (int q = 0; q < NR; ++q) d[q] = q < n ? src[q] : 0.f;
+          }
+        }
+      }
     }
-  } else {  // op(B)[p][j] = B[j * ldb + p]: NR rows of B read side by side
-    const float* src = B + j0 * ldb + p0;
+    return;
+  }
+  // op(B)[p][j] = B[j * ldb + p]: sliver by sliver, NR rows of B read side by side.
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t n = std::min<int64_t>(NR, nc - s * NR);
+    const float* src = B + (j0 + s * NR) * ldb + p0;
+    float* d = dst + s * stride;
     if (n == NR) {
       for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = src[j * ldb + p];
+        for (int j = 0; j < NR; ++j) d[p * NR + j] = src[j * ldb + p];
     } else {
       for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) dst[p * NR + j] = j < n ? src[j * ldb + p] : 0.f;
+        for (int j = 0; j < NR; ++j) d[p * NR + j] = j < n ? src[j * ldb + p] : 0.f;
     }
   }
 }
@@ -223,24 +243,32 @@ struct Problem {
 // tiles) and, within every NC block, a band of its NR slivers (column t % tn of tn).
 //
 // When rows are split (tm > 1), the threads of a column need the same packed B. If the B block
-// is big, they pack it together into one shared buffer (`cooperative`: one `omp for`, then a
-// barrier before it is overwritten). If it is small, a barrier would cost more than packing it
+// is big, they pack it together into one shared buffer (`cooperative`: each packs a share, and
+// barriers keep anyone from reading it before it is whole or overwriting it while it is read). If it is small, a barrier would cost more than packing it
 // twice, so each thread packs its own copy (`b_private`) and never waits for the others. When
 // only columns are split (tm == 1), every thread packs just its own slivers into its part of
 // the shared buffer, again without barriers.
 struct Plan {
   int team = 1, tm = 1, tn = 1;
   bool cooperative = false, b_private = false;
+  // Blocks of equal size, at most NC and KC, rather than full ones and a small remainder
+  // (K = 1600 in blocks of 400, not 512 + 512 + 512 + 64).
+  int64_t nc_step = 0, kc_step = 0;
   int64_t b_floats = 0, a_floats = 0;  // one buffer of packed B, of packed A
   // Sliver s of packed B starts at s * b_stride, whatever the kc of the current block: a thread
   // that runs ahead into the next (shorter) K block then never writes over a neighbour's sliver.
   int64_t b_stride = 0;
 };
 
+// n split into blocks of at most `block`, all of the same size rounded up to a multiple of `unit`.
+int64_t even_step(int64_t n, int64_t block, int64_t unit) {
+  return round_up(ceil_div(n, std::max<int64_t>(1, ceil_div(n, block))), unit);
+}
+
 // Pick tm x tn = threads so that the busiest thread has the fewest micro-tiles; ties go to
 // splitting rows, which packs no block of A twice.
-void thread_grid(int64_t M, int64_t N, int threads, int* tm, int* tn) {
-  const int64_t m_tiles = ceil_div(M, MR), n_tiles = ceil_div(std::min(N, NC), NR);
+void thread_grid(int64_t M, int64_t nc, int threads, int* tm, int* tn) {
+  const int64_t m_tiles = ceil_div(M, MR), n_tiles = ceil_div(nc, NR);
   int64_t best = -1;
   for (int r = threads; r >= 1; --r) {
     if (threads % r) continue;
@@ -264,11 +292,12 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
 #else
   (void)threads;
 #endif
-  thread_grid(M, N, plan.team, &plan.tm, &plan.tn);
-  const int64_t kc = std::min(KC, K);
-  plan.b_stride = kc * NR;
-  plan.b_floats = ceil_div(std::min(NC, N), NR) * plan.b_stride;
-  plan.a_floats = std::min(MC, round_up(M, MR)) * kc;
+  plan.nc_step = even_step(N, NC, NR);
+  plan.kc_step = even_step(K, KC, 1);
+  thread_grid(M, plan.nc_step, plan.team, &plan.tm, &plan.tn);
+  plan.b_stride = plan.kc_step * NR;
+  plan.b_floats = ceil_div(plan.nc_step, NR) * plan.b_stride;
+  plan.a_floats = std::min(MC, round_up(M, MR)) * plan.kc_step;
   plan.cooperative = plan.tm > 1 && plan.b_floats >= kMinSharedBFloats;
   plan.b_private = plan.tm > 1 && !plan.cooperative;
   return plan;
@@ -276,7 +305,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
 
 // ---------------------------------------------------------------------------------------------
 // The five loops, as run by thread t of the plan's team (or alone: t = 0, tm = tn = 1).
-// `#pragma omp for` and `barrier` bind to the team of sgemm's parallel region.
+// `#pragma omp barrier` binds to the team of sgemm's parallel region.
 
 void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, float* bpack,
                 float* apack) {
@@ -284,27 +313,22 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
   const int64_t m_tiles = ceil_div(P.M, MR);
   const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
   const int64_t m1 = std::min(P.M, m_tiles * (row + 1) / plan.tm * MR);
-  // MC blocks of equal size (rounded to MR) rather than full ones and a small remainder.
-  const int64_t m_blocks = std::max<int64_t>(1, ceil_div(m1 - m0, MC));
-  const int64_t mc_step = round_up(ceil_div(m1 - m0, m_blocks), MR);
+  const int64_t mc_step = even_step(m1 - m0, MC, MR);
 
-  for (int64_t jc = 0; jc < P.N; jc += NC) {
-    const int64_t nc = std::min(NC, P.N - jc);
+  for (int64_t jc = 0; jc < P.N; jc += plan.nc_step) {
+    const int64_t nc = std::min(plan.nc_step, P.N - jc);
     const int64_t slivers = ceil_div(nc, NR);
     const int64_t s0 = slivers * col / plan.tn, s1 = slivers * (col + 1) / plan.tn;
-    for (int64_t pc = 0; pc < P.K; pc += KC) {
-      const int64_t kc = std::min(KC, P.K - pc);
+    for (int64_t pc = 0; pc < P.K; pc += plan.kc_step) {
+      const int64_t kc = std::min(plan.kc_step, P.K - pc);
       const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
-      auto pack = [&](int64_t s) {
-        pack_b_sliver(P.trans_b, P.B, P.ldb, pc, kc, jc + s * NR,
-                      std::min<int64_t>(NR, nc - s * NR), bpack + s * plan.b_stride);
-      };
       if (plan.cooperative) {
-#pragma omp for schedule(static)
-        for (int64_t s = 0; s < slivers; ++s) pack(s);
-        // (the implicit barrier of omp for: all of B is packed before anyone reads it)
+        // Everyone packs an equal share of the whole block, then waits until all is packed.
+        const int64_t q0 = slivers * t / plan.team, q1 = slivers * (t + 1) / plan.team;
+        pack_b(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+#pragma omp barrier
       } else {
-        for (int64_t s = s0; s < s1; ++s) pack(s);
+        pack_b(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
       }
 
       for (int64_t ic = m0; ic < m1; ic += mc_step) {
@@ -428,8 +452,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
   float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
 
-  // With one thread the region is inactive but still binds run_thread's `omp for` and `barrier`
-  // (so a call from inside someone else's parallel region never joins their team).
+  // With one thread the region is inactive but still binds run_thread's barriers (which it
+  // only reaches when cooperative), so a call from inside someone else's parallel region never
+  // waits for their team.
 #pragma omp parallel num_threads(plan.team) if (plan.team > 1)
   {
     int t = 0, got = 1;

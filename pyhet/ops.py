@@ -15,7 +15,13 @@ import os
 
 import numpy as np
 
-from . import _core
+try:
+    from . import _core
+except ImportError as e:  # a source tree without the built extension, usually
+    raise ImportError(
+        f"pyhet's compiled core (pyhet._core) cannot be imported ({e}). Install the package "
+        f"with `pip install .`, and run it from outside the source folder, whose pyhet/ has "
+        f"no built core") from e
 
 __all__ = [
     "gemm", "sgemm", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",

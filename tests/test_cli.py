@@ -569,7 +569,7 @@ def test_gemm_argument_checks(args, kwargs, error):
 
 
 @pytest.mark.slow
-def test_bare_train_learns_the_bundled_data():
+def test_bare_train_learns_the_bundled_data(tmp_path):
     """`pyhet train` with every default (the bundled Fashion-MNIST subset, 32,64 kernels, two
     epochs) reaches the accuracy the README promises, as its own process would."""
     import json
@@ -577,7 +577,7 @@ def test_bare_train_learns_the_bundled_data():
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "pyhet", "train", "--json", "--quiet"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 * 188 and summary["dataset"] == "bundled"

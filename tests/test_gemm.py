@@ -104,13 +104,14 @@ def run_ref(a, b, c0, trans_a, trans_b, alpha, beta):
 # ------------------------------------------------------------------------------------------------
 # Odd sizes, every transpose, both micro-kernels, one and two threads
 
-# (M, N, K): 1 and primes; not multiples of MR = 6, NR = 16 or KC; exact tiles; several K blocks
-# (K > 2 * KC); several MC blocks; N > NC = 4096; M, N or K far below a tile; products big
+# (M, N, K): 1 and primes; not multiples of MR = 6, NR = 16 or KC = 512; exact tiles; several
+# K blocks; several MC = 120 blocks; N > NC = 2048; M, N or K far below a tile; products big
 # enough (> 8 MFLOP) that two threads really split them, by rows or by columns.
 SHAPES = [
-    (1, 1, 1), (3, 7, 17), (17, 3, 7), (7, 17, 3), (6, 16, 64), (12, 32, 256), (5, 15, 257),
+    (1, 1, 1), (3, 7, 17), (17, 3, 7), (7, 17, 3), (6, 16, 64), (12, 32, 512), (5, 15, 257),
     (255, 17, 1), (1, 255, 300), (17, 255, 7), (97, 101, 103), (255, 300, 257), (300, 255, 513),
-    (3, 4133, 5), (16, 10, 3001), (10, 3001, 16), (7, 2003, 301), (301, 17, 1001),
+    (37, 41, 1537), (3, 4133, 5), (16, 10, 3001), (10, 3001, 16), (7, 2101, 301),
+    (301, 17, 1001),
 ]
 
 
