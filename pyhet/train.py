@@ -286,9 +286,10 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None
 
 
 def evaluate(net: Net, ds: Dataset, batch_size: int) -> float:
-    """Accuracy on the whole test split."""
+    """Accuracy on the whole test split, in batches of the training size (the memory the
+    devices were sized for)."""
     correct = 0
-    for xb, yb in iterate_batches(ds.x_test, ds.y_test, max(batch_size, 256), False, None):
+    for xb, yb in iterate_batches(ds.x_test, ds.y_test, batch_size, False, None):
         correct += int((np.asarray(net.forward(xb)).argmax(axis=1) == yb).sum())
     return correct / ds.x_test.shape[0]
 
