@@ -21,11 +21,15 @@ from typing import Callable, Dict, List, Mapping, Sequence
 # Timing
 
 
-def interleaved_times(fns: Mapping[str, Callable[[], object]], repeat: int,
-                      warmup: int = 1) -> Dict[str, List[float]]:
+def interleaved_times(fns: Mapping[str, Callable[[], object]], repeat: int, warmup: int = 1,
+                      pause: float = 0.0) -> Dict[str, List[float]]:
     """Run every function `warmup` times, then `repeat` rounds of each in turn (A B A B ...).
 
-    Returns the wall-clock seconds of each timed call, per name, in the order they ran.
+    `pause` seconds of sleep before each timed call let the thread pools of the previous call go
+    to sleep: OpenBLAS's idle threads spin for about 0.1 s after a call and OpenMP's for a few
+    ms, and on a machine with as many cores as threads a spinning pool slows whatever runs next
+    (2x at 2 threads on 2 cores). Returns the wall-clock seconds of each timed call, per name,
+    in the order they ran.
     """
     for _ in range(warmup):
         for fn in fns.values():
@@ -33,6 +37,8 @@ def interleaved_times(fns: Mapping[str, Callable[[], object]], repeat: int,
     times: Dict[str, List[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
+            if pause > 0:
+                time.sleep(pause)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

@@ -1,11 +1,12 @@
 """pyhet's SGEMM against NumPy's BLAS (np.matmul on the same float32 arrays), in the same run.
 
     python bench/gemm.py [--shapes 1024x1024x1024,1500x1600x12500] [--threads 1,2]
-                         [--repeat 7] [--json FILE]
+                         [--repeat 7] [--pause 0.3] [--json FILE]
     pyhet bench gemm [the same options]
 
 For each shape and thread count: a warm-up of each side, then `repeat` interleaved rounds
-(pyhet, numpy, pyhet, numpy, ...); the table gives median GFLOP/s and the ratio pyhet / numpy.
+(pyhet, numpy, pyhet, numpy, ...), each call after a short pause that lets the other library's
+idle threads stop spinning; the table gives median GFLOP/s and the ratio pyhet / numpy.
 NumPy's threads are limited with threadpoolctl when it is installed. A shape may end in
 `:nt`, `:tn` or `:tt` to transpose A and/or B (stored transposed, handled by each library).
 For a fair reference run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, e.g.
@@ -62,7 +63,7 @@ def shape_name(m, n, k, ta, tb) -> str:
     return f"{m}x{n}x{k}" + ("" if trans == "nn" else f":{trans}")
 
 
-def measure(m, n, k, trans_a, trans_b, threads, repeat, rng) -> dict:
+def measure(m, n, k, trans_a, trans_b, threads, repeat, pause, rng) -> dict:
     """Median seconds of pyhet's sgemm and of np.matmul on one problem, interleaved."""
     a = rng.standard_normal((k, m) if trans_a else (m, k), dtype=np.float32)
     b = rng.standard_normal((n, k) if trans_b else (k, n), dtype=np.float32)
@@ -77,7 +78,8 @@ def measure(m, n, k, trans_a, trans_b, threads, repeat, rng) -> dict:
         np.matmul(op_a, op_b, out=c_numpy)
 
     with _util.blas_threads(threads):
-        times = _util.interleaved_times({"pyhet": run_pyhet, "numpy": run_numpy}, repeat)
+        times = _util.interleaved_times({"pyhet": run_pyhet, "numpy": run_numpy}, repeat,
+                                        pause=pause)
     # A benchmark of a wrong answer is worthless: check the two agree (float32 rounding only).
     scale = float(np.abs(c_numpy).max()) or 1.0
     max_rel_diff = float(np.abs(c_pyhet - c_numpy).max()) / scale
@@ -101,6 +103,9 @@ def main(argv=None) -> int:
                         help="comma-separated thread counts (default: 1 and all cores)")
     parser.add_argument("--repeat", type=int, default=7,
                         help="timed rounds of each side per problem (default 7)")
+    parser.add_argument("--pause", type=float, default=0.3,
+                        help="seconds of sleep before each timed call, so that neither side "
+                             "runs beside the other's spinning idle threads (default 0.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = parser.parse_args(argv)
@@ -110,19 +115,26 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.pause < 0:
+        parser.error(f"--pause must be >= 0, got {args.pause}")
     threads = args.threads or sorted({1, ops.default_threads()})
 
     info = _util.system_info()
     print(_util.describe_system(info))
-    for warning in _util.env_warnings():
+    warnings = _util.env_warnings()
+    if max(threads) > 1 and not ops.have_openmp():
+        warnings.append("pyhet was built without OpenMP: it runs on one thread whatever "
+                        "--threads says")
+    for warning in warnings:
         print(f"WARNING: {warning}")
-    print(f"median of {args.repeat} interleaved runs each, after a warm-up\n", flush=True)
+    print(f"median of {args.repeat} interleaved runs each, after a warm-up, "
+          f"{args.pause:g} s apart\n", flush=True)
 
     rng = np.random.default_rng(args.seed)
     results, rows = [], []
     for m, n, k, ta, tb in shapes:
         for t in threads:
-            r = measure(m, n, k, ta, tb, t, args.repeat, rng)
+            r = measure(m, n, k, ta, tb, t, args.repeat, args.pause, rng)
             results.append(r)
             rows.append([r["shape"], t, r["pyhet_gflops"], r["numpy_gflops"], r["ratio"]])
             if r["max_rel_diff"] > 1e-3:
@@ -132,7 +144,8 @@ def main(argv=None) -> int:
                               "pyhet/numpy"], rows))
     if args.json:
         _util.write_json(args.json, {"benchmark": "gemm", "system": info,
-                                     "warnings": _util.env_warnings(), "repeat": args.repeat,
+                                     "warnings": warnings, "repeat": args.repeat,
+                                     "pause": args.pause,
                                      "results": results})
         print(f"\nwrote {args.json}")
     return 0

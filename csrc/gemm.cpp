@@ -4,14 +4,14 @@
 //
 // Letters: C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C, all row-major.
 //
-//   for jc in N by NC:              a KC x NC block of op(B) is packed once, shared by the team
-//     for pc in K by KC:            (it lives in L3; each KC x NR sliver of it stays in L1)
-//       for ic in M by MC:          each thread packs its own MC x KC block of op(A) (in L2)
-//         for jr in NC by NR:       the macro-kernel: one micro-kernel call per MR x NR tile
-//           for ir in MC by MR:
+//   for jc in N by NC:              a KC x NC block of op(B) is packed once per K block, shared
+//     for pc in K by KC:            by the threads that use it (it lives in L3; each KC x NR
+//       for ic in M by MC:          sliver of it in L1); each thread packs its own MC x KC
+//         for jr in NC by NR:       block of op(A) (in L2); the macro-kernel makes one
+//           for ir in MC by MR:     micro-kernel call per MR x NR tile of C
 //
-// Threads split M (each thread owns a band of rows of C) or the NR slivers of each NC block (each
-// owns a band of columns), chosen by shape, so no two threads ever write the same element of C.
+// Threads split M (each thread owns a band of rows of C) and/or the NR slivers of each NC block
+// (a band of columns), chosen by shape, so no two threads ever write the same element of C.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -69,9 +69,13 @@ constexpr int64_t MC = PYHET_GEMM_MC;
 constexpr int64_t NC = PYHET_GEMM_NC;
 static_assert(MC % MR == 0 && NC % NR == 0, "blocks must hold whole micro-tiles");
 
-// A product below this many FLOPs per thread runs on fewer threads: waking a thread and the
-// barriers between blocks would cost more than they save.
-constexpr double kMinFlopsPerThread = 4.0e6;
+// A product below this many FLOPs per thread (about 0.15 ms of one core) runs on fewer threads.
+// Splitting it would save at most that much, and waking an OpenMP team that has gone to sleep
+// costs up to several ms on the 2-vCPU VMs this is measured on (the woken thread is sometimes
+// queued behind the caller's until the next scheduler tick). The small fc products (M = 16,
+// N = 10, K = 37500: 12 MFLOP) stay on one thread; the conv products are thousands of times
+// bigger.
+constexpr double kMinFlopsPerThread = 1.6e7;
 // Rows split among threads share one packed B block when it holds at least this many floats
 // (64 KiB); smaller blocks are cheaper to pack twice than to wait for each other at a barrier.
 constexpr int64_t kMinSharedBFloats = 16384;
@@ -243,11 +247,12 @@ struct Problem {
 // tiles) and, within every NC block, a band of its NR slivers (column t % tn of tn).
 //
 // When rows are split (tm > 1), the threads of a column need the same packed B. If the B block
-// is big, they pack it together into one shared buffer (`cooperative`: each packs a share, and
-// barriers keep anyone from reading it before it is whole or overwriting it while it is read). If it is small, a barrier would cost more than packing it
-// twice, so each thread packs its own copy (`b_private`) and never waits for the others. When
-// only columns are split (tm == 1), every thread packs just its own slivers into its part of
-// the shared buffer, again without barriers.
+// is big, they pack it together into one shared buffer (`cooperative`: each packs a share;
+// barriers keep anyone from reading it before it is whole or overwriting it while it is read).
+// If it is small, a barrier would cost more than packing it twice, so each thread packs its own
+// copy (`b_private`) and never waits for the others. When only columns are split (tm == 1),
+// every thread packs just its own slivers into its part of the shared buffer, again without
+// barriers.
 struct Plan {
   int team = 1, tm = 1, tn = 1;
   bool cooperative = false, b_private = false;
@@ -265,15 +270,19 @@ int64_t even_step(int64_t n, int64_t block, int64_t unit) {
   return round_up(ceil_div(n, std::max<int64_t>(1, ceil_div(n, block))), unit);
 }
 
-// Pick tm x tn = threads so that the busiest thread has the fewest micro-tiles; ties go to
-// splitting rows, which packs no block of A twice.
+// Pick tm x tn = threads so that the busiest thread has the fewest micro-tiles. Splitting rows
+// gets a 5% head start while every band keeps at least 16 tiles of rows: it packs no block of A
+// twice and measured a few percent faster on the conv products at 2 threads. Thinner bands of
+// rows get a 5% handicap instead, so near-ties go to splitting columns, which needs no barriers
+// (M = 7 in bands of 6 and 1 rows does no less work than two bands of columns, and waits).
 void thread_grid(int64_t M, int64_t nc, int threads, int* tm, int* tn) {
   const int64_t m_tiles = ceil_div(M, MR), n_tiles = ceil_div(nc, NR);
-  int64_t best = -1;
-  for (int r = threads; r >= 1; --r) {
+  double best = -1;
+  for (int r = 1; r <= threads; ++r) {
     if (threads % r) continue;
     const int c = threads / r;
-    const int64_t cost = ceil_div(m_tiles, r) * ceil_div(n_tiles, c);
+    double cost = static_cast<double>(ceil_div(m_tiles, r) * ceil_div(n_tiles, c));
+    if (r > 1) cost *= ceil_div(m_tiles, r) >= 16 ? 0.95 : 1.05;
     if (best < 0 || cost < best) {
       best = cost;
       *tm = r;
@@ -285,7 +294,8 @@ void thread_grid(int64_t M, int64_t nc, int threads, int* tm, int* tn) {
 Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
   Plan plan;
 #ifdef _OPENMP
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * K;
+  const double flops =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const double fit = flops / kMinFlopsPerThread;  // threads worth waking
   plan.team = clamp_threads(threads);
   if (fit < plan.team) plan.team = std::max(1, static_cast<int>(fit));
@@ -314,11 +324,16 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
   const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
   const int64_t m1 = std::min(P.M, m_tiles * (row + 1) / plan.tm * MR);
   const int64_t mc_step = even_step(m1 - m0, MC, MR);
+  // The slivers this thread owns, the same in every NC block (cut off in a shorter last one):
+  // when columns are split without barriers, a thread that moves on to the next block early
+  // then only overwrites slivers that no one else is still reading.
+  const int64_t max_slivers = ceil_div(plan.nc_step, NR);
+  const int64_t own0 = max_slivers * col / plan.tn, own1 = max_slivers * (col + 1) / plan.tn;
 
   for (int64_t jc = 0; jc < P.N; jc += plan.nc_step) {
     const int64_t nc = std::min(plan.nc_step, P.N - jc);
     const int64_t slivers = ceil_div(nc, NR);
-    const int64_t s0 = slivers * col / plan.tn, s1 = slivers * (col + 1) / plan.tn;
+    const int64_t s0 = std::min(own0, slivers), s1 = std::min(own1, slivers);
     for (int64_t pc = 0; pc < P.K; pc += plan.kc_step) {
       const int64_t kc = std::min(plan.kc_step, P.K - pc);
       const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
@@ -452,9 +467,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
   float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
 
-  // With one thread the region is inactive but still binds run_thread's barriers (which it
-  // only reaches when cooperative), so a call from inside someone else's parallel region never
-  // waits for their team.
+  // One thread runs inline (an inactive region). Barriers, reached only when cooperative, bind
+  // to this region's team, never to that of a caller who is itself inside a parallel region.
 #pragma omp parallel num_threads(plan.team) if (plan.team > 1)
   {
     int t = 0, got = 1;
