@@ -13,6 +13,34 @@ import numpy as np
 import pytest
 
 
+# ================================================================ training on given devices
+
+def train_weights(shape, spec, partition, batches, cfg, seed=0, host=None):
+    """Train the network of `shape` from init_params(seed) on the devices of `spec`, split as
+    `partition`, one SGD step per (x, y) batch; return (weights, losses)."""
+    from pyhet.backends.cpu import CpuBackend
+    from pyhet.backends.numpy_ref import NumpyBackend
+    from pyhet.devices import make_devices, parse_devices
+    from pyhet.model import Net, init_params
+
+    devices = make_devices(parse_devices(spec))
+    try:
+        host = host or (NumpyBackend() if spec == "numpy" else CpuBackend(1))
+        net = Net(shape, init_params(shape, seed), devices, partition, host)
+        losses = [net.train_step(x, y, cfg) for x, y in batches]
+        return net.params(), losses
+    finally:
+        for d in devices:
+            d.close()
+
+
+def assert_same_weights(got, want, rtol=1e-4):
+    """Every parameter within rtol of the reference, relative to its largest entry."""
+    for k in want:
+        err = np.abs(got[k] - want[k]).max() / (np.abs(want[k]).max() + 1e-12)
+        assert err < rtol, f"{k}: max relative error {err:.2e}"
+
+
 # ================================================================ tiny npz datasets
 
 def make_npz_dataset(path, n=24, shape=(1, 12, 12), classes=3, n_test=0, seed=0,

@@ -4,10 +4,10 @@ same code is exercised on a stand-in CuPy in test_devices.py)."""
 import numpy as np
 import pytest
 
+from conftest import assert_same_weights, train_weights
 from pyhet.backends import numpy_ref as ref
-from pyhet.backends.cpu import CpuBackend
-from pyhet.devices import cuda_device_count, make_devices, parse_devices
-from pyhet.model import Net, NetShape, init_params
+from pyhet.devices import cuda_device_count
+from pyhet.model import NetShape
 from pyhet.optim import SGDConfig
 
 cupy = pytest.importorskip("cupy")
@@ -49,15 +49,6 @@ def test_training_on_the_gpu_gives_the_single_device_weights(spec, part):
     x = rng.standard_normal((6, 2, 13, 12)).astype(np.float32)
     y = rng.integers(0, 5, 6)
     cfg = SGDConfig(0.05, 0.9, 1e-3)
-    results = []
-    for s, p in (("numpy", {"conv1": [7], "conv2": [9]}), (spec, part)):
-        devices = make_devices(parse_devices(s))
-        net = Net(shape, init_params(shape, 0), devices, p, CpuBackend(1))
-        for _ in range(3):
-            net.train_step(x, y, cfg)
-        results.append(net.params())
-        for d in devices:
-            d.close()
-    for k in results[0]:
-        err = np.abs(results[1][k] - results[0][k]).max() / np.abs(results[0][k]).max()
-        assert err < 1e-4, (k, err)
+    want, _ = train_weights(shape, "numpy", {"conv1": [7], "conv2": [9]}, [(x, y)] * 3, cfg)
+    got, _ = train_weights(shape, spec, part, [(x, y)] * 3, cfg)
+    assert_same_weights(got, want)

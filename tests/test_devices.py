@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
+from conftest import assert_same_weights, train_weights
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.devices import (DeviceSpec, calibrate, check_threads, make_backend, make_devices,
@@ -139,19 +140,10 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
     x = rng.standard_normal((5, 2, 12, 11)).astype(np.float32)
     y = rng.integers(0, 4, 5)
     cfg = SGDConfig(0.05, 0.9, 1e-3)
-    results = []
-    for spec, part in (("numpy", {"conv1": [5], "conv2": [6]}),
-                       ("gpu:0,cpu:1", {"conv1": [2, 3], "conv2": [4, 2]})):
-        devices = make_devices(parse_devices(spec))
-        net = Net(shape, init_params(shape, 1), devices, part, CpuBackend(1))
-        for _ in range(3):
-            net.train_step(x, y, cfg)
-        results.append(net.params())
-        for d in devices:
-            d.close()
-    for k in results[0]:
-        np.testing.assert_allclose(results[1][k], results[0][k], rtol=1e-4, atol=1e-5,
-                                   err_msg=k)
+    want, _ = train_weights(shape, "numpy", {"conv1": [5], "conv2": [6]}, [(x, y)] * 3, cfg)
+    got, _ = train_weights(shape, "gpu:0,cpu:1", {"conv1": [2, 3], "conv2": [4, 2]},
+                           [(x, y)] * 3, cfg)
+    assert_same_weights(got, want)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_same_weights, train_weights
 from pyhet.backends.cpu import CpuBackend
-from pyhet.backends.numpy_ref import NumpyBackend
 from pyhet.devices import make_devices, parse_devices
 from pyhet.model import Net, NetShape, init_params
 from pyhet.optim import SGDConfig
@@ -22,16 +22,8 @@ def batch(seed, n=6):
             rng.integers(0, SHAPE.num_classes, n))
 
 
-def train(spec, partition, steps=3, host=None):
-    devices = make_devices(parse_devices(spec))
-    try:
-        host = host or (NumpyBackend() if spec == "numpy" else CpuBackend(1))
-        net = Net(SHAPE, init_params(SHAPE, 0), devices, partition, host)
-        losses = [net.train_step(*batch(s), CFG) for s in range(steps)]
-        return net.params(), losses
-    finally:
-        for d in devices:
-            d.close()
+def train(spec, partition, steps=3):
+    return train_weights(SHAPE, spec, partition, [batch(s) for s in range(steps)], CFG)
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +31,9 @@ def reference():
     return train("numpy", {"conv1": [7], "conv2": [9]})
 
 
-def assert_close_params(got, want, rtol=1e-4):
-    for k in want:
-        err = np.abs(got[k] - want[k]).max() / (np.abs(want[k]).max() + 1e-12)
-        assert err < rtol, f"{k}: max relative error {err:.2e}"
-
-
 def test_cpu_step_matches_reference(reference):
     params, losses = train("cpu:1", {"conv1": [7], "conv2": [9]})
-    assert_close_params(params, reference[0])
+    assert_same_weights(params, reference[0])
     np.testing.assert_allclose(losses, reference[1], rtol=1e-5)
 
 
@@ -65,7 +51,7 @@ def test_any_partition_gives_single_device_weights(reference, kinds, data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # more threads than cores is fine here
         params, _ = train(",".join(kinds), part)
-    assert_close_params(params, reference[0])
+    assert_same_weights(params, reference[0])
 
 
 def test_repartition_mid_training_keeps_the_result(reference):
@@ -79,7 +65,7 @@ def test_repartition_mid_training_keeps_the_result(reference):
         net.train_step(*batch(1), CFG)
         net.conv2.repartition([1, 4, 4])
         net.train_step(*batch(2), CFG)
-        assert_close_params(net.params(), reference[0])
+        assert_same_weights(net.params(), reference[0])
     finally:
         for d in devices:
             d.close()
