@@ -217,7 +217,14 @@ def train(cfg: TrainConfig, log=None) -> dict:
     devices = make_devices(specs)
     try:
         host = host_backend(devices)
+        if cfg.progress and len(devices) > 1 and cfg.balance != "even":
+            print(f"calibrating {len(devices)} devices on the network's layer shapes...",
+                  file=log, flush=True)
         partition, cal = plan_partition(shape, devices, cfg.balance, cfg.batch_size, cfg.seed)
+        if cfg.progress and len(devices) > 1:
+            print("partition: " + "; ".join(
+                f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
+                for layer, counts in partition.items()), file=log, flush=True)
         net = Net(shape, params, devices, partition, host)
         if moms:
             net.set_momentum(moms)
