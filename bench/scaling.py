@@ -86,6 +86,10 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--dynamic-steps", type=int, default=16,
                    help="steps of part 2 after the speed change")
+    p.add_argument("--cpu-devices", metavar="LIST",
+                   type=lambda t: [int(v) for v in t.split(",")],
+                   help="numbers of cpu:1 devices to run (default: 1 to all cores; powers of "
+                        "two beyond 4 cores)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
     p.add_argument("--quick", action="store_true",
@@ -97,9 +101,16 @@ def parse_args(argv):
     return args
 
 
-def configurations(cores: int, gpus: int):
+def cpu_counts(cores: int):
+    """1 to all cores: every count on a small machine, powers of two (and all) on a big one."""
+    if cores <= 4:
+        return list(range(1, cores + 1))
+    return sorted({2 ** i for i in range(cores.bit_length()) if 2 ** i <= cores} | {cores})
+
+
+def configurations(cores: int, gpus: int, counts):
     solo = ["cpu:1", "cpu:1@0.5"] + [f"gpu:{i}" for i in range(min(gpus, 1))]
-    mixes = [(",".join(["cpu:1"] * n), "static") for n in range(2, cores + 1)]
+    mixes = [(",".join(["cpu:1"] * n), "static") for n in counts if n >= 2]
     mixes += [("cpu:1,cpu:1@0.5", mode) for mode in ("even", "static", "dynamic")]
     if gpus:
         rest = max(1, cores - 1)
@@ -110,7 +121,8 @@ def configurations(cores: int, gpus: int):
 
 def part1(args, shape, params, x, y):
     cores, gpus = ops.default_threads(), cuda_device_count()
-    solo, mixes = configurations(cores, gpus)
+    counts = args.cpu_devices or cpu_counts(cores)
+    solo, mixes = configurations(cores, gpus, counts)
     configs = [Config(s, "static", shape, params, args.batch_size) for s in solo]
     configs += [Config(s, m, shape, params, args.batch_size) for s, m in mixes]
     try:
