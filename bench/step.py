@@ -48,7 +48,7 @@ def worker_pyhet(kernels, batch, threads, steps):
     from pyhet.devices import make_devices, parse_devices
     from pyhet.model import Net, NetShape, init_params
     from pyhet.optim import SGDConfig
-    from pyhet.train import StepTimer
+    from pyhet.timing import PartTimer
 
     shape = NetShape(INPUT, kernels, 5, CLASSES)
     devices = make_devices(parse_devices(f"cpu:{threads}"))
@@ -58,7 +58,7 @@ def worker_pyhet(kernels, batch, threads, steps):
     cfg = SGDConfig(0.01, 0.9, 0.0)
     times, parts = [], {}
     for i in range(steps + 1):
-        timer = StepTimer()
+        timer = PartTimer()
         t0 = time.perf_counter()
         net.train_step(x, y, cfg, timer)
         if i:

@@ -21,13 +21,11 @@ counts[i] kernels on device i, sum(counts) = K.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-
 import numpy as np
 
 from .errors import DeviceError
 from .partition import proportional
+from .timing import PartTimer
 
 
 class PartitionedConv:
@@ -39,7 +37,7 @@ class PartitionedConv:
         self.devices = list(devices)
         self.kernel_shape = tuple(w.shape[1:])
         self._buffers: dict = {}
-        self.phase_s: dict = {}   # wall time of each phase, summed over steps
+        self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
         self.install(w, b, None, None, counts)
 
@@ -87,18 +85,10 @@ class PartitionedConv:
         """Move kernels between devices (weights and momentum with them); exact."""
         if [int(c) for c in counts] == self.counts:
             return
-        with self._phase("repartition"):
+        with self.phases("repartition"):
             w, b, vw, vb = self.gather_state()
             self.install(w, b, vw, vb, counts)
         self.moves += 1
-
-    @contextmanager
-    def _phase(self, name):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - t0
 
     def _buffer(self, key, shape):
         a = self._buffers.get(key)
@@ -120,17 +110,17 @@ class PartitionedConv:
         col = None
         if self.group:  # one im2col for the host group, filled by channel shares
             col = self._buffer("col", (C * R * S, N * (H - R + 1) * (W - S + 1)))
-            with self._phase("im2col"):
+            with self.phases("im2col"):
                 _gather([self.devices[i].submit(f"{self.name} im2col",
                                                 self.devices[i].im2col_part, x, R, S, col, ch,
                                                 tag=self.name)
                          for i, ch in self.channels.items()])
-        with self._phase("forward"):
+        with self.phases("forward"):
             futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
                                 col if i in self.group else None, tag=self.name)
                        for i, d in enumerate(self.devices)]
             parts = _gather(futures)
-        with self._phase("join"):
+        with self.phases("join"):
             return np.concatenate(parts, axis=1)
 
     def backward(self, dout):
@@ -138,7 +128,7 @@ class PartitionedConv:
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
-        with self._phase("backward"):
+        with self.phases("backward"):
             futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
                                 dout[:, k0:k1], mode(i), tag=self.name)
                        for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
@@ -148,7 +138,7 @@ class PartitionedConv:
         _, R, S = self.kernel_shape
         dx = np.zeros(self.x_shape, np.float32) if not self.group else \
             np.empty(self.x_shape, np.float32)
-        with self._phase("input_gradient"):
+        with self.phases("input_gradient"):
             if self.group:
                 parts = [results[i] for i in self.group]
                 dcol = self._buffer("dcol", self._buffers["col"].shape)
@@ -162,7 +152,7 @@ class PartitionedConv:
         return dx
 
     def step(self, cfg):
-        with self._phase("update"):
+        with self.phases("update"):
             _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg,
                               tag=self.name) for d in self.devices])
 

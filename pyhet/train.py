@@ -13,8 +13,7 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from .model import Net, NetShape, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
+from .timing import PartTimer
 
 BALANCE_MODES = ("dynamic", "static", "even")
 
@@ -71,25 +71,6 @@ class TrainConfig:
             raise ValueError(f"--save {self.save}: the folder "
                              f"{os.path.dirname(os.path.abspath(self.save))} does not exist")
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
-
-
-# ================================================================================================
-# Timing
-
-
-@dataclass
-class StepTimer:
-    """Accumulates the time of named parts of the current step."""
-
-    parts: dict = field(default_factory=dict)
-
-    @contextmanager
-    def __call__(self, name):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
 
 
 # ================================================================================================
@@ -259,7 +240,7 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None
                 continue
             if step >= total_steps:
                 break
-            timer = StepTimer()
+            timer = PartTimer()
             t0 = time.perf_counter()
             loss = net.train_step(xb, yb, sgd, timer)
             dt = time.perf_counter() - t0
@@ -334,5 +315,5 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accurac
         # where each conv layer's time went (wall seconds per step, summed over devices'
         # concurrent work: the phases follow each other)
         "phase_time_s": {conv.name: {k: round(v / max(1, len(step_times)), 6)
-                                     for k, v in conv.phase_s.items()} for conv in net.convs},
+                                     for k, v in conv.phases.parts.items()} for conv in net.convs},
     }

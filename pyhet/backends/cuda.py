@@ -91,9 +91,6 @@ class CudaBackend:
         self._use()
         return sgd_update(p, g, v, cfg)
 
-    def synchronize(self):
-        self.device.synchronize()
-
 
 def describe_gpus() -> list[dict]:
     """What CuPy sees, for `pyhet devices`: [{index, name, memory_total, memory_free}], or a
