@@ -163,7 +163,9 @@ def _scatter_add(a, index, values):
     xp = array_module(a)
     if xp is np:
         np.add.at(a, index, values)
-    else:  # CuPy
+    elif hasattr(xp.add, "at"):  # CuPy 13 and later (cupyx.scatter_add is deprecated)
+        xp.add.at(a, index, values)
+    else:
         import cupyx
 
         cupyx.scatter_add(a, index, values)
