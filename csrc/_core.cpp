@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -91,6 +93,19 @@ void expect_disjoint(const py::array& out, const py::array& in, const char* out_
   if (out.size() && in.size() && lo(out) < hi(in) && lo(in) < hi(out))
     throw py::value_error(std::string(out_name) + " overlaps " + in_name +
                           "; pass a separate output array");
+}
+
+// The first of the n entries of a (from position 0) for which wrong(entry, position) holds, or
+// -1. Index arrays can be as big as a conv output, so the scan ORs the verdicts without a branch
+// per entry (the loop vectorises) and searches for the culprit only when one failed.
+template <class Wrong>
+int64_t first_wrong(const int32_t* a, int64_t n, Wrong wrong) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= wrong(a[i], i);
+  if (!bad) return -1;
+  int64_t i = 0;
+  while (!wrong(a[i], i)) ++i;
+  return i;
 }
 
 template <class T>
@@ -202,7 +217,7 @@ void bind_maxpool(py::handle x_, int64_t k, int64_t s, py::handle out_, py::hand
   if (H < k || W < k)
     throw py::value_error("max-pool window " + std::to_string(k) + " is larger than the " +
                           std::to_string(H) + "x" + std::to_string(W) + " input");
-  const Shape want{N, C, (H - k) / s + 1, (W - k) / s + 1};
+  const Shape want{N, C, pyhet::pool_out_size(H, k, s), pyhet::pool_out_size(W, k, s)};
   expect_shape(out, "out", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(out, x, "out", "x");
@@ -236,19 +251,27 @@ void bind_maxpool_backward(py::handle dout_, py::handle arg_, py::handle dx_, in
   pyhet::maxpool_backward(pd, pa, N * C, H, W, dout.shape(2), dout.shape(3), px, threads);
 }
 
-void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t p, py::handle out_,
-                            py::handle arg_, int threads) {
+// The pooled shape of a conv block's (K, N, H, W) output: (N, K, PH, PW). `what` names the
+// array whose planes are pooled, for the error message.
+Shape pooled_shape(int64_t K, int64_t N, int64_t H, int64_t W, int64_t k, int64_t s,
+                   const char* what) {
+  expect_positive(k, "pool size");
+  expect_positive(s, "pool stride");
+  if (H < k || W < k)
+    throw py::value_error("max-pool window " + std::to_string(k) + " is larger than the " +
+                          std::to_string(H) + "x" + std::to_string(W) + " " + what);
+  return {N, K, pyhet::pool_out_size(H, k, s), pyhet::pool_out_size(W, k, s)};
+}
+
+void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t k, int64_t s,
+                            py::handle out_, py::handle arg_, int threads) {
   auto y = checked<float>(y_, "y", 4, false);
   auto bias = checked<float>(bias_, "bias", 1, false);
   auto out = checked<float>(out_, "out", 4, true);
   auto arg = checked<int32_t>(arg_, "arg", 4, true);
-  expect_positive(p, "pool size");
   const int64_t K = y.shape(0), N = y.shape(1), H = y.shape(2), W = y.shape(3);
-  if (H < p || W < p)
-    throw py::value_error("max-pool window " + std::to_string(p) + " is larger than the " +
-                          std::to_string(H) + "x" + std::to_string(W) + " conv output");
+  const Shape want = pooled_shape(K, N, H, W, k, s, "conv output");
   expect_shape(bias, "bias", {K});
-  const Shape want{N, K, (H - p) / p + 1, (W - p) / p + 1};
   expect_shape(out, "out", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(out, y, "out", "y");
@@ -256,32 +279,48 @@ void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t p, py::hand
   float* po = ptr<float>(out);
   int32_t* pa = ptr<int32_t>(arg);
   py::gil_scoped_release nogil;
-  pyhet::bias_relu_maxpool(py_, pb, K, N, H, W, p, po, pa, threads);
+  pyhet::bias_relu_maxpool(py_, pb, K, N, H, W, k, s, po, pa, threads);
 }
 
-void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t p,
+void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t k, int64_t s,
                                      py::handle dy_, int threads) {
   auto dout = checked<float>(dout_, "dout", 4, false);
   auto arg = checked<int32_t>(arg_, "arg", 4, false);
   auto dy = checked<float>(dy_, "dy", 4, true);
-  expect_positive(p, "pool size");
   const int64_t K = dy.shape(0), N = dy.shape(1), H = dy.shape(2), W = dy.shape(3);
-  if (H < p || W < p)
-    throw py::value_error("dy: a " + std::to_string(H) + "x" + std::to_string(W) +
-                          " plane is smaller than the pool window " + std::to_string(p));
-  const Shape want{N, K, (H - p) / p + 1, (W - p) / p + 1};
+  const Shape want = pooled_shape(K, N, H, W, k, s, "dy plane");
   expect_shape(dout, "dout", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(dy, dout, "dy", "dout");
+  // arg comes from Python: check every index before scattering, plane by plane. Without
+  // pooling (k == s == 1) the kernel reads arg as a mask, so each entry must be -1 or its
+  // element's own index; else -1 or inside the plane. (int32 compares: they vectorise.)
   const int32_t* pa = cptr<int32_t>(arg);
-  for (py::ssize_t i = 0; i < arg.size(); ++i)
-    if (pa[i] < -1 || pa[i] >= H * W)
-      throw py::value_error("arg: index " + std::to_string(pa[i]) + " is outside a " +
-                            std::to_string(H) + "x" + std::to_string(W) + " plane");
+  const int64_t P = want[2] * want[3];
+  const int32_t last = static_cast<int32_t>(std::min<int64_t>(H * W - 1, INT32_MAX));
+  for (int64_t q = 0; q < N * K; ++q) {
+    const int32_t* a = pa + q * P;
+    if (k == 1 && s == 1) {
+      const int64_t i = first_wrong(a, P, [](int32_t v, int64_t i) {
+        return (v != -1) & (v != static_cast<int32_t>(i));
+      });
+      if (i >= 0)
+        throw py::value_error("arg: index " + std::to_string(a[i]) + " at position " +
+                              std::to_string(i) + " of a plane without pooling (pool 1, stride "
+                              "1), where only -1 or the position itself can come");
+    } else {
+      const int64_t i = first_wrong(a, P, [last](int32_t v, int64_t) {
+        return (v < -1) | (v > last);
+      });
+      if (i >= 0)
+        throw py::value_error("arg: index " + std::to_string(a[i]) + " is outside a " +
+                              std::to_string(H) + "x" + std::to_string(W) + " plane");
+    }
+  }
   const float* pd = cptr<float>(dout);
   float* pdy = ptr<float>(dy);
   py::gil_scoped_release nogil;
-  pyhet::bias_relu_maxpool_backward(pd, pa, K, N, H, W, p, pdy, threads);
+  pyhet::bias_relu_maxpool_backward(pd, pa, K, N, H, W, k, s, pdy, threads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,7 +383,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("momentum"), py::arg("weight_decay"), py::arg("first"), py::arg("threads") = 1,
         "In place: d = g + wd*p; v = d if first else momentum*v + d; p -= lr*v (flat arrays).");
   m.def("bias_relu_maxpool", &bind_bias_relu_maxpool, py::arg("y"), py::arg("bias"),
-        py::arg("pool"), py::arg("out"), py::arg("arg"), py::arg("threads") = 1);
+        py::arg("pool"), py::arg("stride"), py::arg("out"), py::arg("arg"),
+        py::arg("threads") = 1,
+        "y (K, N, H, W), bias (K,) -> out, arg (N, K, PH, PW) = maxpool(relu(y + bias)), with a "
+        "pool x pool window moved by stride; pool = stride = 1 for no pooling.");
   m.def("bias_relu_maxpool_backward", &bind_bias_relu_maxpool_backward, py::arg("dout"),
-        py::arg("arg"), py::arg("pool"), py::arg("dy"), py::arg("threads") = 1);
+        py::arg("arg"), py::arg("pool"), py::arg("stride"), py::arg("dy"),
+        py::arg("threads") = 1,
+        "dout, arg (N, K, PH, PW) -> dy (K, N, H, W), the gradient of the conv output.");
 }

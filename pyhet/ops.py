@@ -170,15 +170,31 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
 # Pooling
 
 
+def _pool_window(what: str, k, stride):
+    """(k, stride) of a k x k pooling window, stride None meaning k; both ints >= 1."""
+    stride = k if stride is None else stride
+    for name, v in (("pool size", k), ("pool stride", stride)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
+        if v < 1:
+            raise ValueError(f"{what}: {name} must be >= 1, got {v}")
+    return int(k), int(stride)
+
+
+def _pool_shape(what: str, h: int, w: int, k: int, stride: int):
+    """(PH, PW) of a k x k window moved by stride over an h x w plane, floor mode."""
+    if h < k or w < k:
+        raise ValueError(f"{what}: window {k} is larger than the {h}x{w} input")
+    return conv_out_size(h, k, stride), conv_out_size(w, k, stride)
+
+
 def maxpool(x, k=2, stride=None, *, threads=None):
     """x (N, C, H, W) -> (out, arg), floor mode; arg is the flat index of each max in its plane."""
     x = _array(x, "x", 4)
-    stride = k if stride is None else stride
     n, c, h, w = x.shape
-    if h < k or w < k:
-        raise ValueError(f"maxpool: window {k} is larger than the {h}x{w} input")
-    shape = (n, c, (h - k) // stride + 1, (w - k) // stride + 1)
-    out, arg = np.empty(shape, np.float32), np.empty(shape, np.int32)
+    k, stride = _pool_window("maxpool", k, stride)
+    ph, pw = _pool_shape("maxpool", h, w, k, stride)
+    out, arg = np.empty((n, c, ph, pw), np.float32), np.empty((n, c, ph, pw), np.int32)
     _core.maxpool(x, k, stride, out, arg, threads=_threads(threads))
     return out, arg
 
@@ -191,23 +207,29 @@ def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
     return dx
 
 
-def bias_relu_maxpool(y, bias, pool=2, *, threads=None):
-    """y (K, N, H, W), bias (K,) -> (out (N, K, PH, PW), arg): maxpool(relu(y + bias))."""
+def bias_relu_maxpool(y, bias, pool=2, stride=None, *, threads=None):
+    """y (K, N, H, W), bias (K,) -> (out (N, K, PH, PW), arg): maxpool(relu(y + bias)).
+
+    The window is pool x pool, moved by `stride` (default: pool), floor mode. pool = stride = 1
+    is a conv block without pooling: out = relu(y + bias) in NCHW, arg the element's own index.
+    arg is -1 where ReLU zeroed the output."""
     y = _array(y, "y", 4)
     bias = _array(bias, "bias", 1)
     k, n, h, w = y.shape
-    if h < pool or w < pool:
-        raise ValueError(f"bias_relu_maxpool: window {pool} is larger than the {h}x{w} input")
-    shape = (n, k, (h - pool) // pool + 1, (w - pool) // pool + 1)
-    out, arg = np.empty(shape, np.float32), np.empty(shape, np.int32)
-    _core.bias_relu_maxpool(y, bias, pool, out, arg, threads=_threads(threads))
+    pool, stride = _pool_window("bias_relu_maxpool", pool, stride)
+    ph, pw = _pool_shape("bias_relu_maxpool", h, w, pool, stride)
+    out, arg = np.empty((n, k, ph, pw), np.float32), np.empty((n, k, ph, pw), np.int32)
+    _core.bias_relu_maxpool(y, bias, pool, stride, out, arg, threads=_threads(threads))
     return out, arg
 
 
-def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, *, out=None, threads=None):
-    """dout, arg (N, K, PH, PW) -> dy (K, N, H, W), the gradient of the conv output."""
+def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, stride=None, *, out=None,
+                               threads=None):
+    """dout, arg (N, K, PH, PW) -> dy (K, N, H, W), the gradient of the conv output; pool and
+    stride as given to bias_relu_maxpool."""
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
     dy = _out(out, tuple(y_shape), "out")
-    _core.bias_relu_maxpool_backward(dout, arg, pool, dy, threads=_threads(threads))
+    pool, stride = _pool_window("bias_relu_maxpool_backward", pool, stride)
+    _core.bias_relu_maxpool_backward(dout, arg, pool, stride, dy, threads=_threads(threads))
     return dy

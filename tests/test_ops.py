@@ -104,32 +104,93 @@ def test_maxpool_propagates_nan_like_torch():
 
 @st.composite
 def block_geometry(draw):
-    p = draw(st.integers(1, 3))
-    return (draw(st.integers(1, 7)), draw(st.integers(1, 3)), draw(st.integers(p, 11)),
-            draw(st.integers(p, 11)), p)
+    """K, N, H, W, pool k, stride s: no pooling (k = s = 1), overlapping windows (s < k),
+    skipped inputs (s > k), odd plane sizes."""
+    k = draw(st.integers(1, 3))
+    s = draw(st.integers(1, 3))
+    return (draw(st.integers(1, 7)), draw(st.integers(1, 3)), draw(st.integers(k, 11)),
+            draw(st.integers(k, 11)), k, s)
+
+
+def fused_reference(y, b, k, s):
+    """The fused op composed from the reference: bias, ReLU, the transpose to NCHW, max-pool.
+    y (K, N, H, W), b (K,) -> r (N, K, H, W) = relu(y + b), out, arg (N, K, PH, PW)."""
+    r = np.ascontiguousarray(ref.relu_forward(y + b[:, None, None, None]).transpose(1, 0, 2, 3))
+    out, arg = ref.maxpool_forward(r, k, s)
+    return r, out, arg
+
+
+def fused_grad_reference(dout, rarg, r):
+    """dy (K, N, H, W) of the fused op, in float64: maxpool_backward then relu_backward. The
+    fused op keeps the arg of a NaN output (a NaN beats ReLU), so its gradient reaches the NaN
+    input, where relu_backward (as torch's) would drop it: the reference passes it there too."""
+    d = ref.maxpool_backward(dout.astype(np.float64), rarg, r.shape)
+    return np.where(np.isnan(r), d, ref.relu_backward(d, r)).transpose(1, 0, 2, 3)
+
+
+def check_fused(y, b, k, s, threads, rng):
+    """ops.bias_relu_maxpool and its backward against the composed reference.
+
+    Tolerances: the forward only compares and adds the bias once, so it must match exactly;
+    the backward adds at most ceil(k/s)^2 <= 9 float32 gradients per input, compared with the
+    float64 sum to rtol 1e-6 plus 1e-6 per term of the size of the largest."""
+    out, arg = ops.bias_relu_maxpool(y, b, k, s, threads=threads)
+    r, rout, rarg = fused_reference(y, b, k, s)
+    assert out.dtype == np.float32 and arg.dtype == np.int32
+    assert out.shape == arg.shape == rout.shape
+    np.testing.assert_array_equal(out, rout)
+    # where the output is positive or NaN, the same input was chosen; elsewhere ReLU zeroed it
+    kept = (rout > 0) | np.isnan(rout)
+    np.testing.assert_array_equal(arg[kept], rarg[kept])
+    assert (arg[~kept] == -1).all()
+    dout = rand(rng, *out.shape)
+    dy = ops.bias_relu_maxpool_backward(dout, arg, y.shape, k, s, threads=threads)
+    assert dy.dtype == np.float32 and dy.shape == y.shape
+    terms = (-(-k // s)) ** 2  # ceil(k / s) squared
+    np.testing.assert_allclose(dy, fused_grad_reference(dout, rarg, r), rtol=1e-6,
+                               atol=1e-6 * terms * (np.abs(dout).max() + 1))
 
 
 @SETTINGS
-@given(block_geometry(), st.booleans(), st.integers(0, 2**31))
-def test_bias_relu_maxpool_matches_reference(geom, ties, seed):
-    K, N, H, W, p = geom
+@given(block_geometry(), st.booleans(), st.booleans(), st.integers(1, 2), st.integers(0, 2**31))
+def test_bias_relu_maxpool_matches_reference(geom, ties, nans, threads, seed):
+    K, N, H, W, k, s = geom
     rng = np.random.default_rng(seed)
+    # small integers make ties common: the first maximum must win in both
     y = (rng.integers(-2, 3, (K, N, H, W)) if ties else rng.standard_normal((K, N, H, W)))
     y = y.astype(np.float32)
+    if nans:  # a NaN wins its window, and passes ReLU
+        y.reshape(-1)[rng.integers(0, y.size, 1 + y.size // 10)] = np.nan
     b = (rng.integers(-1, 2, K) if ties else rng.standard_normal(K)).astype(np.float32)
-    out, arg = ops.bias_relu_maxpool(y, b, p, threads=2)
-    # the reference, composed: bias, ReLU, then pool, in NCHW
-    r = ref.relu_forward(y + b[:, None, None, None]).transpose(1, 0, 2, 3)
-    rout, rarg = ref.maxpool_forward(np.ascontiguousarray(r), p)
-    np.testing.assert_array_equal(out, rout)
-    # where the output is positive, the same input was chosen
-    pos = rout > 0
-    np.testing.assert_array_equal(arg[pos], rarg[pos])
-    assert (arg[~pos] == -1).all()
-    dout = rand(rng, *out.shape)
-    dy = ops.bias_relu_maxpool_backward(dout, arg, y.shape, p, threads=2)
-    want = ref.relu_backward(ref.maxpool_backward(dout, rarg, r.shape), r)
-    np.testing.assert_array_equal(dy, want.transpose(1, 0, 2, 3))
+    check_fused(y, b, k, s, threads, rng)
+
+
+@pytest.mark.parametrize("H, W", [(1, 1), (3, 5), (7, 7), (17, 13), (1, 255)])
+def test_bias_relu_without_pooling(H, W):
+    """pool = stride = 1: relu(y + bias) transposed to NCHW, arg the element's own index or -1,
+    on plane sizes around the vector width (the fast path's loops have remainders)."""
+    rng = np.random.default_rng(H * 1000 + W)
+    K, N = 5, 3
+    y = rand(rng, K, N, H, W)
+    y[0, 0, 0, 0] = np.nan
+    b = rand(rng, K)
+    out, arg = ops.bias_relu_maxpool(y, b, 1, 1, threads=2)
+    want = np.maximum(y + b[:, None, None, None], 0).transpose(1, 0, 2, 3)
+    np.testing.assert_array_equal(out, want)
+    own = np.broadcast_to(np.arange(H * W, dtype=np.int32).reshape(H, W), out.shape)
+    np.testing.assert_array_equal(arg, np.where((want > 0) | np.isnan(want), own, -1))
+    check_fused(y, b, 1, 1, 2, rng)
+
+
+def test_bias_relu_maxpool_overlapping_windows_accumulate():
+    """3x3 windows, stride 2: an input that is the max of several windows gets every gradient."""
+    y = np.zeros((1, 1, 5, 5), np.float32)
+    y[0, 0, 2, 2] = 1  # the centre belongs to all four windows
+    out, arg = ops.bias_relu_maxpool(y, np.zeros(1, np.float32), 3, 2)
+    assert out.shape == (1, 1, 2, 2) and (out == 1).all() and (arg == 2 * 5 + 2).all()
+    dout = np.array([[[[1, 2], [3, 4]]]], np.float32)
+    dy = ops.bias_relu_maxpool_backward(dout, arg, y.shape, 3, 2)
+    assert dy[0, 0, 2, 2] == 10 and np.count_nonzero(dy) == 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,6 +266,53 @@ def test_core_refuses_out_of_range_pool_indices():
         ops.maxpool_backward(dout, np.array([[[[99]]]], np.int32), (1, 1, 2, 2))
     with pytest.raises(ValueError, match="outside"):
         ops.bias_relu_maxpool_backward(dout, np.array([[[[-2]]]], np.int32), (1, 1, 2, 2), 2)
+
+
+def test_pool_refuses_bad_window_and_stride():
+    y, b = np.zeros((2, 3, 4, 5), np.float32), np.zeros(2, np.float32)
+    out, arg = np.zeros((3, 2, 1, 2), np.float32), np.zeros((3, 2, 1, 2), np.int32)
+    dy = np.zeros_like(y)
+    with pytest.raises(ValueError, match="pool stride must be >= 1, got 0"):
+        ops.bias_relu_maxpool(y, b, 2, 0)
+    with pytest.raises(ValueError, match="pool stride must be >= 1, got -1"):
+        ops.bias_relu_maxpool_backward(out, arg, y.shape, 2, -1)
+    with pytest.raises(ValueError, match="pool size must be >= 1, got 0"):
+        ops.bias_relu_maxpool(y, b, 0)
+    with pytest.raises(TypeError, match="pool stride must be an int, got float"):
+        ops.bias_relu_maxpool(y, b, 2, 1.5)
+    with pytest.raises(ValueError, match="window 5 is larger than the 4x5 input"):
+        ops.bias_relu_maxpool(y, b, 5, 1)
+    # the bindings check the same on their own
+    with pytest.raises(ValueError, match="pool stride must be >= 1, got 0"):
+        _core.bias_relu_maxpool(y, b, 2, 0, out, arg)
+    with pytest.raises(ValueError, match="pool stride must be >= 1, got 0"):
+        _core.bias_relu_maxpool_backward(out, arg, 2, 0, dy)
+    with pytest.raises(ValueError, match="pool size must be >= 1, got 0"):
+        _core.bias_relu_maxpool(y, b, 0, 1, out, arg)
+    with pytest.raises(ValueError, match="window 5 is larger than the 4x5 conv output"):
+        _core.bias_relu_maxpool(y, b, 5, 1, out, arg)
+    with pytest.raises(ValueError, match="window 5 is larger than the 4x5 dy plane"):
+        _core.bias_relu_maxpool_backward(out, arg, 5, 5, dy)
+    # shapes follow the stride: 3x3 stride 1 on 4x5 is 2x3, not 1x1
+    with pytest.raises(ValueError, match=r"out: expected shape \(3, 2, 2, 3\), got \(3, 2, 1, 2\)"):
+        _core.bias_relu_maxpool(y, b, 3, 1, out, arg)
+    with pytest.raises(ValueError, match=r"dout: expected shape \(3, 2, 2, 3\)"):
+        _core.bias_relu_maxpool_backward(out, arg, 3, 1, dy)
+
+
+def test_pool_without_pooling_refuses_foreign_indices():
+    """pool = stride = 1 reads arg as a mask: an index other than -1 or its own is refused."""
+    y, b = np.ones((1, 2, 3, 3), np.float32), np.zeros(1, np.float32)
+    out, arg = ops.bias_relu_maxpool(y, b, 1)
+    ops.bias_relu_maxpool_backward(out, arg, y.shape, 1)  # its own arg is fine
+    bad = arg.copy()
+    bad[1, 0, 2, 1] = 0
+    with pytest.raises(ValueError, match="index 0 at position 7 of a plane without pooling"):
+        ops.bias_relu_maxpool_backward(out, bad, y.shape, 1)
+    bad = arg.copy()
+    bad[0, 0, 0, 0] = -1  # a zeroed ReLU is fine
+    dy = ops.bias_relu_maxpool_backward(out, bad, y.shape, 1)
+    assert dy[0, 0, 0, 0] == 0 and dy[0, 0, 0, 1] == 1
 
 
 def test_core_refuses_overlapping_output():
