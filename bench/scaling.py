@@ -33,10 +33,12 @@ except ImportError:  # run as a script: python bench/scaling.py
 
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
-from pyhet.devices import cuda_device_count, make_devices, parse_devices
-from pyhet.model import Net, NetShape, init_params
+from pyhet import arch
+from pyhet.devices import make_devices
+from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import proportional
+from pyhet.specs import cuda_device_count, parse_devices
 from pyhet.train import DynamicBalance, plan_partition
 
 INPUT = (3, 32, 32)
@@ -190,7 +192,7 @@ def part2(args, shape, params, x, y, static_ref):
                 c.devices[1].speed = 0.5  # the speed change, mid-training
             dt = c.step(x, y)
             trace.append({"step": i + 1, "d1_speed": c.devices[1].speed, "step_s": dt,
-                          "conv2": list(c.net.conv2.counts), "conv1": list(c.net.conv1.counts)})
+                          "conv2": list(c.net.convs[1].counts), "conv1": list(c.net.convs[0].counts)})
     finally:
         c.close()
     best_s, best_partition = best_static(args, shape, params, x, y, [1.0, 0.5])
@@ -219,7 +221,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = _util.system_info()
     print(_util.describe_system(info))
-    shape = NetShape(INPUT, args.kernels, 5, CLASSES)
+    shape = arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES)
     params = init_params(shape, 0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch_size,) + INPUT).astype(np.float32)

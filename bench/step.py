@@ -45,12 +45,14 @@ def _pin(threads):
 
 def worker_pyhet(kernels, batch, threads, steps):
     from pyhet.backends.cpu import CpuBackend
-    from pyhet.devices import make_devices, parse_devices
-    from pyhet.model import Net, NetShape, init_params
+    from pyhet import arch
+    from pyhet.devices import make_devices
+    from pyhet.model import Net, init_params
+    from pyhet.specs import parse_devices
     from pyhet.optim import SGDConfig
     from pyhet.timing import PartTimer
 
-    shape = NetShape(INPUT, kernels, 5, CLASSES)
+    shape = arch.build(arch.shorthand(kernels, 5), INPUT, CLASSES)
     devices = make_devices(parse_devices(f"cpu:{threads}"))
     net = Net(shape, init_params(shape, 0), devices,
               {"conv1": [kernels[0]], "conv2": [kernels[1]]}, CpuBackend(threads))
@@ -138,9 +140,9 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 0
 
-    from pyhet.model import NetShape
+    from pyhet import arch
 
-    flops = sum(NetShape(INPUT, args.kernels, 5, CLASSES).flops_per_image().values()) \
+    flops = sum(arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES).flops_per_image().values()) \
         * args.batch_size
     sides = ["pyhet"] + (["torch"] if _torch_available() else [])
     runs = {s: [] for s in sides}

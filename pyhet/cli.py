@@ -1,4 +1,4 @@
-"""The command line: ``pyhet train``, ``pyhet devices``, ``pyhet bench``.
+"""The command line: ``pyhet train``, ``evaluate``, ``predict``, ``devices``, ``bench``.
 
 Errors in the user's input end the command with one message on stderr and exit status 2 for
 usage errors, 1 for the rest; no traceback unless --debug.
@@ -12,7 +12,8 @@ import json
 import sys
 import warnings
 
-from .errors import PyhetError
+from . import arch
+from .errors import ArchitectureError, DataError, PyhetError
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 BENCHMARKS = ("gemm", "step", "scaling")
@@ -51,6 +52,32 @@ def _non_negative_float(text):
     return v
 
 
+def _network_options(p):
+    p.add_argument("--arch", metavar="SPEC", default=None,
+                   help="the network in CNN-paper notation, e.g. 32C5-P2-64C3p1s2-P2-256N "
+                        "(default: the --kernels shorthand)")
+    p.add_argument("--kernels", type=_kernels, default=None, metavar="A,B",
+                   help="shorthand for --arch AC{k}-P2-BC{k}-P2 (default 32,64; 500,1500 is "
+                        "the paper's network)")
+    p.add_argument("--kernel-size", type=_positive(int), default=None, metavar="K",
+                   help="k of the --kernels shorthand (default 5)")
+
+
+def network_spec(args, parser) -> str:
+    """The network of --arch, or of the --kernels/--kernel-size shorthand (not both)."""
+    if args.arch is not None:
+        if args.kernels is not None or args.kernel_size is not None:
+            parser.error("--arch describes the whole network: give it without --kernels and "
+                         "--kernel-size")
+        try:
+            arch.parse(args.arch)
+        except ArchitectureError as e:
+            parser.error(str(e))
+        return args.arch
+    return arch.shorthand(args.kernels or arch.DEFAULT_KERNELS,
+                          args.kernel_size or arch.DEFAULT_KERNEL_SIZE)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyhet", description="Train CNNs with each conv layer's "
                                 "kernels split across heterogeneous devices.")
@@ -58,10 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    t = sub.add_parser("train", help="train the two-conv-layer CNN")
-    t.add_argument("--kernels", type=_kernels, default=(32, 64), metavar="A,B",
-                   help="kernels in conv1, conv2 (default 32,64; 500,1500 is the paper's)")
-    t.add_argument("--kernel-size", type=_positive(int), default=5, metavar="K")
+    t = sub.add_parser("train", help="train a CNN")
+    _network_options(t)
     t.add_argument("--dataset", default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
     t.add_argument("--data-dir", default=None, metavar="DIR")
@@ -88,13 +113,39 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("devices", help="list the devices and their calibrated speed on a network")
     d.add_argument("--devices", default="auto", metavar="SPEC")
-    d.add_argument("--kernels", type=_kernels, default=(32, 64), metavar="A,B")
-    d.add_argument("--kernel-size", type=_positive(int), default=5, metavar="K")
+    _network_options(d)
     d.add_argument("--dataset", default="bundled", help="gives the input shape")
     d.add_argument("--batch-size", type=_positive(int), default=64, metavar="N")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
     d.add_argument("--json", action="store_true", help="print the listing as JSON")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+    e = sub.add_parser("evaluate", help="the loss and accuracy of saved weights on a dataset's "
+                       "test split")
+    e.add_argument("--weights", required=True, metavar="FILE.npz",
+                   help="a file written by pyhet train --save (or Network.save)")
+    e.add_argument("--dataset", default="bundled",
+                   help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split)")
+    e.add_argument("--data-dir", default=None, metavar="DIR")
+    e.add_argument("--devices", default="auto", metavar="SPEC")
+    e.add_argument("--batch-size", type=_positive(int), default=64, metavar="N",
+                   help="images per forward pass (default 64, pyhet train's default)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON (last line)")
+    e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks on errors")
+
+    r = sub.add_parser("predict", help="class probabilities of images under saved weights")
+    r.add_argument("--weights", required=True, metavar="FILE.npz")
+    r.add_argument("--input", required=True, metavar="FILE",
+                   help="images (N, C, H, W): an .npy array, or an .npz with array x; float32 "
+                        "is used as it is, uint8 is prepared as the training images were")
+    r.add_argument("--output", metavar="OUT.npz",
+                   help="write arrays classes (N,) and probabilities (N, M) instead of "
+                        "printing one JSON line per image")
+    r.add_argument("--devices", default="auto", metavar="SPEC")
+    r.add_argument("--batch-size", type=_positive(int), default=256, metavar="N")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (gemm, step, scaling)",
@@ -104,10 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_train(args) -> int:
+def cmd_train(args, parser) -> int:
     from .train import TrainConfig, train
 
-    cfg = TrainConfig(kernels=args.kernels, kernel_size=args.kernel_size, dataset=args.dataset,
+    cfg = TrainConfig(arch=network_spec(args, parser), dataset=args.dataset,
                       data_dir=args.data_dir, devices=args.devices, balance=args.balance,
                       batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
                       lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
@@ -125,7 +176,7 @@ def cmd_train(args) -> int:
 def human_summary(r: dict) -> str:
     st = r["step_time_s"]
     lines = [f"trained {r['steps']} steps ({r['epochs']:.2f} epochs) of batch {r['batch_size']} "
-             f"on {r['dataset']}, kernels {r['kernels'][0]},{r['kernels'][1]}",
+             f"on {r['dataset']}, network {r['arch']}",
              "devices: " + ", ".join(f"{d['name']}={d['spec']}" for d in r["devices"])]
     if st:
         lines.append(f"step time: median {st['median']:.4f} s, {r['images_per_s']:.1f} images/s, "
@@ -138,10 +189,10 @@ def human_summary(r: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_devices(args) -> int:
-    from .devices import describe_devices
+def cmd_devices(args, parser) -> int:
+    from .report import describe_devices
 
-    report = describe_devices(args.devices, args.kernels, args.kernel_size, args.dataset,
+    report = describe_devices(args.devices, network_spec(args, parser), args.dataset,
                               args.batch_size, calibrate_them=not args.no_calibrate)
     if args.json:
         print(json.dumps(report))
@@ -157,9 +208,8 @@ def cmd_devices(args) -> int:
             print(f"GPU {g['index']}: {g['name']}, {g['memory_free'] / 2**30:.1f} of "
                   f"{g['memory_total'] / 2**30:.1f} GiB free")
     net = report["network"]
-    print(f"\n--devices {args.devices} on kernels {net['kernels'][0]},{net['kernels'][1]}, "
-          f"k={net['kernel_size']}, input {'x'.join(map(str, net['input_shape']))}, batch "
-          f"{net['batch_size']}:")
+    print(f"\n--devices {args.devices} on {net['arch']}, input "
+          f"{'x'.join(map(str, net['input_shape']))}, batch {net['batch_size']}:")
     cal = report["calibration"]
     head = f"{'name':<6}{'spec':<14}"
     if cal:
@@ -179,6 +229,68 @@ def cmd_devices(args) -> int:
     return 0
 
 
+def _load_network(path, devices, input_shape):
+    """pyhet.load for evaluate and predict (static balance: no step to re-measure). A weight
+    file of an earlier version records no input shape: input_shape() gives it then."""
+    from .api import load
+    from .model import read_weight_file
+
+    _, meta = read_weight_file(path)
+    return load(path, devices=devices, balance="static",
+                input_shape=None if meta is not None else input_shape())
+
+
+def cmd_evaluate(args) -> int:
+    from .data import input_shape_of
+
+    net = _load_network(args.weights, args.devices,
+                        lambda: input_shape_of(args.dataset, args.data_dir)[0])
+    with net:
+        result = net.evaluate(dataset=args.dataset, data_dir=args.data_dir,
+                              batch_size=args.batch_size)
+    result = {"weights": str(args.weights), "dataset": args.dataset, "arch": net.arch, **result}
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{args.weights} ({net.arch}) on the test split of {args.dataset}, "
+          f"{result['images']} images:")
+    print(f"loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}")
+    names = net.classes or [str(c) for c in range(net.num_classes)]
+    for name, acc in zip(names, result["per_class_accuracy"]):
+        print(f"  {name:<14} {'-' if acc is None else f'{acc:.4f}'}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    import numpy as np
+
+    from .data import read_images
+
+    x = read_images(args.input)
+    net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
+    if tuple(x.shape[1:]) != net.input_shape:
+        raise DataError(f"--input {args.input}: images of shape {tuple(x.shape[1:])} (C, H, W), "
+                        f"but the network in {args.weights} ({net.arch}) takes "
+                        f"{net.input_shape}")
+    with net:
+        probs = net.predict(x, batch_size=args.batch_size)
+    classes = probs.argmax(axis=1)
+    if args.output:
+        from .model import write_npz
+
+        write_npz(args.output, {"classes": classes.astype(np.int64), "probabilities": probs})
+        print(f"wrote the classes and probabilities of {len(x)} images to {args.output}",
+              file=sys.stderr)
+        return 0
+    names = net.classes
+    for c, p in zip(classes, probs):
+        line = {"class": int(c), "probabilities": [round(float(v), 6) for v in p]}
+        if names:
+            line["name"] = names[int(c)]
+        print(json.dumps(line))
+    return 0
+
+
 def cmd_bench(args) -> int:
     try:
         module = importlib.import_module(f"pyhet.bench.{args.name}")
@@ -192,17 +304,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            return cmd_train(args)
+            return cmd_train(args, parser)
         if args.command == "bench":
             return cmd_bench(args)
         if args.command == "devices":
-            return cmd_devices(args)
+            return cmd_devices(args, parser)
+        if args.command == "evaluate":
+            return cmd_evaluate(args)
+        if args.command == "predict":
+            return cmd_predict(args)
         parser.error(f"unknown command {args.command}")
     except PyhetError as e:
         if args.debug:
             raise
         print(f"pyhet: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return e.exit_status
     except KeyboardInterrupt:
         print("pyhet: interrupted", file=sys.stderr)
         return 130

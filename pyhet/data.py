@@ -11,7 +11,7 @@ Names (`DATASETS`, plus `npz:FILE`):
     mnist          the same format and file names (default ~/.cache/pyhet/mnist)
     cifar10        the python (pickled) or binary layout (default ~/.cache/pyhet/cifar10)
     synthetic      1,024 random CIFAR-10-shaped images, 10 classes, no test split
-    npz:FILE       arrays x, y [, x_test, y_test, num_classes], as INTERFACE.md defines
+    npz:FILE       arrays x, y [, x_test, y_test, num_classes], as README describes
 
 The named datasets are scaled to [0, 1] and then normalised per channel with the
 training split's mean and standard deviation (both splits with the same numbers);
@@ -60,6 +60,67 @@ def _cache_dir(name):
 
 # ================================================================ the Dataset
 
+@dataclass(frozen=True)
+class Normalization:
+    """Per channel, x = raw * scale + shift for raw uint8 pixels: ((raw / 255) - mean) / std
+    with the training split's mean and std. It travels with trained weights, so that raw
+    images given to a trained network are prepared exactly as its training images were."""
+
+    scale: tuple   # (C,) float32 values
+    shift: tuple   # (C,)
+
+    def apply(self, x):
+        """uint8 x (N, C, H, W) -> float32 (N, C, H, W)."""
+        c = len(self.scale)
+        out = x.astype(np.float32)                            # (N, C, H, W), C-contiguous
+        out *= np.array(self.scale, np.float32).reshape(1, c, 1, 1)
+        out += np.array(self.shift, np.float32).reshape(1, c, 1, 1)
+        return out
+
+    def as_dict(self) -> dict:
+        return {"scale": [float(v) for v in self.scale], "shift": [float(v) for v in self.shift]}
+
+    @classmethod
+    def from_dict(cls, d) -> "Normalization":
+        return cls(tuple(float(np.float32(v)) for v in d["scale"]),
+                   tuple(float(np.float32(v)) for v in d["shift"]))
+
+
+def prepare_images(x, input_shape, normalization=None, what="x"):
+    """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
+    used as it is; uint8 is raw pixels, prepared as the network's training images were (the
+    normalization, or / 255 when there is none). Anything else raises DataError."""
+    if not isinstance(x, np.ndarray):
+        raise DataError(f"{what}: expected a numpy array of images (N, "
+                        f"{', '.join(map(str, input_shape))}), got {type(x).__name__}")
+    if x.ndim != 4 or tuple(x.shape[1:]) != tuple(input_shape):
+        raise DataError(f"{what}: expected images of shape (N, "
+                        f"{', '.join(map(str, input_shape))}), got {tuple(x.shape)}")
+    if x.dtype == np.uint8:
+        if normalization is not None:
+            return normalization.apply(x)
+        return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
+    if x.dtype == np.float32:
+        if not np.isfinite(x).all():
+            raise DataError(f"{what}: holds NaN or infinite values")
+        return np.ascontiguousarray(x)
+    raise DataError(f"{what}: expected float32 images (used as they are) or uint8 pixels "
+                    f"(scaled as the training images were), got dtype {x.dtype}")
+
+
+def prepare_labels(y, n, num_classes, what="y"):
+    """Labels (n,) of integers in [0, num_classes) as int64; anything else raises DataError."""
+    if not isinstance(y, np.ndarray):
+        y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"{what}: expected {n} labels, shape ({n},), got shape {tuple(y.shape)}")
+    if y.dtype.kind not in "iu":
+        raise DataError(f"{what}: expected integer class labels, got dtype {y.dtype}")
+    if n and (y.min() < 0 or y.max() >= num_classes):
+        raise DataError(f"{what}: labels must be in 0..{num_classes - 1}, got "
+                        f"{int(y.min())}..{int(y.max())}")
+    return np.ascontiguousarray(y, dtype=np.int64)
+
 @dataclass
 class Dataset:
     """Arrays ready for training: x float32 C-contiguous (N, C, H, W), y int64 (N,)."""
@@ -72,6 +133,8 @@ class Dataset:
     num_classes: int
     classes: "list[str] | None"    # class names, where known
     source: str                    # where it was read from
+    # how raw uint8 images became x: per channel x = raw * scale + shift (None: raw / 255)
+    normalization: "Normalization | None" = None
 
     @property
     def input_shape(self):
@@ -147,6 +210,20 @@ def load_dataset(name, data_dir=None, seed=0):
                     f"{', '.join(DATASETS)}, or npz:FILE")
 
 
+# Image shape (C, H, W) and class count of the named datasets, known without reading them.
+SHAPES = {"bundled": ((1, 28, 28), 10), "fashion-mnist": ((1, 28, 28), 10),
+          "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
+          "synthetic": ((3, 32, 32), 10)}
+
+
+def input_shape_of(name, data_dir=None):
+    """((C, H, W), num_classes) of the dataset `name`; an npz: file is read for them."""
+    if isinstance(name, str) and name in SHAPES:
+        return SHAPES[name]
+    ds = load_dataset(name, data_dir)
+    return ds.input_shape, ds.num_classes
+
+
 # ================================================================ normalisation
 
 def _normalise(x_train, x_test):
@@ -172,18 +249,9 @@ def _normalise(x_train, x_test):
     mean, std = mean / 255.0, std / 255.0                     # in [0, 1] units
 
     # ((x / 255) - mean) / std  ==  x * scale + shift, per channel
-    scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(1, c, 1, 1)
-    shift = (-mean / std).astype(np.float32).reshape(1, c, 1, 1)
-
-    def apply(x):
-        if x is None:
-            return None
-        out = x.astype(np.float32)                            # (N, C, H, W), C-contiguous
-        out *= scale
-        out += shift
-        return out
-
-    return apply(x_train), apply(x_test)
+    norm = Normalization(tuple(float(v) for v in (1.0 / (255.0 * std)).astype(np.float32)),
+                         tuple(float(v) for v in (-mean / std).astype(np.float32)))
+    return norm.apply(x_train), (None if x_test is None else norm.apply(x_test)), norm
 
 
 def _labels(y):
@@ -287,9 +355,10 @@ def _load_idx_dataset(name, folder, classes, hint):
     if x_test.shape[1:] != x_train.shape[1:]:
         raise DataError(f"{test_path}: images of {x_test.shape[1]}x{x_test.shape[2]}, "
                         f"but the training images are {x_train.shape[1]}x{x_train.shape[2]}")
-    xtr, xte = _normalise(x_train[:, None], x_test[:, None])  # (N, 1, H, W)
+    xtr, xte, norm = _normalise(x_train[:, None], x_test[:, None])  # (N, 1, H, W)
     return Dataset(name, xtr, _labels(y_train), xte, _labels(y_test),
-                   num_classes=len(classes), classes=list(classes), source=str(folder))
+                   num_classes=len(classes), classes=list(classes), source=str(folder),
+                   normalization=norm)
 
 
 def _check_label_range(y, num_classes, path):
@@ -463,9 +532,9 @@ def load_cifar10(data_dir=None):
     y_train = np.concatenate([y for _, y in parts])
     x_test, y_test = read(folder / (CIFAR_TEST + suffix))      # (10000, 3, 32, 32)
     classes = _cifar_class_names(folder)
-    xtr, xte = _normalise(x_train, x_test)
+    xtr, xte, norm = _normalise(x_train, x_test)
     return Dataset("cifar10", xtr, _labels(y_train), xte, _labels(y_test),
-                   num_classes=10, classes=classes, source=str(folder))
+                   num_classes=10, classes=classes, source=str(folder), normalization=norm)
 
 
 # ================================================================ synthetic
@@ -484,15 +553,15 @@ def make_synthetic(seed=0):
     y = rng.integers(0, 10, size=SYNTHETIC_SIZE)                         # (N,)
     noise = rng.integers(0, 256, size=(SYNTHETIC_SIZE, 3, 32, 32))       # (N, 3, 32, 32)
     x = ((templates[y] + noise) // 2).astype(np.uint8)
-    xtr, _ = _normalise(x, None)
+    xtr, _, norm = _normalise(x, None)
     return Dataset("synthetic", xtr, _labels(y), None, None, num_classes=10, classes=None,
-                   source=f"generated (seed {seed})")
+                   source=f"generated (seed {seed})", normalization=norm)
 
 
 # ================================================================ npz:FILE
 
 def load_npz(filename):
-    """The npz dataset INTERFACE.md defines: x (N, C, H, W) float32 (used as is) or
+    """The npz dataset README describes: x (N, C, H, W) float32 (used as is) or
     uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
     if not filename:
         raise DataError("npz: needs a file name, as in --dataset npz:data.npz")
@@ -546,6 +615,29 @@ def load_npz(filename):
     return Dataset(f"npz:{filename}", images(x), _labels(y), images(x_test),
                    None if y_test is None else _labels(y_test),
                    num_classes=num_classes, classes=None, source=str(path))
+
+
+def read_images(filename):
+    """Images to predict on, from an .npy file (the array) or an .npz file (its array x):
+    (N, C, H, W), float32 or uint8, as npz datasets have them; other arrays are ignored."""
+    path = Path(filename).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    with open(path, "rb") as f:
+        try:
+            loaded = np.load(f, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded:
+                    if "x" not in loaded.files:
+                        raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
+                                        f"{', '.join(sorted(loaded.files)) or 'no arrays'}")
+                    x = loaded["x"]
+            else:
+                x = loaded
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise DataError(f"{path}: not a readable .npy or .npz file ({e})") from None
+    _check_npz_images(x, "x", None, path)
+    return x
 
 
 def _read_npz_arrays(archive, path):

@@ -1,8 +1,17 @@
-"""The errors pyhet raises on bad input. The CLI prints their message and exits with status 1."""
+"""The errors pyhet raises on bad input. The CLI prints their message and exits with the
+error's ``exit_status``: 2 for a usage error (a bad option value), 1 for the rest."""
 
 
 class PyhetError(Exception):
     """Base of every error that is the user's input, not a bug: the message says it all."""
+
+    exit_status = 1
+
+
+class ArchitectureError(PyhetError, ValueError):
+    """A network description that cannot be parsed, or whose shapes cannot work (a map that
+    shrinks below 1x1, a kernel larger than its padded input). The command line reports a
+    description that cannot be parsed as a usage error (exit status 2)."""
 
 
 class DataError(PyhetError):

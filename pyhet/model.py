@@ -1,111 +1,54 @@
-"""The paper's network, and its weight files in PyTorch's layout.
+"""A network as a list of blocks, and its weight files in PyTorch's layout.
 
-    x (N, C, H, W) -> conv k x k, A kernels -> ReLU -> maxpool 2
-                   -> conv k x k, B kernels -> ReLU -> maxpool 2 -> flatten (N, F) -> fc (N, M)
+    x (N, C, H, W) -> conv1 block -> ... -> convN block -> flatten (N, F)
+                   -> fc1 -> ReLU -> ... -> fcM -> ReLU -> fc (N, M classes)
 
-Valid convolutions, stride 1. The two conv blocks are PartitionedConv layers whose kernels are
-spread over the devices; flatten, fc and the loss run on the master. A weight file is an .npz of
-float32 arrays named and shaped as the equivalent torch.nn model's state_dict:
-conv1.weight (A, C, k, k), conv1.bias (A,), conv2.weight (B, A, k, k), conv2.bias (B,),
-fc.weight (M, F), fc.bias (M,), with F = B * P2 * P2 flattened in (C, H, W) order.
+Each conv block (pyhet.geometry.ConvGeometry: conv with stride and padding, ReLU, optional
+max-pool) is a PartitionedConv whose kernels are spread over the devices; flatten, the fc layers
+and the loss run on the master.
+
+A weight file is an .npz of float32 arrays named and shaped as the equivalent torch.nn model's
+state_dict, conv1.weight (K1, C, R, S), conv1.bias (K1,), ..., fc1.weight (U1, F), ...,
+fc.weight (M, F or UM), fc.bias (M,), the fc input flattened in (C, H, W) order, plus one string
+entry ``arch`` (JSON: the --arch notation, input shape, classes, class names) so that evaluation
+and prediction need only the file. Files without it (the two-block networks of earlier versions)
+still load: their shape is read off the arrays.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import zipfile
-from dataclasses import dataclass
 
 import numpy as np
 
+from . import arch as arch_notation
+from .data import Normalization
 from .errors import WeightsError
-from .layers import Flatten, Linear, SoftmaxCrossEntropy, init_uniform
+from .geometry import NetGeometry
+from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
 from .optim import SGDConfig
 from .parallel import PartitionedConv
 from .timing import PartTimer
 
-POOL = 2
-PARAM_NAMES = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias")
+ARCH_KEY = "arch"        # the weight file's one non-float entry
+FORMAT = 1               # of that entry
 
 
-@dataclass(frozen=True)
-class NetShape:
-    input_shape: tuple      # (C, H, W)
-    kernels: tuple          # (A, B)
-    kernel_size: int = 5
-    num_classes: int = 10
-
-    def __post_init__(self):
-        C, H, W = self.input_shape
-        k = self.kernel_size
-        if k < 1 or min(self.kernels) < 1 or self.num_classes < 2:
-            raise ValueError(f"a network needs kernel size >= 1, kernel counts >= 1 and >= 2 "
-                             f"classes, got k={k}, kernels={self.kernels}, "
-                             f"classes={self.num_classes}")
-        if self.pooled2[0] < 1 or self.pooled2[1] < 1:
-            raise ValueError(f"a {H}x{W} input is too small for two {k}x{k} convolutions each "
-                             f"followed by 2x2 pooling (it would leave a "
-                             f"{self.pooled2[0]}x{self.pooled2[1]} map)")
-
-    @property
-    def pooled1(self):
-        _, H, W = self.input_shape
-        k = self.kernel_size
-        return (H - k + 1) // POOL, (W - k + 1) // POOL
-
-    @property
-    def pooled2(self):
-        h, w = self.pooled1
-        k = self.kernel_size
-        return (h - k + 1) // POOL, (w - k + 1) // POOL
-
-    @property
-    def features(self) -> int:
-        return self.kernels[1] * self.pooled2[0] * self.pooled2[1]
-
-    def param_shapes(self) -> dict:
-        C = self.input_shape[0]
-        A, B = self.kernels
-        k = self.kernel_size
-        return {"conv1.weight": (A, C, k, k), "conv1.bias": (A,),
-                "conv2.weight": (B, A, k, k), "conv2.bias": (B,),
-                "fc.weight": (self.num_classes, self.features), "fc.bias": (self.num_classes,)}
-
-    def geometries(self, batch: int):
-        """The two conv blocks' shapes at this batch size (what devices are calibrated on)."""
-        from .devices import LayerGeometry
-
-        C, H, W = self.input_shape
-        A, B = self.kernels
-        k = self.kernel_size
-        h1, w1 = self.pooled1
-        return [LayerGeometry("conv1", batch, C, H, W, A, k, k, POOL),
-                LayerGeometry("conv2", batch, A, h1, w1, B, k, k, POOL)]
-
-    def flops_per_image(self) -> dict:
-        """Multiply-adds x 2 of one training step per image, by part (forward and backward)."""
-        C, H, W = self.input_shape
-        A, B = self.kernels
-        k = self.kernel_size
-        p1 = (H - k + 1) * (W - k + 1)
-        h1, w1 = self.pooled1
-        p2 = (h1 - k + 1) * (w1 - k + 1)
-        conv1 = 2 * A * p1 * C * k * k
-        conv2 = 2 * B * p2 * A * k * k
-        fc = 2 * self.num_classes * self.features
-        return {"conv1": 2 * conv1, "conv2": 3 * conv2, "fc": 3 * fc}
-
-
-def init_params(shape: NetShape, seed: int = 0) -> dict:
-    """PyTorch's default initialisation, seeded: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+def init_params(net: NetGeometry, seed: int = 0) -> dict:
+    """PyTorch's default initialisation, seeded: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), layer by
+    layer in order (weight, then bias)."""
     rng = np.random.default_rng(seed)
-    shapes = shape.param_shapes()
     params = {}
-    for layer in ("conv1", "conv2", "fc"):
-        wshape = shapes[f"{layer}.weight"]
-        fan_in = int(np.prod(wshape[1:]))
-        params[f"{layer}.weight"] = init_uniform(rng, wshape, fan_in)
-        params[f"{layer}.bias"] = init_uniform(rng, shapes[f"{layer}.bias"], fan_in)
+    shapes = net.param_shapes()
+    for name in shapes:
+        if name.endswith(".weight"):
+            layer = name[:-len(".weight")]
+            fan_in = int(np.prod(shapes[name][1:]))
+            params[name] = init_uniform(rng, shapes[name], fan_in)
+            params[f"{layer}.bias"] = init_uniform(rng, shapes[f"{layer}.bias"], fan_in)
     return params
 
 
@@ -113,19 +56,43 @@ def init_params(shape: NetShape, seed: int = 0) -> dict:
 # Weight files
 
 
-def save_weights(path, params: dict) -> None:
-    """Write the parameters as an .npz of float32 arrays in PyTorch's layout (atomically)."""
+def arch_entry(net: NetGeometry, classes=None, normalization=None) -> np.ndarray:
+    """The file's description of the network: a 0-d string array holding JSON with the
+    --arch notation, the input shape, the classes (and their names, where known) and how raw
+    uint8 images were prepared for training (pyhet.data.Normalization, or None)."""
+    meta = {"format": FORMAT, "arch": net.arch, "input_shape": list(net.input_shape),
+            "num_classes": net.num_classes, "classes": list(classes) if classes else None,
+            "normalization": normalization.as_dict() if normalization is not None else None}
+    return np.array(json.dumps(meta))
+
+
+def write_npz(path, arrays: dict, what: str = "the file") -> None:
+    """np.savez, atomically: written to a temporary file, then renamed, so that a failed write
+    leaves any earlier file as it was and no temporary file behind."""
     path = os.fspath(path)
     tmp = path + ".tmp.npz"
     try:
-        np.savez(tmp, **{k: np.asarray(params[k], np.float32) for k in PARAM_NAMES})
+        np.savez(tmp, **arrays)
         os.replace(tmp, path)
     except OSError as e:
-        raise WeightsError(f"cannot write the weight file {path}: {e.strerror or e}") from None
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
 
 
-def load_weights(path, shape: NetShape) -> dict:
-    """Read and check a weight file against the network it must fit."""
+def save_weights(path, params: dict, net: NetGeometry, classes=None, normalization=None) -> None:
+    """Write the parameters (float32, PyTorch's layout) and the network's description to an
+    .npz, atomically."""
+    arrays = {k: np.asarray(params[k], np.float32) for k in net.param_names}
+    arrays[ARCH_KEY] = arch_entry(net, classes, normalization)
+    write_npz(path, arrays, "the weight file")
+
+
+def read_weight_file(path) -> tuple[dict, dict | None]:
+    """(arrays, description) of a weight file or checkpoint; the description (the ``arch``
+    entry, parsed) is None for files that do not carry one."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise WeightsError(f"weight file {path}: no such file")
@@ -136,21 +103,87 @@ def load_weights(path, shape: NetShape) -> dict:
     except (OSError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as e:
         # TypeError: a single .npy array (an ndarray is no context manager)
         raise WeightsError(f"weight file {path}: not a readable .npz ({e})") from None
-    want = shape.param_shapes()
-    missing = [k for k in PARAM_NAMES if k not in arrays]
+    meta = None
+    if ARCH_KEY in arrays:
+        entry = arrays.pop(ARCH_KEY)
+        try:
+            meta = json.loads(str(entry))
+            if not isinstance(meta, dict) or not isinstance(meta.get("arch"), str):
+                raise ValueError("no 'arch' string")
+            meta["input_shape"] = tuple(int(v) for v in meta["input_shape"])
+            meta["num_classes"] = int(meta["num_classes"])
+            norm = meta.get("normalization")
+            meta["normalization"] = None if norm is None else Normalization.from_dict(norm)
+        except (ValueError, TypeError, KeyError) as e:
+            raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
+                               f"description ({e})") from None
+    return arrays, meta
+
+
+_LEGACY = re.compile(r"^conv[12]\.(weight|bias)$|^fc\.(weight|bias)$")
+
+
+def network_of_file(path, input_shape=None) -> tuple[NetGeometry, dict | None]:
+    """The network a weight file was saved from, and its description. A file without one (the
+    two-block networks of earlier versions) is read as ``AC{k}-P2-BC{k}-P2`` from its arrays;
+    then input_shape (C, H, W) must be given, since the file does not hold it."""
+    arrays, meta = read_weight_file(path)
+    if meta is not None:
+        try:
+            net = arch_notation.build(meta["arch"], meta["input_shape"], meta["num_classes"])
+        except Exception as e:  # an edited or foreign file: say which
+            raise WeightsError(f"weight file {path}: its network {meta['arch']!r} cannot be "
+                               f"built ({e})") from None
+        return net, meta
+    names = {k for k in arrays if _LEGACY.match(k)}
+    if len(names) != 6 or any(arrays[k].ndim != (4 if ".weight" in k and "conv" in k else
+                                                 2 if ".weight" in k else 1) for k in names):
+        raise WeightsError(f"weight file {path}: it carries no network description and is not "
+                           f"a two-block network (conv1, conv2, fc) either; it has "
+                           f"{', '.join(sorted(arrays)) or 'nothing'}")
+    if input_shape is None:
+        raise WeightsError(f"weight file {path}: it carries no network description, so the "
+                           f"input shape must come from a dataset")
+    w1, w2, fc = arrays["conv1.weight"], arrays["conv2.weight"], arrays["fc.weight"]
+    spec = arch_notation.shorthand((w1.shape[0], w2.shape[0]), w1.shape[2])
+    try:
+        net = arch_notation.build(spec, input_shape, fc.shape[0])
+    except Exception as e:
+        raise WeightsError(f"weight file {path}: read as {spec!r}, it does not fit "
+                           f"{'x'.join(map(str, input_shape))} input ({e})") from None
+    return net, None
+
+
+def load_weights(path, net: NetGeometry) -> dict:
+    """Read a weight file (or checkpoint) and check it against the network it must fit."""
+    path = os.fspath(path)
+    arrays, meta = read_weight_file(path)
+    if meta is not None and (meta["arch"] != net.arch or
+                             tuple(meta["input_shape"]) != tuple(net.input_shape) or
+                             meta["num_classes"] != net.num_classes):
+        raise WeightsError(f"weight file {path} holds the network {meta['arch']} on "
+                           f"{'x'.join(map(str, meta['input_shape']))} input with "
+                           f"{meta['num_classes']} classes, but this run's is {net.arch} on "
+                           f"{'x'.join(map(str, net.input_shape))} input with "
+                           f"{net.num_classes} classes")
+    want = net.param_shapes()
+    missing = [k for k in want if k not in arrays]
     if missing:
         raise WeightsError(f"weight file {path}: missing {', '.join(missing)} "
                            f"(it has {', '.join(sorted(arrays)) or 'nothing'})")
+    extra = [k for k in arrays if re.match(r"^(conv|fc)\d*\.(weight|bias)$", k) and k not in want]
+    if extra:
+        raise WeightsError(f"weight file {path}: {', '.join(sorted(extra))} are not layers of "
+                           f"the network {net.arch} (a file of another network?)")
     params = {}
-    for k in PARAM_NAMES:
+    for k in want:
         a = arrays[k]
         if a.dtype != np.float32:
             raise WeightsError(f"weight file {path}: {k} must be float32, got {a.dtype}")
         if a.shape != want[k]:
             raise WeightsError(f"weight file {path}: {k} has shape {a.shape}, but the network "
-                               f"(input {shape.input_shape}, kernels {shape.kernels}, kernel "
-                               f"size {shape.kernel_size}, {shape.num_classes} classes) needs "
-                               f"{want[k]}")
+                               f"{net.arch} on {'x'.join(map(str, net.input_shape))} input with "
+                               f"{net.num_classes} classes needs {want[k]}")
         if not np.isfinite(a).all():
             raise WeightsError(f"weight file {path}: {k} holds NaN or infinite values")
         params[k] = np.ascontiguousarray(a)
@@ -162,61 +195,79 @@ def load_weights(path, shape: NetShape) -> dict:
 
 
 class Net:
-    """The two-conv network over a set of devices; the fc layer and the loss on the master."""
+    """A network over a set of devices: every conv block partitioned over them, the fc layers
+    and the loss on the master."""
 
-    def __init__(self, shape: NetShape, params: dict, devices, partition: dict, host):
-        # partition: {"conv1": counts per device, "conv2": counts per device}
-        # host: the master's backend (fc and loss)
-        self.shape, self.devices, self.host = shape, list(devices), host
-        self.conv1 = PartitionedConv("conv1", params["conv1.weight"], params["conv1.bias"],
-                                     self.devices, partition["conv1"], POOL, need_dx=False)
-        self.conv2 = PartitionedConv("conv2", params["conv2.weight"], params["conv2.bias"],
-                                     self.devices, partition["conv2"], POOL, need_dx=True)
+    def __init__(self, net: NetGeometry, params: dict, devices, partition: dict, host):
+        # partition: {"conv1": counts per device, ...}; host: the master's backend (fc, loss)
+        self.shape, self.devices, self.host = net, list(devices), host
+        # conv1's input is the data: it needs no gradient
+        self.convs = [PartitionedConv(g, params[f"{g.name}.weight"], params[f"{g.name}.bias"],
+                                      self.devices, partition[g.name], need_dx=i > 0)
+                      for i, g in enumerate(net.blocks)]
         self.flatten = Flatten()
-        self.fc = Linear(params["fc.weight"].copy(), params["fc.bias"].copy(), backend=host)
+        self.fcs = [Linear(params[f"{name}.weight"].copy(), params[f"{name}.bias"].copy(),
+                           backend=host) for name, _, _ in net.fc_layers()]
+        self.fc_names = [name for name, _, _ in net.fc_layers()]
+        self.relus = [ReLU() for _ in net.hidden]   # after each hidden fc layer
         self.loss = SoftmaxCrossEntropy()
-        self._fc_momentum = {"weight": None, "bias": None}
+        self._fc_momentum = {name: {"weight": None, "bias": None} for name in self.fc_names}
 
-    @property
-    def convs(self):
-        return (self.conv1, self.conv2)
+    def _fc_forward(self, h):
+        """h (N, F) -> logits (N, M) through the hidden fc layers and the classifier."""
+        for fc, relu in zip(self.fcs, self.relus):
+            h = relu.forward(fc.forward(h))
+        return self.fcs[-1].forward(h)
+
+    def _fc_backward(self, dlogits):
+        """dlogits (N, M) -> dh (N, F)."""
+        d = self.fcs[-1].backward(dlogits)
+        for fc, relu in zip(reversed(self.fcs[:-1]), reversed(self.relus)):
+            d = fc.backward(relu.backward(d))
+        return d
 
     def forward(self, x):
         """x (N, C, H, W) -> logits (N, M)."""
-        h = self.conv1.forward(x)
-        h = self.conv2.forward(h)
-        return self.fc.forward(self.flatten.forward(h))
+        h = x
+        for conv in self.convs:
+            h = conv.forward(h)
+        return self._fc_forward(self.flatten.forward(h))
 
     def train_step(self, x, labels, cfg: SGDConfig, timer=None) -> float:
         """One SGD step on a batch; returns the loss. timer: a PartTimer that receives the time
         of the step's parts, or None."""
         t = timer if timer is not None else PartTimer()
         with t("conv_forward"):
-            h1 = self.conv1.forward(x)
-            h2 = self.conv2.forward(h1)
+            h = x
+            for conv in self.convs:
+                h = conv.forward(h)
         with t("fc"):
-            logits = self.fc.forward(self.flatten.forward(h2))
+            logits = self._fc_forward(self.flatten.forward(h))
             loss = self.loss.forward(logits, labels)
-            dh2 = self.flatten.backward(self.fc.backward(self.loss.backward()))
+            dh = self.flatten.backward(self._fc_backward(self.loss.backward()))
         with t("conv_backward"):
-            dh1 = self.conv2.backward(dh2)
-            self.conv1.backward(dh1)
+            for conv in reversed(self.convs):
+                dh = conv.backward(dh)
+        # every device's backward has finished before any update: the shared input gradient
+        # reads the other devices' weights
         with t("update"):
             for conv in self.convs:
                 conv.step(cfg)
-            for k in ("weight", "bias"):
-                self._fc_momentum[k] = self.host.sgd_update(self.fc.params[k], self.fc.grads[k],
-                                                            self._fc_momentum[k], cfg)
+            for name, fc in zip(self.fc_names, self.fcs):
+                mom = self._fc_momentum[name]
+                for k in ("weight", "bias"):
+                    mom[k] = self.host.sgd_update(fc.params[k], fc.grads[k], mom[k], cfg)
         return float(loss)
 
     def params(self) -> dict:
-        """The current weights as host float32 arrays in PyTorch's layout."""
+        """The current weights as host float32 arrays in PyTorch's layout, in layer order."""
         out = {}
         for conv in self.convs:
             w, b, _, _ = conv.gather_state()
             out[f"{conv.name}.weight"], out[f"{conv.name}.bias"] = w, b
-        out["fc.weight"] = np.array(self.fc.params["weight"])
-        out["fc.bias"] = np.array(self.fc.params["bias"])
+        for name, fc in zip(self.fc_names, self.fcs):
+            out[f"{name}.weight"] = np.array(fc.params["weight"])
+            out[f"{name}.bias"] = np.array(fc.params["bias"])
         return out
 
     def momentum(self) -> dict:
@@ -225,7 +276,8 @@ class Net:
         for conv in self.convs:
             _, _, vw, vb = conv.gather_state()
             out[conv.name] = (vw, vb)
-        out["fc"] = (self._fc_momentum["weight"], self._fc_momentum["bias"])
+        for name in self.fc_names:
+            out[name] = (self._fc_momentum[name]["weight"], self._fc_momentum[name]["bias"])
         return out
 
     def set_momentum(self, moms: dict) -> None:
@@ -235,9 +287,10 @@ class Net:
                 w, b, _, _ = conv.gather_state()
                 conv.install(w, b, moms[f"{conv.name}.weight"], moms[f"{conv.name}.bias"],
                              conv.counts)
-        if "fc.weight" in moms:
-            self._fc_momentum = {"weight": moms["fc.weight"].copy(),
-                                 "bias": moms["fc.bias"].copy()}
+        for name in self.fc_names:
+            if f"{name}.weight" in moms:
+                self._fc_momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
+                                           "bias": moms[f"{name}.bias"].copy()}
 
     def partition(self) -> dict:
         return {conv.name: {d.name: c for d, c in zip(self.devices, conv.counts)}

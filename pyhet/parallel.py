@@ -15,8 +15,8 @@ its channels from every host shard (w_j, dy_j), then col2im of those channels. S
 gradient costs the same whatever the number of devices. A device outside the group (numpy, gpu,
 another process) does its own im2col and returns its own part of dx, which is added.
 
-Letters: x (N, C, H, W) layer input, out (N, K, PH, PW) pooled output, (R, S) kernel size,
-counts[i] kernels on device i, sum(counts) = K.
+Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
+(R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.
 """
 
 from __future__ import annotations
@@ -24,18 +24,21 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import DeviceError
+from .geometry import ConvGeometry
 from .partition import proportional
 from .timing import PartTimer
 
 
 class PartitionedConv:
-    """conv (valid, stride 1) -> ReLU -> max-pool, its K kernels spread over devices."""
+    """conv -> ReLU -> optional max-pool (the block g), its K kernels spread over devices."""
 
-    def __init__(self, name: str, w, b, devices, counts, pool: int = 2, need_dx: bool = True):
+    def __init__(self, g: ConvGeometry, w, b, devices, counts, need_dx: bool = True):
         # w (K, C, R, S), b (K,) host float32; counts: kernels per device, in device order
-        self.name, self.pool, self.need_dx = name, pool, need_dx
+        if tuple(w.shape) != g.weight_shape or tuple(b.shape) != (g.K,):
+            raise ValueError(f"{g.name}: weights {g.weight_shape} and bias ({g.K},) are "
+                             f"needed, got {tuple(w.shape)} and {tuple(b.shape)}")
+        self.g, self.name, self.need_dx = g, g.name, need_dx
         self.devices = list(devices)
-        self.kernel_shape = tuple(w.shape[1:])
         self._buffers: dict = {}
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
@@ -57,13 +60,13 @@ class PartitionedConv:
         edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
-        _gather([d.submit("load_shard", d.load_shard, self.name, w[k0:k1], b[k0:k1],
-                          part(vw, k0, k1), part(vb, k0, k1), self.pool)
+        _gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
+                          part(vw, k0, k1), part(vb, k0, k1))
                  for d, (k0, k1) in zip(self.devices, self.bounds)])
         # the host group's shares of the input channels follow their shares of the kernels
         self.group = [i for i, d in enumerate(self.devices)
                       if d.shares_host_memory and counts[i] > 0]
-        C = self.kernel_shape[0]
+        C = self.g.C
         split = proportional(C, [counts[i] for i in self.group]) if self.group else []
         edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
         self.channels = {i: (int(edges[n]), int(edges[n + 1])) for n, i in enumerate(self.group)
@@ -100,19 +103,18 @@ class PartitionedConv:
 
     def forward(self, x):
         """x (N, C, H, W) -> out (N, K, PH, PW), host arrays."""
-        N, C, H, W = x.shape
-        _, R, S = self.kernel_shape
-        if C != self.kernel_shape[0]:
-            raise ValueError(f"{self.name}: expected {self.kernel_shape[0]} input channels, "
-                             f"got input of shape {x.shape}")
+        g = self.g
+        if x.ndim != 4 or tuple(x.shape[1:]) != g.in_shape:
+            raise ValueError(f"{self.name}: expected input of shape (N, "
+                             f"{', '.join(map(str, g.in_shape))}), got {tuple(x.shape)}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         self.x_shape = x.shape
         col = None
         if self.group:  # one im2col for the host group, filled by channel shares
-            col = self._buffer("col", (C * R * S, N * (H - R + 1) * (W - S + 1)))
+            col = self._buffer("col", g.col_shape(x.shape[0]))
             with self.phases("im2col"):
                 _gather([self.devices[i].submit(f"{self.name} im2col",
-                                                self.devices[i].im2col_part, x, R, S, col, ch,
+                                                self.devices[i].im2col_part, x, g, col, ch,
                                                 tag=self.name)
                          for i, ch in self.channels.items()])
         with self.phases("forward"):
@@ -135,7 +137,6 @@ class PartitionedConv:
             results = _gather(futures)
         if not self.need_dx:
             return None
-        _, R, S = self.kernel_shape
         dx = np.zeros(self.x_shape, np.float32) if not self.group else \
             np.empty(self.x_shape, np.float32)
         with self.phases("input_gradient"):
@@ -144,7 +145,7 @@ class PartitionedConv:
                 dcol = self._buffer("dcol", self._buffers["col"].shape)
                 _gather([self.devices[i].submit(f"{self.name} input gradient",
                                                 self.devices[i].input_grad_part, parts, dcol,
-                                                dx, R, S, ch, tag=self.name)
+                                                dx, self.g, ch, tag=self.name)
                          for i, ch in self.channels.items()])
             for i, r in enumerate(results):
                 if i not in self.group and r is not None:

@@ -17,17 +17,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import arch as arch_notation
 from . import ops
 from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend
+from .calibrate import Calibration, calibrate
 from .data import Dataset, iterate_batches, load_dataset
-from .devices import (Calibration, calibrate, check_threads, cuda_device_count, make_devices,
-                      parse_devices)
+from .devices import make_devices
 from .errors import DeviceError, PyhetError, TrainingError, WeightsError
-from .model import Net, NetShape, init_params, load_weights, save_weights
+from .evaluation import evaluate
+from .geometry import NetGeometry
+from .model import Net, arch_entry, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
+from .specs import check_threads, cuda_device_count, parse_devices
 from .timing import PartTimer
 
 BALANCE_MODES = ("dynamic", "static", "even")
@@ -35,8 +39,9 @@ BALANCE_MODES = ("dynamic", "static", "even")
 
 @dataclass
 class TrainConfig:
-    kernels: tuple = (32, 64)
-    kernel_size: int = 5
+    arch: str | None = None     # --arch; None: the --kernels/--kernel-size shorthand
+    kernels: tuple = arch_notation.DEFAULT_KERNELS
+    kernel_size: int = arch_notation.DEFAULT_KERNEL_SIZE
     dataset: str = "bundled"
     data_dir: str | None = None
     devices: str = "auto"
@@ -72,6 +77,12 @@ class TrainConfig:
                              f"{os.path.dirname(os.path.abspath(self.save))} does not exist")
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
 
+    @property
+    def network(self) -> str:
+        """The network in --arch notation."""
+        return self.arch if self.arch is not None else arch_notation.shorthand(
+            self.kernels, self.kernel_size)
+
 
 # ================================================================================================
 # Setting up
@@ -85,21 +96,43 @@ def host_backend(devices):
     return CpuBackend(ops.default_threads())
 
 
-def plan_partition(shape: NetShape, devices, balance: str, batch: int, seed: int = 0):
+def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: int = 0):
     """Kernels per device for each conv layer before training starts, and the calibration it
     came from (None for --balance even or a single device)."""
     n = len(devices)
     if n == 1 or balance == "even":
-        return {"conv1": even(shape.kernels[0], n), "conv2": even(shape.kernels[1], n)}, None
-    cal = calibrate(devices, shape.geometries(batch), seed)
+        return {g.name: even(g.K, n) for g in shape.blocks}, None
+    cal = calibrate(devices, shape.blocks, batch, seed)
     part = {}
-    for g in shape.geometries(batch):
+    for g in shape.blocks:
         try:
             part[g.name] = balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
                                     cal.caps[g.name])
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
     return part, cal
+
+
+def open_devices(spec: str):
+    """The devices of a SPEC, made in this process (each with its worker thread: close them)."""
+    specs = parse_devices(spec, gpu_count=cuda_device_count)
+    check_threads(specs)
+    return make_devices(specs)
+
+
+def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: int,
+              seed: int = 0, log=None):
+    """(Net, Calibration or None): the network on the devices, each conv layer partitioned as
+    `balance` says for this batch size. log: a stream told about calibration, or None."""
+    if log is not None and len(devices) > 1 and balance != "even":
+        print(f"calibrating {len(devices)} devices on the network's layer shapes...",
+              file=log, flush=True)
+    partition, cal = plan_partition(shape, devices, balance, batch, seed)
+    if log is not None and len(devices) > 1:
+        print("partition: " + "; ".join(
+            f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
+            for layer, counts in partition.items()), file=log, flush=True)
+    return Net(shape, params, devices, partition, host_backend(devices)), cal
 
 
 class DynamicBalance:
@@ -143,6 +176,7 @@ def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg:
     meta = {"step": step, "epoch": epoch, "batch": batch, "seed": cfg.seed,
             "batch_size": cfg.batch_size, "shuffle": cfg.shuffle}
     arrays["meta"] = np.array(json.dumps(meta))
+    arrays["arch"] = arch_entry(net.shape)  # checkpoints describe their network too
     path = os.path.join(directory, f"checkpoint-{step:09d}.npz")
     tmp = path + ".tmp.npz"
     np.savez(tmp, **arrays)
@@ -150,7 +184,7 @@ def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg:
     return path
 
 
-def load_checkpoint(path, shape: NetShape):
+def load_checkpoint(path, shape: NetGeometry):
     try:
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f["meta"]))
@@ -172,10 +206,7 @@ def train(cfg: TrainConfig, log=None) -> dict:
     except ValueError as e:
         raise PyhetError(str(e)) from None
     ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
-    try:
-        shape = NetShape(ds.input_shape, tuple(cfg.kernels), cfg.kernel_size, ds.num_classes)
-    except ValueError as e:
-        raise PyhetError(str(e)) from None
+    shape = arch_notation.build(cfg.network, ds.input_shape, ds.num_classes)
 
     start = {"step": 0, "epoch": 0, "batch": 0}
     moms = {}
@@ -193,20 +224,10 @@ def train(cfg: TrainConfig, log=None) -> dict:
     else:
         params = init_params(shape, cfg.seed)
 
-    specs = parse_devices(cfg.devices, gpu_count=cuda_device_count)
-    check_threads(specs)
-    devices = make_devices(specs)
+    devices = open_devices(cfg.devices)
     try:
-        host = host_backend(devices)
-        if cfg.progress and len(devices) > 1 and cfg.balance != "even":
-            print(f"calibrating {len(devices)} devices on the network's layer shapes...",
-                  file=log, flush=True)
-        partition, cal = plan_partition(shape, devices, cfg.balance, cfg.batch_size, cfg.seed)
-        if cfg.progress and len(devices) > 1:
-            print("partition: " + "; ".join(
-                f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
-                for layer, counts in partition.items()), file=log, flush=True)
-        net = Net(shape, params, devices, partition, host)
+        net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
+                             log if cfg.progress else None)
         if moms:
             net.set_momentum(moms)
         balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
@@ -219,7 +240,11 @@ def train(cfg: TrainConfig, log=None) -> dict:
             d.close()
 
 
-def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None) -> dict:
+def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
+         callback=None) -> dict:
+    """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
+    evaluation, --save and the summary. callback(info) is called after every step with
+    {"step", "steps", "epoch", "loss", "step_time_s", "images"}."""
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     n_train = ds.x_train.shape[0]
     per_epoch = math.ceil(n_train / cfg.batch_size)
@@ -257,6 +282,9 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None
                               timer.parts.get("conv_backward", 0))
             losses.append(loss)
             bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
+            if callback is not None:
+                callback({"step": step, "steps": total_steps, "epoch": epoch + 1, "loss": loss,
+                          "step_time_s": dt, "images": int(xb.shape[0])})
         bar.close()
         # this pass trained batches skip .. skip + todo - 1 of the epoch (b is not that count:
         # after a break it is the first batch left untrained)
@@ -266,23 +294,16 @@ def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None
     train_s = time.perf_counter() - t_train
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
 
-    accuracy = evaluate(net, ds, cfg.batch_size) if ds.x_test is not None else None
+    # on the whole test split, in batches of the training size (the memory the devices were
+    # sized for)
+    test = evaluate(net, ds.x_test, ds.y_test, cfg.batch_size) if ds.x_test is not None else None
     if cfg.save:
-        save_weights(cfg.save, net.params())
-    return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
+        save_weights(cfg.save, net.params(), net.shape, ds.classes, ds.normalization)
+    return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
                    epochs=step / per_epoch, steps=step)
 
 
-def evaluate(net: Net, ds: Dataset, batch_size: int) -> float:
-    """Accuracy on the whole test split, in batches of the training size (the memory the
-    devices were sized for)."""
-    correct = 0
-    for xb, yb in iterate_batches(ds.x_test, ds.y_test, batch_size, False, None):
-        correct += int((np.asarray(net.forward(xb)).argmax(axis=1) == yb).sum())
-    return correct / ds.x_test.shape[0]
-
-
-def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accuracy,
+def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
             epochs, steps) -> dict:
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
     conv = conv_times[1:] if len(conv_times) > 1 else conv_times
@@ -305,11 +326,15 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, accurac
                         "max": max(timed)} if timed else None,
         "images_per_s": (cfg.batch_size / statistics.median(timed)) if timed else None,
         "train_loss": losses[-1] if losses else None,
-        "test_accuracy": accuracy,
+        "test_accuracy": test["accuracy"] if test else None,
+        "test_loss": test["loss"] if test else None,
         "conv_time_fraction": (sum(conv) / sum(timed)) if timed and sum(timed) else None,
         "dataset": ds.name,
+        "arch": net.shape.arch,
         "kernels": list(net.shape.kernels),
-        "kernel_size": net.shape.kernel_size,
+        # the kernel size of every block, or one number when they are all the same
+        "kernel_size": (net.shape.blocks[0].R if len({g.R for g in net.shape.blocks}) == 1
+                        else [g.R for g in net.shape.blocks]),
         "train_time_s": round(train_s, 3),
         "emulated": any(d.spec.speed != 1.0 for d in net.devices),
         # where each conv layer's time went (wall seconds per step, summed over devices'

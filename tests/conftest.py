@@ -20,18 +20,27 @@ def train_weights(shape, spec, partition, batches, cfg, seed=0, host=None):
     `partition`, one SGD step per (x, y) batch; return (weights, losses)."""
     from pyhet.backends.cpu import CpuBackend
     from pyhet.backends.numpy_ref import NumpyBackend
-    from pyhet.devices import make_devices, parse_devices
+    from pyhet.devices import make_devices
+    from pyhet.specs import parse_devices
     from pyhet.model import Net, init_params
 
     devices = make_devices(parse_devices(spec))
     try:
-        host = host or (NumpyBackend() if spec == "numpy" else CpuBackend(1))
+        host = host or (NumpyBackend() if all(d.kind == "numpy" for d in devices)
+                        else CpuBackend(1))
         net = Net(shape, init_params(shape, seed), devices, partition, host)
         losses = [net.train_step(x, y, cfg) for x, y in batches]
         return net.params(), losses
     finally:
         for d in devices:
             d.close()
+
+
+def net_shape(input_shape, kernels, k=5, classes=10):
+    """The two-block network AC{k}-P2-BC{k}-P2 (the --kernels shorthand) on this input."""
+    from pyhet import arch
+
+    return arch.build(arch.shorthand(kernels, k), input_shape, classes)
 
 
 def assert_same_weights(got, want, rtol=1e-4):
@@ -45,7 +54,7 @@ def assert_same_weights(got, want, rtol=1e-4):
 
 def make_npz_dataset(path, n=24, shape=(1, 12, 12), classes=3, n_test=0, seed=0,
                      dtype=np.float32, **extra):
-    """Write an npz dataset (INTERFACE.md) of n random images and labels 0..classes-1 that
+    """Write an npz dataset (as README describes) of n random images and labels 0..classes-1 that
     uses every class; return the arrays written. extra: more arrays, or overrides."""
     rng = np.random.default_rng(seed)
     arrays = {}

@@ -9,9 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import net_shape
 from pyhet.backends.cpu import CpuBackend
-from pyhet.devices import calibrate, make_devices, parse_devices
-from pyhet.model import Net, NetShape, init_params
+from pyhet.calibrate import calibrate
+from pyhet.devices import make_devices
+from pyhet.model import Net, init_params
+from pyhet.specs import parse_devices
 from pyhet.optim import SGDConfig
 from pyhet.partition import Balancer, balanced, even, predicted_time, proportional
 from pyhet.train import DynamicBalance
@@ -111,15 +114,15 @@ def test_balancer_ignores_noise_when_balanced():
 def test_dynamic_balancing_follows_a_speed_change_in_training():
     # big enough that a layer's work (tens of ms) outweighs the fixed cost of handing it to
     # the devices' threads
-    shape = NetShape((3, 32, 32), (48, 192), 5, 10)
+    shape = net_shape((3, 32, 32), (48, 192), 5, 10)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, 32)
     devices = make_devices(parse_devices("cpu:1,cpu:1"))
     change = 6
     try:
-        cal = calibrate(devices, shape.geometries(32))
-        part = {g.name: balanced(g.K, cal.speeds[g.name]) for g in shape.geometries(32)}
+        cal = calibrate(devices, shape.blocks, 32)
+        part = {g.name: balanced(g.K, cal.speeds[g.name]) for g in shape.blocks}
         net = Net(shape, init_params(shape, 0), devices, part, CpuBackend(1))
         balance = DynamicBalance(net, cal)
         history = []
@@ -128,7 +131,7 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
                 devices[1].speed = 0.25          # the test hook: d1 becomes 4x slower
             net.train_step(x, y, SGDConfig())
             balance.after_step(step)
-            history.append(net.conv2.counts[1] / 192)
+            history.append(net.convs[1].counts[1] / 192)
     finally:
         for d in devices:
             d.close()

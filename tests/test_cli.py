@@ -1,4 +1,4 @@
-"""The command line as INTERFACE.md defines it: `pyhet train` options, the JSON summary, weight
+"""The command line as README describes it: `pyhet train` options, the JSON summary, weight
 files, checkpoints, exit statuses and messages; and the checks of `pyhet.ops`.
 
 Every run trains a tiny network (`TINY`: kernels 3,4, k = 3, one cpu:1 device, batch 8) on a
@@ -15,9 +15,8 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 from conftest import TINY, load_npz, make_npz_dataset, run_python
-from pyhet.model import PARAM_NAMES
 
-INTERFACE_FIELDS = {"steps", "epochs", "batch_size", "devices", "partition", "step_time_s",
+SUMMARY_FIELDS = {"steps", "epochs", "batch_size", "devices", "partition", "step_time_s",
                     "images_per_s", "train_loss", "test_accuracy", "conv_time_fraction"}
 
 
@@ -43,8 +42,11 @@ def assert_one_error_line(res, *words, code=1):
         assert str(w).lower() in lines[0].lower(), (w, lines[0])
 
 
+PARAM_NAMES = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias")
+
+
 def assert_params_equal(a, b, rtol=1e-6):
-    assert set(a) == set(b) == set(PARAM_NAMES)
+    assert set(a) - {"arch"} == set(b) - {"arch"} == set(PARAM_NAMES)
     for k in PARAM_NAMES:
         np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=1e-7, err_msg=k)
 
@@ -86,7 +88,7 @@ def test_json_summary_fields_and_values(cli, npz_dataset, tmp_path, n, extra, st
     assert res.code == 0, res.err
     assert len(res.out.strip().splitlines()) == 1          # --json prints only the object
     s = last_json(res.out)
-    assert INTERFACE_FIELDS <= set(s)
+    assert SUMMARY_FIELDS <= set(s)
     assert s["steps"] == steps and isinstance(s["steps"], int)
     assert s["epochs"] == pytest.approx(epochs, abs=1e-4)
     assert s["batch_size"] == 8
@@ -223,7 +225,8 @@ def test_save_writes_float32_in_pytorch_layout(cli, npz_dataset, tmp_path):
     res = cli(*train_argv(data, "--steps", "1", "--save", out))
     assert res.code == 0, res.err
     w = load_npz(out)
-    assert list(w) == list(PARAM_NAMES)
+    assert list(w) == list(PARAM_NAMES) + ["arch"]      # float32 parameters, then the network
+    assert json.loads(str(w["arch"]))["arch"] == "3C3-P2-4C3-P2"
     want = {"conv1.weight": (3, 2, 3, 3), "conv1.bias": (3,), "conv2.weight": (4, 3, 3, 3),
             "conv2.bias": (4,), "fc.weight": (5, 4 * 2 * 1), "fc.bias": (5,)}
     for k in PARAM_NAMES:
@@ -447,7 +450,7 @@ def test_other_errors_exit_1_with_one_line(cli, npz_dataset, tmp_path, case):
 
 
 def test_unusable_gpu_exits_1(cli, npz_dataset):
-    from pyhet.devices import cuda_device_count
+    from pyhet.specs import cuda_device_count
     if cuda_device_count() > 0:
         pytest.skip("a GPU is present")
     data = npz_dataset(n=16)

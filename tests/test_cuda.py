@@ -4,10 +4,9 @@ same code is exercised on a stand-in CuPy in test_devices.py)."""
 import numpy as np
 import pytest
 
-from conftest import assert_same_weights, train_weights
+from conftest import assert_same_weights, net_shape, train_weights
 from pyhet.backends import numpy_ref as ref
-from pyhet.devices import cuda_device_count
-from pyhet.model import NetShape
+from pyhet.specs import cuda_device_count
 from pyhet.optim import SGDConfig
 
 cupy = pytest.importorskip("cupy")
@@ -44,7 +43,7 @@ def test_conv_block_on_the_gpu_matches_the_reference():
     ("cpu:1,gpu:0,numpy", {"conv1": [2, 3, 2], "conv2": [3, 3, 3]}),
 ])
 def test_training_on_the_gpu_gives_the_single_device_weights(spec, part):
-    shape = NetShape((2, 13, 12), (7, 9), 3, 5)
+    shape = net_shape((2, 13, 12), (7, 9), 3, 5)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 2, 13, 12)).astype(np.float32)
     y = rng.integers(0, 5, 6)

@@ -9,13 +9,14 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import assert_same_weights, train_weights
+from conftest import assert_same_weights, net_shape, train_weights
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
-from pyhet.devices import (DeviceSpec, calibrate, check_threads, make_backend, make_devices,
-                           parse_devices)
+from pyhet.calibrate import calibrate
+from pyhet.devices import make_backend, make_devices
+from pyhet.specs import DeviceSpec, check_threads, parse_devices
 from pyhet.errors import DeviceError
-from pyhet.model import Net, NetShape, init_params
+from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import balanced
 
@@ -135,7 +136,7 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
     """The CuPy backend's own code (transfers, the reference ops on its arrays, the update),
     run on a stand-in CuPy: mixed with a cpu device it gives the single-device weights."""
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
-    shape = NetShape((2, 12, 11), (5, 6), 3, 4)
+    shape = net_shape((2, 12, 11), (5, 6), 3, 4)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((5, 2, 12, 11)).astype(np.float32)
     y = rng.integers(0, 4, 5)
@@ -151,7 +152,7 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
 
 
 def test_a_device_failing_mid_step_is_named_and_nothing_hangs():
-    shape = NetShape((1, 10, 10), (4, 4), 3, 3)
+    shape = net_shape((1, 10, 10), (4, 4), 3, 3)
     devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
     net = Net(shape, init_params(shape, 0), devices, {"conv1": [1, 2, 1], "conv2": [2, 1, 1]},
               CpuBackend(1))
@@ -195,10 +196,10 @@ def test_a_device_failing_mid_step_is_named_and_nothing_hangs():
 
 def test_calibration_sees_the_emulated_speeds():
     # big enough that each timing is milliseconds, not the cost of handing work to a thread
-    shape = NetShape((3, 32, 32), (32, 96), 5, 10)
+    shape = net_shape((3, 32, 32), (32, 96), 5, 10)
     devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
     try:
-        cal = calibrate(devices, shape.geometries(16))
+        cal = calibrate(devices, shape.blocks, 16)
     finally:
         for d in devices:
             d.close()

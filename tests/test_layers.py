@@ -112,10 +112,10 @@ def test_conv_block_gradients():
 
     def loss():
         col = ref.im2col(x, 3, 3)
-        return float((ref.conv_block_forward(col, x.shape, w, b, 2)[0] * G).sum())
+        return float((ref.conv_block_forward(col, x.shape, w, b, pool=2)[0] * G).sum())
 
     col = ref.im2col(x, 3, 3)
-    out, saved = ref.conv_block_forward(col, x.shape, w, b, 2)
+    out, saved = ref.conv_block_forward(col, x.shape, w, b, pool=2)
     dcol, dw, db = ref.conv_block_backward(G, saved, col, w)
     dx = ref.col2im(dcol, x.shape, 3, 3)
     np.testing.assert_allclose(dw, numeric_grad(loss, w), rtol=RTOL, atol=ATOL)

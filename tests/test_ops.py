@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from pyhet import _core, ops
 from pyhet.backends import numpy_ref as ref
 from pyhet.backends.cpu import CpuBackend
+from pyhet.errors import ArchitectureError
+from pyhet.geometry import ConvGeometry
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -197,20 +199,40 @@ def test_bias_relu_maxpool_overlapping_windows_accumulate():
 # The conv block of the C++ backend against the reference, forward and backward
 
 
+@st.composite
+def conv_blocks(draw):
+    """A conv block (ConvGeometry) with odd sizes, stride, padding and a pool of its own
+    window and stride (1, 1: none), and a batch size."""
+    R = draw(st.integers(1, 4))
+    stride, pad = draw(st.integers(1, 2)), draw(st.integers(0, min(2, R - 1)))
+    pool, pool_stride = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    assume(pool > 1 or pool_stride > 1 or draw(st.booleans()))
+    # at least a pool window of conv output, and up to 4 strides more
+    lo = max(1, (pool - 1) * stride + R - 2 * pad)
+    H, W = draw(st.integers(lo, lo + 4 * stride)), draw(st.integers(lo, lo + 4 * stride))
+    try:
+        g = ConvGeometry("t", draw(st.integers(1, 5)), H, W, draw(st.integers(1, 9)), R, R,
+                         stride, pad, pool, pool_stride)
+    except ArchitectureError:
+        assume(False)
+    return g, draw(st.integers(1, 3))
+
+
 @SETTINGS
-@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 9), st.integers(1, 4),
-       st.integers(1, 2), st.integers(0, 2**31))
-def test_cpu_conv_block_matches_reference(N, C, K, R, p, seed):
+@given(conv_blocks(), st.integers(0, 2**31))
+def test_cpu_conv_block_matches_reference(block, seed):
+    g, N = block
     rng = np.random.default_rng(seed)
-    H, W = R - 1 + p * rng.integers(1, 4) + rng.integers(0, p), R - 1 + p + rng.integers(0, 5)
-    x, w, b = rand(rng, N, C, H, W), rand(rng, K, C, R, R), rand(rng, K)
+    x, w, b = rand(rng, *g.x_shape(N)), rand(rng, *g.weight_shape), rand(rng, g.K)
     be = CpuBackend(2)
-    col = be.im2col(x, R, R, key="t")
-    out, saved = be.block_forward(col, x.shape, w, b, p, key="t")
-    rcol = ref.im2col(x.astype(np.float64), R, R)
+    col = be.im2col(x, g, key="t")
+    out, saved = be.block_forward(col, x.shape, w, b, g, key="t")
+    assert out.shape == g.out_batch_shape(g.K, N)
+    rcol = ref.im2col(x.astype(np.float64), g.R, g.S, g.stride, g.pad)
     rout, rsaved = ref.conv_block_forward(rcol, x.shape, w.astype(np.float64),
-                                          b.astype(np.float64), p)
-    scale = np.abs(w).reshape(K, -1).sum(1).max() * np.abs(x).max() + 1
+                                          b.astype(np.float64), g.stride, g.pad, g.pool,
+                                          g.pool_stride)
+    scale = np.abs(w).reshape(g.K, -1).sum(1).max() * np.abs(x).max() + 1
     np.testing.assert_allclose(out, rout, rtol=0, atol=1e-5 * scale)
     dout = rand(rng, *out.shape)
     dcol, dw, db = be.block_backward(dout, saved, col, w, True)
@@ -221,6 +243,9 @@ def test_cpu_conv_block_matches_reference(N, C, K, R, p, seed):
     np.testing.assert_allclose(dw, rdw, rtol=0, atol=1e-4 * (np.abs(rdw).max() + 1))
     np.testing.assert_allclose(db, rdb, rtol=0, atol=1e-4 * (np.abs(rdb).max() + 1))
     np.testing.assert_allclose(dcol, rdcol, rtol=0, atol=1e-4 * (np.abs(rdcol).max() + 1))
+    dx = be.col2im(dcol, x.shape, g)
+    rdx = ref.col2im(rdcol, x.shape, g.R, g.S, g.stride, g.pad)
+    np.testing.assert_allclose(dx, rdx, rtol=0, atol=1e-4 * (np.abs(rdx).max() + 1))
 
 
 def test_cpu_linear_matches_reference():

@@ -6,14 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_weights, train_weights
+from conftest import assert_same_weights, net_shape, train_weights
 from pyhet.backends.cpu import CpuBackend
-from pyhet.devices import make_devices, parse_devices
-from pyhet.model import Net, NetShape, init_params
+from pyhet.devices import make_devices
+from pyhet.model import Net, init_params
+from pyhet.specs import parse_devices
 from pyhet.optim import SGDConfig
 
 CFG = SGDConfig(lr=0.05, momentum=0.9, weight_decay=1e-3)
-SHAPE = NetShape((2, 13, 12), (7, 9), 3, 5)   # pooling drops a row in both blocks
+SHAPE = net_shape((2, 13, 12), (7, 9), 3, 5)   # pooling drops a row in both blocks
 
 
 def batch(seed, n=6):
@@ -60,10 +61,10 @@ def test_repartition_mid_training_keeps_the_result(reference):
         net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 2, 2], "conv2": [3, 3, 3]},
                   CpuBackend(1))
         net.train_step(*batch(0), CFG)
-        net.conv1.repartition([0, 1, 6])
-        net.conv2.repartition([8, 0, 1])
+        net.convs[0].repartition([0, 1, 6])
+        net.convs[1].repartition([8, 0, 1])
         net.train_step(*batch(1), CFG)
-        net.conv2.repartition([1, 4, 4])
+        net.convs[1].repartition([1, 4, 4])
         net.train_step(*batch(2), CFG)
         assert_same_weights(net.params(), reference[0])
     finally:

@@ -1,6 +1,6 @@
 """pyhet against PyTorch: the same network, the same weights, the same SGD steps.
 
-The network is built in torch.nn from the layers INTERFACE.md names (conv1, conv2, fc), pyhet's
+The network is built in torch.nn from the layers README names (conv1, conv2, fc), pyhet's
 weights load into it with no reshaping, and both train for a few steps of SGD with momentum and
 weight decay; the weights must agree after every step. Skipped where torch is not installed.
 
@@ -20,13 +20,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import load_npz, make_npz_dataset  # noqa: E402
+from conftest import load_npz, make_npz_dataset, net_shape  # noqa: E402
 from pyhet.backends.cpu import CpuBackend  # noqa: E402
 from pyhet.backends.numpy_ref import NumpyBackend  # noqa: E402
-from pyhet.devices import make_devices, parse_devices  # noqa: E402
-from pyhet.model import PARAM_NAMES, Net, NetShape, init_params  # noqa: E402
+from pyhet.devices import make_devices  # noqa: E402
+from pyhet.model import Net, init_params  # noqa: E402
+from pyhet.specs import parse_devices  # noqa: E402
 from pyhet.optim import SGDConfig  # noqa: E402
+from torch_ref import TorchNet, torch_model, torch_params  # noqa: E402
 
+PARAM_NAMES = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias")
 WEIGHT_RTOL = 1e-4
 FORWARD_RTOL = 1e-5
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
@@ -45,34 +48,6 @@ def torch_settings():
     torch.set_num_threads(threads)
 
 
-class TorchNet(torch.nn.Module):
-    """conv1 -> ReLU -> maxpool 2 -> conv2 -> ReLU -> maxpool 2 -> flatten -> fc."""
-
-    def __init__(self, shape: NetShape):
-        super().__init__()
-        C = shape.input_shape[0]
-        A, B = shape.kernels
-        k = shape.kernel_size
-        self.conv1 = torch.nn.Conv2d(C, A, k)
-        self.conv2 = torch.nn.Conv2d(A, B, k)
-        self.fc = torch.nn.Linear(shape.features, shape.num_classes)
-
-    def forward(self, x):
-        F = torch.nn.functional
-        h = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
-        return self.fc(torch.flatten(h, 1))
-
-
-def torch_model(shape, params):
-    """The torch model holding `params` (float32 arrays in PyTorch's layout), loaded strictly
-    and without reshaping."""
-    model = TorchNet(shape)
-    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in params.items()},
-                          strict=True)
-    return model
-
-
 def torch_sgd(model):
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM,
                            weight_decay=WEIGHT_DECAY)
@@ -88,14 +63,10 @@ def torch_step(model, opt, x, y):
     return logits.detach().numpy().copy(), loss.item()
 
 
-def torch_params(model):
-    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-
-
 def assert_close_weights(got, want, where=""):
     """max |got - want| <= WEIGHT_RTOL * max |want|, for every parameter."""
-    assert set(got) == set(want) == set(PARAM_NAMES)
-    for k in PARAM_NAMES:
+    assert list(got) == list(want)
+    for k in want:
         assert got[k].shape == want[k].shape and got[k].dtype == np.float32, (where, k)
         scale = float(np.abs(want[k]).max())
         err = float(np.abs(got[k].astype(np.float64) - want[k]).max())
@@ -149,7 +120,7 @@ def make_net():
 @pytest.mark.parametrize("case", list(CASES))
 def test_sgd_steps_match_torch(make_net, case):
     input_shape, kernels, k, classes, batch, spec, partition = CASES[case]
-    shape = NetShape(input_shape, kernels, k, classes)
+    shape = net_shape(input_shape, kernels, k, classes)
     seed = sorted(CASES).index(case)
     params = init_params(shape, seed)
     n = len(spec.split(","))
@@ -181,7 +152,7 @@ def test_sgd_steps_match_torch(make_net, case):
 
 def test_params_load_into_torch_unchanged():
     """init_params' arrays are the torch state_dict: same names, shapes and dtype."""
-    shape = NetShape((3, 31, 30), (7, 11), 4, 4)
+    shape = net_shape((3, 31, 30), (7, 11), 4, 4)
     params = init_params(shape, 0)
     model = TorchNet(shape)
     sd = model.state_dict()
@@ -206,7 +177,7 @@ def _ks_uniform(values, bound):
 def test_init_matches_torch_default_distribution():
     """pyhet's init and torch's default are both U(-1/sqrt(fan_in), 1/sqrt(fan_in)), for the
     weights and for the biases."""
-    shape = NetShape((3, 28, 28), (32, 64), 5, 10)
+    shape = net_shape((3, 28, 28), (32, 64), 5, 10)
     fan_in = {"conv1": 3 * 5 * 5, "conv2": 32 * 5 * 5, "fc": shape.features}
     params = init_params(shape, 7)
     torch.manual_seed(7)
@@ -226,7 +197,7 @@ def test_init_matches_torch_default_distribution():
 
 
 def test_init_is_seeded():
-    shape = NetShape((1, 28, 28), (4, 6), 5, 10)
+    shape = net_shape((1, 28, 28), (4, 6), 5, 10)
     a, b, c = init_params(shape, 1), init_params(shape, 1), init_params(shape, 2)
     for k in PARAM_NAMES:
         np.testing.assert_array_equal(a[k], b[k])
@@ -241,7 +212,7 @@ def test_cli_run_matches_torch(cli, tmp_path, devices):
     of 8 (8, 8, 4, then the first 8 again): the saved file loads into torch unchanged and
     holds torch's weights after the same steps."""
     # 16 x 15, k = 3: conv1 14x13 -> pool 7x6 -> conv2 5x4 -> pool 2x2; F = 5 * 2 * 2
-    shape = NetShape((1, 16, 15), (3, 5), 3, 4)
+    shape = net_shape((1, 16, 15), (3, 5), 3, 4)
     data = make_npz_dataset(tmp_path / "data.npz", n=20, shape=(1, 16, 15), classes=4, seed=3)
 
     torch.manual_seed(0)
@@ -263,5 +234,6 @@ def test_cli_run_matches_torch(cli, tmp_path, devices):
 
     saved = load_npz(tmp_path / "out.npz")
     reloaded = TorchNet(shape)
+    assert saved.pop("arch").dtype.kind == "U"              # the one non-float entry
     reloaded.load_state_dict({k: torch.from_numpy(v) for k, v in saved.items()}, strict=True)
     assert_close_weights(torch_params(reloaded), torch_params(model), f"{devices}:")

@@ -45,28 +45,28 @@ class CpuBackend:
         return a
 
     # --- im2col -----------------------------------------------------------------------------
+    # Conv methods take the layer's geometry g (pyhet.geometry.ConvGeometry).
 
-    def im2col(self, x, R, S, key=None):
+    def im2col(self, x, g, key=None):
         """x (N, C, H, W) -> col (C*R*S, N*OH*OW); with a key, into a kept buffer."""
-        N, C, H, W = x.shape
-        shape = (C * R * S, N * (H - R + 1) * (W - S + 1))
-        out = self.buffer(("col", key), shape) if key is not None else None
-        return ops.im2col(x, R, S, out=out, threads=self.threads)
+        out = self.buffer(("col", key), g.col_shape(x.shape[0])) if key is not None else None
+        return ops.im2col(x, g.R, g.S, g.stride, g.pad, out=out, threads=self.threads)
 
-    def col2im(self, dcol, x_shape, R, S):
-        return ops.col2im(dcol, x_shape, R, S, threads=self.threads)
+    def col2im(self, dcol, x_shape, g):
+        return ops.col2im(dcol, x_shape, g.R, g.S, g.stride, g.pad, threads=self.threads)
 
     # --- conv block: GEMM, then bias + ReLU + max-pool in one pass --------------------------
 
-    def block_forward(self, col, x_shape, w, b, pool, key=None):
-        """col (C*R*S, N*OH*OW), w (K, C, R, S), b (K,) -> out (N, K, PH, PW), saved."""
-        N, C, H, W = x_shape
-        K, _, R, S = w.shape
-        OH, OW = H - R + 1, W - S + 1
-        y = self.buffer(("y", key), (K, N * OH * OW)) if key is not None else None
+    def block_forward(self, col, x_shape, w, b, g, key=None):
+        """col (C*R*S, N*OH*OW), w (K, C, R, S), b (K,) -> out (N, K, PH, PW), saved.
+        The epilogue also puts the output in NCHW order; without a pool it is bias + ReLU."""
+        K = w.shape[0]
+        y_shape = g.y_shape(K, x_shape[0])                                # (K, N, OH, OW)
+        y = self.buffer(("y", key), y_shape[:1] + (col.shape[1],)) if key is not None else None
         y = ops.sgemm(w.reshape(K, -1), col, y, threads=self.threads)     # (K, N*OH*OW)
-        out, arg = ops.bias_relu_maxpool(y.reshape(K, N, OH, OW), b, pool, threads=self.threads)
-        return out, (arg, (K, N, OH, OW), pool, key)
+        out, arg = ops.bias_relu_maxpool(y.reshape(y_shape), b, g.pool, g.pool_stride,
+                                         threads=self.threads)
+        return out, (arg, y_shape, g, key)
 
     def block_backward(self, dout, saved, col, w, need_dcol):
         """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
@@ -81,9 +81,9 @@ class CpuBackend:
 
     def block_grad_output(self, dout, saved):
         """dout (N, K, PH, PW) -> dy (K, N*OH*OW): the gradient of the conv output."""
-        arg, y_shape, pool, key = saved
+        arg, y_shape, g, key = saved
         dy = self.buffer(("dy", key), y_shape) if key is not None else None
-        dy = ops.bias_relu_maxpool_backward(dout, arg, y_shape, pool, out=dy,
+        dy = ops.bias_relu_maxpool_backward(dout, arg, y_shape, g.pool, g.pool_stride, out=dy,
                                             threads=self.threads)
         return dy.reshape(y_shape[0], -1)
 
@@ -94,22 +94,24 @@ class CpuBackend:
 
     # --- work on a share of a matrix that several devices of one process fill together -----
 
-    def im2col_part(self, x, R, S, col, channels):
+    def im2col_part(self, x, g, col, channels):
         """Fill the rows of input channels [c0, c1) of the shared im2col matrix col."""
-        ops.im2col(x, R, S, out=col, channels=channels, threads=self.threads)
+        ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, channels=channels,
+                   threads=self.threads)
 
-    def input_grad_part(self, parts, dcol, dx, R, S, channels):
+    def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
         dcol[rows] = sum_j w_j[:, rows]^T @ dy_j (rows of those channels), then col2im of those
         channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]."""
-        r0, r1 = channels[0] * R * S, channels[1] * R * S
+        r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
         for j, (w2, dy) in enumerate(parts):
             ops.sgemm(w2[:, r0:r1], dy, block, trans_a=True, beta=0.0 if j == 0 else 1.0,
                       threads=self.threads)
         if not parts:
             block[...] = 0
-        ops.col2im(dcol, dx.shape, R, S, out=dx, channels=channels, threads=self.threads)
+        ops.col2im(dcol, dx.shape, g.R, g.S, g.stride, g.pad, out=dx, channels=channels,
+                   threads=self.threads)
 
     # --- the update, in one pass over memory --------------------------------------------------
 

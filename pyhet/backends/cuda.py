@@ -69,19 +69,20 @@ class CudaBackend:
         # CuPy's pool keeps freed blocks for reuse: count them as free too
         return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
 
-    # --- the conv block, on the reference code over CuPy arrays ------------------------------
+    # --- the conv block, on the reference code over CuPy arrays; g: the layer's ConvGeometry --
 
-    def im2col(self, x, R, S, key=None):
+    def im2col(self, x, g, key=None):
         self._use()
-        return ref.im2col(x, R, S)
+        return ref.im2col(x, g.R, g.S, g.stride, g.pad)
 
-    def col2im(self, dcol, x_shape, R, S):
+    def col2im(self, dcol, x_shape, g):
         self._use()
-        return ref.col2im(dcol, x_shape, R, S)
+        return ref.col2im(dcol, x_shape, g.R, g.S, g.stride, g.pad)
 
-    def block_forward(self, col, x_shape, w, b, pool, key=None):
+    def block_forward(self, col, x_shape, w, b, g, key=None):
         self._use()
-        return ref.conv_block_forward(col, x_shape, w, b, pool)
+        return ref.conv_block_forward(col, x_shape, w, b, g.stride, g.pad, g.pool,
+                                      g.pool_stride)
 
     def block_backward(self, dout, saved, col, w, need_dcol):
         self._use()

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..geometry import conv_out_size as out_size
+from ..optim import sgd_update
+
 
 def array_module(a):
     """numpy, or cupy for a CuPy array (cupy is imported only if such an array exists)."""
@@ -34,10 +37,6 @@ def host_available_memory():
     except OSError:
         pass
     return None
-
-
-def out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
-    return (size + 2 * pad - k) // stride + 1
 
 
 # ================================================================================================
@@ -195,6 +194,13 @@ def linear_backward(dy, x, w, need_dx: bool = True):
 # Softmax cross-entropy, mean over the batch
 
 
+def softmax(logits):
+    """logits (N, M) -> probabilities (N, M), each row summing to 1."""
+    xp = array_module(logits)
+    e = xp.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
 def softmax_cross_entropy(logits, labels):
     """logits (N, M), labels (N,) int -> loss (a 0-d array), dlogits (N, M)."""
     xp = array_module(logits)
@@ -209,22 +215,27 @@ def softmax_cross_entropy(logits, labels):
 
 
 # ================================================================================================
-# The conv block of the network, conv (valid, stride 1) -> ReLU -> max-pool, from the im2col
-# matrix of its input. The C++ backend fuses the same block; tests compare the two.
+# The conv block of the network, conv (stride, padding) -> ReLU -> max-pool (window, stride; none
+# when the window and stride are 1), from the im2col matrix of its input. The C++ backend fuses
+# the same block; tests compare the two.
 
 
-def conv_block_forward(col, x_shape, w, b, pool: int = 2):
+def conv_block_forward(col, x_shape, w, b, stride: int = 1, pad: int = 0, pool: int = 2,
+                       pool_stride: int | None = None):
     """col of x (N, C, H, W) -> out (N, K, PH, PW), saved (what the backward needs)."""
-    r = relu_forward(conv2d_forward_col(col, x_shape, w, b))
-    out, arg = maxpool_forward(r, pool)
+    pool_stride = pool if pool_stride is None else pool_stride
+    r = relu_forward(conv2d_forward_col(col, x_shape, w, b, stride, pad))
+    if pool == 1 and pool_stride == 1:
+        return r, (r, None)
+    out, arg = maxpool_forward(r, pool, pool_stride)
     return out, (r, arg)
 
 
 def conv_block_backward(dout, saved, col, w, need_dcol: bool = True):
     """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
     r, arg = saved
-    dy = relu_backward(maxpool_backward(dout, arg, r.shape), r)
-    return conv2d_backward_col(dy, col, w, need_dcol)
+    dr = dout if arg is None else maxpool_backward(dout, arg, r.shape)
+    return conv2d_backward_col(relu_backward(dr, r), col, w, need_dcol)
 
 
 # ================================================================================================
@@ -232,7 +243,8 @@ def conv_block_backward(dout, saved, col, w, need_dcol: bool = True):
 
 
 class NumpyBackend:
-    """The reference backend as a device kind: host arrays, plain NumPy."""
+    """The reference backend as a device kind: host arrays, plain NumPy. Conv methods take the
+    layer's geometry g (pyhet.geometry.ConvGeometry)."""
 
     name = "numpy"
     xp = np
@@ -249,14 +261,14 @@ class NumpyBackend:
     def to_host(self, a):
         return a
 
-    def im2col(self, x, R, S, key=None):
-        return im2col(x, R, S)
+    def im2col(self, x, g, key=None):
+        return im2col(x, g.R, g.S, g.stride, g.pad)
 
-    def col2im(self, dcol, x_shape, R, S):
-        return col2im(dcol, x_shape, R, S)
+    def col2im(self, dcol, x_shape, g):
+        return col2im(dcol, x_shape, g.R, g.S, g.stride, g.pad)
 
-    def block_forward(self, col, x_shape, w, b, pool, key=None):
-        return conv_block_forward(col, x_shape, w, b, pool)
+    def block_forward(self, col, x_shape, w, b, g, key=None):
+        return conv_block_forward(col, x_shape, w, b, g.stride, g.pad, g.pool, g.pool_stride)
 
     def block_backward(self, dout, saved, col, w, need_dcol):
         return conv_block_backward(dout, saved, col, w, need_dcol)
@@ -271,6 +283,4 @@ class NumpyBackend:
         return softmax_cross_entropy(logits, labels)
 
     def sgd_update(self, p, g, v, cfg):
-        from ..optim import sgd_update
-
         return sgd_update(p, g, v, cfg)

@@ -1,0 +1,273 @@
+"""The Python API: build a network, train it on arrays or a named dataset over a set of devices,
+evaluate it, predict with it, save and load it.
+
+    import pyhet
+    with pyhet.Network("32C5-P2-64C5-P2", input_shape=(1, 28, 28), num_classes=10,
+                       devices="cpu:1,cpu:1", seed=0) as net:
+        net.fit(x, y, steps=300, batch_size=64, lr=0.01)
+        probs = net.predict(x_test)               # (N, 10) float32, rows sum to 1
+        net.evaluate(x_test, y_test)              # {"loss": ..., "accuracy": ..., ...}
+        net.save("w.npz")
+    net = pyhet.load("w.npz", devices="cpu:1")
+
+Letters: x (N, C, H, W) images, y (N,) integer labels, M classes. Images are float32 (used as
+they are) or uint8 (raw pixels, prepared as the network's training images were: scaled to
+[0, 1] and, for a network trained on a named dataset, normalised with that dataset's per-channel
+statistics). Errors are pyhet.errors exceptions, with the command line's messages.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from . import arch as arch_notation
+from . import evaluation
+from .data import Dataset, Normalization, load_dataset, prepare_images, prepare_labels
+from .errors import DataError, PyhetError
+from .geometry import NetGeometry
+from .model import init_params, load_weights, network_of_file, save_weights
+from .specs import cuda_device_count, parse_devices
+from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, _run, build_net,
+                    open_devices)
+
+__all__ = ["Network", "load"]
+
+
+class Network:
+    """A CNN whose conv layers' kernels are split over devices.
+
+    arch: the network in the notation of CNN papers, e.g. ``"32C5-P2-64C3p1s2-P2-256N"``
+    (blocks joined by ``-``; ``KCk`` a conv of K kernels k x k, with ``pP`` padding and ``sS``
+    stride; ``Pk`` / ``PksS`` a max-pool; ``UN`` a hidden fc layer of U units; the classifier
+    is implicit). input_shape: (C, H, W) of one image. devices: a device SPEC such as
+    ``"cpu:1,cpu:1"``, ``"numpy"``, ``"gpu:0,cpu"`` or ``"auto"``. balance: ``"dynamic"``,
+    ``"static"`` or ``"even"``. seed: the initial weights (PyTorch's default initialisation).
+
+    The devices (each with its own worker thread) are started when first needed and stopped
+    by close() or the end of a ``with`` block; the network can be used again after close().
+    """
+
+    def __init__(self, arch: str = arch_notation.shorthand(arch_notation.DEFAULT_KERNELS),
+                 input_shape: Sequence[int] = (1, 28, 28), num_classes: int = 10, *,
+                 devices: str = "auto", balance: str = "dynamic", seed: int = 0,
+                 classes: Optional[Sequence[str]] = None,
+                 normalization: Optional[Normalization] = None,
+                 _params: Optional[dict] = None):
+        if balance not in BALANCE_MODES:
+            raise PyhetError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
+                             f"got {balance!r}")
+        if not isinstance(seed, (int, np.integer)):
+            raise PyhetError(f"seed must be an integer, got {seed!r}")
+        try:
+            shape = tuple(int(v) for v in input_shape)
+        except (TypeError, ValueError):
+            shape = ()
+        if len(shape) != 3:
+            raise PyhetError(f"input_shape must be (C, H, W), got {input_shape!r}")
+        self.geometry: NetGeometry = arch_notation.build(arch, shape, int(num_classes))
+        self.devices_spec, self.balance, self.seed = devices, balance, int(seed)
+        parse_devices(devices, gpu_count=cuda_device_count)  # a bad SPEC fails here, not later
+        self.classes = list(classes) if classes else None
+        self.normalization = normalization
+        self._params = _params if _params is not None else init_params(self.geometry, seed)
+        self._devices: list = []
+        self._net = None
+        self._calibration = None
+
+    # --- description --------------------------------------------------------------------------
+
+    @property
+    def arch(self) -> str:
+        """The network in --arch notation (canonical form)."""
+        return self.geometry.arch
+
+    @property
+    def input_shape(self) -> tuple:
+        return self.geometry.input_shape
+
+    @property
+    def num_classes(self) -> int:
+        return self.geometry.num_classes
+
+    @property
+    def partition(self) -> Optional[dict]:
+        """{layer: {device: kernels}} while the devices run, else None."""
+        return self._net.partition() if self._net is not None else None
+
+    def params(self) -> dict:
+        """The weights, {name: float32 array} in PyTorch's layout and names (copies)."""
+        if self._net is not None:
+            return self._net.params()
+        return {k: v.copy() for k, v in self._params.items()}
+
+    def __repr__(self):
+        state = "running on " + self.devices_spec if self._net is not None else "idle"
+        return (f"Network({self.arch!r}, input_shape={self.input_shape}, "
+                f"num_classes={self.num_classes}, devices={self.devices_spec!r}; {state})")
+
+    # --- devices ------------------------------------------------------------------------------
+
+    def _start(self, batch_size: int, log=None):
+        """The Net on running devices, partitioned for this batch size (first call only)."""
+        if self._net is None:
+            self._devices = open_devices(self.devices_spec)
+            try:
+                self._net, self._calibration = build_net(
+                    self.geometry, self._params, self._devices, self.balance, batch_size,
+                    self.seed, log)
+            except BaseException:
+                self.close()
+                raise
+        return self._net
+
+    def close(self) -> None:
+        """Stop the devices and their threads; the weights are kept (momentum is dropped)."""
+        if self._net is not None:
+            try:
+                self._params = self._net.params()
+            except Exception:  # a failed device: keep the last weights we had
+                pass
+        for d in self._devices:
+            d.close()
+        self._devices, self._net, self._calibration = [], None, None
+
+    def __enter__(self) -> "Network":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- training -----------------------------------------------------------------------------
+
+    def fit(self, x: Optional[np.ndarray] = None, y: Optional[np.ndarray] = None, *,
+            dataset: Optional[str] = None, data_dir: Optional[str] = None,
+            epochs: int = 1, steps: Optional[int] = None, batch_size: int = 64,
+            lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
+            shuffle: bool = True, x_test: Optional[np.ndarray] = None,
+            y_test: Optional[np.ndarray] = None,
+            callback: Optional[Callable[[dict], None]] = None, progress: bool = False) -> dict:
+        """Train with SGD (torch.optim.SGD's rule) on images x (N, C, H, W) with labels y (N,),
+        or on a named dataset (``dataset="bundled"``, ``"cifar10"``, ``"npz:FILE"``, ...).
+
+        Training runs `epochs` passes, or `steps` optimizer steps when given. Each epoch's
+        order comes from (seed, epoch). callback(info) is called after every step with
+        {"step", "steps", "epoch", "loss", "step_time_s", "images"}; progress=True also draws
+        a bar on stderr. Momentum carries over to the next fit() while the devices run.
+        Returns the summary that ``pyhet train --json`` prints (test accuracy from x_test and
+        y_test, or the dataset's test split)."""
+        ds = self._training_data(x, y, dataset, data_dir, x_test, y_test)
+        cfg = TrainConfig(arch=self.arch, dataset=ds.name, devices=self.devices_spec,
+                          balance=self.balance, batch_size=batch_size, epochs=epochs,
+                          steps=steps, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                          seed=self.seed, shuffle=shuffle, progress=progress)
+        try:
+            cfg.check()
+        except ValueError as e:
+            raise PyhetError(str(e)) from None
+        if ds.normalization is not None:
+            self.normalization = ds.normalization
+        if ds.classes and not self.classes:
+            self.classes = list(ds.classes)
+        log = sys.stderr if progress else io.StringIO()
+        net = self._start(batch_size, log if progress else None)
+        balance = (DynamicBalance(net, self._calibration)
+                   if self.balance == "dynamic" and self._calibration else None)
+        result = _run(cfg, ds, net, {"step": 0, "epoch": 0, "batch": 0}, log, balance,
+                      callback)
+        result["calibration"] = (self._calibration.as_dict(self._devices)
+                                 if self._calibration else None)
+        result["partition_moves"] = balance.moves if balance else []
+        return result
+
+    def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:
+        if dataset is not None:
+            if x is not None or y is not None:
+                raise PyhetError("fit: give either arrays (x, y) or dataset=, not both")
+            ds = load_dataset(dataset, data_dir, seed=self.seed)
+            if ds.input_shape != self.input_shape or ds.num_classes != self.num_classes:
+                raise DataError(f"dataset {dataset}: {ds.num_classes} classes of "
+                                f"{'x'.join(map(str, ds.input_shape))} images, but the network "
+                                f"takes {'x'.join(map(str, self.input_shape))} images and has "
+                                f"{self.num_classes} classes")
+            if x_test is not None:
+                ds.x_test, ds.y_test = self._xy(x_test, y_test, "x_test", "y_test")
+            return ds
+        if x is None or y is None:
+            raise PyhetError("fit: needs images x and labels y, or dataset=")
+        xs, ys = self._xy(x, y, "x", "y")
+        xt = yt = None
+        if x_test is not None or y_test is not None:
+            xt, yt = self._xy(x_test, y_test, "x_test", "y_test")
+        return Dataset("arrays", xs, ys, xt, yt, self.num_classes, self.classes, "arrays",
+                       self.normalization)
+
+    def _xy(self, x, y, xname, yname):
+        if x is None or y is None:
+            raise PyhetError(f"{xname} and {yname} go together: give both or neither")
+        xs = self._images(x, xname)
+        return xs, prepare_labels(y, len(xs), self.num_classes, yname)
+
+    def _images(self, x, what="x"):
+        return prepare_images(x, self.input_shape, self.normalization, what)
+
+    # --- using it -----------------------------------------------------------------------------
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """x (N, C, H, W) -> class probabilities (N, M) float32, each row summing to 1,
+        computed batch by batch on the devices."""
+        batch_size = _positive(batch_size, "batch_size")
+        xs = self._images(x)
+        net = self._start(batch_size)
+        return evaluation.probabilities(net, xs, batch_size)
+
+    def evaluate(self, x: Optional[np.ndarray] = None, y: Optional[np.ndarray] = None, *,
+                 dataset: Optional[str] = None, data_dir: Optional[str] = None,
+                 batch_size: int = 64) -> dict:
+        """The loss, accuracy and per-class accuracy on images x (N, C, H, W) with labels y,
+        or on a named dataset's test split: {"loss", "accuracy", "per_class_accuracy",
+        "images"}."""
+        batch_size = _positive(batch_size, "batch_size")
+        if dataset is not None:
+            if x is not None or y is not None:
+                raise PyhetError("evaluate: give either arrays (x, y) or dataset=, not both")
+            ds = load_dataset(dataset, data_dir, seed=self.seed)
+            if ds.x_test is None:
+                raise DataError(f"dataset {dataset} has no test split to evaluate on")
+            if ds.input_shape != self.input_shape:
+                raise DataError(f"dataset {dataset} has {'x'.join(map(str, ds.input_shape))} "
+                                f"images, but the network takes "
+                                f"{'x'.join(map(str, self.input_shape))}")
+            xs = ds.x_test
+            ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
+        else:
+            xs, ys = self._xy(x, y, "x", "y")
+        net = self._start(batch_size)
+        return evaluation.evaluate(net, xs, ys, batch_size)
+
+    def save(self, path: "str | os.PathLike") -> None:
+        """Write the weights (float32, PyTorch's names and layout) and the network's
+        description to an .npz; pyhet.load() needs nothing else."""
+        save_weights(path, self.params(), self.geometry, self.classes, self.normalization)
+
+
+def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dynamic",
+         input_shape: Optional[Sequence[int]] = None) -> Network:
+    """The Network saved in a weight file. input_shape (C, H, W) is needed only for files of
+    earlier versions, which do not record it."""
+    geometry, meta = network_of_file(path, tuple(input_shape) if input_shape else None)
+    params = load_weights(path, geometry)
+    meta = meta or {}
+    return Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
+                   balance=balance, classes=meta.get("classes"),
+                   normalization=meta.get("normalization"), _params=params)
+
+
+def _positive(v, name) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise PyhetError(f"{name} must be a whole number >= 1, got {v!r}")
+    return int(v)

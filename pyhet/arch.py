@@ -1,0 +1,124 @@
+"""The --arch notation of CNN papers, parsed into a NetGeometry.
+
+Blocks are joined by ``-``, left to right from the input:
+
+    32C5        convolution, 32 kernels of 5x5, stride 1, no padding, then ReLU
+    32C3p1s2    the same with zero padding 1 and stride 2 (either suffix may be left out)
+    P2, P3s2    max-pool 2x2 stride 2; 3x3 stride 2 (floor mode); it ends the conv before it
+    256N        a hidden fully connected layer of 256 units, then ReLU
+
+The classifier (fc to the number of classes) is implicit at the end. Conv blocks (each with an
+optional pool) come first, then the hidden fc layers. ``--kernels A,B`` with ``--kernel-size k``
+is the shorthand ``AC{k}-P2-BC{k}-P2``; the paper's network is ``500C5-P2-1500C5-P2``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ArchitectureError
+from .geometry import ConvGeometry, NetGeometry
+
+DEFAULT_KERNELS = (32, 64)
+DEFAULT_KERNEL_SIZE = 5
+PAPER_ARCH = "500C5-P2-1500C5-P2"
+
+_CONV = re.compile(r"^(\d+)C(\d+)((?:[ps]\d+)*)$")
+_POOL = re.compile(r"^P(\d+)(?:s(\d+))?$")
+_FC = re.compile(r"^(\d+)N$")
+_FORMS = "32C5, 32C3p1s2, P2, P3s2 or 256N"
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    kernels: int
+    size: int
+    stride: int = 1
+    pad: int = 0
+    pool: int = 1
+    pool_stride: int = 1
+
+
+def shorthand(kernels, kernel_size: int = DEFAULT_KERNEL_SIZE) -> str:
+    """The --arch form of --kernels A,B and --kernel-size k: two conv blocks, each pooled 2x2."""
+    return "-".join(f"{int(k)}C{int(kernel_size)}-P2" for k in kernels)
+
+
+def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
+    """An --arch SPEC -> (conv blocks, hidden fc units). Shapes are not checked here: see
+    build(), which knows the input."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ArchitectureError(f"empty --arch: expected blocks such as {PAPER_ARCH!r}")
+    convs: list[ConvSpec] = []
+    hidden: list[int] = []
+    previous = None  # the kind of the block before: "conv", "pool" or "fc"
+    for n, raw in enumerate(spec.strip().split("-"), start=1):
+        tok = raw.strip()
+        where = f"--arch {spec!r}, block {n} ({tok!r})"
+        if m := _CONV.match(tok):
+            if hidden:
+                raise ArchitectureError(f"{where}: a conv block after a fully connected layer; "
+                                        f"conv blocks come first, then the fc layers")
+            suffix = dict.fromkeys("ps")
+            for key, value in re.findall(r"([ps])(\d+)", m[3]):
+                if suffix[key] is not None:
+                    raise ArchitectureError(f"{where}: {key!r} is given twice")
+                suffix[key] = int(value)
+            conv = ConvSpec(int(m[1]), int(m[2]), suffix["s"] or 1, suffix["p"] or 0)
+            if conv.kernels < 1 or conv.size < 1 or conv.stride < 1:
+                raise ArchitectureError(f"{where}: kernels, kernel size and stride must be "
+                                        f">= 1")
+            if suffix["s"] == 0:
+                raise ArchitectureError(f"{where}: the stride must be >= 1")
+            convs.append(conv)
+            previous = "conv"
+        elif m := _POOL.match(tok):
+            if previous != "conv":
+                raise ArchitectureError(f"{where}: a pool must follow a conv block (32C5-P2)")
+            k = int(m[1])
+            s = int(m[2]) if m[2] is not None else k
+            if k < 1 or s < 1:
+                raise ArchitectureError(f"{where}: pool window and stride must be >= 1")
+            if k == 1 and s == 1:
+                raise ArchitectureError(f"{where}: a 1x1 pool of stride 1 changes nothing; leave "
+                                        f"it out for a block without pooling")
+            last = convs[-1]
+            convs[-1] = ConvSpec(last.kernels, last.size, last.stride, last.pad, k, s)
+            previous = "pool"
+        elif m := _FC.match(tok):
+            if not convs:
+                raise ArchitectureError(f"{where}: fc layers come after the conv blocks; the "
+                                        f"network needs at least one conv block first")
+            if int(m[1]) < 1:
+                raise ArchitectureError(f"{where}: an fc layer needs >= 1 unit")
+            hidden.append(int(m[1]))
+            previous = "fc"
+        else:
+            raise ArchitectureError(f"{where}: not a block; expected forms like {_FORMS}")
+    if not convs:
+        raise ArchitectureError(f"--arch {spec!r}: the network needs at least one conv block "
+                                f"(such as 32C5)")
+    return convs, hidden
+
+
+def build(spec: str, input_shape, num_classes: int) -> NetGeometry:
+    """The geometry of the network `spec` on inputs of `input_shape` (C, H, W); a shape that
+    cannot work raises ArchitectureError naming the block and the sizes."""
+    convs, hidden = parse(spec)
+    C, H, W = (int(v) for v in input_shape)
+    images = f"{C}x{H}x{W}"
+    blocks = []
+    for i, c in enumerate(convs):
+        try:
+            g = ConvGeometry(f"conv{i + 1}", C, H, W, c.kernels, c.size, c.size, c.stride,
+                             c.pad, c.pool, c.pool_stride)
+        except ArchitectureError as e:
+            raise ArchitectureError(f"--arch {spec!r} on {images} images: {e}") from None
+        blocks.append(g)
+        C, H, W = g.out_shape
+    try:
+        return NetGeometry(tuple(int(v) for v in input_shape), tuple(blocks), tuple(hidden),
+                           int(num_classes))
+    except ArchitectureError as e:
+        raise ArchitectureError(f"--arch {spec!r}: {e}") from None

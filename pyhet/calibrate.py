@@ -1,0 +1,98 @@
+"""Calibration: each device's speed on the real layer shapes, measured before training.
+
+Letters as in pyhet.geometry; N is the batch size the devices are timed at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .devices import Device
+from .geometry import ConvGeometry
+
+
+@dataclass
+class Calibration:
+    """Per layer and device: kernels per second, fixed overhead per step (s), memory cap."""
+    speeds: dict      # layer -> [kernels/s per device]
+    overheads: dict   # layer -> [s per device]
+    caps: dict        # layer -> [max kernels per device]
+
+    def as_dict(self, devices) -> dict:
+        return {layer: {d.name: {"kernels_per_s": round(self.speeds[layer][i], 3),
+                                 "overhead_s": round(self.overheads[layer][i], 6),
+                                 "memory_cap": self.caps[layer][i]}
+                        for i, d in enumerate(devices)} for layer in self.speeds}
+
+
+def _trial_kernels(device: Device, K: int) -> int:
+    # enough kernels for the GEMMs to run at speed and to outweigh the fixed costs; more on a
+    # GPU, whose fixed costs are higher
+    return max(1, min(K, 256 if device.kind == "gpu" else 64))
+
+
+def _time_block(device: Device, g: ConvGeometry, k: int, x, rng) -> float:
+    """Seconds for one forward and backward of k kernels of layer g on the batch x (as the
+    device's own work, emulated slowness included)."""
+    layer = f"calibrate/{g.name}"
+    w = (rng.standard_normal((k, g.C, g.R, g.S)) * 0.1).astype(np.float32)
+    device.call("calibration", device.load_shard, layer, g, w, np.zeros(k, np.float32))
+    dout = np.ones(g.out_batch_shape(k, x.shape[0]), np.float32)
+    t0 = device.busy_s
+    device.call("calibration", device.conv_forward, layer, x)
+    device.call("calibration", device.conv_backward, layer, dout, "own")
+    took = device.busy_s - t0
+    device.call("calibration", device.drop_shard, layer)
+    return took
+
+
+def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -> Calibration:
+    """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
+    short run on the real shapes.
+
+    The devices are timed one at a time (so that devices sharing cores or memory bandwidth do
+    not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
+    the best time of each is kept, so that a drift of the machine hits all of them alike.
+
+    A device of the host group does all its work (its kernels, and its shares of the im2col and
+    of the input gradient) at its own pace, so its time is taken as proportional to its share:
+    speed = k / t(k), no overhead. Another device (a GPU) also pays fixed costs whatever its
+    share (moving the layer's input and output, its own im2col): t(k) = overhead + k / speed is
+    fitted through two kernel counts.
+    """
+    rng = np.random.default_rng(seed)
+    speeds, overheads, caps = {}, {}, {}
+    for g in geometries:
+        x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
+        trials = []  # (device index, kernels)
+        for i, d in enumerate(devices):
+            kb = _trial_kernels(d, g.K)
+            trials.append((i, kb))
+            if not d.shares_host_memory and kb // 4 >= 1 and kb // 4 < kb:
+                trials.append((i, kb // 4))
+        for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
+            for _ in range(2):
+                _time_block(devices[i], g, k, x, rng)
+        best = {t: float("inf") for t in trials}
+        for _ in range(rounds):
+            for i, k in trials:
+                best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng))
+        speeds[g.name], overheads[g.name], caps[g.name] = [], [], []
+        for i, d in enumerate(devices):
+            kb = _trial_kernels(d, g.K)
+            tb = best[(i, kb)]
+            speed, overhead = kb / tb, 0.0
+            if (i, kb // 4) in best and kb // 4 < kb:
+                ka, ta = kb // 4, best[(i, kb // 4)]
+                slope = (tb - ta) / (kb - ka)
+                if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
+                    speed, overhead = 1.0 / slope, tb - kb * slope
+            free = d.free_memory()
+            cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
+                                               g.bytes_per_kernel(batch))
+            speeds[g.name].append(speed)
+            overheads[g.name].append(overhead)
+            caps[g.name].append(min(g.K, cap))
+    return Calibration(speeds, overheads, caps)

@@ -1,0 +1,41 @@
+"""Using a trained network: class probabilities, and the loss and accuracy on labelled images.
+
+Images go through the network in batches (by default of the training size, the memory the
+devices were sized for). Letters: x (N, C, H, W), y (N,) labels, M classes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .backends import numpy_ref as ref
+from .data import iterate_batches
+
+
+def logits(net, x, batch_size: int):
+    """x (N, C, H, W) float32 -> logits (N, M) float32, batch by batch."""
+    out = [np.asarray(net.forward(xb), np.float32)
+           for xb, _ in iterate_batches(x, np.zeros(len(x)), batch_size, False)]
+    return np.concatenate(out) if out else np.zeros((0, net.shape.num_classes), np.float32)
+
+
+def probabilities(net, x, batch_size: int):
+    """x (N, C, H, W) -> softmax probabilities (N, M) float32; each row sums to 1."""
+    return ref.softmax(logits(net, x, batch_size)).astype(np.float32)
+
+
+def evaluate(net, x, y, batch_size: int) -> dict:
+    """The mean cross-entropy loss, the accuracy and the accuracy of each class (None for a
+    class with no image) on x (N, C, H, W) with labels y (N,)."""
+    z = logits(net, x, batch_size)
+    y = np.asarray(y)
+    M = net.shape.num_classes
+    loss, _ = ref.softmax_cross_entropy(z.astype(np.float64), y)
+    pred = z.argmax(axis=1)
+    right = pred == y
+    per_class = []
+    for c in range(M):
+        n = int((y == c).sum())
+        per_class.append(float(right[y == c].mean()) if n else None)
+    return {"loss": float(loss), "accuracy": float(right.mean()) if len(y) else None,
+            "per_class_accuracy": per_class, "images": int(len(y))}

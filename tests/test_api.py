@@ -1,0 +1,344 @@
+"""The Python API (pyhet.Network, pyhet.load) and the commands that use trained weights
+(`pyhet evaluate`, `pyhet predict`): README's example as written, save and load, evaluation
+against the training summary, predictions against an independent forward pass and torch, the
+threads left behind, and bad input.
+
+x (N, C, H, W) images, y (N,) labels, M classes.
+"""
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyhet
+from conftest import load_npz, make_npz_dataset
+from pyhet import data
+from pyhet.errors import ArchitectureError, DeviceError, PyhetError, WeightsError
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+ARCH = "4C3p1-P2-5C3s2-6N"          # 12x12 -> conv 12x12 -> pool 6x6 -> conv 3x3 -> 6 -> fc
+
+
+def pyhet_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("pyhet-")]
+
+
+def arrays(n=40, shape=(1, 12, 12), classes=3, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    if dtype == np.uint8:
+        x = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    else:
+        x = rng.standard_normal((n, *shape)).astype(np.float32)
+    return x, rng.integers(0, classes, n)
+
+
+# ================================================================ README's example, as written
+
+def readme_python_example():
+    text = README.read_text()
+    section = text[text.index("## Using it from Python"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_readme_example_runs_as_written(tmp_path):
+    code = readme_python_example()
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "step 150/150: loss" in p.stdout
+    acc = float(re.search(r"test accuracy: ([0-9.]+)", p.stdout).group(1))
+    assert acc > 0.6, p.stdout                       # 150 steps of a small network
+    assert (tmp_path / "fmnist.npz").is_file()
+    classes = re.search(r"classes: \[([0-9 ]+)\]", p.stdout).group(1).split()
+    assert len(classes) == 5
+
+
+# ================================================================ fit, predict, evaluate, save, load
+
+def test_fit_predict_evaluate_save_load_and_no_threads_left(tmp_path):
+    x, y = arrays()
+    seen = []
+    with pyhet.Network(ARCH, input_shape=(1, 12, 12), num_classes=3, devices="cpu:1,numpy",
+                       seed=3) as net:
+        assert pyhet_threads() == []                  # devices start when first needed
+        s = net.fit(x, y, steps=4, batch_size=8, lr=0.05, callback=seen.append,
+                    x_test=x[:10], y_test=y[:10])
+        assert len(pyhet_threads()) == 2
+        assert [i["step"] for i in seen] == [1, 2, 3, 4]
+        assert all(i["steps"] == 4 and i["images"] == 8 for i in seen)
+        assert s["steps"] == 4 and s["arch"] == ARCH and s["kernels"] == [4, 5]
+        assert set(s["partition"]) == {"conv1", "conv2"}
+        assert s["train_loss"] == seen[-1]["loss"]
+        probs = net.predict(x, batch_size=7)
+        assert probs.shape == (40, 3) and probs.dtype == np.float32
+        np.testing.assert_allclose(probs.sum(axis=1), 1, rtol=1e-5)
+        ev = net.evaluate(x[:10], y[:10])
+        assert ev["accuracy"] == s["test_accuracy"]
+        assert ev["loss"] == pytest.approx(s["test_loss"], rel=1e-12)
+        assert ev["images"] == 10 and len(ev["per_class_accuracy"]) == 3
+        net.save(tmp_path / "w.npz")
+        params = net.params()
+    assert pyhet_threads() == []                      # close() stopped them
+
+    back = pyhet.load(tmp_path / "w.npz", devices="cpu:1")
+    try:
+        assert back.arch == ARCH and back.input_shape == (1, 12, 12) and back.num_classes == 3
+        for k, v in back.params().items():
+            np.testing.assert_array_equal(v, params[k], err_msg=k)
+        # the same weights on other devices: the same probabilities (float32 rounding apart)
+        np.testing.assert_allclose(back.predict(x), probs, rtol=1e-5, atol=1e-6)
+    finally:
+        back.close()
+    assert pyhet_threads() == []
+
+
+def test_network_can_be_used_again_after_close():
+    x, y = arrays()
+    net = pyhet.Network(ARCH, input_shape=(1, 12, 12), num_classes=3, devices="numpy")
+    net.fit(x, y, steps=2, batch_size=8)
+    before = net.params()
+    net.close()
+    np.testing.assert_array_equal(net.params()["fc.weight"], before["fc.weight"])
+    net.fit(x, y, steps=1, batch_size=8)                 # devices start again
+    assert not np.array_equal(net.params()["fc.weight"], before["fc.weight"])
+    net.close()
+    assert pyhet_threads() == []
+
+
+def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):
+    """Network.fit on an npz's arrays trains exactly as `pyhet train` does on that npz."""
+    path = tmp_path / "d.npz"
+    d = make_npz_dataset(path, n=24, shape=(1, 12, 12), classes=3, n_test=6)
+    res = cli("train", "--dataset", f"npz:{path}", "--arch", ARCH, "--devices", "cpu:1",
+              "--batch-size", "8", "--steps", "5", "--seed", "4", "--save", tmp_path / "c.npz",
+              "--quiet", "--json")
+    assert res.code == 0, res.err
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", seed=4) as net:
+        s = net.fit(d["x"], d["y"], steps=5, batch_size=8, x_test=d["x_test"],
+                    y_test=d["y_test"])
+        got = net.params()
+    want = load_npz(tmp_path / "c.npz")
+    for k in got:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert s["test_accuracy"] == json.loads(res.out.splitlines()[-1])["test_accuracy"]
+
+
+def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
+    """Trained on `bundled`, the network keeps the per-channel normalisation, so raw uint8
+    pixels given later are prepared exactly as the training images were."""
+    ds = data.load_dataset("bundled")
+    raw, _, _, _ = data.read_idx_split(data.BUNDLED_DIR, "test")          # (N, 28, 28) uint8
+    raw = raw[:, None]
+    np.testing.assert_array_equal(ds.normalization.apply(raw), ds.x_test)
+    with pyhet.Network("3C5-P2-4C5-P2", (1, 28, 28), 10, devices="cpu:1") as net:
+        net.fit(dataset="bundled", steps=2, batch_size=16)
+        net.save(tmp_path / "w.npz")
+    net = pyhet.load(tmp_path / "w.npz", devices="cpu:1")
+    with net:
+        assert net.classes == data.FASHION_MNIST_CLASSES
+        np.testing.assert_array_equal(net.predict(raw[:20]), net.predict(ds.x_test[:20]))
+
+
+# ================================================================ bad input
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    ({"arch": "4C3-P2-P2"}, ArchitectureError, ["block 3", "pool must follow a conv"]),
+    ({"arch": "4C13"}, ArchitectureError, ["conv1", "13x13 kernel", "12x12"]),
+    ({"input_shape": (12, 12)}, PyhetError, ["input_shape", "(C, H, W)"]),
+    ({"devices": "cpu:1,tpu"}, DeviceError, ["tpu"]),
+    ({"balance": "fast"}, PyhetError, ["balance", "dynamic"]),
+])
+def test_network_refuses_bad_arguments(kwargs, error, words):
+    args = {"arch": ARCH, "input_shape": (1, 12, 12), "num_classes": 3, **kwargs}
+    with pytest.raises(error) as e:
+        pyhet.Network(args.pop("arch"), args.pop("input_shape"), args.pop("num_classes"),
+                      **args)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    assert pyhet_threads() == []
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda n, x, y: n.fit(x[:, :, :10], y, steps=1), ["(N, 1, 12, 12)", "(40, 1, 10, 12)"]),
+    (lambda n, x, y: n.fit(x.astype(np.float64), y, steps=1), ["float32", "uint8", "float64"]),
+    (lambda n, x, y: n.fit(x, y[:-1], steps=1), ["40 labels", "(39,)"]),
+    (lambda n, x, y: n.fit(x, y + 3, steps=1), ["0..2"]),
+    (lambda n, x, y: n.fit(x, y.astype(np.float32), steps=1), ["integer"]),
+    (lambda n, x, y: n.fit(x, y, steps=0), ["--steps", ">= 1"]),
+    (lambda n, x, y: n.fit(steps=1), ["x", "dataset="]),
+    (lambda n, x, y: n.fit(dataset="cifar10x", steps=1), ["unknown dataset"]),
+    (lambda n, x, y: n.predict(x[0]), ["(N, 1, 12, 12)", "(1, 12, 12)"]),
+    (lambda n, x, y: n.predict(x.tolist()), ["numpy array", "list"]),
+    (lambda n, x, y: n.predict(x, batch_size=0), ["batch_size", ">= 1"]),
+    (lambda n, x, y: n.evaluate(x, None), ["y"]),
+])
+def test_network_methods_refuse_bad_input(call, words):
+    x, y = arrays()
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        before = net.params()
+        with pytest.raises(PyhetError) as e:
+            call(net, x, y)
+        for k, v in net.params().items():          # nothing trained, nothing lost
+            np.testing.assert_array_equal(v, before[k])
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_load_refuses_bad_files(tmp_path):
+    with pytest.raises(WeightsError, match="no such file"):
+        pyhet.load(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(WeightsError, match="not a readable .npz"):
+        pyhet.load(tmp_path / "junk.npz")
+    np.savez(tmp_path / "other.npz", a=np.zeros(3, np.float32))
+    with pytest.raises(WeightsError, match="no network description"):
+        pyhet.load(tmp_path / "other.npz")
+
+
+# ================================================================ pyhet evaluate / predict
+
+def train_to_file(cli, tmp_path, devices="cpu:1,cpu:1", extra=()):
+    path = tmp_path / "d.npz"
+    d = make_npz_dataset(path, n=40, shape=(1, 12, 12), classes=3, n_test=17, seed=2)
+    res = cli("train", "--dataset", f"npz:{path}", "--arch", ARCH, "--devices", devices,
+              "--batch-size", "8", "--steps", "6", "--lr", "0.1", "--save", tmp_path / "w.npz",
+              "--quiet", "--json", *extra)
+    assert res.code == 0, res.err
+    return path, d, json.loads(res.out.splitlines()[-1])
+
+
+@pytest.mark.parametrize("devices", ["cpu:1,cpu:1", "numpy"])
+def test_evaluate_reproduces_the_training_summary(cli, tmp_path, devices):
+    path, d, summary = train_to_file(cli, tmp_path, devices)
+    res = cli("evaluate", "--weights", tmp_path / "w.npz", "--dataset", f"npz:{path}",
+              "--devices", devices, "--batch-size", "8", "--json")
+    assert res.code == 0, res.err
+    ev = json.loads(res.out.splitlines()[-1])
+    assert ev["accuracy"] == summary["test_accuracy"]            # exactly
+    assert ev["loss"] == summary["test_loss"]
+    assert ev["images"] == 17 and ev["arch"] == ARCH
+    y = d["y_test"]
+    assert sum(a * (y == c).sum() for c, a in enumerate(ev["per_class_accuracy"])) == \
+        pytest.approx(ev["accuracy"] * 17)
+    human = cli("evaluate", "--weights", tmp_path / "w.npz", "--dataset", f"npz:{path}",
+                "--devices", devices)
+    assert human.code == 0 and f"accuracy {ev['accuracy']:.4f}" in human.out
+
+
+def test_predict_prints_and_writes_probabilities(cli, tmp_path):
+    path, d, _ = train_to_file(cli, tmp_path)
+    x = d["x_test"]
+    np.save(tmp_path / "x.npy", x)
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "x.npy",
+              "--devices", "cpu:1")
+    assert res.code == 0, res.err
+    lines = [json.loads(line) for line in res.out.splitlines()]
+    assert len(lines) == len(x)
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", path, "--output",
+              tmp_path / "p.npz", "--devices", "cpu:1,cpu:1")       # an npz: its array x
+    assert res.code == 0 and res.out == "", res.err
+    out = load_npz(tmp_path / "p.npz")
+    assert out["probabilities"].shape == (40, 3) and out["classes"].shape == (40,)
+    np.testing.assert_array_equal(out["classes"], out["probabilities"].argmax(axis=1))
+    with pyhet.load(tmp_path / "w.npz", devices="numpy") as net:
+        want = net.predict(d["x"])
+    np.testing.assert_allclose(out["probabilities"], want, rtol=1e-5, atol=1e-6)
+    for line, p in zip(lines, net.predict(x)):
+        assert line["class"] == int(np.argmax(line["probabilities"]))
+        np.testing.assert_allclose(line["probabilities"], p, atol=2e-6)
+    net.close()
+
+
+def test_predict_agrees_with_torch_for_every_image(cli, tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch_ref import torch_model
+
+    path, d, _ = train_to_file(cli, tmp_path)
+    np.save(tmp_path / "x.npy", d["x"])
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "x.npy",
+              "--output", tmp_path / "p.npz", "--devices", "cpu:1,numpy")
+    assert res.code == 0, res.err
+    got = load_npz(tmp_path / "p.npz")
+    w = load_npz(tmp_path / "w.npz")
+    shape = pyhet.load(tmp_path / "w.npz", devices="numpy").geometry
+    model = torch_model(shape, w)                                  # strict load_state_dict
+    with torch.no_grad():
+        logits = model(torch.from_numpy(d["x"])).numpy()
+    np.testing.assert_array_equal(got["classes"], logits.argmax(axis=1))
+
+
+def test_files_of_earlier_versions_still_evaluate_and_predict(cli, tmp_path):
+    """A two-block file with no arch entry: its network is read off the arrays, the input
+    shape from the dataset or the input."""
+    path, d, summary = train_to_file(cli, tmp_path, "cpu:1", ["--arch", "4C3-P2-5C3-P2"])
+    w = {k: v for k, v in load_npz(tmp_path / "w.npz").items() if k != "arch"}
+    np.savez(tmp_path / "old.npz", **w)
+    res = cli("evaluate", "--weights", tmp_path / "old.npz", "--dataset", f"npz:{path}",
+              "--devices", "cpu:1", "--batch-size", "8", "--json")
+    assert res.code == 0, res.err
+    assert json.loads(res.out.splitlines()[-1])["accuracy"] == summary["test_accuracy"]
+    np.save(tmp_path / "x.npy", d["x_test"])
+    res = cli("predict", "--weights", tmp_path / "old.npz", "--input", tmp_path / "x.npy",
+              "--devices", "cpu:1")
+    assert res.code == 0 and len(res.out.splitlines()) == 17, res.err
+
+
+@pytest.mark.parametrize("case", ["wrong shape", "wrong dtype", "missing input", "no x",
+                                  "missing weights", "no test split"])
+def test_evaluate_and_predict_refuse_bad_input(cli, tmp_path, case):
+    path, d, _ = train_to_file(cli, tmp_path, "cpu:1")
+    weights = tmp_path / "w.npz"
+    if case == "wrong shape":
+        np.save(tmp_path / "x.npy", np.zeros((2, 1, 10, 12), np.float32))
+        argv, words = ["predict", "--input", tmp_path / "x.npy"], ["(1, 10, 12)", ARCH,
+                                                                  "(1, 12, 12)"]
+    elif case == "wrong dtype":
+        np.save(tmp_path / "x.npy", np.zeros((2, 1, 12, 12), np.float64))
+        argv, words = ["predict", "--input", tmp_path / "x.npy"], ["float64", "float32"]
+    elif case == "missing input":
+        argv, words = ["predict", "--input", tmp_path / "nope.npy"], ["nope.npy", "no such"]
+    elif case == "no x":
+        np.savez(tmp_path / "x.npz", images=np.zeros((2, 1, 12, 12), np.float32))
+        argv, words = ["predict", "--input", tmp_path / "x.npz"], ["no array 'x'", "images"]
+    elif case == "missing weights":
+        weights = tmp_path / "gone.npz"
+        argv, words = ["evaluate", "--dataset", f"npz:{path}"], ["gone.npz", "no such file"]
+    else:
+        make_npz_dataset(tmp_path / "train-only.npz", n=8, shape=(1, 12, 12), classes=3)
+        argv, words = ["evaluate", "--dataset", f"npz:{tmp_path / 'train-only.npz'}"], [
+            "no test split"]
+    res = cli(*argv, "--weights", weights, "--devices", "cpu:1")
+    assert res.code == 1, (res.code, res.err)
+    lines = [line for line in res.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.err, res.err
+    for w in words:
+        assert str(w) in lines[0], (w, lines[0])
+    assert res.out == ""
+
+
+def test_arch_errors_are_refused_before_training(cli, npz_dataset):
+    """A description that cannot be parsed is a usage error (2); a network that does not fit
+    the data's images is refused with exit status 1, naming the block and the sizes."""
+    data_path = npz_dataset(n=8, shape=(1, 12, 12))
+    for argv, code, words in [
+        (["--arch", "4C3-P2-8C7"], 1, ["conv2", "7x7 kernel", "5x5 input", "1x12x12"]),
+        (["--arch", "4C3-P2-4C3-P4"], 1, ["conv2", "4x4 pool", "3x3 conv output"]),
+        (["--arch", "4C3-P2", "--kernels", "3,4"], 2, ["--arch", "--kernels"]),
+        (["--arch", "4C3-256N-8C3"], 2, ["block 3", "after a fully connected"]),
+        (["--arch", "4K3"], 2, ["block 1", "not a block"]),
+        (["--arch", "4C3-P1"], 2, ["block 2", "leave it out"]),
+    ]:
+        res = cli("train", "--dataset", f"npz:{data_path}", "--devices", "cpu:1", "--steps",
+                  "1", "--quiet", *argv)
+        assert res.code == code, (argv, res.err)
+        assert "Traceback" not in res.err and "trained" not in res.out
+        last = res.err.strip().splitlines()[-1]
+        for w in words:
+            assert w in last, (argv, w, last)
