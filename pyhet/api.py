@@ -32,8 +32,8 @@ from .errors import DataError, PyhetError
 from .geometry import NetGeometry
 from .model import init_params, load_weights, network_of_file, save_weights
 from .specs import cuda_device_count, parse_devices
-from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, _run, build_net,
-                    open_devices)
+from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, open_devices,
+                    run_steps)
 
 __all__ = ["Network", "load"]
 
@@ -177,8 +177,8 @@ class Network:
         net = self._start(batch_size, log if progress else None)
         balance = (DynamicBalance(net, self._calibration)
                    if self.balance == "dynamic" and self._calibration else None)
-        result = _run(cfg, ds, net, {"step": 0, "epoch": 0, "batch": 0}, log, balance,
-                      callback)
+        result = run_steps(cfg, ds, net, {"step": 0, "epoch": 0, "batch": 0}, log, balance,
+                           callback)
         result["calibration"] = (self._calibration.as_dict(self._devices)
                                  if self._calibration else None)
         result["partition_moves"] = balance.moves if balance else []

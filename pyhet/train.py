@@ -231,7 +231,7 @@ def train(cfg: TrainConfig, log=None) -> dict:
         if moms:
             net.set_momentum(moms)
         balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
-        result = _run(cfg, ds, net, start, log, balance)
+        result = run_steps(cfg, ds, net, start, log, balance)
         result["calibration"] = cal.as_dict(devices) if cal else None
         result["partition_moves"] = balance.moves if balance else []
         return result
@@ -240,8 +240,8 @@ def train(cfg: TrainConfig, log=None) -> dict:
             d.close()
 
 
-def _run(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
-         callback=None) -> dict:
+def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
+              callback=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
     evaluation, --save and the summary. callback(info) is called after every step with
     {"step", "steps", "epoch", "loss", "step_time_s", "images"}."""

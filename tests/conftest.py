@@ -43,6 +43,47 @@ def net_shape(input_shape, kernels, k=5, classes=10):
     return arch.build(arch.shorthand(kernels, k), input_shape, classes)
 
 
+def numeric_grad(f, a, eps=1e-6):
+    """Central differences of the scalar f() with respect to every entry of a (changed in
+    place and restored); a float64 array."""
+    g = np.zeros_like(a)
+    flat, gflat = a.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + eps
+        up = f()
+        flat[i] = old - eps
+        down = f()
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * eps)
+    return g
+
+
+@pytest.fixture
+def make_net():
+    """make_net(shape, params, devices spec, partition) -> pyhet Net on copies of params (the
+    fc layers on the C++ core, or on NumPy when every device is numpy); its devices are closed
+    after the test."""
+    from pyhet.backends.cpu import CpuBackend
+    from pyhet.backends.numpy_ref import NumpyBackend
+    from pyhet.devices import make_devices
+    from pyhet.model import Net
+    from pyhet.specs import parse_devices
+
+    made = []
+
+    def make(shape, params, spec, partition):
+        devices = make_devices(parse_devices(spec))
+        made.extend(devices)
+        host = NumpyBackend() if all(d.kind == "numpy" for d in devices) else CpuBackend(1)
+        params = {k: v.copy() for k, v in params.items()}
+        return Net(shape, params, devices, partition, host)
+
+    yield make
+    for d in made:
+        d.close()
+
+
 def assert_same_weights(got, want, rtol=1e-4):
     """Every parameter within rtol of the reference, relative to its largest entry."""
     for k in want:

@@ -16,21 +16,15 @@ col (C*R*S, N*OH*OW), out (N, K, PH, PW) a block's output, F the fc inputs, M cl
 import numpy as np
 import pytest
 
-from conftest import assert_same_weights, train_weights
+from conftest import assert_same_weights, numeric_grad, train_weights
 from pyhet import arch
 from pyhet.backends import numpy_ref as ref
-from pyhet.backends.cpu import CpuBackend
-from pyhet.backends.numpy_ref import NumpyBackend
-from pyhet.devices import make_devices
 from pyhet.geometry import ConvGeometry
-from pyhet.model import Net, init_params, load_weights, network_of_file, save_weights
+from pyhet.model import init_params, load_weights, network_of_file, save_weights
 from pyhet.optim import SGDConfig
 from pyhet.partition import even
-from pyhet.specs import parse_devices
 
-EPS = 1e-6
 GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
-WEIGHT_RTOL = 1e-4
 FORWARD_RTOL = 1e-5
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 CFG = SGDConfig(LR, MOMENTUM, WEIGHT_DECAY)
@@ -38,21 +32,6 @@ STEPS = 3
 
 
 # ================================================================ the reference block's gradients
-
-def numeric_grad(f, a):
-    """Central differences of the scalar f() with respect to every entry of a (in place)."""
-    g = np.zeros_like(a)
-    flat, gflat = a.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + EPS
-        up = f()
-        flat[i] = old - EPS
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * EPS)
-    return g
-
 
 BLOCKS = {
     # name: (N, C, H, W, K, R, S, stride, pad, pool, pool_stride)
@@ -194,24 +173,6 @@ def partition_of(shape, spec, counts=None):
     return counts or {g.name: even(g.K, n) for g in shape.blocks}
 
 
-@pytest.fixture
-def make_net():
-    """make_net(shape, params, devices spec, partition) -> pyhet Net on copies of params;
-    its devices are closed after the test."""
-    made = []
-
-    def make(shape, params, spec, partition):
-        devices = make_devices(parse_devices(spec))
-        made.extend(devices)
-        host = NumpyBackend() if all(d.kind == "numpy" for d in devices) else CpuBackend(1)
-        params = {k: v.copy() for k, v in params.items()}
-        return Net(shape, params, devices, partition, host)
-
-    yield make
-    for d in made:
-        d.close()
-
-
 # ================================================================ against torch.nn
 
 @pytest.fixture(scope="module")
@@ -219,14 +180,10 @@ def torch():
     """torch with one thread, float32 and deterministic kernels (restored afterwards); a test
     that asks for it is skipped where torch is not installed."""
     torch = pytest.importorskip("torch")
-    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    torch.use_deterministic_algorithms(True)
-    yield torch
-    torch.use_deterministic_algorithms(False)
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+    import torch_ref
+
+    with torch_ref.torch_settings():
+        yield torch
 
 
 @pytest.fixture(scope="module")
@@ -235,26 +192,6 @@ def twin(torch):
     import torch_ref
 
     return torch_ref
-
-
-def torch_step(torch, model, opt, x, y):
-    """One SGD step; returns (logits before the step, loss) as NumPy."""
-    opt.zero_grad()
-    logits = model(torch.from_numpy(x))
-    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y), reduction="mean")
-    loss.backward()
-    opt.step()
-    return logits.detach().numpy().copy(), loss.item()
-
-
-def assert_close_weights(got, want, where=""):
-    """max |got - want| <= WEIGHT_RTOL * max |want|, for every parameter."""
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].shape == want[k].shape and got[k].dtype == np.float32, (where, k)
-        scale = float(np.abs(want[k]).max())
-        err = float(np.abs(got[k].astype(np.float64) - want[k]).max())
-        assert err <= WEIGHT_RTOL * scale, f"{where} {k}: max error {err:.3g}, max |w| {scale:.3g}"
 
 
 # Every network on one device of each kind, then mixes: several devices of a kind, both kinds
@@ -310,14 +247,14 @@ def test_sgd_steps_match_torch(torch, twin, make_net, case):
         if step == 0:
             logits = np.asarray(net.forward(x))
         loss = net.train_step(x, y, CFG)
-        want_logits, want_loss = torch_step(torch, model, opt, x, y)
+        want_logits, want_loss = twin.torch_step(model, opt, x, y)
         if step == 0:
             assert logits.shape == (len(x), shape.num_classes) and logits.dtype == np.float32
             err = np.abs(logits - want_logits).max()
             assert err <= FORWARD_RTOL * np.abs(want_logits).max(), f"logits off by {err:.3g}"
             assert loss == pytest.approx(want_loss, rel=FORWARD_RTOL)
         assert np.isfinite(loss)
-        assert_close_weights(net.params(), twin.torch_params(model), f"{case}, step {step + 1}:")
+        twin.assert_close_weights(net.params(), twin.torch_params(model), f"{case}, step {step + 1}:")
     assert net.partition() == {layer: {f"d{i}": c for i, c in enumerate(shares)}
                                for layer, shares in partition.items()}
 
@@ -386,3 +323,50 @@ def test_distributed_training_gives_one_device_weights(one_device, spec):
     assert list(params) == list(one_device[0])
     assert_same_weights(params, one_device[0])
     np.testing.assert_allclose(losses, one_device[1], rtol=1e-5)
+
+
+# ================================================================ on the bundled data, CLI and Python
+
+BUNDLED_ARCH = "8C3p1-P2-12C3p1s2-16C3p1-16C3p1-P2-32N"   # 1x28x28: 28 -> 14 -> 7 -> 7 -> 7 -> 3
+BUNDLED_BATCH = 16
+
+
+def bundled_torch_weights(torch, twin, seed):
+    """torch.nn's weights after 3 SGD steps on the bundled data's first 3 batches of 16 (file
+    order), from pyhet's seeded initialisation."""
+    from pyhet.data import load_dataset
+
+    ds = load_dataset("bundled")
+    shape = arch.build(BUNDLED_ARCH, ds.input_shape, ds.num_classes)
+    model = twin.torch_model(shape, init_params(shape, seed))
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM,
+                          weight_decay=WEIGHT_DECAY)
+    for s in range(STEPS):
+        sl = slice(s * BUNDLED_BATCH, (s + 1) * BUNDLED_BATCH)
+        twin.torch_step(model, opt, ds.x_train[sl], ds.y_train[sl])
+    return twin.torch_params(model)
+
+
+@pytest.mark.parametrize("spec", ["cpu:1,cpu:1", "cpu:1,numpy,cpu:1"])
+def test_four_blocks_on_bundled_data_from_the_cli_equal_torch(torch, twin, cli, tmp_path, spec):
+    out = tmp_path / "w.npz"
+    res = cli("train", "--dataset", "bundled", "--arch", BUNDLED_ARCH, "--devices", spec,
+              "--balance", "static", "--steps", STEPS, "--batch-size", BUNDLED_BATCH,
+              "--no-shuffle", "--lr", LR, "--momentum", MOMENTUM, "--weight-decay",
+              WEIGHT_DECAY, "--seed", 5, "--save", out, "--quiet", "--json")
+    assert res.code == 0, res.err
+    with np.load(out) as f:
+        got = {k: f[k] for k in f.files if k != "arch"}
+    twin.assert_close_weights(got, bundled_torch_weights(torch, twin, 5), f"cli {spec}:")
+
+
+@pytest.mark.parametrize("spec", ["cpu:1,cpu:1", "numpy,cpu:1"])
+def test_four_blocks_on_bundled_data_from_python_equal_torch(torch, twin, spec):
+    import pyhet
+
+    with pyhet.Network(BUNDLED_ARCH, (1, 28, 28), 10, devices=spec, balance="static",
+                       seed=6) as net:
+        net.fit(dataset="bundled", steps=STEPS, batch_size=BUNDLED_BATCH, shuffle=False,
+                lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+        got = net.params()
+    twin.assert_close_weights(got, bundled_torch_weights(torch, twin, 6), f"python {spec}:")

@@ -8,26 +8,12 @@ from backward(G) must match (L(x + e) - L(x - e)) / 2e entry by entry.
 import numpy as np
 import pytest
 
+from conftest import numeric_grad
 from pyhet.backends import numpy_ref as ref
 from pyhet.layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU, SoftmaxCrossEntropy
 
-EPS = 1e-6
+EPS = 1e-6   # the finite-difference step of conftest.numeric_grad
 RTOL, ATOL = 1e-5, 1e-7
-
-
-def numeric_grad(f, a):
-    """Central differences of the scalar f() with respect to every entry of a (in place)."""
-    g = np.zeros_like(a)
-    flat, gflat = a.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + EPS
-        up = f()
-        flat[i] = old - EPS
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * EPS)
-    return g
 
 
 def check_layer(layer, x, seed=0):

@@ -21,56 +21,25 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import load_npz, make_npz_dataset, net_shape  # noqa: E402
-from pyhet.backends.cpu import CpuBackend  # noqa: E402
-from pyhet.backends.numpy_ref import NumpyBackend  # noqa: E402
-from pyhet.devices import make_devices  # noqa: E402
-from pyhet.model import Net, init_params  # noqa: E402
-from pyhet.specs import parse_devices  # noqa: E402
+from pyhet.model import init_params  # noqa: E402
 from pyhet.optim import SGDConfig  # noqa: E402
-from torch_ref import TorchNet, torch_model, torch_params  # noqa: E402
+from torch_ref import (TorchNet, assert_close_weights, torch_model, torch_params,  # noqa: E402
+                       torch_settings, torch_step)
 
 PARAM_NAMES = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias")
-WEIGHT_RTOL = 1e-4
 FORWARD_RTOL = 1e-5
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 
 
 @pytest.fixture(autouse=True, scope="module")
-def torch_settings():
-    """One thread, float32, deterministic kernels; restored afterwards."""
-    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
-    torch.set_num_threads(1)
-    torch.set_default_dtype(torch.float32)
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(False)
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+def settings():
+    with torch_settings():
+        yield
 
 
 def torch_sgd(model):
     return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM,
                            weight_decay=WEIGHT_DECAY)
-
-
-def torch_step(model, opt, x, y):
-    """One SGD step; returns (logits before the step, loss) as NumPy."""
-    opt.zero_grad()
-    logits = model(torch.from_numpy(x))
-    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y), reduction="mean")
-    loss.backward()
-    opt.step()
-    return logits.detach().numpy().copy(), loss.item()
-
-
-def assert_close_weights(got, want, where=""):
-    """max |got - want| <= WEIGHT_RTOL * max |want|, for every parameter."""
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].shape == want[k].shape and got[k].dtype == np.float32, (where, k)
-        scale = float(np.abs(want[k]).max())
-        err = float(np.abs(got[k].astype(np.float64) - want[k]).max())
-        assert err <= WEIGHT_RTOL * scale, f"{where} {k}: max error {err:.3g}, max |w| {scale:.3g}"
 
 
 # ================================================================ pyhet's Net vs torch
@@ -97,24 +66,6 @@ CASES = {
 
 def even_partition(total, n):
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
-
-
-@pytest.fixture
-def make_net():
-    """make_net(shape, params, devices spec, partition) -> pyhet Net on copies of params;
-    its devices are closed after the test."""
-    made = []
-
-    def make(shape, params, spec, partition):
-        devices = make_devices(parse_devices(spec))
-        made.extend(devices)
-        host = NumpyBackend() if all(d.kind == "numpy" for d in devices) else CpuBackend(1)
-        params = {k: v.copy() for k, v in params.items()}
-        return Net(shape, params, devices, partition, host)
-
-    yield make
-    for d in made:
-        d.close()
 
 
 @pytest.mark.parametrize("case", list(CASES))

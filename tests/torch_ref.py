@@ -5,8 +5,12 @@ The modules carry the names of pyhet's weight files (conv1..convN, fc1..fcM, fc)
 file loads with a strict load_state_dict and no reshaping.
 """
 
+from contextlib import contextmanager
+
 import numpy as np
 import torch
+
+WEIGHT_RTOL = 1e-4    # each weight within 1e-4 of its parameter's largest entry
 
 
 class TorchNet(torch.nn.Module):
@@ -46,3 +50,38 @@ def torch_model(shape, params):
 
 def torch_params(model):
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+@contextmanager
+def torch_settings():
+    """One thread, float32, deterministic kernels; restored afterwards."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float32)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+
+
+def torch_step(model, opt, x, y):
+    """One SGD step; returns (logits before the step, loss) as NumPy."""
+    opt.zero_grad()
+    logits = model(torch.from_numpy(x))
+    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(y), reduction="mean")
+    loss.backward()
+    opt.step()
+    return logits.detach().numpy().copy(), loss.item()
+
+
+def assert_close_weights(got, want, where=""):
+    """max |got - want| <= WEIGHT_RTOL * max |want|, for every parameter, in the same order."""
+    assert list(got) == list(want)
+    for k in want:
+        assert got[k].shape == want[k].shape and got[k].dtype == np.float32, (where, k)
+        scale = float(np.abs(want[k]).max())
+        err = float(np.abs(got[k].astype(np.float64) - want[k]).max())
+        assert err <= WEIGHT_RTOL * scale, f"{where} {k}: max error {err:.3g}, max |w| {scale:.3g}"

@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a machine with a CUDA GPU and CuPy already installed:
-# build pyhet, run the GPU tests, and time gpu:0 alone against gpu:0 with the CPU cores.
-#   bash tools/gpu_check.sh [OUTDIR]        (results, logs and JSON go to OUTDIR, default ./gpu-check)
+# build pyhet, run the GPU tests, train, evaluate and predict with a four-block network on the
+# GPU alone and beside the CPU cores, and time gpu:0 alone against gpu:0 with the CPU cores.
+#   bash tools/gpu_check.sh [--no-scaling] [OUTDIR]   (logs and JSON go to OUTDIR, default
+#                                                      ./gpu-check; --no-scaling skips the timing)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+scaling=1
+if [ "${1:-}" = "--no-scaling" ]; then scaling=0; shift; fi
 out="${1:-${OUT:-gpu-check}}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+src="$(pwd)"
+arch="16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N"
 {
   python3 -c "import cupy; print('cupy', cupy.__version__, 'GPUs', cupy.cuda.runtime.getDeviceCount())"
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>&1 | head -5
   python3 -m pip install -q --no-build-isolation . 2>&1 | tail -3 || python3 -m pip install -q . 2>&1 | tail -3
-  (cd /tmp && python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_cuda.py" \
-     "$OLDPWD/tests/test_devices.py" "$OLDPWD/tests/test_parallel.py" 2>&1 | tail -5)
-  (cd /tmp && pyhet devices --devices auto --kernels 500,1500 --dataset cifar10 --batch-size 16)
-  (cd /tmp && pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 \
-     --json "$OLDPWD/$out/scaling.json" 2>&1 | grep -v '^round')
+  cd /tmp
+  python3 -m pytest -q -p no:cacheprovider "$src/tests/test_cuda.py" "$src/tests/test_devices.py" \
+     "$src/tests/test_parallel.py" "$src/tests/test_arch.py" 2>&1 | tail -8
+  pyhet devices --devices auto --kernels 500,1500 --dataset cifar10 --batch-size 16
+  python3 -c "import numpy, pyhet; numpy.save('$out/x.npy', pyhet.load_dataset('bundled').x_test[:100])"
+  for devices in gpu:0 gpu:0,cpu; do
+    echo "== $arch on $devices, bundled data"
+    pyhet train --arch "$arch" --devices "$devices" --steps 200 --batch-size 64 --lr 0.05 \
+      --save "$out/w-${devices//[:,]/_}.npz" --quiet --json > "$out/train.json" &&
+      python3 -c "import json; s = json.load(open('$out/train.json')); print('test accuracy', s['test_accuracy'], 'step', s['step_time_s'], 'partition', s['partition'])"
+    pyhet evaluate --weights "$out/w-${devices//[:,]/_}.npz" --devices "$devices" --json | tail -1
+    pyhet predict --weights "$out/w-${devices//[:,]/_}.npz" --input "$out/x.npy" \
+      --devices "$devices" 2>&1 | head -2
+  done
+  if [ "$scaling" = 1 ]; then
+    pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --json "$out/scaling.json" 2>&1 |
+      grep -v '^round'
+  fi
 } 2>&1 | tee "$out/gpu_check.log"
