@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import warnings
 
@@ -328,4 +329,13 @@ def main(argv=None) -> int:
 def entry():  # console script
     with warnings.catch_warnings():
         warnings.simplefilter("default")
-        sys.exit(main())
+        try:
+            code = main()
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # the reader of stdout went away (pyhet predict ... | head): stop quietly, as other
+            # command-line tools do; stdout is pointed at /dev/null so that Python's own flush at
+            # exit does not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = EXIT_ERROR
+    sys.exit(code)

@@ -342,3 +342,19 @@ def test_arch_errors_are_refused_before_training(cli, npz_dataset):
         last = res.err.strip().splitlines()[-1]
         for w in words:
             assert w in last, (argv, w, last)
+
+
+def test_predict_into_a_closed_pipe_stops_quietly(cli, tmp_path):
+    """`pyhet predict ... | head -1`: the reader goes away; no traceback, status 1."""
+    train_to_file(cli, tmp_path, "cpu:1")
+    np.save(tmp_path / "x.npy", np.zeros((5000, 1, 12, 12), np.float32))
+    p = subprocess.Popen([sys.executable, "-m", "pyhet", "predict", "--weights",
+                          tmp_path / "w.npz", "--input", tmp_path / "x.npy", "--devices", "cpu:1"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with p:
+        first = p.stdout.readline()
+        p.stdout.close()                               # as head does after its first line
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 1
+    assert json.loads(first)["class"] in (0, 1, 2)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
