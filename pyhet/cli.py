@@ -13,8 +13,15 @@ import os
 import sys
 import warnings
 
+import numpy as np
+
 from . import arch
+from .api import load
+from .data import input_shape_of, read_images
 from .errors import ArchitectureError, DataError, PyhetError
+from .model import read_weight_file, write_npz
+from .report import describe_devices
+from .train import TrainConfig, train
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 BENCHMARKS = ("gemm", "step", "scaling")
@@ -157,8 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args, parser) -> int:
-    from .train import TrainConfig, train
-
     cfg = TrainConfig(arch=network_spec(args, parser), dataset=args.dataset,
                       data_dir=args.data_dir, devices=args.devices, balance=args.balance,
                       batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
@@ -191,8 +196,6 @@ def human_summary(r: dict) -> str:
 
 
 def cmd_devices(args, parser) -> int:
-    from .report import describe_devices
-
     report = describe_devices(args.devices, network_spec(args, parser), args.dataset,
                               args.batch_size, calibrate_them=not args.no_calibrate)
     if args.json:
@@ -233,17 +236,12 @@ def cmd_devices(args, parser) -> int:
 def _load_network(path, devices, input_shape):
     """pyhet.load for evaluate and predict (static balance: no step to re-measure). A weight
     file of an earlier version records no input shape: input_shape() gives it then."""
-    from .api import load
-    from .model import read_weight_file
-
     _, meta = read_weight_file(path)
     return load(path, devices=devices, balance="static",
                 input_shape=None if meta is not None else input_shape())
 
 
 def cmd_evaluate(args) -> int:
-    from .data import input_shape_of
-
     net = _load_network(args.weights, args.devices,
                         lambda: input_shape_of(args.dataset, args.data_dir)[0])
     with net:
@@ -263,10 +261,6 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    import numpy as np
-
-    from .data import read_images
-
     x = read_images(args.input)
     net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
     if tuple(x.shape[1:]) != net.input_shape:
@@ -277,8 +271,6 @@ def cmd_predict(args) -> int:
         probs = net.predict(x, batch_size=args.batch_size)
     classes = probs.argmax(axis=1)
     if args.output:
-        from .model import write_npz
-
         write_npz(args.output, {"classes": classes.astype(np.int64), "probabilities": probs})
         print(f"wrote the classes and probabilities of {len(x)} images to {args.output}",
               file=sys.stderr)

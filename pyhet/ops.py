@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from .geometry import conv_out_size, pool_out_size
+
 try:
     from . import _core
 except ImportError as e:  # a source tree without the built extension, usually
@@ -45,10 +47,6 @@ def gemm_kernel() -> str:
 
 def have_openmp() -> bool:
     return _core.have_openmp()
-
-
-def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
-    return (size + 2 * pad - k) // stride + 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,7 +183,7 @@ def _pool_shape(what: str, h: int, w: int, k: int, stride: int):
     """(PH, PW) of a k x k window moved by stride over an h x w plane, floor mode."""
     if h < k or w < k:
         raise ValueError(f"{what}: window {k} is larger than the {h}x{w} input")
-    return conv_out_size(h, k, stride), conv_out_size(w, k, stride)
+    return pool_out_size(h, k, stride), pool_out_size(w, k, stride)
 
 
 def maxpool(x, k=2, stride=None, *, threads=None):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..geometry import conv_out_size as out_size
+from ..geometry import pool_out_size
 from ..optim import sgd_update
 
 
@@ -134,7 +135,7 @@ def maxpool_forward(x, k: int = 2, stride: int | None = None):
     xp = array_module(x)
     s = k if stride is None else stride
     N, C, H, W = x.shape
-    PH, PW = (H - k) // s + 1, (W - k) // s + 1
+    PH, PW = pool_out_size(H, k, s), pool_out_size(W, k, s)
     rows = (xp.arange(PH) * s)[:, None]                    # top row of each window
     cols = (xp.arange(PW) * s)[None, :]                    # left column of each window
     y = x[:, :, 0:s * PH:s, 0:s * PW:s].copy()
