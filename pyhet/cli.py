@@ -21,7 +21,9 @@ from .data import input_shape_of, read_images
 from .errors import ArchitectureError, DataError, PyhetError
 from .model import read_weight_file, write_npz
 from .report import describe_devices
+from .specs import check_ranks, cuda_device_count, parse_devices
 from .train import TrainConfig, train
+from .transport import launched_rank, launched_size
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 BENCHMARKS = ("gemm", "step", "scaling")
@@ -114,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
     t.add_argument("--checkpoint-dir", metavar="DIR", help="write a checkpoint every epoch")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument("--timeout", type=_positive(float), default=None, metavar="SECONDS",
+                   help="under mpiexec: how long a rank may take to answer before the run "
+                        "ends with an error naming it (default 300)")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -170,7 +175,7 @@ def cmd_train(args, parser) -> int:
                       lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                       seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
                       save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
-                      progress=not args.quiet)
+                      progress=not args.quiet, timeout=args.timeout)
     result = train(cfg)
     if args.json:
         print(json.dumps(result))
@@ -295,7 +300,10 @@ def cmd_bench(args) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    ranks = launched_size()
     try:
+        if ranks > 1:
+            return run_rank(args, parser, ranks)
         if args.command == "train":
             return cmd_train(args, parser)
         if args.command == "bench":
@@ -316,6 +324,38 @@ def main(argv=None) -> int:
         print("pyhet: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def run_rank(args, parser, ranks: int) -> int:
+    """Under mpiexec with several ranks: rank 0 trains (the master); every other rank serves
+    the devices placed on it until the master is done. An error on rank 0 ends the whole job."""
+    if args.command != "train":
+        if launched_rank() != 0:
+            return EXIT_ERROR          # rank 0 says why
+        raise PyhetError(f"pyhet {args.command} runs in one process: start it without mpiexec "
+                         f"(only pyhet train spreads its devices over MPI ranks)")
+    from .transport import mpi  # mpi4py is optional: imported only under mpiexec
+
+    comm = mpi.MPI.COMM_WORLD
+    if comm.Get_size() != ranks:
+        raise PyhetError(f"the launcher started {ranks} ranks but MPI sees {comm.Get_size()}: "
+                         f"mpi4py was built for another MPI than this mpiexec's")
+    if comm.Get_rank() != 0:
+        specs = parse_devices(args.devices, gpu_count=cuda_device_count)
+        check_ranks(specs, ranks)
+        mpi.serve(comm, specs)
+        return 0
+    try:
+        return cmd_train(args, parser)
+    except BaseException as e:
+        # the other ranks wait for messages that will not come: end the job with this error
+        status = e.exit_status if isinstance(e, PyhetError) else 130 if isinstance(
+            e, KeyboardInterrupt) else 1
+        print(f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
+              if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        comm.Abort(status)
+        raise
 
 
 def entry():  # console script

@@ -68,6 +68,8 @@ class Device:
     balancer can see each layer's cost on each device.
     """
 
+    emulates = True   # applies its own @S slowness (a device on another rank: that rank does)
+
     def __init__(self, name: str, spec: DeviceSpec, backend=None):
         self.name, self.spec = name, spec
         self.backend = backend if backend is not None else make_backend(spec)
@@ -116,7 +118,7 @@ class Device:
             raise DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
                               f"{type(e).__name__}: {e}") from e
         took = time.perf_counter() - t0
-        if self.speed < 1.0:  # emulate a slower device: idle (1/S - 1) times the work time
+        if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
             time.sleep(took * (1.0 / self.speed - 1.0))
         busy = time.perf_counter() - t0
         with self._lock:
@@ -196,18 +198,14 @@ class Device:
         s.dw = s.db = None
 
 
-def make_devices(specs: list[DeviceSpec]) -> list[Device]:
-    """Device objects d0, d1, ... for the specs, all in this process. If one cannot be made,
-    those made before it are closed (no worker thread is left behind)."""
-    for s in specs:
-        if s.rank not in (None, 0):
-            raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but this run has "
-                              f"only rank 0 (devices on other ranks need mpiexec and the MPI "
-                              f"transport, which this version does not have yet)")
+def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:
+    """Device objects for the specs, all in this process, named d0, d1, ... or `names`. If one
+    cannot be made, those made before it are closed (no worker thread is left behind)."""
+    names = names if names is not None else [f"d{i}" for i in range(len(specs))]
     devices: list[Device] = []
     try:
-        for i, s in enumerate(specs):
-            devices.append(Device(f"d{i}", s))
+        for name, s in zip(names, specs):
+            devices.append(Device(name, s))
     except BaseException:
         for d in devices:
             d.close()

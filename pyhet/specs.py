@@ -112,3 +112,28 @@ def check_threads(specs: list[DeviceSpec]) -> None:
     if total > cores:
         warnings.warn(f"the cpu devices use {total} threads in all but this process may run on "
                       f"{cores} cores: they will compete for them", RuntimeWarning, stacklevel=2)
+
+
+# ================================================================================================
+# Placement on MPI ranks
+
+
+def check_ranks(specs: list[DeviceSpec], world_size: int) -> None:
+    """Every R/ entry must name a rank of the job (0 .. world_size - 1)."""
+    for s in specs:
+        if s.rank is None or s.rank < world_size:
+            continue
+        if world_size == 1:
+            raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but this run is one "
+                              f"process (rank 0): start it with mpiexec -n {s.rank + 1} pyhet "
+                              f"... (pip install 'pyhet[mpi]' brings mpiexec)")
+        raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but the job has "
+                          f"{world_size} ranks (0..{world_size - 1}): start it with mpiexec -n "
+                          f"{s.rank + 1}, or place the device on another rank")
+
+
+def for_rank(specs: list[DeviceSpec], rank: int) -> list[DeviceSpec]:
+    """The devices placed on `rank`: its R/ entries and every entry without a prefix, in order,
+    with their rank set."""
+    return [replace(s, rank=rank) for s in specs if s.rank is None or s.rank == rank]
+

@@ -31,8 +31,9 @@ from .model import Net, arch_entry, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
-from .specs import check_threads, cuda_device_count, parse_devices
+from .specs import check_ranks, check_threads, cuda_device_count, for_rank, parse_devices
 from .timing import PartTimer
+from .transport import launched_size
 
 BALANCE_MODES = ("dynamic", "static", "even")
 
@@ -59,6 +60,7 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     resume: bool = False
     progress: bool = True
+    timeout: float | None = None   # under mpiexec: seconds a rank may take to answer
 
     def check(self):
         if self.batch_size < 1:
@@ -113,11 +115,31 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     return part, cal
 
 
-def open_devices(spec: str):
-    """The devices of a SPEC, made in this process (each with its worker thread: close them)."""
+def open_devices(spec: str, timeout: float | None = None):
+    """The devices of a SPEC (each with its worker thread: close them). Under mpiexec this is
+    rank 0, and the devices placed on other ranks are RemoteDevices (pyhet.transport.mpi);
+    timeout: seconds a rank may take to answer."""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
-    check_threads(specs)
-    return make_devices(specs)
+    size = launched_size()
+    check_ranks(specs, size)
+    check_threads(for_rank(specs, 0) if size > 1 else specs)
+    if size == 1:
+        return Devices(make_devices(specs))
+    from .transport import mpi  # mpi4py is optional: imported only under mpiexec
+
+    link = mpi.MasterLink(mpi.MPI.COMM_WORLD, specs,
+                          mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
+    if not any(link.ranks_devices.values()):
+        raise DeviceError(f"no rank of the job holds a device of --devices {spec!r}")
+    return Devices(link.devices(specs), link.idle_ranks())
+
+
+class Devices(list):
+    """The devices of a run, in order; under mpiexec also the ranks that hold none (they idle)."""
+
+    def __init__(self, devices, idle_ranks=()):
+        super().__init__(devices)
+        self.idle_ranks = list(idle_ranks)
 
 
 def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: int,
@@ -224,7 +246,9 @@ def train(cfg: TrainConfig, log=None) -> dict:
     else:
         params = init_params(shape, cfg.seed)
 
-    devices = open_devices(cfg.devices)
+    devices = open_devices(cfg.devices, cfg.timeout)
+    for r in devices.idle_ranks:
+        print(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", file=log)
     try:
         net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
                              log if cfg.progress else None)
@@ -233,6 +257,7 @@ def train(cfg: TrainConfig, log=None) -> dict:
         balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
         result = run_steps(cfg, ds, net, start, log, balance)
         result["calibration"] = cal.as_dict(devices) if cal else None
+        result["idle_ranks"] = devices.idle_ranks   # under mpiexec: ranks holding no device
         result["partition_moves"] = balance.moves if balance else []
         return result
     finally:
@@ -252,6 +277,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
     step_times, conv_times, losses = [], [], []
     busy0 = {d.name: d.busy_s for d in net.devices}
+    traffic0 = traffic(net.devices)
     t_train = time.perf_counter()
 
     while step < total_steps:
@@ -293,6 +319,8 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
             save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg)
     train_s = time.perf_counter() - t_train
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
+    moved = {r: {k: v - traffic0[r][k] for k, v in t.items()}
+             for r, t in traffic(net.devices).items()}
 
     # on the whole test split, in batches of the training size (the memory the devices were
     # sized for)
@@ -300,11 +328,18 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     if cfg.save:
         save_weights(cfg.save, net.params(), net.shape, ds.classes, ds.normalization)
     return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-                   epochs=step / per_epoch, steps=step)
+                   epochs=step / per_epoch, steps=step, moved=moved)
+
+
+def traffic(devices) -> dict:
+    """{rank: {"sent": bytes, "received": bytes}} to and from the devices on other MPI ranks
+    so far, seen from the master (empty in a one-process run)."""
+    peers = {d.peer.rank: d.peer for d in devices if hasattr(d, "peer")}
+    return {r: {"sent": p.sent, "received": p.received} for r, p in sorted(peers.items())}
 
 
 def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-            epochs, steps) -> dict:
+            epochs, steps, moved=None) -> dict:
     timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
     conv = conv_times[1:] if len(conv_times) > 1 else conv_times
     total = sum(step_times)
@@ -341,4 +376,9 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         # concurrent work: the phases follow each other)
         "phase_time_s": {conv.name: {k: round(v / max(1, len(step_times)), 6)
                                      for k, v in conv.phases.parts.items()} for conv in net.convs},
+        # under mpiexec: the bytes the master sent to and received from each rank per step
+        "links": {str(r): {"bytes_sent_per_step": round(t["sent"] / max(1, len(step_times))),
+                           "bytes_received_per_step": round(t["received"] /
+                                                            max(1, len(step_times)))}
+                  for r, t in (moved or {}).items()},
     }

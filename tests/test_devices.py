@@ -14,11 +14,11 @@ from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import calibrate
 from pyhet.devices import make_backend, make_devices
-from pyhet.specs import DeviceSpec, check_threads, parse_devices
 from pyhet.errors import DeviceError
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import balanced
+from pyhet.specs import DeviceSpec, check_ranks, check_threads, for_rank, parse_devices
 
 CORES = ops.default_threads()
 
@@ -212,8 +212,17 @@ def test_calibration_sees_the_emulated_speeds():
     assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
 
 
-def test_devices_on_other_ranks_are_refused_without_mpi():
-    with pytest.raises(DeviceError, match="MPI rank 1"):
-        make_devices(parse_devices("0/cpu:1,1/cpu:1"))
-    (d,) = make_devices(parse_devices("0/cpu:1"))
-    d.close()
+def test_devices_on_ranks_the_job_does_not_have_are_refused():
+    with pytest.raises(DeviceError, match="MPI rank 1.*one process.*mpiexec -n 2"):
+        check_ranks(parse_devices("0/cpu:1,1/cpu:1"), 1)
+    with pytest.raises(DeviceError, match="MPI rank 3.*has 2 ranks.*mpiexec -n 4"):
+        check_ranks(parse_devices("cpu:1,3/numpy"), 2)
+    check_ranks(parse_devices("0/cpu:1,cpu:1"), 1)
+    check_ranks(parse_devices("0/cpu:1,1/cpu:1"), 2)
+
+
+def test_entries_without_a_rank_are_placed_on_every_rank():
+    specs = parse_devices("cpu:1,1/numpy,0/cpu:2,2/cpu:1")
+    assert [str(s) for s in for_rank(specs, 0)] == ["0/cpu:1", "0/cpu:2"]
+    assert [str(s) for s in for_rank(specs, 1)] == ["1/cpu:1", "1/numpy"]
+    assert [str(s) for s in for_rank(specs, 3)] == ["3/cpu:1"]

@@ -1,0 +1,342 @@
+"""Devices on other MPI ranks, over mpi4py (imported only under mpiexec).
+
+Rank 0 is the master: it runs the training loop and holds, for every device placed on another
+rank, a RemoteDevice: a Device whose shard messages (load, read back, drop, forward, backward,
+update) travel to that rank and back. Every other rank serves its devices: ordinary Devices with
+their own worker threads, whose shards (weights, biases, momentum) stay on that rank for the
+whole run. Only arrays travel, as raw buffers (no pickling): a message is one int64 header (the
+operation, then each array's dtype and shape) followed by one buffer per non-empty array.
+
+Routing: the requests of device i go on tag 10 + 2i and its replies on tag 11 + 2i, so the
+requests of one device are answered in order and several devices' messages never mix. A serving
+rank reads each request whole (header, then its arrays on the same tag) before the next header,
+so an any-tag receive always meets a header.
+
+Waiting costs no core: every wait is a non-blocking request polled with short sleeps (MPI
+implementations busy-poll inside blocking calls, which would take a core from the devices'
+threads), and every wait on the master has a deadline (--timeout), after which the rank is named
+in the error.
+
+Letters as in pyhet.geometry.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..devices import Device, make_devices
+from ..errors import DeviceError
+from ..geometry import ConvGeometry
+from ..optim import SGDConfig
+from ..specs import DeviceSpec, for_rank, parse_devices
+
+try:
+    from mpi4py import MPI
+except ImportError as e:  # a launcher started us, but this Python has no mpi4py
+    raise DeviceError(f"this run was started by mpiexec with several ranks, but mpi4py is not "
+                      f"installed ({e}); install it with pip install 'pyhet[mpi]'") from None
+
+if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # devices' worker threads send and receive at once
+    raise DeviceError("the MPI library gives no MPI_THREAD_MULTIPLE support, which pyhet's "
+                      "devices on other ranks need (MPICH and Open MPI builds have it)")
+
+# ================================================================================================
+# Messages: lists of arrays (None travels as an empty slot)
+
+MAX_ARRAYS = 8
+HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
+DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
+OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "step", "free", "close",
+       "hello")
+TAG_HELLO, TAG_BASE = 5, 10
+DEFAULT_TIMEOUT = 300.0
+
+
+def request_tag(device: int) -> int:
+    return TAG_BASE + 2 * device
+
+
+def reply_tag(device: int) -> int:
+    return TAG_BASE + 2 * device + 1
+
+
+def text(s: str) -> np.ndarray:
+    return np.frombuffer(s.encode(), np.uint8).copy()
+
+
+def untext(a) -> str:
+    return bytes(np.asarray(a, np.uint8)).decode()
+
+
+def wait(req, timeout=None, on_timeout=None, status=None):
+    """Poll a non-blocking request with growing sleeps (20 us to 2 ms), so that waiting takes
+    no core; after `timeout` seconds raise DeviceError(on_timeout())."""
+    start = time.monotonic()
+    pause = 20e-6
+    while not (req.Test(status) if status is not None else req.Test()):
+        if timeout is not None and time.monotonic() - start > timeout:
+            req.Cancel()
+            raise DeviceError(on_timeout())
+        time.sleep(pause)
+        pause = min(2e-3, pause * 1.5)
+
+
+class Peer:
+    """Messages to and from one other rank, and the bytes they moved."""
+
+    def __init__(self, comm, rank: int, timeout=None, on_timeout=None):
+        self.comm, self.rank = comm, rank
+        self.timeout, self.on_timeout = timeout, on_timeout
+        self.sent = self.received = 0
+
+    def _wait(self, req, status=None):
+        wait(req, self.timeout, self.on_timeout, status)
+
+    def send(self, tag: int, op: str, arrays=()):
+        arrays = [None if a is None else np.ascontiguousarray(a) for a in arrays]
+        if len(arrays) > MAX_ARRAYS:
+            raise ValueError(f"a message holds at most {MAX_ARRAYS} arrays, got {len(arrays)}")
+        header = np.zeros(HEADER, np.int64)
+        header[0], header[1] = OPS.index(op), len(arrays)
+        for i, a in enumerate(arrays):
+            if a is None:
+                continue
+            if a.ndim > 8 or a.dtype.type not in DTYPES:
+                raise ValueError(f"cannot send an array of {a.dtype} and shape {a.shape}")
+            d = header[2 + 10 * i: 12 + 10 * i]
+            d[0], d[1] = DTYPES.index(a.dtype.type), a.ndim
+            d[2:2 + a.ndim] = a.shape
+        reqs = [self.comm.Isend(header, dest=self.rank, tag=tag)]
+        for a in arrays:
+            if a is not None and a.size:
+                reqs.append(self.comm.Isend(a, dest=self.rank, tag=tag))
+                self.sent += a.nbytes
+        for r in reqs:
+            self._wait(r)
+
+    def receive(self, tag: int):
+        """(op, arrays, tag) of the next message on `tag` (MPI.ANY_TAG: whichever comes)."""
+        header = np.empty(HEADER, np.int64)
+        status = MPI.Status()
+        self._wait(self.comm.Irecv(header, source=self.rank, tag=tag), status)
+        tag = status.Get_tag()
+        arrays = []
+        for i in range(int(header[1])):
+            d = header[2 + 10 * i: 12 + 10 * i]
+            if d[0] == 0:
+                arrays.append(None)
+                continue
+            a = np.empty(tuple(int(v) for v in d[2:2 + int(d[1])]), DTYPES[int(d[0])])
+            if a.size:
+                self._wait(self.comm.Irecv(a, source=self.rank, tag=tag))
+                self.received += a.nbytes
+            arrays.append(a)
+        return OPS[int(header[0])], arrays, tag
+
+
+def geometry_arrays(g: ConvGeometry):
+    return [text(g.name), np.array([g.C, g.H, g.W, g.K, g.R, g.S, g.stride, g.pad, g.pool,
+                                    g.pool_stride], np.int64)]
+
+
+def geometry_of(name, values) -> ConvGeometry:
+    return ConvGeometry(untext(name), *(int(v) for v in values))
+
+
+# ================================================================================================
+# The master's side
+
+
+class RemoteDevice(Device):
+    """A device on another rank, seen from the master: each shard message is sent to that rank
+    and its reply awaited (on this device's own worker thread, like any Device's work). Emulated
+    slowness (@S) is applied on the device's own rank; the busy time measured here includes the
+    messages."""
+
+    def __init__(self, name: str, spec: DeviceSpec, index: int, peer: Peer):
+        self.index, self.peer = index, peer
+        super().__init__(name, spec, backend=peer)   # the link stands where a backend would be
+
+    emulates = False   # its own rank applies the @S slowness
+
+    @property
+    def shares_host_memory(self) -> bool:
+        return False
+
+    def _call(self, op: str, arrays=()):
+        self.peer.send(request_tag(self.index), op, arrays)
+        reply, out, _ = self.peer.receive(reply_tag(self.index))
+        if reply == "error":
+            raise DeviceError(untext(out[0]))
+        return out
+
+    # --- the Device messages ------------------------------------------------------------------
+
+    def load_shard(self, layer: str, g: ConvGeometry, w, b, vw=None, vb=None):
+        self._call("load", [text(layer), *geometry_arrays(g), w, b, vw, vb])
+
+    def get_shard(self, layer: str):
+        w, b, vw, vb = self._call("get", [text(layer)])
+        return w, b, vw, vb
+
+    def drop_shard(self, layer: str):
+        self._call("drop", [text(layer)])
+
+    def conv_forward(self, layer: str, x, col=None):
+        return self._call("forward", [text(layer), x])[0]
+
+    def conv_backward(self, layer: str, dout, dx_mode: str):
+        if dx_mode == "shared":
+            raise DeviceError(f"device {self.name} on rank {self.peer.rank} cannot share host "
+                              f"memory with the master")
+        return self._call("backward", [text(layer), dout, text(dx_mode)])[0]
+
+    def sgd_step(self, layer: str, cfg: SGDConfig):
+        self._call("step", [text(layer), np.array([cfg.lr, cfg.momentum, cfg.weight_decay])])
+
+    def free_memory(self):
+        free = self._call("free")[0]
+        return None if free is None else int(free[0])
+
+    def close(self):
+        """Close the device on its rank (which ends once all its devices are closed)."""
+        try:
+            timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
+            self.submit("close", self._call, "close").result()
+            self.peer.timeout = timeout
+        except DeviceError:
+            pass   # the rank is gone or silent: the job is ended by the caller
+        finally:
+            super().close()
+
+
+class MasterLink:
+    """Rank 0's view of the job: the devices of every rank (local ones made here, the others as
+    RemoteDevices), learnt by a hello from each rank at start-up."""
+
+    def __init__(self, comm, specs: list[DeviceSpec], timeout: float = DEFAULT_TIMEOUT):
+        self.comm, self.size = comm, comm.Get_size()
+        self.peers = {r: Peer(comm, r, timeout, self._timeout_text(r))
+                      for r in range(1, self.size)}
+        self.ranks_devices = {0: [str(s) for s in for_rank(specs, 0)]}
+        for r, peer in self.peers.items():   # each rank says which devices it made
+            op, arrays, _ = peer.receive(TAG_HELLO)
+            if op == "error":
+                raise DeviceError(f"rank {r}: {untext(arrays[0])}")
+            self.ranks_devices[r] = untext(arrays[0]).split(",") if arrays[0] is not None else []
+        # ... and learns the index of its first device in the job (devices follow rank order)
+        first = len(self.ranks_devices[0])
+        for r, peer in self.peers.items():
+            if self.ranks_devices[r]:
+                peer.send(TAG_HELLO, "ok", [np.array([first], np.int64)])
+            first += len(self.ranks_devices[r])
+
+    def _timeout_text(self, rank):
+        def text_():
+            devices = ", ".join(self.ranks_devices.get(rank, [])) or "no devices"
+            return (f"rank {rank} ({devices}) did not answer within {self.peers[rank].timeout:g} "
+                    f"s (--timeout): it stopped or its link failed")
+        return text_
+
+    def devices(self, specs: list[DeviceSpec]) -> list[Device]:
+        """Every device of the job in rank order, named d0, d1, ..."""
+        local = for_rank(specs, 0)
+        out = make_devices(local, [f"d{i}" for i in range(len(local))])
+        index = len(local)
+        try:
+            for r in range(1, self.size):
+                for spec_text in self.ranks_devices[r]:
+                    spec = _spec_of(spec_text, r)
+                    out.append(RemoteDevice(f"d{index}", spec, index, self.peers[r]))
+                    index += 1
+        except BaseException:
+            for d in out:
+                d.close()
+            raise
+        return out
+
+    def idle_ranks(self) -> list[int]:
+        """The ranks other than the master that hold no device (they have nothing to do)."""
+        return [r for r, devs in self.ranks_devices.items() if r and not devs]
+
+
+
+def _spec_of(spec_text: str, rank: int) -> DeviceSpec:
+    (spec,) = parse_devices(spec_text)
+    return spec if spec.rank == rank else DeviceSpec(spec.kind, spec.arg, spec.speed, rank)
+
+
+# ================================================================================================
+# A serving rank
+
+
+def serve(comm, specs: list[DeviceSpec]) -> None:
+    """Make this rank's devices, tell the master, and run their shard messages until the master
+    closes them all (a rank with no devices returns at once)."""
+    rank = comm.Get_rank()
+    master = Peer(comm, 0)
+    mine = for_rank(specs, rank)
+    try:
+        devices = make_devices(mine)
+    except Exception as e:
+        master.send(TAG_HELLO, "error", [text(str(e))])
+        raise
+    master.send(TAG_HELLO, "hello", [text(",".join(str(s) for s in mine)) if mine else None])
+    if not devices:
+        return
+    # this rank's devices, by their index (and name) in the job, which the master gives
+    _, (first,), _ = master.receive(TAG_HELLO)
+    first = int(first[0])
+    for i, d in enumerate(devices):
+        d.name = f"d{first + i}"
+    by_index = {first + i: d for i, d in enumerate(devices)}
+    open_ = set(by_index)
+    try:
+        while open_:
+            op, arrays, tag = master.receive(MPI.ANY_TAG)
+            index = (tag - TAG_BASE) // 2
+            device = by_index[index]
+            if op == "close":
+                device.close()
+                master.send(reply_tag(index), "ok")
+                open_.discard(index)
+                continue
+            device.submit(op, _handle, device, op, arrays).add_done_callback(
+                lambda f, i=index: _reply(master, i, f))
+    finally:
+        for d in devices:
+            d.close()
+
+
+def _handle(device: Device, op: str, a):
+    """Run one request on the device (on its worker thread); returns the reply's arrays."""
+    layer = untext(a[0]) if a else None
+    if op == "load":
+        device.load_shard(layer, geometry_of(a[1], a[2]), a[3], a[4], a[5], a[6])
+        return []
+    if op == "get":
+        return list(device.get_shard(layer))
+    if op == "drop":
+        device.drop_shard(layer)
+        return []
+    if op == "forward":
+        return [device.conv_forward(layer, a[1])]
+    if op == "backward":
+        return [device.conv_backward(layer, a[1], untext(a[2]))]
+    if op == "step":
+        lr, momentum, weight_decay = (float(v) for v in a[1])
+        device.sgd_step(layer, SGDConfig(lr, momentum, weight_decay))
+        return []
+    if op == "free":
+        free = device.free_memory()
+        return [None if free is None else np.array([free], np.int64)]
+    raise DeviceError(f"unknown request {op!r}")
+
+
+def _reply(master: Peer, index: int, future):
+    try:
+        master.send(reply_tag(index), "ok", future.result())
+    except Exception as e:
+        master.send(reply_tag(index), "error", [text(str(e))])

@@ -1,0 +1,113 @@
+"""Devices on other MPI ranks: `mpiexec -n R pyhet train` on localhost gives the one-process
+weights, for placements with a rank of two devices, a rank of none and a master of none; a
+--save from an MPI run is an ordinary weight file; placement errors are clear. Skipped where
+mpi4py or mpiexec is missing (pip install ".[mpi]").
+
+Tolerance: each weight within 1e-4 of its largest entry (the input gradient of a remote device
+is summed in another order).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import load_npz, make_npz_dataset
+
+pytest.importorskip("mpi4py", reason="pip install '.[mpi]' for the MPI tests")
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+    "mpiexec")
+if MPIEXEC is None:
+    pytest.skip("no mpiexec (pip install '.[mpi]' brings MPICH's)", allow_module_level=True)
+
+ARCH = "4C3p1-P2-5C3s2-6C2-6N"   # 1x12x12: 12 -> P2 6 -> s2 3 -> 2 (no pool) -> 6 -> 3 classes
+STEPS = 3
+
+
+def run(argv, ranks=None, cwd=None, timeout=180):
+    """`pyhet argv` in a process, or in `ranks` processes under mpiexec; (status, out, err)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    cmd = [sys.executable, "-m", "pyhet", *map(str, argv)]
+    if ranks:
+        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mpi") / "d.npz"
+    make_npz_dataset(path, n=40, shape=(1, 12, 12), classes=3, n_test=9, seed=4)
+    return path
+
+
+def train_argv(data, devices, out, *extra):
+    return ["train", "--dataset", f"npz:{data}", "--arch", ARCH, "--devices", devices,
+            "--balance", "even", "--steps", STEPS, "--batch-size", 8, "--lr", 0.05,
+            "--momentum", 0.9, "--weight-decay", 1e-3, "--save", out, "--quiet", "--json", *extra]
+
+
+def weights(path):
+    return {k: v for k, v in load_npz(path).items() if k != "arch"}
+
+
+@pytest.mark.parametrize("ranks,placement,one_process", [
+    (2, "0/cpu:1,1/cpu:1", "cpu:1,cpu:1"),
+    (2, "cpu:1", "cpu:1,cpu:1"),                              # unprefixed: one on every rank
+    (2, "0/cpu:1,1/cpu:1,1/numpy", "cpu:1,cpu:1,numpy"),      # a rank with two devices
+    (3, "0/cpu:1,2/cpu:1", "cpu:1,cpu:1"),                    # rank 1 holds none
+    (2, "1/cpu:1,1/numpy", "cpu:1,numpy"),                    # the master holds none
+])
+def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement, one_process):
+    code, out, err = run(train_argv(data, one_process, tmp_path / "one.npz"))
+    assert code == 0, err
+    code, out, err = run(train_argv(data, placement, tmp_path / "mpi.npz"), ranks, tmp_path)
+    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert len(out.strip().splitlines()) == 1               # only rank 0 prints
+    want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
+    for k in want:
+        err_k = np.abs(got[k] - want[k]).max() / np.abs(want[k]).max()
+        assert err_k < 1e-4, (k, err_k)
+    ranks_of = [d["rank"] for d in summary["devices"]]
+    assert ranks_of == sorted(ranks_of)                       # names follow rank order
+    assert [d["name"] for d in summary["devices"]] == [f"d{i}" for i in range(len(ranks_of))]
+    remote = {r for r in ranks_of if r}
+    assert set(summary["links"]) == {str(r) for r in remote}
+    for r in remote:                                          # activations travel every step
+        assert summary["links"][str(r)]["bytes_sent_per_step"] > 8 * 12 * 12 * 4
+    assert summary["idle_ranks"] == ([1] if placement == "0/cpu:1,2/cpu:1" else [])
+
+
+def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):
+    code, out, err = run(train_argv(data, "0/cpu:1,1/cpu:1", tmp_path / "w.npz"), 2, tmp_path)
+    assert code == 0, err
+    accuracy = json.loads(out.strip().splitlines()[-1])["test_accuracy"]
+    code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
+                          f"npz:{data}", "--devices", "cpu:1", "--batch-size", 8, "--json"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["accuracy"] == accuracy
+
+
+@pytest.mark.parametrize("ranks,devices,words", [
+    (None, "0/cpu:1,1/cpu:1", ["rank 1", "one process", "mpiexec -n 2"]),
+    (2, "0/cpu:1,3/cpu:1", ["rank 3", "2 ranks", "mpiexec -n 4"]),
+])
+def test_placement_errors_name_the_rank_and_what_to_run(tmp_path, data, ranks, devices, words):
+    code, out, err = run(train_argv(data, devices, tmp_path / "w.npz"), ranks, tmp_path,
+                         timeout=60)
+    assert code != 0 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_other_commands_refuse_mpiexec(tmp_path, data):
+    code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
+                          f"npz:{data}"], 2, tmp_path, timeout=60)
+    assert code != 0 and err.count("runs in one process") == 1, err
