@@ -56,21 +56,26 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each is kept, so that a drift of the machine hits all of them alike.
 
-    A device of the host group does all its work (its kernels, and its shares of the im2col and
-    of the input gradient) at its own pace, so its time is taken as proportional to its share:
-    speed = k / t(k), no overhead. Another device (a GPU) also pays fixed costs whatever its
-    share (moving the layer's input and output, its own im2col): t(k) = overhead + k / speed is
-    fitted through two kernel counts.
+    A device outside the host group (a GPU, a device on another rank) pays fixed costs whatever
+    its share (moving the layer's input and output, its own im2col and col2im): t(k) = overhead
+    + k / speed is fitted through two kernel counts. A device of the host group does all its
+    work at its own pace, its shares of the im2col and of the input gradient included, so its
+    time is proportional to its share, with no overhead. Where every device is of the host
+    group, speed = k / t(k) at one count compares them alike. Beside other devices, the fixed
+    part of its trial (a whole im2col and col2im, which in training the group splits in
+    proportion to its shares) is spread over the layer's K kernels: speed = 1 / (slope +
+    intercept / K), from the same two-count fit.
     """
     rng = np.random.default_rng(seed)
     speeds, overheads, caps = {}, {}, {}
     for g in geometries:
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
+        mixed = len({d.shares_host_memory for d in devices}) > 1
         trials = []  # (device index, kernels)
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
             trials.append((i, kb))
-            if not d.shares_host_memory and kb // 4 >= 1 and kb // 4 < kb:
+            if (mixed or not d.shares_host_memory) and kb // 4 >= 1 and kb // 4 < kb:
                 trials.append((i, kb // 4))
         for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
             for _ in range(2):
@@ -88,7 +93,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
                 ka, ta = kb // 4, best[(i, kb // 4)]
                 slope = (tb - ta) / (kb - ka)
                 if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
-                    speed, overhead = 1.0 / slope, tb - kb * slope
+                    intercept = tb - kb * slope
+                    if d.shares_host_memory:
+                        speed = 1.0 / (slope + intercept / g.K)
+                    else:
+                        speed, overhead = 1.0 / slope, intercept
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))

@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import sys
+import traceback
 import warnings
 
 import numpy as np
@@ -342,20 +343,28 @@ def run_rank(args, parser, ranks: int) -> int:
                          f"mpi4py was built for another MPI than this mpiexec's")
     if comm.Get_rank() != 0:
         specs = parse_devices(args.devices, gpu_count=cuda_device_count)
-        check_ranks(specs, ranks)
+        try:
+            check_ranks(specs, ranks)
+        except PyhetError:
+            return EXIT_ERROR          # rank 0 finds the same and says it
         mpi.serve(comm, specs)
         return 0
     try:
         return cmd_train(args, parser)
+    except SystemExit as e:            # a usage error: argparse has said why
+        comm.Abort(e.code if isinstance(e.code, int) else EXIT_USAGE)
+        os._exit(e.code if isinstance(e.code, int) else EXIT_USAGE)
     except BaseException as e:
         # the other ranks wait for messages that will not come: end the job with this error
         status = e.exit_status if isinstance(e, PyhetError) else 130 if isinstance(
             e, KeyboardInterrupt) else 1
+        if args.debug or not isinstance(e, (PyhetError, KeyboardInterrupt)):
+            traceback.print_exc()   # asked for, or a bug: show where
         print(f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
               if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
               file=sys.stderr, flush=True)
         comm.Abort(status)
-        raise
+        os._exit(status)   # MPI_Abort may return while the launcher ends the other ranks
 
 
 def entry():  # console script

@@ -126,30 +126,39 @@ class PartitionedConv:
             return np.concatenate(parts, axis=1)
 
     def backward(self, dout):
-        """dout (N, K, PH, PW) -> dx (N, C, H, W), or None when the layer needs no dx."""
+        """dout (N, K, PH, PW) -> dx (N, C, H, W), or None when the layer needs no dx.
+
+        The host group's channel-split input gradient starts as soon as the group's own
+        backward is done, while the devices outside the group (a GPU, another rank) still
+        compute their part of dx; those parts are added last."""
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
-        with self.phases("backward"):
-            futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
-                                dout[:, k0:k1], mode(i), tag=self.name)
-                       for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
-            results = _gather(futures)
-        if not self.need_dx:
-            return None
-        dx = np.zeros(self.x_shape, np.float32) if not self.group else \
-            np.empty(self.x_shape, np.float32)
-        with self.phases("input_gradient"):
+        futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
+                            np.ascontiguousarray(dout[:, k0:k1]), mode(i), tag=self.name)
+                   for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
+        try:
+            with self.phases("backward"):
+                group = _gather([futures[i] for i in self.group])
+            if not self.need_dx:
+                return None
+            dx = np.zeros(self.x_shape, np.float32) if not self.group else \
+                np.empty(self.x_shape, np.float32)
             if self.group:
-                parts = [results[i] for i in self.group]
-                dcol = self._buffer("dcol", self._buffers["col"].shape)
-                _gather([self.devices[i].submit(f"{self.name} input gradient",
-                                                self.devices[i].input_grad_part, parts, dcol,
-                                                dx, self.g, ch, tag=self.name)
-                         for i, ch in self.channels.items()])
-            for i, r in enumerate(results):
-                if i not in self.group and r is not None:
-                    dx += r
+                with self.phases("input_gradient"):
+                    dcol = self._buffer("dcol", self._buffers["col"].shape)
+                    _gather([self.devices[i].submit(f"{self.name} input gradient",
+                                                    self.devices[i].input_grad_part, group,
+                                                    dcol, dx, self.g, ch, tag=self.name)
+                             for i, ch in self.channels.items()])
+        finally:
+            # every device's backward has finished before the layer returns (or fails): the
+            # update must not start while a device still reads its shard
+            with self.phases("others_backward"):
+                results = _gather(futures)
+        for i, r in enumerate(results):
+            if i not in self.group and r is not None:
+                dx += r
         return dx
 
     def step(self, cfg):

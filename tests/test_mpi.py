@@ -111,3 +111,71 @@ def test_other_commands_refuse_mpiexec(tmp_path, data):
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
                           f"npz:{data}"], 2, tmp_path, timeout=60)
     assert code != 0 and err.count("runs in one process") == 1, err
+
+
+# ================================================================ a rank that fails
+
+def rank_pid(marker: str, rank: int):
+    """The pid of the process of MPI rank `rank` whose command line holds `marker`, or None."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in cmdline and b"mpiexec" not in cmdline.split(b"\0")[0] and \
+                f"PMI_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def pids_with(marker: str):
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_rank_that_stops_or_dies_ends_the_run(tmp_path, signal_name):
+    """Rank 1 stopped (it no longer answers) or killed mid-training: the run ends within the
+    timeout plus 30 s, with a non-zero status, and leaves no process behind."""
+    import signal
+    import time
+
+    data = tmp_path / "long.npz"
+    make_npz_dataset(data, n=64, shape=(1, 12, 12), classes=3, seed=5)
+    argv = [MPIEXEC, "-n", "2", sys.executable, "-m", "pyhet", "train", "--dataset",
+            f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
+            "--steps", "1000000", "--batch-size", "8", "--timeout", "3", "--quiet"]
+    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with p:
+        try:
+            deadline = time.monotonic() + 60
+            pid = None
+            while pid is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                pid = rank_pid(str(data), 1)
+            assert pid is not None, "rank 1 did not start"
+            time.sleep(2)                                     # well into training
+            os.kill(pid, getattr(signal, signal_name))
+            start = time.monotonic()
+            out, err = p.communicate(timeout=3 + 30)
+            took = time.monotonic() - start
+        finally:
+            if p.poll() is None:
+                p.kill()
+    err = err.decode()
+    assert p.returncode != 0, err
+    assert took < 3 + 30
+    if signal_name == "SIGSTOP":
+        assert "rank 1 (1/cpu:1) did not answer within 3 s" in err, err
+    time.sleep(1)
+    assert pids_with(str(data)) == [], "processes left behind"

@@ -12,10 +12,12 @@ requests of one device are answered in order and several devices' messages never
 rank reads each request whole (header, then its arrays on the same tag) before the next header,
 so an any-tag receive always meets a header.
 
-Waiting costs no core: every wait is a non-blocking request polled with short sleeps (MPI
-implementations busy-poll inside blocking calls, which would take a core from the devices'
-threads), and every wait on the master has a deadline (--timeout), after which the rank is named
-in the error.
+Waiting costs no core: waiting for a message to begin (a header) polls a non-blocking request
+with short sleeps (MPI implementations busy-poll inside blocking calls, which would take a core
+from the devices' threads). Once a message is under way, its buffers are polled without sleeping,
+since a large transfer advances only while both sides call into MPI (MPICH moves it through
+shared memory in chunks). Every wait on the master has a deadline (--timeout), after which the
+rank is named in the error.
 
 Letters as in pyhet.geometry.
 """
@@ -70,17 +72,20 @@ def untext(a) -> str:
     return bytes(np.asarray(a, np.uint8)).decode()
 
 
-def wait(req, timeout=None, on_timeout=None, status=None):
-    """Poll a non-blocking request with growing sleeps (20 us to 2 ms), so that waiting takes
-    no core; after `timeout` seconds raise DeviceError(on_timeout())."""
+def wait(req, timeout=None, on_timeout=None, status=None, patient=True):
+    """Poll a non-blocking request until it completes; after `timeout` seconds raise
+    DeviceError(on_timeout()). patient: sleep between polls, growing from 20 us to 2 ms, for a
+    message that may be long in coming; else only yield the core between polls, for a transfer
+    that is under way."""
     start = time.monotonic()
-    pause = 20e-6
+    pause = 20e-6 if patient else 0.0
     while not (req.Test(status) if status is not None else req.Test()):
         if timeout is not None and time.monotonic() - start > timeout:
             req.Cancel()
             raise DeviceError(on_timeout())
         time.sleep(pause)
-        pause = min(2e-3, pause * 1.5)
+        if patient:
+            pause = min(2e-3, pause * 1.5)
 
 
 class Peer:
@@ -91,8 +96,8 @@ class Peer:
         self.timeout, self.on_timeout = timeout, on_timeout
         self.sent = self.received = 0
 
-    def _wait(self, req, status=None):
-        wait(req, self.timeout, self.on_timeout, status)
+    def _wait(self, req, status=None, patient=True):
+        wait(req, self.timeout, self.on_timeout, status, patient)
 
     def send(self, tag: int, op: str, arrays=()):
         arrays = [None if a is None else np.ascontiguousarray(a) for a in arrays]
@@ -113,8 +118,9 @@ class Peer:
             if a is not None and a.size:
                 reqs.append(self.comm.Isend(a, dest=self.rank, tag=tag))
                 self.sent += a.nbytes
-        for r in reqs:
-            self._wait(r)
+        self._wait(reqs[0])                    # the peer may be busy before it looks
+        for r in reqs[1:]:
+            self._wait(r, patient=False)       # it is reading this message now
 
     def receive(self, tag: int):
         """(op, arrays, tag) of the next message on `tag` (MPI.ANY_TAG: whichever comes)."""
@@ -130,7 +136,7 @@ class Peer:
                 continue
             a = np.empty(tuple(int(v) for v in d[2:2 + int(d[1])]), DTYPES[int(d[0])])
             if a.size:
-                self._wait(self.comm.Irecv(a, source=self.rank, tag=tag))
+                self._wait(self.comm.Irecv(a, source=self.rank, tag=tag), patient=False)
                 self.received += a.nbytes
             arrays.append(a)
         return OPS[int(header[0])], arrays, tag
