@@ -19,21 +19,25 @@ statistics). Errors are pyhet.errors exceptions, with the command line's message
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
+import weakref
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from . import arch as arch_notation
 from . import evaluation
-from .data import Dataset, Normalization, load_dataset, prepare_images, prepare_labels
+from .data import Dataset, load_dataset
+from .images import Normalization, prepare_images, prepare_labels
 from .errors import DataError, PyhetError
 from .geometry import NetGeometry
-from .model import init_params, load_weights, network_of_file, save_weights
+from .model import (check_class_names, checked_params, init_params, load_weights,
+                    network_of_file, save_weights)
 from .specs import cuda_device_count, parse_devices
-from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, open_devices,
-                    run_steps)
+from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, check_memory,
+                    open_devices, run_steps)
 
 __all__ = ["Network", "load"]
 
@@ -57,27 +61,40 @@ class Network:
                  devices: str = "auto", balance: str = "dynamic", seed: int = 0,
                  classes: Optional[Sequence[str]] = None,
                  normalization: Optional[Normalization] = None,
-                 _params: Optional[dict] = None):
+                 weights: Optional[dict] = None):
+        # weights: {name: float32 array} in PyTorch's layout (as params() gives) instead of the
+        # seeded initialisation; classes: the class names; normalization: how raw uint8 images
+        # become inputs (pyhet.images.Normalization; None: / 255)
         if balance not in BALANCE_MODES:
             raise PyhetError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {balance!r}")
-        if not isinstance(seed, (int, np.integer)):
-            raise PyhetError(f"seed must be an integer, got {seed!r}")
-        try:
-            shape = tuple(int(v) for v in input_shape)
-        except (TypeError, ValueError):
-            shape = ()
-        if len(shape) != 3:
-            raise PyhetError(f"input_shape must be (C, H, W), got {input_shape!r}")
-        self.geometry: NetGeometry = arch_notation.build(arch, shape, int(num_classes))
-        self.devices_spec, self.balance, self.seed = devices, balance, int(seed)
+        seed = _whole(seed, "seed", 0)
+        if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3 and all(
+                _is_whole(v) and v >= 1 for v in input_shape)):
+            raise PyhetError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
+                             f"{input_shape!r}")
+        shape = tuple(int(v) for v in input_shape)
+        self.geometry: NetGeometry = arch_notation.build(arch, shape,
+                                                         _whole(num_classes, "num_classes", 2))
+        check_memory(self.geometry, 1)
+        if not isinstance(devices, str):
+            raise PyhetError(f"devices must be a SPEC string such as 'cpu:1,cpu:1', got "
+                             f"{devices!r}")
+        self.devices_spec, self.balance, self.seed = devices, balance, seed
         parse_devices(devices, gpu_count=cuda_device_count)  # a bad SPEC fails here, not later
-        self.classes = list(classes) if classes else None
+        try:
+            self.classes = check_class_names(None if classes is None else list(classes),
+                                             self.num_classes)
+        except (TypeError, ValueError) as e:
+            raise PyhetError(f"classes: {e}") from None
         self.normalization = normalization
-        self._params = _params if _params is not None else init_params(self.geometry, seed)
+        self._params = (init_params(self.geometry, seed) if weights is None
+                        else checked_params(weights, self.geometry))
+        self._epochs = 0          # epochs begun by fit() so far: the next fit's data order
         self._devices: list = []
         self._net = None
         self._calibration = None
+        self._finalizer = None
 
     # --- description --------------------------------------------------------------------------
 
@@ -116,6 +133,8 @@ class Network:
         """The Net on running devices, partitioned for this batch size (first call only)."""
         if self._net is None:
             self._devices = open_devices(self.devices_spec)
+            # a Network dropped without close() still stops its devices' threads
+            self._finalizer = weakref.finalize(self, _close_all, list(self._devices))
             try:
                 self._net, self._calibration = build_net(
                     self.geometry, self._params, self._devices, self.balance, batch_size,
@@ -132,9 +151,9 @@ class Network:
                 self._params = self._net.params()
             except Exception:  # a failed device: keep the last weights we had
                 pass
-        for d in self._devices:
-            d.close()
-        self._devices, self._net, self._calibration = [], None, None
+        if self._finalizer is not None:
+            self._finalizer()          # closes the devices, once
+        self._devices, self._net, self._calibration, self._finalizer = [], None, None, None
 
     def __enter__(self) -> "Network":
         return self
@@ -155,11 +174,18 @@ class Network:
         or on a named dataset (``dataset="bundled"``, ``"cifar10"``, ``"npz:FILE"``, ...).
 
         Training runs `epochs` passes, or `steps` optimizer steps when given. Each epoch's
-        order comes from (seed, epoch). callback(info) is called after every step with
+        order comes from (seed, epoch), and a later fit() goes on with the next epoch's order.
+        The devices are partitioned for the batch size of their first use (the first fit(),
+        predict() or evaluate()). callback(info) is called after every step with
         {"step", "steps", "epoch", "loss", "step_time_s", "images"}; progress=True also draws
         a bar on stderr. Momentum carries over to the next fit() while the devices run.
         Returns the summary that ``pyhet train --json`` prints (test accuracy from x_test and
         y_test, or the dataset's test split)."""
+        batch_size, epochs = _positive(batch_size, "batch_size"), _positive(epochs, "epochs")
+        steps = None if steps is None else _positive(steps, "steps")
+        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
+                raise PyhetError(f"{name} must be a number, got {value!r}")
         ds = self._training_data(x, y, dataset, data_dir, x_test, y_test)
         cfg = TrainConfig(arch=self.arch, dataset=ds.name, devices=self.devices_spec,
                           balance=self.balance, batch_size=batch_size, epochs=epochs,
@@ -177,8 +203,9 @@ class Network:
         net = self._start(batch_size, log if progress else None)
         balance = (DynamicBalance(net, self._calibration)
                    if self.balance == "dynamic" and self._calibration else None)
-        result = run_steps(cfg, ds, net, {"step": 0, "epoch": 0, "batch": 0}, log, balance,
-                           callback)
+        result = run_steps(cfg, ds, net, {"step": 0, "epoch": self._epochs, "batch": 0}, log,
+                           balance, callback)
+        self._epochs += math.ceil(result["steps"] / math.ceil(len(ds.x_train) / batch_size))
         result["calibration"] = (self._calibration.as_dict(self._devices)
                                  if self._calibration else None)
         result["partition_moves"] = balance.moves if balance else []
@@ -264,10 +291,23 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
     meta = meta or {}
     return Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
                    balance=balance, classes=meta.get("classes"),
-                   normalization=meta.get("normalization"), _params=params)
+                   normalization=meta.get("normalization"), weights=params)
+
+
+def _close_all(devices) -> None:
+    for d in devices:
+        d.close()
+
+
+def _is_whole(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _whole(v, name, minimum: int) -> int:
+    if not _is_whole(v) or v < minimum:
+        raise PyhetError(f"{name} must be a whole number >= {minimum}, got {v!r}")
+    return int(v)
 
 
 def _positive(v, name) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise PyhetError(f"{name} must be a whole number >= 1, got {v!r}")
-    return int(v)
+    return _whole(v, name, 1)

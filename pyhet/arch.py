@@ -48,8 +48,14 @@ def shorthand(kernels, kernel_size: int = DEFAULT_KERNEL_SIZE) -> str:
 def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
     """An --arch SPEC -> (conv blocks, hidden fc units). Shapes are not checked here: see
     build(), which knows the input."""
-    if not isinstance(spec, str) or not spec.strip():
+    if not isinstance(spec, str):
+        raise ArchitectureError(f"a network description must be a string such as "
+                                f"{PAPER_ARCH!r}, got {type(spec).__name__}")
+    if not spec.strip():
         raise ArchitectureError(f"empty --arch: expected blocks such as {PAPER_ARCH!r}")
+    if m := re.search(r"\d+C\d+(?:[ps]\d+)*[ps]-\d", spec):
+        raise ArchitectureError(f"--arch {spec!r}: {m[0]!r}: padding and stride must be whole "
+                                f"numbers >= 0 and >= 1")
     convs: list[ConvSpec] = []
     hidden: list[int] = []
     previous = None  # the kind of the block before: "conv", "pool" or "fc"
@@ -65,12 +71,11 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
                 if suffix[key] is not None:
                     raise ArchitectureError(f"{where}: {key!r} is given twice")
                 suffix[key] = int(value)
-            conv = ConvSpec(int(m[1]), int(m[2]), suffix["s"] or 1, suffix["p"] or 0)
+            conv = ConvSpec(int(m[1]), int(m[2]), 1 if suffix["s"] is None else suffix["s"],
+                            suffix["p"] or 0)
             if conv.kernels < 1 or conv.size < 1 or conv.stride < 1:
                 raise ArchitectureError(f"{where}: kernels, kernel size and stride must be "
                                         f">= 1")
-            if suffix["s"] == 0:
-                raise ArchitectureError(f"{where}: the stride must be >= 1")
             convs.append(conv)
             previous = "conv"
         elif m := _POOL.match(tok):
@@ -114,11 +119,11 @@ def build(spec: str, input_shape, num_classes: int) -> NetGeometry:
             g = ConvGeometry(f"conv{i + 1}", C, H, W, c.kernels, c.size, c.size, c.stride,
                              c.pad, c.pool, c.pool_stride)
         except ArchitectureError as e:
-            raise ArchitectureError(f"--arch {spec!r} on {images} images: {e}") from None
+            raise ArchitectureError(f"the network {spec} on {images} images: {e}") from None
         blocks.append(g)
         C, H, W = g.out_shape
     try:
         return NetGeometry(tuple(int(v) for v in input_shape), tuple(blocks), tuple(hidden),
                            int(num_classes))
     except ArchitectureError as e:
-        raise ArchitectureError(f"--arch {spec!r}: {e}") from None
+        raise ArchitectureError(f"the network {spec}: {e}") from None

@@ -53,6 +53,16 @@ def _positive(kind):
     return parse
 
 
+def _non_negative_int(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return v
+
+
 def _non_negative_float(text):
     try:
         v = float(text)
@@ -75,7 +85,9 @@ def _network_options(p):
 
 
 def network_spec(args, parser) -> str:
-    """The network of --arch, or of the --kernels/--kernel-size shorthand (not both)."""
+    """The network of --arch, or of the --kernels/--kernel-size shorthand (not both); errors
+    are usage errors of the command's own parser."""
+    parser = getattr(args, "command_parser", parser)
     if args.arch is not None:
         if args.kernels is not None or args.kernel_size is not None:
             parser.error("--arch describes the whole network: give it without --kernels and "
@@ -97,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     t = sub.add_parser("train", help="train a CNN")
+    t.set_defaults(command_parser=t)
     _network_options(t)
     t.add_argument("--dataset", default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
@@ -111,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=_positive(float), default=0.01)
     t.add_argument("--momentum", type=_non_negative_float, default=0.9)
     t.add_argument("--weight-decay", type=_non_negative_float, default=0.0)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_non_negative_int, default=0)
     t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
     t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
@@ -126,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show tracebacks on errors")
 
     d = sub.add_parser("devices", help="list the devices and their calibrated speed on a network")
+    d.set_defaults(command_parser=d)
     d.add_argument("--devices", default="auto", metavar="SPEC")
     _network_options(d)
     d.add_argument("--dataset", default="bundled", help="gives the input shape")
@@ -321,6 +335,10 @@ def main(argv=None) -> int:
             raise
         print(f"pyhet: error: {e}", file=sys.stderr)
         return e.exit_status
+    except MemoryError:
+        print("pyhet: error: out of memory: the network, the batch or the data is too large "
+              "for this machine", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("pyhet: interrupted", file=sys.stderr)
         return 130

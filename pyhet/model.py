@@ -25,7 +25,7 @@ import zipfile
 import numpy as np
 
 from . import arch as arch_notation
-from .data import Normalization
+from .images import Normalization
 from .errors import WeightsError
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
@@ -59,7 +59,7 @@ def init_params(net: NetGeometry, seed: int = 0) -> dict:
 def arch_entry(net: NetGeometry, classes=None, normalization=None) -> np.ndarray:
     """The file's description of the network: a 0-d string array holding JSON with the
     --arch notation, the input shape, the classes (and their names, where known) and how raw
-    uint8 images were prepared for training (pyhet.data.Normalization, or None)."""
+    uint8 images were prepared for training (pyhet.images.Normalization, or None)."""
     meta = {"format": FORMAT, "arch": net.arch, "input_shape": list(net.input_shape),
             "num_classes": net.num_classes, "classes": list(classes) if classes else None,
             "normalization": normalization.as_dict() if normalization is not None else None}
@@ -95,13 +95,18 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
     entry, parsed) is None for files that do not carry one."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise WeightsError(f"weight file {path}: no such file")
+        raise WeightsError(f"weight file {path}: " + ("a folder, not a file"
+                                                      if os.path.isdir(path) else "no such file"))
     try:
         # np.load is handed an open file: np.load(name) leaks its handle on a broken zip
-        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as e:
-        # TypeError: a single .npy array (an ndarray is no context manager)
+        with open(path, "rb") as fh:
+            loaded = np.load(fh, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise WeightsError(f"weight file {path}: a single .npy array, expected an .npz "
+                                   f"of named arrays (np.savez)")
+            with loaded as f:
+                arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise WeightsError(f"weight file {path}: not a readable .npz ({e})") from None
     meta = None
     if ARCH_KEY in arrays:
@@ -114,10 +119,21 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             meta["num_classes"] = int(meta["num_classes"])
             norm = meta.get("normalization")
             meta["normalization"] = None if norm is None else Normalization.from_dict(norm)
+            meta["classes"] = check_class_names(meta.get("classes"), meta["num_classes"])
         except (ValueError, TypeError, KeyError) as e:
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
                                f"description ({e})") from None
     return arrays, meta
+
+
+def check_class_names(names, num_classes: int):
+    """None, or a list of num_classes strings; else ValueError."""
+    if names is None:
+        return None
+    if not isinstance(names, (list, tuple)) or len(names) != num_classes or not all(
+            isinstance(n, str) for n in names):
+        raise ValueError(f"class names must be {num_classes} strings, got {names!r}")
+    return list(names)
 
 
 _LEGACY = re.compile(r"^conv[12]\.(weight|bias)$|^fc\.(weight|bias)$")
@@ -154,6 +170,30 @@ def network_of_file(path, input_shape=None) -> tuple[NetGeometry, dict | None]:
     return net, None
 
 
+def checked_params(weights: dict, net: NetGeometry) -> dict:
+    """Copies of the network's parameters from {name: array}: every name present, float32,
+    the network's shapes, finite; else WeightsError."""
+    if not isinstance(weights, dict):
+        raise WeightsError(f"weights must be a dict of arrays, got {type(weights).__name__}")
+    want = net.param_shapes()
+    missing = [k for k in want if k not in weights]
+    extra = [k for k in weights if k not in want]
+    if missing or extra:
+        raise WeightsError(f"weights for {net.arch}: missing {', '.join(missing) or 'nothing'}, "
+                           f"unknown {', '.join(map(str, extra)) or 'nothing'}")
+    out = {}
+    for k, shape in want.items():
+        a = weights[k]
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
+            raise WeightsError(f"weights for {net.arch}: {k} must be a float32 array of shape "
+                               f"{shape}, got {getattr(a, 'dtype', type(a).__name__)} "
+                               f"{getattr(a, 'shape', '')}")
+        if not np.isfinite(a).all():
+            raise WeightsError(f"weights for {net.arch}: {k} holds NaN or infinite values")
+        out[k] = np.array(a, np.float32)
+    return out
+
+
 def load_weights(path, net: NetGeometry) -> dict:
     """Read a weight file (or checkpoint) and check it against the network it must fit."""
     path = os.fspath(path)
@@ -171,10 +211,11 @@ def load_weights(path, net: NetGeometry) -> dict:
     if missing:
         raise WeightsError(f"weight file {path}: missing {', '.join(missing)} "
                            f"(it has {', '.join(sorted(arrays)) or 'nothing'})")
-    extra = [k for k in arrays if re.match(r"^(conv|fc)\d*\.(weight|bias)$", k) and k not in want]
+    # a checkpoint also holds momentum/* arrays and its position (meta); nothing else belongs
+    extra = [k for k in arrays if k not in want and "/" not in k and k != "meta"]
     if extra:
-        raise WeightsError(f"weight file {path}: {', '.join(sorted(extra))} are not layers of "
-                           f"the network {net.arch} (a file of another network?)")
+        raise WeightsError(f"weight file {path}: {', '.join(sorted(extra))} are not parameters "
+                           f"of the network {net.arch} (a file of another network?)")
     params = {}
     for k in want:
         a = arrays[k]

@@ -20,14 +20,14 @@ import numpy as np
 from . import arch as arch_notation
 from . import ops
 from .backends.cpu import CpuBackend
-from .backends.numpy_ref import NumpyBackend
+from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
 from .data import Dataset, iterate_batches, load_dataset
 from .devices import make_devices
-from .errors import DeviceError, PyhetError, TrainingError, WeightsError
+from .errors import DataError, DeviceError, PyhetError, TrainingError, WeightsError
 from .evaluation import evaluate
 from .geometry import NetGeometry
-from .model import Net, arch_entry, init_params, load_weights, save_weights
+from .model import Net, arch_entry, init_params, load_weights, save_weights, write_npz
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
@@ -77,6 +77,14 @@ class TrainConfig:
         if self.save and not os.path.isdir(os.path.dirname(os.path.abspath(self.save))):
             raise ValueError(f"--save {self.save}: the folder "
                              f"{os.path.dirname(os.path.abspath(self.save))} does not exist")
+        if self.checkpoint_dir and os.path.exists(self.checkpoint_dir) and not os.path.isdir(
+                self.checkpoint_dir):
+            raise ValueError(f"--checkpoint-dir {self.checkpoint_dir}: a file, not a folder")
+        if self.checkpoint_dir and not os.path.exists(self.checkpoint_dir):
+            parent = os.path.dirname(os.path.abspath(self.checkpoint_dir))
+            if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+                raise ValueError(f"--checkpoint-dir {self.checkpoint_dir}: cannot be made (its "
+                                 f"folder {parent} does not exist or is not writable)")
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
 
     @property
@@ -113,6 +121,19 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
     return part, cal
+
+
+def check_memory(shape: NetGeometry, batch: int) -> None:
+    """Refuse a network whose parameters (weights, gradients, momentum) and largest im2col
+    matrix (and its gradient) at this batch size cannot fit in this machine's free memory."""
+    free = host_available_memory()
+    params = sum(int(np.prod(s)) for s in shape.param_shapes().values())
+    col = max(g.col_rows * g.positions(batch) for g in shape.blocks)
+    need = 4 * (3 * params + 2 * col)
+    if free is not None and need > free:
+        raise DeviceError(f"the network {shape.arch} needs at least {need / 2**30:.1f} GiB "
+                          f"({params:,} parameters, and the im2col matrices at batch {batch}), "
+                          f"but this machine has {free / 2**30:.1f} GiB available")
 
 
 def open_devices(spec: str, timeout: float | None = None):
@@ -187,10 +208,16 @@ def _checkpoints(directory):
     return sorted(glob.glob(os.path.join(directory, "checkpoint-*.npz")))
 
 
-def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg: TrainConfig):
+def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg: TrainConfig,
+                    ds: Dataset):
     """Weights, momentum and the position in the data; training resumed from it goes on
-    exactly as if it had not stopped."""
-    os.makedirs(directory, exist_ok=True)
+    exactly as if it had not stopped. It is a weight file too (the network, its classes and
+    normalisation included)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise WeightsError(f"cannot make the checkpoint folder {directory}: "
+                           f"{e.strerror or e}") from None
     arrays = dict(net.params())
     for name, (vw, vb) in net.momentum().items():
         if vw is not None:
@@ -198,11 +225,9 @@ def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg:
     meta = {"step": step, "epoch": epoch, "batch": batch, "seed": cfg.seed,
             "batch_size": cfg.batch_size, "shuffle": cfg.shuffle}
     arrays["meta"] = np.array(json.dumps(meta))
-    arrays["arch"] = arch_entry(net.shape)  # checkpoints describe their network too
+    arrays["arch"] = arch_entry(net.shape, ds.classes, ds.normalization)
     path = os.path.join(directory, f"checkpoint-{step:09d}.npz")
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    write_npz(path, arrays, "the checkpoint")
     return path
 
 
@@ -229,6 +254,7 @@ def train(cfg: TrainConfig, log=None) -> dict:
         raise PyhetError(str(e)) from None
     ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     shape = arch_notation.build(cfg.network, ds.input_shape, ds.num_classes)
+    check_memory(shape, cfg.batch_size)
 
     start = {"step": 0, "epoch": 0, "batch": 0}
     moms = {}
@@ -273,6 +299,8 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     n_train = ds.x_train.shape[0]
     per_epoch = math.ceil(n_train / cfg.batch_size)
+    if per_epoch == 0:
+        raise DataError(f"{ds.name}: no training images")
     total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
     step_times, conv_times, losses = [], [], []
@@ -316,7 +344,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
         # after a break it is the first batch left untrained)
         epoch, skip = (epoch + 1, 0) if skip + todo >= per_epoch else (epoch, skip + todo)
         if cfg.checkpoint_dir:
-            save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg)
+            save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg, ds)
     train_s = time.perf_counter() - t_train
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
     moved = {r: {k: v - traffic0[r][k] for k, v in t.items()}

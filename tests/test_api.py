@@ -154,6 +154,12 @@ def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
     ({"input_shape": (12, 12)}, PyhetError, ["input_shape", "(C, H, W)"]),
     ({"devices": "cpu:1,tpu"}, DeviceError, ["tpu"]),
     ({"balance": "fast"}, PyhetError, ["balance", "dynamic"]),
+    ({"seed": -1}, PyhetError, ["seed", ">= 0"]),
+    ({"num_classes": 3.9}, PyhetError, ["num_classes", "3.9"]),
+    ({"input_shape": (1, 12.7, 12)}, PyhetError, ["input_shape", "12.7"]),
+    ({"arch": 5}, ArchitectureError, ["string", "int"]),
+    ({"classes": ["a"]}, PyhetError, ["classes", "3 strings"]),
+    ({"arch": "99999999C3-100000000N"}, DeviceError, ["GiB", "available"]),
 ])
 def test_network_refuses_bad_arguments(kwargs, error, words):
     args = {"arch": ARCH, "input_shape": (1, 12, 12), "num_classes": 3, **kwargs}
@@ -171,7 +177,11 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
     (lambda n, x, y: n.fit(x, y[:-1], steps=1), ["40 labels", "(39,)"]),
     (lambda n, x, y: n.fit(x, y + 3, steps=1), ["0..2"]),
     (lambda n, x, y: n.fit(x, y.astype(np.float32), steps=1), ["integer"]),
-    (lambda n, x, y: n.fit(x, y, steps=0), ["--steps", ">= 1"]),
+    (lambda n, x, y: n.fit(x, y, steps=0), ["steps", ">= 1"]),
+    (lambda n, x, y: n.fit(x, y, steps=1.5), ["steps", "whole number"]),
+    (lambda n, x, y: n.fit(x, y, batch_size="8"), ["batch_size", "'8'"]),
+    (lambda n, x, y: n.fit(x[:0], y[:0], steps=1), ["no images"]),
+    (lambda n, x, y: n.evaluate(x[:0], y[:0]), ["no images"]),
     (lambda n, x, y: n.fit(steps=1), ["x", "dataset="]),
     (lambda n, x, y: n.fit(dataset="cifar10x", steps=1), ["unknown dataset"]),
     (lambda n, x, y: n.predict(x[0]), ["(N, 1, 12, 12)", "(1, 12, 12)"]),
@@ -194,6 +204,23 @@ def test_network_methods_refuse_bad_input(call, words):
 def test_load_refuses_bad_files(tmp_path):
     with pytest.raises(WeightsError, match="no such file"):
         pyhet.load(tmp_path / "missing.npz")
+    with pytest.raises(WeightsError, match="a folder, not a file"):
+        pyhet.load(tmp_path)
+    np.save(tmp_path / "one.npy", np.zeros(3, np.float32))
+    with pytest.raises(WeightsError, match="a single .npy array"):
+        pyhet.load(tmp_path / "one.npy")
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        net.save(tmp_path / "w.npz")
+    w = load_npz(tmp_path / "w.npz")
+    meta = json.loads(str(w["arch"]))
+    np.savez(tmp_path / "junk.npz", **w, junk=np.zeros(2, np.float32))
+    with pytest.raises(WeightsError, match="junk are not parameters"):
+        pyhet.load(tmp_path / "junk.npz")
+    for classes in (5, ["a"]):
+        np.savez(tmp_path / "classes.npz", **{**w, "arch": np.array(json.dumps(
+            {**meta, "classes": classes}))})
+        with pytest.raises(WeightsError, match="class names must be 3 strings"):
+            pyhet.load(tmp_path / "classes.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(WeightsError, match="not a readable .npz"):
         pyhet.load(tmp_path / "junk.npz")
@@ -358,3 +385,65 @@ def test_predict_into_a_closed_pipe_stops_quietly(cli, tmp_path):
         assert p.wait(timeout=120) == 1
     assert json.loads(first)["class"] in (0, 1, 2)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_second_fit_goes_on_with_the_next_epochs_order():
+    """Two fit(epochs=1) calls see epochs 1 and 2 (two orders), as one fit(epochs=2) does."""
+    x, y = arrays(n=24)
+    seen = []
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", seed=1) as net:
+        net.fit(x, y, epochs=1, batch_size=8, callback=seen.append)
+        net.fit(x, y, epochs=1, batch_size=8, callback=seen.append)
+        twice = net.params()
+    assert [i["epoch"] for i in seen] == [1, 1, 1, 2, 2, 2]
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", seed=1) as net:
+        net.fit(x, y, epochs=2, batch_size=8)
+        once = net.params()
+    for k in once:
+        np.testing.assert_array_equal(twice[k], once[k], err_msg=k)
+
+
+def test_weights_given_to_a_network_are_checked_and_used():
+    x, _ = arrays()
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy", seed=2) as a:
+        w = a.params()
+        p = a.predict(x)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy", weights=w) as b:
+        np.testing.assert_array_equal(b.predict(x), p)
+    with pytest.raises(WeightsError, match="missing fc.bias"):
+        pyhet.Network(ARCH, (1, 12, 12), 3, weights={k: v for k, v in w.items()
+                                                     if k != "fc.bias"})
+    with pytest.raises(WeightsError, match="conv1.weight must be a float32 array"):
+        pyhet.Network(ARCH, (1, 12, 12), 3, weights={**w, "conv1.weight": w["conv1.weight"][:1]})
+
+
+def test_checkpoints_keep_the_classes_and_normalization(cli, tmp_path):
+    res = cli("train", "--arch", "3C5-P2-4C5-P2", "--devices", "cpu:1", "--steps", "2",
+              "--batch-size", "16", "--checkpoint-dir", tmp_path / "ck", "--save",
+              tmp_path / "w.npz", "--quiet")
+    assert res.code == 0, res.err
+    (ck,) = (tmp_path / "ck").glob("checkpoint-*.npz")
+    saved = json.loads(str(load_npz(tmp_path / "w.npz")["arch"]))
+    assert json.loads(str(load_npz(ck)["arch"])) == saved
+    assert saved["classes"] == data.FASHION_MNIST_CLASSES and saved["normalization"]
+
+
+@pytest.mark.parametrize("argv,code,words", [
+    (["--checkpoint-dir", "FILE"], 1, ["--checkpoint-dir", "a file, not a folder"]),
+    (["--checkpoint-dir", "/proc/no/such"], 1, ["--checkpoint-dir", "cannot be made"]),
+    (["--seed", "-1"], 2, ["--seed", ">= 0"]),
+    (["--arch", "99999999C3-100000000N"], 1, ["GiB", "available"]),
+])
+def test_train_refuses_before_training(cli, npz_dataset, tmp_path, argv, code, words):
+    data_path = npz_dataset(n=8, shape=(1, 12, 12))
+    (tmp_path / "FILE").write_text("not a folder")
+    argv = [str(tmp_path / "FILE") if a == "FILE" else a for a in argv]
+    if "--arch" not in argv:
+        argv += ["--arch", "3C3-P2-4C3-P2"]
+    res = cli("train", "--dataset", f"npz:{data_path}", "--devices", "cpu:1", "--steps", "1",
+              "--quiet", *argv)
+    assert res.code == code, res.err
+    last = res.err.strip().splitlines()[-1]
+    assert "Traceback" not in res.err and res.out == ""
+    for w in words:
+        assert w in last, (w, last)

@@ -1,0 +1,76 @@
+"""Images and labels as a network takes them, and how raw pixels become its input.
+
+x (N, C, H, W) float32 images, y (N,) int64 labels in [0, M).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DataError
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per channel, x = raw * scale + shift for raw uint8 pixels: ((raw / 255) - mean) / std
+    with the training split's mean and std. It travels with trained weights, so that raw
+    images given to a trained network are prepared exactly as its training images were."""
+
+    scale: tuple   # (C,) float32 values
+    shift: tuple   # (C,)
+
+    def apply(self, x):
+        """uint8 x (N, C, H, W) -> float32 (N, C, H, W)."""
+        c = len(self.scale)
+        out = x.astype(np.float32)                            # (N, C, H, W), C-contiguous
+        out *= np.array(self.scale, np.float32).reshape(1, c, 1, 1)
+        out += np.array(self.shift, np.float32).reshape(1, c, 1, 1)
+        return out
+
+    def as_dict(self) -> dict:
+        return {"scale": [float(v) for v in self.scale], "shift": [float(v) for v in self.shift]}
+
+    @classmethod
+    def from_dict(cls, d) -> "Normalization":
+        return cls(tuple(float(np.float32(v)) for v in d["scale"]),
+                   tuple(float(np.float32(v)) for v in d["shift"]))
+
+
+def prepare_images(x, input_shape, normalization=None, what="x"):
+    """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
+    used as it is; uint8 is raw pixels, prepared as the network's training images were (the
+    normalization, or / 255 when there is none). Anything else raises DataError."""
+    if not isinstance(x, np.ndarray):
+        raise DataError(f"{what}: expected a numpy array of images (N, "
+                        f"{', '.join(map(str, input_shape))}), got {type(x).__name__}")
+    if x.ndim != 4 or tuple(x.shape[1:]) != tuple(input_shape):
+        raise DataError(f"{what}: expected images of shape (N, "
+                        f"{', '.join(map(str, input_shape))}), got {tuple(x.shape)}")
+    if len(x) == 0:
+        raise DataError(f"{what}: holds no images, expected at least one")
+    if x.dtype == np.uint8:
+        if normalization is not None:
+            return normalization.apply(x)
+        return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
+    if x.dtype == np.float32:
+        if not np.isfinite(x).all():
+            raise DataError(f"{what}: holds NaN or infinite values")
+        return np.ascontiguousarray(x)
+    raise DataError(f"{what}: expected float32 images (used as they are) or uint8 pixels "
+                    f"(scaled as the training images were), got dtype {x.dtype}")
+
+
+def prepare_labels(y, n, num_classes, what="y"):
+    """Labels (n,) of integers in [0, num_classes) as int64; anything else raises DataError."""
+    if not isinstance(y, np.ndarray):
+        y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"{what}: expected {n} labels, shape ({n},), got shape {tuple(y.shape)}")
+    if y.dtype.kind not in "iu":
+        raise DataError(f"{what}: expected integer class labels, got dtype {y.dtype}")
+    if n and (y.min() < 0 or y.max() >= num_classes):
+        raise DataError(f"{what}: labels must be in 0..{num_classes - 1}, got "
+                        f"{int(y.min())}..{int(y.max())}")
+    return np.ascontiguousarray(y, dtype=np.int64)
