@@ -29,8 +29,9 @@ ARCH = "4C3p1-P2-5C3s2-6C2-6N"   # 1x12x12: 12 -> P2 6 -> s2 3 -> 2 (no pool) ->
 STEPS = 3
 
 
-def run(argv, ranks=None, cwd=None, timeout=180):
-    """`pyhet argv` in a process, or in `ranks` processes under mpiexec; (status, out, err)."""
+def run(argv, ranks, cwd, timeout=180):
+    """`pyhet argv` in a process (ranks None), or in `ranks` processes under mpiexec, in the
+    folder cwd (not the source tree, whose pyhet/ has no built core); (status, out, err)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     cmd = [sys.executable, "-m", "pyhet", *map(str, argv)]
     if ranks:
@@ -64,7 +65,7 @@ def weights(path):
     (2, "1/cpu:1,1/numpy", "cpu:1,numpy"),                    # the master holds none
 ])
 def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement, one_process):
-    code, out, err = run(train_argv(data, one_process, tmp_path / "one.npz"))
+    code, out, err = run(train_argv(data, one_process, tmp_path / "one.npz"), None, tmp_path)
     assert code == 0, err
     code, out, err = run(train_argv(data, placement, tmp_path / "mpi.npz"), ranks, tmp_path)
     assert code == 0, err
@@ -89,7 +90,8 @@ def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):
     assert code == 0, err
     accuracy = json.loads(out.strip().splitlines()[-1])["test_accuracy"]
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
-                          f"npz:{data}", "--devices", "cpu:1", "--batch-size", 8, "--json"])
+                          f"npz:{data}", "--devices", "cpu:1", "--batch-size", 8, "--json"],
+                         None, tmp_path)
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["accuracy"] == accuracy
 
@@ -179,3 +181,25 @@ def test_a_rank_that_stops_or_dies_ends_the_run(tmp_path, signal_name):
         assert "rank 1 (1/cpu:1) did not answer within 3 s" in err, err
     time.sleep(1)
     assert pids_with(str(data)) == [], "processes left behind"
+
+
+def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
+    """One epoch on two ranks with checkpoints, then --resume in one process on other devices:
+    the weights of two uninterrupted epochs."""
+    def argv(devices, *extra):
+        return ["train", "--dataset", f"npz:{data}", "--arch", ARCH, "--devices", devices,
+                "--balance", "even", "--batch-size", 8, "--lr", 0.05, "--quiet", *extra]
+
+    code, out, err = run(argv("0/cpu:1,1/cpu:1", "--epochs", 1, "--checkpoint-dir",
+                              tmp_path / "ck"), 2, tmp_path)
+    assert code == 0, err
+    code, out, err = run(argv("cpu:1,numpy,cpu:1", "--epochs", 2, "--checkpoint-dir",
+                              tmp_path / "ck", "--resume", "--save", tmp_path / "resumed.npz"),
+                         None, tmp_path)
+    assert code == 0 and "resuming from" in err, err
+    code, out, err = run(argv("cpu:1", "--epochs", 2, "--save", tmp_path / "whole.npz"), None,
+                         tmp_path)
+    assert code == 0, err
+    want, got = weights(tmp_path / "whole.npz"), weights(tmp_path / "resumed.npz")
+    for k in want:
+        assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
