@@ -29,7 +29,7 @@ from .evaluation import evaluate
 from .geometry import NetGeometry
 from .model import Net, arch_entry, init_params, load_weights, save_weights, write_npz
 from .optim import SGDConfig
-from .partition import Balancer, balanced, even
+from .partition import Balancer, balanced, even, predicted_time
 from .progress import Progress
 from .specs import check_ranks, check_threads, cuda_device_count, for_rank, parse_devices
 from .timing import PartTimer
@@ -152,15 +152,16 @@ def open_devices(spec: str, timeout: float | None = None):
                           mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
     if not any(link.ranks_devices.values()):
         raise DeviceError(f"no rank of the job holds a device of --devices {spec!r}")
-    return Devices(link.devices(specs), link.idle_ranks())
+    return Devices(link.devices(specs), link.idle_ranks(), link)
 
 
 class Devices(list):
-    """The devices of a run, in order; under mpiexec also the ranks that hold none (they idle)."""
+    """The devices of a run, in order; under mpiexec also the ranks that hold none (they idle)
+    and the master's link to the others (pyhet.transport.mpi.MasterLink)."""
 
-    def __init__(self, devices, idle_ranks=()):
+    def __init__(self, devices, idle_ranks=(), link=None):
         super().__init__(devices)
-        self.idle_ranks = list(idle_ranks)
+        self.idle_ranks, self.link = list(idle_ranks), link
 
 
 def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: int,
@@ -275,6 +276,10 @@ def train(cfg: TrainConfig, log=None) -> dict:
     devices = open_devices(cfg.devices, cfg.timeout)
     for r in devices.idle_ranks:
         print(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", file=log)
+    links = {}
+    if devices.link is not None:   # each rank's link, at the size of the largest layer input
+        links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(cfg.batch_size)))
+                                                   for g in shape.blocks))
     try:
         net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
                              log if cfg.progress else None)
@@ -284,6 +289,13 @@ def train(cfg: TrainConfig, log=None) -> dict:
         result = run_steps(cfg, ds, net, start, log, balance)
         result["calibration"] = cal.as_dict(devices) if cal else None
         result["idle_ranks"] = devices.idle_ranks   # under mpiexec: ranks holding no device
+        for r, figures in links.items():
+            result["links"].setdefault(str(r), {}).update(
+                {k: (round(v, 6) if k == "latency_s" else round(v)) for k, v in figures.items()})
+        if cal is not None:   # the cost model's conv time for the final partition
+            result["predicted_conv_time_s"] = round(sum(
+                predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])
+                for conv in net.convs), 4)
         result["partition_moves"] = balance.moves if balance else []
         return result
     finally:
@@ -392,6 +404,7 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "test_accuracy": test["accuracy"] if test else None,
         "test_loss": test["loss"] if test else None,
         "conv_time_fraction": (sum(conv) / sum(timed)) if timed and sum(timed) else None,
+        "conv_time_s": statistics.median(conv) if conv else None,   # median per step
         "dataset": ds.name,
         "arch": net.shape.arch,
         "kernels": list(net.shape.kernels),

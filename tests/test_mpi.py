@@ -81,7 +81,10 @@ def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement,
     remote = {r for r in ranks_of if r}
     assert set(summary["links"]) == {str(r) for r in remote}
     for r in remote:                                          # activations travel every step
-        assert summary["links"][str(r)]["bytes_sent_per_step"] > 8 * 12 * 12 * 4
+        link = summary["links"][str(r)]
+        assert link["bytes_sent_per_step"] > 8 * 12 * 12 * 4
+        assert link["message_bytes"] == 4 * 8 * 4 * 6 * 6    # the largest layer input
+        assert 0 < link["latency_s"] < 1 and link["bandwidth_bytes_per_s"] > 1e6
     assert summary["idle_ranks"] == ([1] if placement == "0/cpu:1,2/cpu:1" else [])
 
 

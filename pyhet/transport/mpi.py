@@ -52,7 +52,7 @@ HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims)
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "step", "free", "close",
        "hello")
-TAG_HELLO, TAG_BASE = 5, 10
+TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -239,6 +239,30 @@ class MasterLink:
                 peer.send(TAG_HELLO, "ok", [np.array([first], np.int64)])
             first += len(self.ranks_devices[r])
 
+    def measure_links(self, nbytes: int, rounds: int = 3) -> dict:
+        """{rank: {"latency_s", "bandwidth_bytes_per_s", "message_bytes"}} of each rank that
+        holds devices: the best of `rounds` round trips of 8 bytes and of `nbytes` (a layer
+        input), each way. The bandwidth counts both the bytes' way there and back."""
+        out = {}
+        small, big = np.zeros(1, np.float64), np.zeros(max(1, nbytes // 4), np.float32)
+        for r, peer in self.peers.items():
+            if not self.ranks_devices[r]:
+                continue
+            times = {}
+            for a in (small, big):
+                best = float("inf")
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    peer.send(TAG_ECHO, "ok", [a])
+                    peer.receive(TAG_ECHO)
+                    best = min(best, time.perf_counter() - t0)
+                times[a.nbytes] = best
+            latency = times[small.nbytes] / 2
+            moving = max(1e-9, times[big.nbytes] - times[small.nbytes])
+            out[r] = {"latency_s": latency, "bandwidth_bytes_per_s": 2 * big.nbytes / moving,
+                      "message_bytes": int(big.nbytes)}
+        return out
+
     def _timeout_text(self, rank):
         def text_():
             devices = ", ".join(self.ranks_devices.get(rank, [])) or "no devices"
@@ -302,6 +326,9 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     try:
         while open_:
             op, arrays, tag = master.receive(MPI.ANY_TAG)
+            if tag == TAG_ECHO:              # the master measures the link: send it back
+                master.send(TAG_ECHO, "ok", arrays)
+                continue
             index = (tag - TAG_BASE) // 2
             device = by_index[index]
             if op == "close":
