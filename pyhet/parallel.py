@@ -57,6 +57,7 @@ class PartitionedConv:
             raise DeviceError(f"{self.name}: a partition of {w.shape[0]} kernels over "
                               f"{len(self.devices)} devices is needed, got {counts}")
         self.counts = counts
+        self.active = [i for i, c in enumerate(counts) if c > 0]   # devices with kernels
         edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
@@ -118,9 +119,11 @@ class PartitionedConv:
                                                 tag=self.name)
                          for i, ch in self.channels.items()])
         with self.phases("forward"):
-            futures = [d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
-                                col if i in self.group else None, tag=self.name)
-                       for i, d in enumerate(self.devices)]
+            # a device without kernels of this layer is left out (a remote one costs messages)
+            futures = [self.devices[i].submit(f"{self.name} forward",
+                                              self.devices[i].conv_forward, self.name, x,
+                                              col if i in self.group else None, tag=self.name)
+                       for i in self.active]
             parts = _gather(futures)
         with self.phases("join"):
             return np.concatenate(parts, axis=1)
@@ -134,9 +137,11 @@ class PartitionedConv:
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
-        futures = [d.submit(f"{self.name} backward", d.conv_backward, self.name,
-                            np.ascontiguousarray(dout[:, k0:k1]), mode(i), tag=self.name)
-                   for i, (d, (k0, k1)) in enumerate(zip(self.devices, self.bounds))]
+        futures = {i: self.devices[i].submit(f"{self.name} backward",
+                                             self.devices[i].conv_backward, self.name,
+                                             np.ascontiguousarray(dout[:, k0:k1]), mode(i),
+                                             tag=self.name)
+                   for i, (k0, k1) in ((i, self.bounds[i]) for i in self.active)}
         try:
             with self.phases("backward"):
                 group = _gather([futures[i] for i in self.group])
@@ -155,16 +160,17 @@ class PartitionedConv:
             # every device's backward has finished before the layer returns (or fails): the
             # update must not start while a device still reads its shard
             with self.phases("others_backward"):
-                results = _gather(futures)
-        for i, r in enumerate(results):
+                results = dict(zip(futures, _gather(list(futures.values()))))
+        for i, r in results.items():
             if i not in self.group and r is not None:
                 dx += r
         return dx
 
     def step(self, cfg):
         with self.phases("update"):
-            _gather([d.submit(f"{self.name} update", d.sgd_step, self.name, cfg,
-                              tag=self.name) for d in self.devices])
+            _gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
+                                            self.name, cfg, tag=self.name)
+                     for i in self.active])
 
 
 def _gather(futures):

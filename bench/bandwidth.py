@@ -1,0 +1,326 @@
+"""The paper's bandwidth analysis, measured on real rate-limited links.
+
+    pyhet bench bandwidth [--rates 100mbit,1gbit,10gbit,none] [--kernels 500,1500]
+                          [--batch-size 16] [--steps 4] [--no-ddp] [--json FILE] [--plot FILE.png]
+
+Run as root. The master and one device rank run in two Linux network namespaces joined by a veth
+pair, each end shaped by a `tc tbf` at the rate (none: no limit); MPICH is told to go over that
+link (MPIR_CVAR_NOLOCAL=1, the OFI netmod with the tcp provider on the veth), not through shared
+memory. Per rate the table gives: the link bandwidth the master measured, the conv2 partition
+calibration chose (`--devices 0/cpu:1,1/cpu:1 --balance static`), the step time, the speedup over
+the master's device alone (one process, `--devices cpu:1`), the cost model's conv time beside the
+measured one, and, where PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half
+the batch each) on the same link: the data-parallel alternative, which moves the gradients of
+every weight each step where pyhet moves activations.
+
+The namespaces and links are removed when it ends, also when interrupted. Without root, `ip`,
+`tc` or mpiexec it says so and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+try:
+    from . import _util
+except ImportError:  # run as a script: python bench/bandwidth.py
+    import _util
+
+SUBNET = "10.201.{}.{}"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="pyhet bench bandwidth", description=__doc__.split("\n")[0])
+    p.add_argument("--rates", default="100mbit,1gbit,10gbit,none",
+                   help="tc tbf rates, comma-separated; 'none' for no limit")
+    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=4, help="steps per run (the first warms up)")
+    p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")
+    p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    return p.parse_args(argv)
+
+
+def missing_tools() -> str | None:
+    """Why the benchmark cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "it needs root (network namespaces and tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool!r} is not installed (iproute2)"
+    if mpiexec() is None:
+        return "there is no mpiexec (pip install 'pyhet[mpi]')"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
+    return None
+
+
+def mpiexec():
+    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+        "mpiexec")
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+# ================================================================================================
+# Two namespaces joined by a veth pair
+
+
+class Link:
+    """Namespaces ns0 (the master, 10.201.N.1) and ns1 (10.201.N.2) joined by a veth pair;
+    removed by close(), also after a failed set-up."""
+
+    def __init__(self):
+        tag = os.getpid() % 50000
+        self.ns = [f"pyhet-bw{tag}-0", f"pyhet-bw{tag}-1"]
+        self.dev = [f"pbw{tag}a", f"pbw{tag}b"]
+        self.addr = [SUBNET.format(tag % 250, 1), SUBNET.format(tag % 250, 2)]
+        try:
+            for ns in self.ns:
+                sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            for ns, dev, addr in zip(self.ns, self.dev, self.addr):
+                sh("ip", "link", "set", dev, "netns", ns)
+                sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def shape(self, rate: str):
+        """Both ends at `rate` (a tc rate such as 100mbit), or unshaped for 'none'."""
+        for ns, dev in zip(self.ns, self.dev):
+            sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
+            if rate != "none":
+                # a burst of a few packets at 1 Gbit/s and above keeps the rate; 400 ms of queue
+                sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                   "burst", "256kbit", "latency", "400ms")
+
+    def close(self):
+        for ns in self.ns:   # deleting a namespace deletes its end of the veth, and the pair
+            sh("ip", "netns", "del", ns, check=False)
+
+
+def rate_bits(rate: str):
+    if rate == "none":
+        return None
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    raise ValueError(f"a rate like 100mbit or 1gbit, or none, was expected: got {rate!r}")
+
+
+# ================================================================================================
+# Runs
+
+
+def train_argv(args, devices):
+    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
+            args.kernels, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--devices", devices, "--balance", "static", "--quiet", "--json"]
+
+
+def run_json(cmd, env, timeout, cwd):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({p.returncode}): "
+                           f"{p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def pyhet_over(link: Link, args, cwd):
+    env = dict(os.environ, MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
+    env.pop("PYTHONPATH", None)
+    cmd = [mpiexec()]
+    for i, (ns, dev) in enumerate(zip(link.ns, link.dev)):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns,
+                *train_argv(args, "0/cpu:1,1/cpu:1")]
+    return run_json(cmd, env, args.timeout, cwd)
+
+
+DDP = textwrap.dedent('''
+    import statistics, sys, time
+    import numpy as np, torch, torch.distributed as dist
+    from torch import nn
+    rank, addr, batch, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    A, B = (int(k) for k in sys.argv[5].split(","))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:29517", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    # the network pyhet trains: AC5-P2-BC5-P2 on 3x32x32, then fc to 10 classes
+    net = nn.Sequential(nn.Conv2d(3, A, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(A, B, 5),
+                        nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(B * 5 * 5, 10))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(rank)
+    x = torch.from_numpy(rng.standard_normal((batch, 3, 32, 32)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, batch))
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(statistics.median(times[1:]))
+    dist.destroy_process_group()
+''')
+
+
+def ddp_over(link: Link, args, cwd):
+    """Median step time of PyTorch DDP, 2 processes over the link, half the batch each."""
+    script = Path(cwd) / "ddp_step.py"
+    script.write_text(DDP)
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    procs = []
+    for rank, (ns, dev) in enumerate(zip(link.ns, link.dev)):
+        env_r = dict(env, GLOO_SOCKET_IFNAME=dev)
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, str(script), str(rank), link.addr[0],
+             str(args.batch_size // 2), str(args.steps), args.kernels],
+            env=env_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd))
+    try:
+        outs = [p.communicate(timeout=args.timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"DDP failed: {outs[0][1][-1500:]} {outs[1][1][-1500:]}")
+    return float(outs[0][0].strip().splitlines()[-1])
+
+
+# ================================================================================================
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    for r in rates:
+        rate_bits(r)
+    why = missing_tools()
+    if why:
+        print(f"pyhet bench bandwidth: skipped: {why}")
+        return 0
+    try:
+        import torch  # noqa: F401
+        ddp = not args.no_ddp
+    except ImportError:
+        ddp = False
+        print("PyTorch is not installed: no DDP comparison", file=sys.stderr)
+    info = _util.system_info()
+    print(_util.describe_system(info))
+
+    # SIGTERM ends the run like Ctrl-C, so the namespaces are removed either way
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pyhet-bw-") as cwd:
+        alone = run_json(train_argv(args, "cpu:1"), dict(os.environ), args.timeout, cwd)
+        alone_s = alone["step_time_s"]["median"]
+        print(f"master's device alone (cpu:1): {alone_s:.3f} s a step", flush=True)
+        link = Link()
+        try:
+            for rate in rates:
+                link.shape(rate)
+                s = pyhet_over(link, args, cwd)
+                figures = s["links"]["1"]
+                row = {"rate": rate, "set_bits_per_s": rate_bits(rate),
+                       "measured_bits_per_s": 8 * figures["bandwidth_bytes_per_s"],
+                       "latency_s": figures["latency_s"],
+                       "partition": s["partition"],
+                       "step_s": s["step_time_s"]["median"],
+                       "speedup": alone_s / s["step_time_s"]["median"],
+                       "conv_s": s["conv_time_s"],
+                       "predicted_conv_s": s.get("predicted_conv_time_s"),
+                       "bytes_per_step": figures["bytes_sent_per_step"] +
+                       figures["bytes_received_per_step"],
+                       "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
+                rows.append(row)
+                print(f"{rate}: measured {row['measured_bits_per_s'] / 1e6:.0f} Mbit/s, step "
+                      f"{row['step_s']:.3f} s" + (f", DDP {row['ddp_step_s']:.3f} s"
+                                                  if row["ddp_step_s"] else ""), flush=True)
+        finally:
+            link.close()
+            signal.signal(signal.SIGTERM, old)
+
+    print(f"\n--devices 0/cpu:1,1/cpu:1 (rank 1 across the link), kernels {args.kernels}, batch "
+          f"{args.batch_size}; master's device alone {alone_s:.3f} s a step")
+    table = []
+    for r in rows:
+        within = (None if not r["set_bits_per_s"] else
+                  r["measured_bits_per_s"] / r["set_bits_per_s"])
+        table.append([r["rate"], f"{r['measured_bits_per_s'] / 1e6:.0f}" +
+                      (f" ({100 * within:.0f}%)" if within else ""),
+                      "/".join(str(v) for v in r["partition"]["conv2"].values()),
+                      f"{r['step_s']:.3f}", f"{r['speedup']:.2f}x",
+                      f"{r['conv_s']:.3f}",
+                      "-" if r["predicted_conv_s"] is None else f"{r['predicted_conv_s']:.3f}",
+                      f"{r['bytes_per_step'] / 1e6:.1f}",
+                      "-" if r["ddp_step_s"] is None else f"{r['ddp_step_s']:.3f}",
+                      "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}"])
+    print(_util.format_table(["rate", "Mbit/s measured", "conv2 partition", "step s", "speedup",
+                              "conv s", "model conv s", "MB/step", "DDP step s",
+                              "pyhet/DDP"], table))
+    result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
+              "batch_size": args.batch_size, "alone_step_s": alone_s, "rates": rows}
+    if args.json:
+        _util.write_json(args.json, result)
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def plot(result, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return
+    rows = result["rates"]
+    labels = [r["rate"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["step_s"] for r in rows], 0.4, label="pyhet (2 ranks)")
+    if any(r["ddp_step_s"] for r in rows):
+        ax.bar([x + 0.2 for x in xs], [r["ddp_step_s"] or 0 for r in rows], 0.4,
+               label="PyTorch DDP (2 processes)")
+    ax.axhline(result["alone_step_s"], color="k", ls="--", lw=1, label="one device alone")
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("step time (s)")
+    ax.set_xlabel("link rate")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
