@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,7 @@ def missing_tools() -> str | None:
     if mpiexec() is None:
         return "there is no mpiexec (pip install 'pyhet[mpi]')"
     try:
-        import mpi4py  # noqa: F401
+        import mpi4py  # noqa: F401  (only whether it is there)
     except ImportError:
         return "mpi4py is not installed (pip install 'pyhet[mpi]')"
     return None
@@ -109,9 +108,11 @@ class Link:
         for ns, dev in zip(self.ns, self.dev):
             sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
             if rate != "none":
-                # a burst of a few packets at 1 Gbit/s and above keeps the rate; 400 ms of queue
+                # the bucket must hold what the rate sends between two timer ticks (4 ms at
+                # 250 Hz), or a fast rate is throttled below itself; 400 ms of queue
+                burst = max(32 * 1024, int(rate_bits(rate) / 8 * 0.004))
                 sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                   "burst", "256kbit", "latency", "400ms")
+                   "burst", str(burst), "latency", "400ms")
 
     def close(self):
         for ns in self.ns:   # deleting a namespace deletes its end of the veth, and the pair

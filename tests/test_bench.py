@@ -42,3 +42,27 @@ def test_bench_scaling(tmp_path, capsys):
     for r in res["configs"]:
         assert sum(r["partition"]["conv2"].values()) == 16 and r["step_s"] > 0
     assert len(res["dynamic"]["trace"]) == 4 + 3 and "Part 2" in out
+
+
+def test_bench_bandwidth(tmp_path, capsys):
+    """Two rates on a tiny network, without DDP; where root, ip, tc or mpiexec is missing it
+    says so and does nothing. It leaves no namespace behind."""
+    import subprocess
+
+    try:
+        from pyhet.bench import bandwidth
+    except ImportError:
+        from bench import bandwidth
+    why = bandwidth.missing_tools()
+    out = run(capsys, "bandwidth", "--rates", "none,1gbit", "--kernels", "4,8", "--steps", "2",
+              "--no-ddp", "--json", str(tmp_path / "b.json"))
+    if why:
+        assert f"skipped: {why}" in out
+        return
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert [r["rate"] for r in res["rates"]] == ["none", "1gbit"]
+    for r in res["rates"]:
+        assert r["step_s"] > 0 and r["measured_bits_per_s"] > 0
+        assert sum(r["partition"]["conv2"].values()) == 8
+    assert "pyhet-bw" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                            text=True).stdout
