@@ -88,6 +88,20 @@ def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement,
     assert summary["idle_ranks"] == ([1] if placement == "0/cpu:1,2/cpu:1" else [])
 
 
+def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
+    """--balance dynamic with a slow device on rank 1 (kernels may move between the ranks, with
+    their weights and momentum): the one-process weights all the same."""
+    code, out, err = run(train_argv(data, "cpu:1,cpu:1", tmp_path / "one.npz"), None, tmp_path)
+    assert code == 0, err
+    argv = train_argv(data, "0/cpu:1,1/cpu:1@0.3", tmp_path / "mpi.npz")
+    argv[argv.index("even")] = "dynamic"
+    code, out, err = run(argv, 2, tmp_path)
+    assert code == 0, err
+    want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
+    for k in want:
+        assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
+
+
 def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):
     code, out, err = run(train_argv(data, "0/cpu:1,1/cpu:1", tmp_path / "w.npz"), 2, tmp_path)
     assert code == 0, err
