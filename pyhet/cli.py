@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
-    b = sub.add_parser("bench", help="run a benchmark from bench/ (gemm, step, scaling)",
+    b = sub.add_parser("bench", help=f"run a benchmark from bench/ ({', '.join(BENCHMARKS)})",
                        add_help=False)
     b.add_argument("name", choices=BENCHMARKS)
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
