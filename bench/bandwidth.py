@@ -216,6 +216,10 @@ def ddp_over(link: Link, args, cwd):
 # ================================================================================================
 
 
+def mbit(bits_per_s) -> str:
+    return "-" if bits_per_s is None else f"{bits_per_s / 1e6:.0f}"
+
+
 def _interrupt(*_):
     raise KeyboardInterrupt
 
@@ -252,7 +256,8 @@ def main(argv=None) -> int:
                 s = pyhet_over(link, args, cwd)
                 figures = s["links"]["1"]
                 row = {"rate": rate, "set_bits_per_s": rate_bits(rate),
-                       "measured_bits_per_s": 8 * figures["bandwidth_bytes_per_s"],
+                       "measured_bits_per_s": None if figures["bandwidth_bytes_per_s"] is None
+                       else 8 * figures["bandwidth_bytes_per_s"],
                        "latency_s": figures["latency_s"],
                        "partition": s["partition"],
                        "step_s": s["step_time_s"]["median"],
@@ -263,7 +268,7 @@ def main(argv=None) -> int:
                        figures["bytes_received_per_step"],
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
                 rows.append(row)
-                print(f"{rate}: measured {row['measured_bits_per_s'] / 1e6:.0f} Mbit/s, step "
+                print(f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
                       f"{row['step_s']:.3f} s" + (f", DDP {row['ddp_step_s']:.3f} s"
                                                   if row["ddp_step_s"] else ""), flush=True)
         finally:
@@ -274,9 +279,9 @@ def main(argv=None) -> int:
           f"{args.batch_size}; master's device alone {alone_s:.3f} s a step")
     table = []
     for r in rows:
-        within = (None if not r["set_bits_per_s"] else
+        within = (None if not r["set_bits_per_s"] or not r["measured_bits_per_s"] else
                   r["measured_bits_per_s"] / r["set_bits_per_s"])
-        table.append([r["rate"], f"{r['measured_bits_per_s'] / 1e6:.0f}" +
+        table.append([r["rate"], mbit(r["measured_bits_per_s"]) +
                       (f" ({100 * within:.0f}%)" if within else ""),
                       "/".join(str(v) for v in r["partition"]["conv2"].values()),
                       f"{r['step_s']:.3f}", f"{r['speedup']:.2f}x",

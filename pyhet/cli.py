@@ -10,7 +10,9 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
+import time
 import traceback
 import warnings
 
@@ -183,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_train(args, parser) -> int:
+def cmd_train(args, parser, comm=None) -> int:
     cfg = TrainConfig(arch=network_spec(args, parser), dataset=args.dataset,
                       data_dir=args.data_dir, devices=args.devices, balance=args.balance,
                       batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
@@ -191,7 +193,7 @@ def cmd_train(args, parser) -> int:
                       seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
                       save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       progress=not args.quiet, timeout=args.timeout)
-    result = train(cfg)
+    result = train(cfg, comm=comm)
     if args.json:
         print(json.dumps(result))
     else:
@@ -360,29 +362,41 @@ def run_rank(args, parser, ranks: int) -> int:
         raise PyhetError(f"the launcher started {ranks} ranks but MPI sees {comm.Get_size()}: "
                          f"mpi4py was built for another MPI than this mpiexec's")
     if comm.Get_rank() != 0:
-        specs = parse_devices(args.devices, gpu_count=cuda_device_count)
+        # a serving rank says nothing: rank 0 reports every error (a device that cannot be
+        # made reaches it through the hello), and Ctrl-C reaches the job through rank 0
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            specs = parse_devices(args.devices, gpu_count=cuda_device_count)
             check_ranks(specs, ranks)
+            mpi.serve(comm, specs)
         except PyhetError:
-            return EXIT_ERROR          # rank 0 finds the same and says it
-        mpi.serve(comm, specs)
+            return EXIT_ERROR
         return 0
+    # Ctrl-C ends the whole job at once (the other ranks wait for messages that will not come)
+    signal.signal(signal.SIGINT, lambda *_: _abort(comm, "pyhet: interrupted", 130))
     try:
-        return cmd_train(args, parser)
+        return cmd_train(args, parser, comm)
     except SystemExit as e:            # a usage error: argparse has said why
-        comm.Abort(e.code if isinstance(e.code, int) else EXIT_USAGE)
-        os._exit(e.code if isinstance(e.code, int) else EXIT_USAGE)
+        _abort(comm, None, e.code if isinstance(e.code, int) else EXIT_USAGE)
     except BaseException as e:
         # the other ranks wait for messages that will not come: end the job with this error
         status = e.exit_status if isinstance(e, PyhetError) else 130 if isinstance(
             e, KeyboardInterrupt) else 1
         if args.debug or not isinstance(e, (PyhetError, KeyboardInterrupt)):
             traceback.print_exc()   # asked for, or a bug: show where
-        print(f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
-              if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
-              file=sys.stderr, flush=True)
-        comm.Abort(status)
-        os._exit(status)   # MPI_Abort may return while the launcher ends the other ranks
+        _abort(comm, f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
+               if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
+               status)
+
+
+def _abort(comm, message, status: int):
+    """End every rank of the job with this status, after `message` reached stderr."""
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    time.sleep(0.3)    # the launcher forwards our stderr before it ends the job
+    comm.Abort(status)
+    os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
 
 
 def entry():  # console script

@@ -33,7 +33,6 @@ from .partition import Balancer, balanced, even, predicted_time
 from .progress import Progress
 from .specs import check_ranks, check_threads, cuda_device_count, for_rank, parse_devices
 from .timing import PartTimer
-from .transport import launched_size
 
 BALANCE_MODES = ("dynamic", "static", "even")
 
@@ -136,22 +135,20 @@ def check_memory(shape: NetGeometry, batch: int) -> None:
                           f"but this machine has {free / 2**30:.1f} GiB available")
 
 
-def open_devices(spec: str, timeout: float | None = None):
-    """The devices of a SPEC (each with its worker thread: close them). Under mpiexec this is
-    rank 0, and the devices placed on other ranks are RemoteDevices (pyhet.transport.mpi);
-    timeout: seconds a rank may take to answer."""
+def open_devices(spec: str, timeout: float | None = None, comm=None):
+    """The devices of a SPEC (each with its worker thread: close them), in this process; or,
+    given an MPI communicator (pyhet train under mpiexec, on rank 0), the devices of every
+    rank, those of the other ranks as RemoteDevices (pyhet.transport.mpi). timeout: seconds
+    a rank may take to answer one request, its compute included."""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
-    size = launched_size()
+    size = 1 if comm is None else comm.Get_size()
     check_ranks(specs, size)
     check_threads(for_rank(specs, 0) if size > 1 else specs)
-    if size == 1:
+    if comm is None:
         return Devices(make_devices(specs))
     from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
-    link = mpi.MasterLink(mpi.MPI.COMM_WORLD, specs,
-                          mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
-    if not any(link.ranks_devices.values()):
-        raise DeviceError(f"no rank of the job holds a device of --devices {spec!r}")
+    link = mpi.MasterLink(comm, specs, mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
     return Devices(link.devices(specs), link.idle_ranks(), link)
 
 
@@ -246,7 +243,7 @@ def load_checkpoint(path, shape: NetGeometry):
 # Training
 
 
-def train(cfg: TrainConfig, log=None) -> dict:
+def train(cfg: TrainConfig, log=None, comm=None) -> dict:
     """Train as cfg says; returns the summary (the JSON object of `pyhet train --json`)."""
     log = log if log is not None else sys.stderr
     try:
@@ -273,14 +270,14 @@ def train(cfg: TrainConfig, log=None) -> dict:
     else:
         params = init_params(shape, cfg.seed)
 
-    devices = open_devices(cfg.devices, cfg.timeout)
+    devices = open_devices(cfg.devices, cfg.timeout, comm)
     for r in devices.idle_ranks:
         print(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", file=log)
-    links = {}
-    if devices.link is not None:   # each rank's link, at the size of the largest layer input
-        links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(cfg.batch_size)))
-                                                   for g in shape.blocks))
     try:
+        links = {}
+        if devices.link is not None:   # each rank's link, at the size of the largest input
+            links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(cfg.batch_size)))
+                                                       for g in shape.blocks))
         net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
                              log if cfg.progress else None)
         if moms:
@@ -291,7 +288,8 @@ def train(cfg: TrainConfig, log=None) -> dict:
         result["idle_ranks"] = devices.idle_ranks   # under mpiexec: ranks holding no device
         for r, figures in links.items():
             result["links"].setdefault(str(r), {}).update(
-                {k: (round(v, 6) if k == "latency_s" else round(v)) for k, v in figures.items()})
+                {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))
+                 for k, v in figures.items()})
         if cal is not None:   # the cost model's conv time for the final partition
             result["predicted_conv_time_s"] = round(sum(
                 predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])

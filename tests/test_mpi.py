@@ -84,7 +84,8 @@ def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement,
         link = summary["links"][str(r)]
         assert link["bytes_sent_per_step"] > 8 * 12 * 12 * 4
         assert link["message_bytes"] == 4 * 8 * 4 * 6 * 6    # the largest layer input
-        assert 0 < link["latency_s"] < 1 and link["bandwidth_bytes_per_s"] > 1e6
+        bandwidth = link["bandwidth_bytes_per_s"]    # None: too fast to time on this message
+        assert 0 < link["latency_s"] < 1 and (bandwidth is None or bandwidth > 1e6)
     assert summary["idle_ranks"] == ([1] if placement == "0/cpu:1,2/cpu:1" else [])
 
 
@@ -220,3 +221,33 @@ def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
     want, got = weights(tmp_path / "whole.npz"), weights(tmp_path / "resumed.npz")
     for k in want:
         assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
+
+
+def test_ctrl_c_ends_every_rank_at_once(tmp_path):
+    """SIGINT to mpiexec (Ctrl-C): the job ends within seconds, status 130, nothing left."""
+    import signal
+    import time
+
+    data = tmp_path / "long.npz"
+    make_npz_dataset(data, n=64, shape=(1, 12, 12), classes=3, seed=6)
+    argv = [MPIEXEC, "-n", "2", sys.executable, "-m", "pyhet", "train", "--dataset",
+            f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
+            "--steps", "1000000", "--batch-size", "8", "--quiet"]
+    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with p:
+        try:
+            deadline = time.monotonic() + 60
+            while rank_pid(str(data), 1) is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(2)
+            p.send_signal(signal.SIGINT)
+            start = time.monotonic()
+            _, err = p.communicate(timeout=30)
+            took = time.monotonic() - start
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert p.returncode == 130 and took < 10, (p.returncode, took, err)
+    assert b"pyhet: interrupted" in err and b"Traceback" not in err, err
+    time.sleep(1)
+    assert pids_with(str(data)) == [], "processes left behind"

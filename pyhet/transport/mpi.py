@@ -64,6 +64,11 @@ def reply_tag(device: int) -> int:
     return TAG_BASE + 2 * device + 1
 
 
+def device_of(tag: int) -> int:
+    """The device whose requests travel on `tag`."""
+    return (tag - TAG_BASE) // 2
+
+
 def text(s: str) -> np.ndarray:
     return np.frombuffer(s.encode(), np.uint8).copy()
 
@@ -99,8 +104,11 @@ class Peer:
     def _wait(self, req, status=None, patient=True):
         wait(req, self.timeout, self.on_timeout, status, patient)
 
-    def send(self, tag: int, op: str, arrays=()):
-        arrays = [None if a is None else np.ascontiguousarray(a) for a in arrays]
+    def send(self, tag: int, op: str, arrays=(), patient: bool = True):
+        # native byte order and contiguous, before anything goes out (a buffer that could not
+        # be sent after its header would leave the peer reading the wrong message)
+        arrays = [None if a is None else np.ascontiguousarray(a, a.dtype.newbyteorder("="))
+                  for a in arrays]
         if len(arrays) > MAX_ARRAYS:
             raise ValueError(f"a message holds at most {MAX_ARRAYS} arrays, got {len(arrays)}")
         header = np.zeros(HEADER, np.int64)
@@ -118,15 +126,16 @@ class Peer:
             if a is not None and a.size:
                 reqs.append(self.comm.Isend(a, dest=self.rank, tag=tag))
                 self.sent += a.nbytes
-        self._wait(reqs[0])                    # the peer may be busy before it looks
+        self._wait(reqs[0], patient=patient)   # the peer may be busy before it looks
         for r in reqs[1:]:
             self._wait(r, patient=False)       # it is reading this message now
 
-    def receive(self, tag: int):
-        """(op, arrays, tag) of the next message on `tag` (MPI.ANY_TAG: whichever comes)."""
+    def receive(self, tag: int, patient: bool = True):
+        """(op, arrays, tag) of the next message on `tag` (MPI.ANY_TAG: whichever comes).
+        patient: sleep while waiting for it to begin (else only yield the core)."""
         header = np.empty(HEADER, np.int64)
         status = MPI.Status()
-        self._wait(self.comm.Irecv(header, source=self.rank, tag=tag), status)
+        self._wait(self.comm.Irecv(header, source=self.rank, tag=tag), status, patient)
         tag = status.Get_tag()
         arrays = []
         for i in range(int(header[1])):
@@ -208,13 +217,13 @@ class RemoteDevice(Device):
 
     def close(self):
         """Close the device on its rank (which ends once all its devices are closed)."""
+        timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
         try:
-            timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
             self.submit("close", self._call, "close").result()
-            self.peer.timeout = timeout
         except DeviceError:
             pass   # the rank is gone or silent: the job is ended by the caller
         finally:
+            self.peer.timeout = timeout
             super().close()
 
 
@@ -239,10 +248,11 @@ class MasterLink:
                 peer.send(TAG_HELLO, "ok", [np.array([first], np.int64)])
             first += len(self.ranks_devices[r])
 
-    def measure_links(self, nbytes: int, rounds: int = 3) -> dict:
+    def measure_links(self, nbytes: int, rounds: int = 5) -> dict:
         """{rank: {"latency_s", "bandwidth_bytes_per_s", "message_bytes"}} of each rank that
-        holds devices: the best of `rounds` round trips of 8 bytes and of `nbytes` (a layer
-        input), each way. The bandwidth counts both the bytes' way there and back."""
+        holds devices: the best of `rounds` round trips (after one to warm up) of 8 bytes and
+        of `nbytes` (a layer input) there and back. A figure the timing cannot resolve (a fast
+        link and a small message) is None."""
         out = {}
         small, big = np.zeros(1, np.float64), np.zeros(max(1, nbytes // 4), np.float32)
         for r, peer in self.peers.items():
@@ -251,15 +261,17 @@ class MasterLink:
             times = {}
             for a in (small, big):
                 best = float("inf")
-                for _ in range(rounds):
+                for i in range(rounds + 1):
                     t0 = time.perf_counter()
-                    peer.send(TAG_ECHO, "ok", [a])
-                    peer.receive(TAG_ECHO)
-                    best = min(best, time.perf_counter() - t0)
+                    peer.send(TAG_ECHO, "ok", [a], patient=False)
+                    peer.receive(TAG_ECHO, patient=False)
+                    if i:
+                        best = min(best, time.perf_counter() - t0)
                 times[a.nbytes] = best
-            latency = times[small.nbytes] / 2
-            moving = max(1e-9, times[big.nbytes] - times[small.nbytes])
-            out[r] = {"latency_s": latency, "bandwidth_bytes_per_s": 2 * big.nbytes / moving,
+            moving = times[big.nbytes] - times[small.nbytes]
+            out[r] = {"latency_s": times[small.nbytes] / 2,
+                      "bandwidth_bytes_per_s": (2 * big.nbytes / moving
+                                                if moving > 0.05 * times[big.nbytes] else None),
                       "message_bytes": int(big.nbytes)}
         return out
 
@@ -329,7 +341,7 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
             if tag == TAG_ECHO:              # the master measures the link: send it back
                 master.send(TAG_ECHO, "ok", arrays)
                 continue
-            index = (tag - TAG_BASE) // 2
+            index = device_of(tag)
             device = by_index[index]
             if op == "close":
                 device.close()
