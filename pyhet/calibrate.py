@@ -58,13 +58,13 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
 
     A device outside the host group (a GPU, a device on another rank) pays fixed costs whatever
     its share (moving the layer's input and output, its own im2col and col2im): t(k) = overhead
-    + k / speed is fitted through two kernel counts. A device of the host group does all its
-    work at its own pace, its shares of the im2col and of the input gradient included, so its
-    time is proportional to its share, with no overhead. Where every device is of the host
-    group, speed = k / t(k) at one count compares them alike. Beside other devices, the fixed
-    part of its trial (a whole im2col and col2im, which in training the group splits in
-    proportion to its shares) is spread over the layer's K kernels: speed = 1 / (slope +
-    intercept / K), from the same two-count fit.
+    + k / speed is fitted through two kernel counts. The devices of the host group share one
+    im2col and one input gradient, each doing a part in proportion to its kernels. Where every
+    device is of the host group, each one's time is proportional to its share, with no
+    overhead, and speed = k / t(k) at one count compares them alike. Beside other devices, the
+    group's fixed part (the trial's intercept: a whole im2col and col2im) is paid whatever the
+    group's share of the kernels, so it is fitted too, and each host device carries an equal
+    part of it as its overhead.
     """
     rng = np.random.default_rng(seed)
     speeds, overheads, caps = {}, {}, {}
@@ -94,10 +94,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
                 slope = (tb - ta) / (kb - ka)
                 if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
                     intercept = tb - kb * slope
-                    if d.shares_host_memory:
-                        speed = 1.0 / (slope + intercept / g.K)
-                    else:
-                        speed, overhead = 1.0 / slope, intercept
+                    hosts = sum(e.shares_host_memory for e in devices)
+                    speed = 1.0 / slope
+                    overhead = intercept / hosts if d.shares_host_memory else intercept
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))
