@@ -184,3 +184,24 @@ def write_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (saying so on stderr) where it is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return None
+    return plt
+
+
+def save_outputs(result: dict, args, plot) -> None:
+    """The result as JSON to --json FILE and, drawn by plot(result, path), to --plot FILE."""
+    if args.json:
+        write_json(args.json, result)
+    if args.plot:
+        plot(result, args.plot)
+

@@ -295,20 +295,13 @@ def main(argv=None) -> int:
                               "pyhet/DDP"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
               "batch_size": args.batch_size, "alone_step_s": alone_s, "rates": rows}
-    if args.json:
-        _util.write_json(args.json, result)
-    if args.plot:
-        plot(result, args.plot)
+    _util.save_outputs(result, args, plot)
     return 0
 
 
 def plot(result, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    plt = _util.pyplot()
+    if plt is None:
         return
     rows = result["rates"]
     labels = [r["rate"] for r in rows]

@@ -264,20 +264,13 @@ def main(argv=None) -> int:
 
     result = {"benchmark": "scaling", "system": info, "kernels": list(args.kernels),
               "batch_size": args.batch_size, "configs": rows, "dynamic": dyn}
-    if args.json:
-        _util.write_json(args.json, result)
-    if args.plot:
-        plot(result, args.plot)
+    _util.save_outputs(result, args, plot)
     return 0
 
 
 def plot(result, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    plt = _util.pyplot()
+    if plt is None:
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     rows = [r for r in result["configs"] if r["speedup"] is not None]
