@@ -333,6 +333,10 @@ class Net:
                 self._fc_momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
                                            "bias": moms[f"{name}.bias"].copy()}
 
+    def partition_counts(self) -> dict:
+        """{layer: [kernels per device]} in device order."""
+        return {conv.name: list(conv.counts) for conv in self.convs}
+
     def partition(self) -> dict:
         return {conv.name: {d.name: c for d, c in zip(self.devices, conv.counts)}
                 for conv in self.convs}

@@ -173,7 +173,35 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
         print("partition: " + "; ".join(
             f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
             for layer, counts in partition.items()), file=log, flush=True)
+        for note in left_out(devices, partition, cal):
+            print(f"{note['device']} gets no kernels of {note['layer']}: {note['why']}",
+                  file=log, flush=True)
     return Net(shape, params, devices, partition, host_backend(devices)), cal
+
+
+def left_out(devices, partition: dict, cal) -> list:
+    """The devices that calibration left without kernels of a layer, and why: their fixed cost
+    per step (moving the layer's input and output over their link, their own im2col) is more
+    than the step the others finish in, so any share would make it slower."""
+    notes = []
+    if cal is None:
+        return notes
+    for layer, counts in partition.items():
+        speeds, overheads = cal.speeds[layer], cal.overheads[layer]
+        others = predicted_time(counts, speeds, overheads)
+        for d, c, s, o, cap in zip(devices, counts, speeds, overheads, cal.caps[layer]):
+            if c == 0:
+                if cap == 0:
+                    why = "its memory holds no kernel of it"
+                elif o >= others:
+                    why = (f"its fixed cost per step, {o:.4g} s (its link and own im2col), is "
+                           f"more than the {others:.4g} s the other devices take")
+                else:
+                    why = (f"one kernel would take it {o + 1 / s:.4g} s, more than the "
+                           f"{others:.4g} s the other devices take")
+                notes.append({"device": d.name, "layer": layer, "overhead_s": round(o, 6),
+                              "layer_time_s": round(others, 6), "why": why})
+    return notes
 
 
 class DynamicBalance:
@@ -286,6 +314,7 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
         result = run_steps(cfg, ds, net, start, log, balance)
         result["calibration"] = cal.as_dict(devices) if cal else None
         result["idle_ranks"] = devices.idle_ranks   # under mpiexec: ranks holding no device
+        result["left_out"] = left_out(devices, net.partition_counts(), cal)
         for r, figures in links.items():
             result["links"].setdefault(str(r), {}).update(
                 {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))

@@ -447,3 +447,19 @@ def test_train_refuses_before_training(cli, npz_dataset, tmp_path, argv, code, w
     assert "Traceback" not in res.err and res.out == ""
     for w in words:
         assert w in last, (w, last)
+
+
+def test_the_summary_says_why_a_device_got_no_kernels(cli, npz_dataset):
+    """A device twenty times slower beside a fast one: calibration gives it no kernels of these
+    tiny layers, and the summary (and stderr) say why."""
+    data_path = npz_dataset(n=16, shape=(1, 12, 12))
+    res = cli("train", "--dataset", f"npz:{data_path}", "--arch", ARCH, "--devices",
+              "cpu:1,numpy@0.05", "--balance", "static", "--steps", "2", "--batch-size", "8",
+              "--json")
+    assert res.code == 0, res.err
+    s = json.loads(res.out.splitlines()[-1])
+    idle = {(n["device"], n["layer"]) for n in s["left_out"]}
+    zero = {("d1", layer) for layer, part in s["partition"].items() if part["d1"] == 0}
+    assert idle == zero and zero, s["partition"]
+    for n in s["left_out"]:
+        assert "more than the" in n["why"] and f"{n['device']} gets no kernels of" in res.err
