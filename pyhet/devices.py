@@ -137,11 +137,21 @@ class Device:
         conv = (lambda a: None if a is None else be.asarray(np.array(a, np.float32)))
         self._shards[layer] = _Shard(g, conv(w), conv(b), conv(vw), conv(vb))
 
-    def get_shard(self, layer: str):
-        """(w, b, vw, vb) of the shard as host arrays (vw, vb None before the first step)."""
+    def get_shard(self, layer: str, lo=None, hi=None):
+        """(w, b, vw, vb) of the shard, or of its kernels [lo, hi), as host arrays (vw, vb None
+        before the first step)."""
         s = self._shards[layer]
-        host = (lambda a: None if a is None else np.array(self.backend.to_host(a)))
+        lo, hi = (0 if lo is None else lo), (s.k if hi is None else hi)
+        host = (lambda a: None if a is None else np.array(self.backend.to_host(a[lo:hi])))
         return host(s.w), host(s.b), host(s.vw), host(s.vb)
+
+    def reshard(self, layer: str, keep_lo: int, keep_hi: int, before=None, after=None):
+        """The shard becomes `before` + its own kernels [keep_lo, keep_hi) + `after` (each a
+        (w, b, vw, vb) of host arrays, or None): a repartition that moves only the kernels
+        that change owner."""
+        kept = self.get_shard(layer, keep_lo, keep_hi)
+        w, b, vw, vb = join_states([p for p in (before, kept, after) if p is not None])
+        self.load_shard(layer, self._shards[layer].g, w, b, vw, vb)
 
     def drop_shard(self, layer: str):
         self._shards.pop(layer, None)
@@ -196,6 +206,17 @@ class Device:
         s.vw = be.sgd_update(s.w, s.dw, s.vw, cfg)
         s.vb = be.sgd_update(s.b, s.db, s.vb, cfg)
         s.dw = s.db = None
+
+
+def join_states(parts):
+    """(w, b, vw, vb) of consecutive shards joined; momentum None where none of them has
+    started, else zeros for those that have not."""
+    w, b = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+    if all(p[2] is None for p in parts):
+        return w, b, None, None
+    vw, vb = (np.concatenate([p[i] if p[i] is not None else np.zeros_like(p[i - 2])
+                              for p in parts]) for i in (2, 3))
+    return w, b, vw, vb
 
 
 def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:

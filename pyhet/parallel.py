@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .devices import join_states
 from .errors import DeviceError
 from .geometry import ConvGeometry
 from .partition import proportional
@@ -56,14 +57,18 @@ class PartitionedConv:
         if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != w.shape[0]:
             raise DeviceError(f"{self.name}: a partition of {w.shape[0]} kernels over "
                               f"{len(self.devices)} devices is needed, got {counts}")
-        self.counts = counts
-        self.active = [i for i, c in enumerate(counts) if c > 0]   # devices with kernels
-        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
+        self._set_partition(counts)
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
         _gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
                           part(vw, k0, k1), part(vb, k0, k1))
                  for d, (k0, k1) in zip(self.devices, self.bounds)])
+
+    def _set_partition(self, counts):
+        """Kernel ranges, active devices and the host group's channel shares for `counts`."""
+        self.counts = counts
+        self.active = [i for i, c in enumerate(counts) if c > 0]   # devices with kernels
+        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
         # the host group's shares of the input channels follow their shares of the kernels
         self.group = [i for i, d in enumerate(self.devices)
                       if d.shares_host_memory and counts[i] > 0]
@@ -76,22 +81,53 @@ class PartitionedConv:
     def gather_state(self):
         """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
         momentum is None before the first update."""
-        parts = _gather([d.submit("get_shard", d.get_shard, self.name) for d in self.devices])
-        w, b = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
-        started = any(p[2] is not None for p in parts)
-        vw = vb = None
-        if started:
-            vw, vb = (np.concatenate([p[i] if p[i] is not None else np.zeros_like(p[i - 2])
-                                      for p in parts]) for i in (2, 3))
-        return w, b, vw, vb
+        return join_states(_gather([d.submit("get_shard", d.get_shard, self.name)
+                                    for d in self.devices]))
 
     def repartition(self, counts):
-        """Move kernels between devices (weights and momentum with them); exact."""
-        if [int(c) for c in counts] == self.counts:
+        """Move kernels between devices, weights and momentum with them; exact. Only the
+        kernels that change owner travel: each device hands out the kernels that leave its
+        range and keeps the rest (kernel ranges stay contiguous in device order)."""
+        counts = [int(c) for c in counts]
+        if counts == self.counts:
             return
+        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != self.K:
+            raise DeviceError(f"{self.name}: a partition of {self.K} kernels over "
+                              f"{len(self.devices)} devices is needed, got {counts}")
+        old = self.bounds
+        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        new = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
         with self.phases("repartition"):
-            w, b, vw, vb = self.gather_state()
-            self.install(w, b, vw, vb, counts)
+            # 1. each device hands out its kernels outside its new range: global [a, b)
+            wanted = []
+            for j, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):
+                for a, b in ((o0, min(o1, n0)), (max(o0, n1), o1)):
+                    if b > a:
+                        wanted.append((a, b, self.devices[j].submit(
+                            "get_shard", self.devices[j].get_shard, self.name, a - o0, b - o0)))
+            moving = {(a, b): s for (a, b, _), s in zip(wanted, _gather([f for *_, f in wanted]))}
+
+            def rows(x, y):   # global kernels [x, y) from the pieces that move
+                if y <= x:
+                    return None
+                parts = [tuple(None if v is None else v[max(a, x) - a:min(b, y) - a] for v in s)
+                         for (a, b), s in sorted(moving.items()) if a < y and b > x]
+                assert sum(p[0].shape[0] for p in parts) == y - x, "kernels lost in a move"
+                return join_states(parts)
+
+            # 2. each device keeps the overlap of its old and new ranges, and takes the rest
+            futures = []
+            for i, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):
+                lo, hi = max(o0, n0), min(o1, n1)
+                if hi <= lo:          # nothing kept: all comes from the others
+                    before, after, keep = rows(n0, n1), None, (0, 0)
+                else:
+                    before, after, keep = rows(n0, lo), rows(hi, n1), (lo - o0, hi - o0)
+                futures.append(self.devices[i].submit("reshard", self.devices[i].reshard,
+                                                      self.name, keep[0], keep[1], before,
+                                                      after))
+            _gather(futures)
+            self._set_partition(counts)
         self.moves += 1
 
     def _buffer(self, key, shape):

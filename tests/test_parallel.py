@@ -70,3 +70,31 @@ def test_repartition_mid_training_keeps_the_result(reference):
     finally:
         for d in devices:
             d.close()
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_repartitions_move_kernels_exactly(started):
+    """Random repartitions of one layer over three devices (some getting none): the layer's
+    weights and momentum, read back, are what they were, bit for bit."""
+    devices = make_devices(parse_devices("cpu:1,numpy,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 3), devices, {"conv1": [3, 2, 2], "conv2": [3, 3, 3]},
+                  CpuBackend(1))
+        if started:
+            net.train_step(*batch(1), CFG)
+        conv = net.convs[1]
+        want = conv.gather_state()
+        rng = np.random.default_rng(4)
+        for _ in range(12):
+            cuts = np.sort(rng.integers(0, conv.K + 1, 2))
+            counts = [int(cuts[0]), int(cuts[1] - cuts[0]), int(conv.K - cuts[1])]
+            conv.repartition(counts)
+            assert conv.counts == counts
+            for got, ref_ in zip(conv.gather_state(), want):
+                if ref_ is None:
+                    assert got is None
+                else:
+                    np.testing.assert_array_equal(got, ref_)
+    finally:
+        for d in devices:
+            d.close()

@@ -47,11 +47,11 @@ if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # devices' worker threads send and
 # ================================================================================================
 # Messages: lists of arrays (None travels as an empty slot)
 
-MAX_ARRAYS = 8
+MAX_ARRAYS = 12
 HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "step", "free", "close",
-       "hello")
+       "hello", "reshard")
 TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
 DEFAULT_TIMEOUT = 300.0
 
@@ -192,9 +192,15 @@ class RemoteDevice(Device):
     def load_shard(self, layer: str, g: ConvGeometry, w, b, vw=None, vb=None):
         self._call("load", [text(layer), *geometry_arrays(g), w, b, vw, vb])
 
-    def get_shard(self, layer: str):
-        w, b, vw, vb = self._call("get", [text(layer)])
+    def get_shard(self, layer: str, lo=None, hi=None):
+        span = None if lo is None else np.array([lo, hi], np.int64)
+        w, b, vw, vb = self._call("get", [text(layer), span])
         return w, b, vw, vb
+
+    def reshard(self, layer: str, keep_lo: int, keep_hi: int, before=None, after=None):
+        # a missing part travels as four empty slots; a part's w is never None
+        parts = [v for p in (before, after) for v in (p if p is not None else (None,) * 4)]
+        self._call("reshard", [text(layer), np.array([keep_lo, keep_hi], np.int64), *parts])
 
     def drop_shard(self, layer: str):
         self._call("drop", [text(layer)])
@@ -362,7 +368,12 @@ def _handle(device: Device, op: str, a):
         device.load_shard(layer, geometry_of(a[1], a[2]), a[3], a[4], a[5], a[6])
         return []
     if op == "get":
-        return list(device.get_shard(layer))
+        span = a[1] if len(a) > 1 and a[1] is not None else (None, None)
+        return list(device.get_shard(layer, *(None if v is None else int(v) for v in span)))
+    if op == "reshard":
+        part = (lambda p: None if p[0] is None else tuple(p))
+        device.reshard(layer, int(a[1][0]), int(a[1][1]), part(a[2:6]), part(a[6:10]))
+        return []
     if op == "drop":
         device.drop_shard(layer)
         return []
