@@ -37,7 +37,7 @@ from .model import (check_class_names, checked_params, init_params, load_weights
                     network_of_file, save_weights)
 from .specs import cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, check_memory,
-                    open_devices, run_steps)
+                    open_devices, run_steps, with_plan)
 
 __all__ = ["Network", "load"]
 
@@ -206,10 +206,7 @@ class Network:
         result = run_steps(cfg, ds, net, {"step": 0, "epoch": self._epochs, "batch": 0}, log,
                            balance, callback)
         self._epochs += math.ceil(result["steps"] / math.ceil(len(ds.x_train) / batch_size))
-        result["calibration"] = (self._calibration.as_dict(self._devices)
-                                 if self._calibration else None)
-        result["partition_moves"] = balance.moves if balance else []
-        return result
+        return with_plan(result, net, self._devices, self._calibration, balance)
 
     def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:
         if dataset is not None:

@@ -53,22 +53,25 @@ class PartitionedConv:
 
     def install(self, w, b, vw, vb, counts):
         """Give device i kernels [sum(counts[:i]), sum(counts[:i+1])) with their momentum."""
-        counts = [int(c) for c in counts]
-        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != w.shape[0]:
-            raise DeviceError(f"{self.name}: a partition of {w.shape[0]} kernels over "
-                              f"{len(self.devices)} devices is needed, got {counts}")
+        counts = self._checked(counts, w.shape[0])
         self._set_partition(counts)
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
         _gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
                           part(vw, k0, k1), part(vb, k0, k1))
                  for d, (k0, k1) in zip(self.devices, self.bounds)])
 
+    def _checked(self, counts, K: int) -> list:
+        counts = [int(c) for c in counts]
+        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K:
+            raise DeviceError(f"{self.name}: a partition of {K} kernels over "
+                              f"{len(self.devices)} devices is needed, got {counts}")
+        return counts
+
     def _set_partition(self, counts):
         """Kernel ranges, active devices and the host group's channel shares for `counts`."""
         self.counts = counts
         self.active = [i for i, c in enumerate(counts) if c > 0]   # devices with kernels
-        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        self.bounds = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
+        self.bounds = _ranges(counts)
         # the host group's shares of the input channels follow their shares of the kernels
         self.group = [i for i, d in enumerate(self.devices)
                       if d.shares_host_memory and counts[i] > 0]
@@ -88,15 +91,10 @@ class PartitionedConv:
         """Move kernels between devices, weights and momentum with them; exact. Only the
         kernels that change owner travel: each device hands out the kernels that leave its
         range and keeps the rest (kernel ranges stay contiguous in device order)."""
-        counts = [int(c) for c in counts]
+        counts = self._checked(counts, self.K)
         if counts == self.counts:
             return
-        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != self.K:
-            raise DeviceError(f"{self.name}: a partition of {self.K} kernels over "
-                              f"{len(self.devices)} devices is needed, got {counts}")
-        old = self.bounds
-        edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        new = [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
+        old, new = self.bounds, _ranges(counts)
         with self.phases("repartition"):
             # 1. each device hands out its kernels outside its new range: global [a, b)
             wanted = []
@@ -175,8 +173,7 @@ class PartitionedConv:
 
         futures = {i: self.devices[i].submit(f"{self.name} backward",
                                              self.devices[i].conv_backward, self.name,
-                                             np.ascontiguousarray(dout[:, k0:k1]), mode(i),
-                                             tag=self.name)
+                                             dout[:, k0:k1], mode(i), tag=self.name)
                    for i, (k0, k1) in ((i, self.bounds[i]) for i in self.active)}
         try:
             with self.phases("backward"):
@@ -207,6 +204,12 @@ class PartitionedConv:
             _gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
                                             self.name, cfg, tag=self.name)
                      for i in self.active])
+
+
+def _ranges(counts) -> list:
+    """[(k0, k1)] of each device: consecutive kernel ranges of the given sizes."""
+    edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    return [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
 
 
 def _gather(futures):

@@ -312,22 +312,29 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
             net.set_momentum(moms)
         balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
         result = run_steps(cfg, ds, net, start, log, balance)
-        result["calibration"] = cal.as_dict(devices) if cal else None
-        result["idle_ranks"] = devices.idle_ranks   # under mpiexec: ranks holding no device
-        result["left_out"] = left_out(devices, net.partition_counts(), cal)
-        for r, figures in links.items():
-            result["links"].setdefault(str(r), {}).update(
-                {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))
-                 for k, v in figures.items()})
-        if cal is not None:   # the cost model's conv time for the final partition
-            result["predicted_conv_time_s"] = round(sum(
-                predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])
-                for conv in net.convs), 4)
-        result["partition_moves"] = balance.moves if balance else []
-        return result
+        return with_plan(result, net, devices, cal, balance, links)
     finally:
         for d in devices:
             d.close()
+
+
+def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict:
+    """The summary of run_steps with what decided the partition: the calibration, the devices
+    left without kernels and why, the moves of dynamic balancing, the cost model's conv time;
+    under mpiexec the idle ranks and each rank's measured link."""
+    result["calibration"] = cal.as_dict(devices) if cal else None
+    result["idle_ranks"] = getattr(devices, "idle_ranks", [])
+    result["left_out"] = left_out(devices, net.partition_counts(), cal)
+    for r, figures in (links or {}).items():
+        result["links"].setdefault(str(r), {}).update(
+            {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))
+             for k, v in figures.items()})
+    if cal is not None:   # the cost model's conv time for the final partition
+        result["predicted_conv_time_s"] = round(sum(
+            predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])
+            for conv in net.convs), 4)
+    result["partition_moves"] = balance.moves if balance else []
+    return result
 
 
 def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,

@@ -84,6 +84,21 @@ def make_net():
         d.close()
 
 
+def assert_trains_like_one_device(shape, spec, partition, seed=1, n=6, steps=3):
+    """Three SGD steps (momentum, weight decay) on one random batch: the devices of `spec`,
+    split as `partition`, end with the weights of one numpy device."""
+    from pyhet.optim import SGDConfig
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, *shape.input_shape)).astype(np.float32)
+    y = rng.integers(0, shape.num_classes, n)
+    cfg = SGDConfig(0.05, 0.9, 1e-3)
+    whole = {g.name: [g.K] for g in shape.blocks}
+    want, _ = train_weights(shape, "numpy", whole, [(x, y)] * steps, cfg)
+    got, _ = train_weights(shape, spec, partition, [(x, y)] * steps, cfg)
+    assert_same_weights(got, want)
+
+
 def assert_same_weights(got, want, rtol=1e-4):
     """Every parameter within rtol of the reference, relative to its largest entry."""
     for k in want:

@@ -160,6 +160,7 @@ def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
     ({"arch": 5}, ArchitectureError, ["string", "int"]),
     ({"classes": ["a"]}, PyhetError, ["classes", "3 strings"]),
     ({"arch": "99999999C3-100000000N"}, DeviceError, ["GiB", "available"]),
+    ({"devices": ["cpu:1"]}, PyhetError, ["devices", "SPEC string"]),
 ])
 def test_network_refuses_bad_arguments(kwargs, error, words):
     args = {"arch": ARCH, "input_shape": (1, 12, 12), "num_classes": 3, **kwargs}
@@ -180,6 +181,8 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
     (lambda n, x, y: n.fit(x, y, steps=0), ["steps", ">= 1"]),
     (lambda n, x, y: n.fit(x, y, steps=1.5), ["steps", "whole number"]),
     (lambda n, x, y: n.fit(x, y, batch_size="8"), ["batch_size", "'8'"]),
+    (lambda n, x, y: n.fit(x, y, lr="0.1", steps=1), ["lr", "number"]),
+    (lambda n, x, y: n.fit(x, y, dataset="bundled", steps=1), ["either arrays", "not both"]),
     (lambda n, x, y: n.fit(x[:0], y[:0], steps=1), ["no images"]),
     (lambda n, x, y: n.evaluate(x[:0], y[:0]), ["no images"]),
     (lambda n, x, y: n.fit(steps=1), ["x", "dataset="]),

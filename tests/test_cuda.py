@@ -4,11 +4,10 @@ same code is exercised on a stand-in CuPy in test_devices.py)."""
 import numpy as np
 import pytest
 
-from conftest import assert_same_weights, net_shape, train_weights
+from conftest import assert_trains_like_one_device, net_shape
 from pyhet.backends import numpy_ref as ref
 from pyhet import arch
 from pyhet.geometry import ConvGeometry
-from pyhet.optim import SGDConfig
 from pyhet.specs import cuda_device_count
 
 cupy = pytest.importorskip("cupy")
@@ -52,14 +51,7 @@ def test_conv_block_on_the_gpu_matches_the_reference(g):
     ("cpu:1,gpu:0,numpy", {"conv1": [2, 3, 2], "conv2": [3, 3, 3]}),
 ])
 def test_training_on_the_gpu_gives_the_single_device_weights(spec, part):
-    shape = net_shape((2, 13, 12), (7, 9), 3, 5)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((6, 2, 13, 12)).astype(np.float32)
-    y = rng.integers(0, 5, 6)
-    cfg = SGDConfig(0.05, 0.9, 1e-3)
-    want, _ = train_weights(shape, "numpy", {"conv1": [7], "conv2": [9]}, [(x, y)] * 3, cfg)
-    got, _ = train_weights(shape, spec, part, [(x, y)] * 3, cfg)
-    assert_same_weights(got, want)
+    assert_trains_like_one_device(net_shape((2, 13, 12), (7, 9), 3, 5), spec, part)
 
 
 # 2x17x15: conv1 p1 s2 9x8 -> P2 4x4 -> conv2 p1 4x4 (no pool) -> conv3 2x2 -> P2 1x1 -> 6 -> 5
@@ -72,12 +64,4 @@ DEEP = "6C3p1s2-P2-5C3p1-7C3-P2-6N"
     ("cpu:1,gpu:0,numpy", {"conv1": [2, 2, 2], "conv2": [1, 3, 1], "conv3": [3, 0, 4]}),
 ])
 def test_deep_network_on_the_gpu_gives_the_single_device_weights(spec, part):
-    shape = arch.build(DEEP, (2, 17, 15), 5)
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((6, 2, 17, 15)).astype(np.float32)
-    y = rng.integers(0, 5, 6)
-    cfg = SGDConfig(0.05, 0.9, 1e-3)
-    want, _ = train_weights(shape, "numpy", {"conv1": [6], "conv2": [5], "conv3": [7]},
-                            [(x, y)] * 3, cfg)
-    got, _ = train_weights(shape, spec, part, [(x, y)] * 3, cfg)
-    assert_same_weights(got, want)
+    assert_trains_like_one_device(arch.build(DEEP, (2, 17, 15), 5), spec, part, seed=2)

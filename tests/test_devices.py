@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import assert_same_weights, net_shape, train_weights
+from conftest import assert_trains_like_one_device, net_shape
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import calibrate
@@ -136,15 +136,8 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
     """The CuPy backend's own code (transfers, the reference ops on its arrays, the update),
     run on a stand-in CuPy: mixed with a cpu device it gives the single-device weights."""
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
-    shape = net_shape((2, 12, 11), (5, 6), 3, 4)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((5, 2, 12, 11)).astype(np.float32)
-    y = rng.integers(0, 4, 5)
-    cfg = SGDConfig(0.05, 0.9, 1e-3)
-    want, _ = train_weights(shape, "numpy", {"conv1": [5], "conv2": [6]}, [(x, y)] * 3, cfg)
-    got, _ = train_weights(shape, "gpu:0,cpu:1", {"conv1": [2, 3], "conv2": [4, 2]},
-                           [(x, y)] * 3, cfg)
-    assert_same_weights(got, want)
+    assert_trains_like_one_device(net_shape((2, 12, 11), (5, 6), 3, 4), "gpu:0,cpu:1",
+                                  {"conv1": [2, 3], "conv2": [4, 2]}, seed=0, n=5)
 
 
 # ------------------------------------------------------------------------------------------------
