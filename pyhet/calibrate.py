@@ -11,20 +11,34 @@ import numpy as np
 
 from .devices import Device
 from .geometry import ConvGeometry
+from .links import link_cost
 
 
 @dataclass
 class Calibration:
-    """Per layer and device: kernels per second, fixed overhead per step (s), memory cap."""
+    """Per layer and device: kernels per second, fixed overhead per step (s), memory cap: the
+    cost model t(k) = overhead + k / speed that the partition uses, compute and link together.
+    For a device with a link (on another rank), `parts` keeps the two apart: its compute alone
+    (kernels/s, overhead s) and its link's fixed and per-kernel seconds (pyhet.links)."""
     speeds: dict      # layer -> [kernels/s per device]
     overheads: dict   # layer -> [s per device]
     caps: dict        # layer -> [max kernels per device]
+    parts: dict | None = None  # layer -> [None, or {compute and link figures} per device]
 
     def as_dict(self, devices) -> dict:
-        return {layer: {d.name: {"kernels_per_s": round(self.speeds[layer][i], 3),
-                                 "overhead_s": round(self.overheads[layer][i], 6),
-                                 "memory_cap": self.caps[layer][i]}
-                        for i, d in enumerate(devices)} for layer in self.speeds}
+        out = {}
+        for layer in self.speeds:
+            out[layer] = {}
+            for i, d in enumerate(devices):
+                row = {"kernels_per_s": round(self.speeds[layer][i], 3),
+                       "overhead_s": round(self.overheads[layer][i], 6),
+                       "memory_cap": self.caps[layer][i]}
+                part = (self.parts or {}).get(layer, [None] * len(devices))[i]
+                if part is not None:
+                    row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
+                                for k, v in part.items()})
+                out[layer][d.name] = row
+        return out
 
 
 def _trial_kernels(device: Device, K: int) -> int:
@@ -33,17 +47,18 @@ def _trial_kernels(device: Device, K: int) -> int:
     return max(1, min(K, 256 if device.kind == "gpu" else 64))
 
 
-def _time_block(device: Device, g: ConvGeometry, k: int, x, rng) -> float:
-    """Seconds for one forward and backward of k kernels of layer g on the batch x (as the
-    device's own work, emulated slowness included)."""
+def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) -> float:
+    """Seconds of compute for one forward and backward of k kernels of layer g on the batch x
+    (the device's own work, emulated slowness included; for a device on another rank, its
+    rank's time, without the messages)."""
     layer = f"calibrate/{g.name}"
     w = (rng.standard_normal((k, g.C, g.R, g.S)) * 0.1).astype(np.float32)
     device.call("calibration", device.load_shard, layer, g, w, np.zeros(k, np.float32))
     dout = np.ones(g.out_batch_shape(k, x.shape[0]), np.float32)
-    t0 = device.busy_s
+    t0 = device.compute_s
     device.call("calibration", device.conv_forward, layer, x)
-    device.call("calibration", device.conv_backward, layer, dout, "own")
-    took = device.busy_s - t0
+    device.call("calibration", device.conv_backward, layer, dout, "own" if need_dx else "none")
+    took = device.compute_s - t0
     device.call("calibration", device.drop_shard, layer)
     return took
 
@@ -65,10 +80,16 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
     group's fixed part (the trial's intercept: a whole im2col and col2im) is paid whatever the
     group's share of the kernels, so it is fitted too, and each host device carries an equal
     part of it as its overhead.
+
+    A device on another rank is timed by its rank (compute alone); its link (device.link, as
+    measured at start-up) adds a fixed and a per-kernel time by pyhet.links, and the sum is its
+    cost model. The first layer needs no input gradient (nothing before it learns), so it is
+    timed and its traffic counted without one.
     """
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps = {}, {}, {}
-    for g in geometries:
+    speeds, overheads, caps, parts = {}, {}, {}, {}
+    for index, g in enumerate(geometries):
+        need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
         mixed = len({d.shares_host_memory for d in devices}) > 1
         trials = []  # (device index, kernels)
@@ -79,12 +100,12 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
                 trials.append((i, kb // 4))
         for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
             for _ in range(2):
-                _time_block(devices[i], g, k, x, rng)
+                _time_block(devices[i], g, k, x, rng, need_dx)
         best = {t: float("inf") for t in trials}
         for _ in range(rounds):
             for i, k in trials:
-                best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng))
-        speeds[g.name], overheads[g.name], caps[g.name] = [], [], []
+                best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
+        speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
             tb = best[(i, kb)]
@@ -100,7 +121,14 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))
+            part = None
+            if d.link is not None:   # compute plus communication
+                fixed_s, per_kernel_s = link_cost(d.link, g, batch, need_dx)
+                part = {"compute_kernels_per_s": speed, "compute_overhead_s": overhead,
+                        "link_fixed_s": fixed_s, "link_s_per_kernel": per_kernel_s}
+                speed, overhead = 1.0 / (1.0 / speed + per_kernel_s), overhead + fixed_s
             speeds[g.name].append(speed)
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
-    return Calibration(speeds, overheads, caps)
+            parts[g.name].append(part)
+    return Calibration(speeds, overheads, caps, parts)

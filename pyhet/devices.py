@@ -69,12 +69,15 @@ class Device:
     """
 
     emulates = True   # applies its own @S slowness (a device on another rank: that rank does)
+    link = None       # its link to the master (pyhet.links.Link); None: in this process
 
     def __init__(self, name: str, spec: DeviceSpec, backend=None):
         self.name, self.spec = name, spec
         self.backend = backend if backend is not None else make_backend(spec)
         self.speed = spec.speed            # may be changed while training (emulation)
         self.busy_s = 0.0                  # work time (including emulated slowness) so far
+        self.compute_s = 0.0               # of which computing (the rest: its link's messages)
+        self.last_busy_s = 0.0             # the busy time of the newest finished piece of work
         self.busy_by_tag: dict[str, float] = {}
         self._shards: dict[str, _Shard] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
@@ -123,9 +126,16 @@ class Device:
         busy = time.perf_counter() - t0
         with self._lock:
             self.busy_s += busy
+            self.last_busy_s = busy
+            self.compute_s += self._compute_part(busy)
             if tag is not None:
                 self.busy_by_tag[tag] = self.busy_by_tag.get(tag, 0.0) + busy
         return result
+
+    def _compute_part(self, busy: float) -> float:
+        """Of `busy` seconds of work just done, the time spent computing (all of it here; a
+        device on another rank says how much was its rank's work)."""
+        return busy
 
     # --- shard messages (run on the worker) ---------------------------------------------------
 

@@ -133,6 +133,13 @@ class ConvGeometry:
         matrix's gradient."""
         return 4 * (2 * self.col_rows * self.positions(N) + 2 * N * self.C * self.H * self.W)
 
+    def link_bytes(self, N: int, need_dx: bool) -> tuple:
+        """(fixed bytes, bytes per kernel) a device on another rank moves for this layer in one
+        step: x (N, C, H, W) in, and dx of the same shape out where the layer needs it; per
+        kernel, its output slice (N, 1, PH, PW) out and that slice's gradient in."""
+        x_bytes = 4 * N * self.C * self.H * self.W
+        return x_bytes * (2 if need_dx else 1), 2 * 4 * N * self.PH * self.PW
+
     def flops_per_image(self, need_dx: bool = True) -> int:
         """Multiply-adds x 2 of one training step per image: forward, weight gradient and (when
         the block's input needs a gradient) input gradient, each one GEMM of this size."""

@@ -188,14 +188,20 @@ def left_out(devices, partition: dict, cal) -> list:
         return notes
     for layer, counts in partition.items():
         speeds, overheads = cal.speeds[layer], cal.overheads[layer]
+        parts = (cal.parts or {}).get(layer) or [None] * len(devices)
         others = predicted_time(counts, speeds, overheads)
-        for d, c, s, o, cap in zip(devices, counts, speeds, overheads, cal.caps[layer]):
+        for d, c, s, o, cap, part in zip(devices, counts, speeds, overheads, cal.caps[layer],
+                                         parts):
             if c == 0:
+                where = ("its own im2col and col2im" if part is None else
+                         f"{part['link_fixed_s']:.4g} s moving the layer's input and input "
+                         f"gradient over its link, {part['compute_overhead_s']:.4g} s its own "
+                         f"im2col and col2im")
                 if cap == 0:
                     why = "its memory holds no kernel of it"
                 elif o >= others:
-                    why = (f"its fixed cost per step, {o:.4g} s (its link and own im2col), is "
-                           f"more than the {others:.4g} s the other devices take")
+                    why = (f"its fixed cost per step, {o:.4g} s ({where}), is more than the "
+                           f"{others:.4g} s the other devices take")
                 else:
                     why = (f"one kernel would take it {o + 1 / s:.4g} s, more than the "
                            f"{others:.4g} s the other devices take")
@@ -333,6 +339,11 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
         result["predicted_conv_time_s"] = round(sum(
             predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])
             for conv in net.convs), 4)
+        # ... and the step: that, plus the measured rest of the step (the master's fc layers,
+        # loss and batch work, which are not partitioned)
+        if result["step_time_s"] and result["conv_time_s"] is not None:
+            rest = max(0.0, result["step_time_s"]["median"] - result["conv_time_s"])
+            result["predicted_step_time_s"] = round(result["predicted_conv_time_s"] + rest, 4)
     result["partition_moves"] = balance.moves if balance else []
     return result
 

@@ -15,10 +15,12 @@ from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import calibrate
 from pyhet.devices import make_backend, make_devices
 from pyhet.errors import DeviceError
+from pyhet.links import Link
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import balanced
 from pyhet.specs import DeviceSpec, check_ranks, check_threads, for_rank, parse_devices
+from pyhet.train import left_out
 
 CORES = ops.default_threads()
 
@@ -203,6 +205,44 @@ def test_calibration_sees_the_emulated_speeds():
         assert cal.caps[layer] == [32 if layer == "conv1" else 96] * 3
     part = balanced(96, cal.speeds["conv2"])
     assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
+
+
+def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
+    """A device with a link (as on another rank) costs its compute plus its link: the layer
+    input (and input gradient) once, each kernel's output slice and its gradient per kernel, and
+    six message latencies; a link too slow to pay leaves the device without kernels, saying so."""
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    slow = Link(latency_s=1e-3, bandwidth_bytes_per_s=1e5)     # 100 kB/s
+    devices[1].link = slow
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    for index, g in enumerate(shape.blocks):
+        fixed, per_kernel = g.link_bytes(4, need_dx=index > 0)
+        assert fixed == 4 * 4 * g.C * g.H * g.W * (2 if index else 1)
+        assert per_kernel == 2 * 4 * 4 * g.PH * g.PW
+        assert cal.parts[g.name][0] is None                  # in this process: no link
+        part = cal.parts[g.name][1]
+        assert part["link_fixed_s"] == pytest.approx(6e-3 + fixed / 1e5)
+        assert part["link_s_per_kernel"] == pytest.approx(per_kernel / 1e5)
+        assert cal.overheads[g.name][1] == pytest.approx(part["compute_overhead_s"] +
+                                                         part["link_fixed_s"])
+        assert 1 / cal.speeds[g.name][1] == pytest.approx(1 / part["compute_kernels_per_s"] +
+                                                          part["link_s_per_kernel"])
+        counts = balanced(g.K, cal.speeds[g.name], cal.overheads[g.name], cal.caps[g.name])
+        assert counts == [g.K, 0]                             # the link makes it a net loss
+        (note,) = [n for n in left_out(devices, {g.name: counts}, cal)]
+        assert note["device"] == "d1" and "over its link" in note["why"]
+    assert "link_fixed_s" in cal.as_dict(devices)["conv2"]["d1"]
+    assert "link_fixed_s" not in cal.as_dict(devices)["conv2"]["d0"]
+
+
+def test_link_time_is_latency_per_message_plus_bytes_over_bandwidth():
+    assert Link(1e-3, 1e6).seconds(2e6, messages=6) == pytest.approx(6e-3 + 2.0)
+    assert Link(1e-3, None).seconds(2e6, messages=2) == pytest.approx(2e-3)   # unresolved: free
 
 
 def test_devices_on_ranks_the_job_does_not_have_are_refused():

@@ -101,6 +101,13 @@ def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
     want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
     for k in want:
         assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
+    summary = json.loads(out.strip().splitlines()[-1])
+    for d in summary["devices"]:                          # compute and link apart
+        row = summary["calibration"]["conv2"][d["name"]]
+        assert ("link_fixed_s" in row) == (d["rank"] != 0)
+        if d["rank"]:
+            assert row["overhead_s"] >= row["link_fixed_s"] > 0
+    assert summary["predicted_step_time_s"] > 0
 
 
 def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):

@@ -5,7 +5,9 @@ rank, a RemoteDevice: a Device whose shard messages (load, read back, drop, forw
 update) travel to that rank and back. Every other rank serves its devices: ordinary Devices with
 their own worker threads, whose shards (weights, biases, momentum) stay on that rank for the
 whole run. Only arrays travel, as raw buffers (no pickling): a message is one int64 header (the
-operation, then each array's dtype and shape) followed by one buffer per non-empty array.
+operation, then each array's dtype and shape) followed by one buffer per non-empty array. Every
+reply to a device's request ends with the seconds the device computed for it, so the master can
+tell compute from link time.
 
 Routing: the requests of device i go on tag 10 + 2i and its replies on tag 11 + 2i, so the
 requests of one device are answered in order and several devices' messages never mix. A serving
@@ -31,6 +33,7 @@ import numpy as np
 from ..devices import Device, make_devices
 from ..errors import DeviceError
 from ..geometry import ConvGeometry
+from ..links import Link
 from ..optim import SGDConfig
 from ..specs import DeviceSpec, for_rank, parse_devices
 
@@ -100,6 +103,7 @@ class Peer:
         self.comm, self.rank = comm, rank
         self.timeout, self.on_timeout = timeout, on_timeout
         self.sent = self.received = 0
+        self.link: Link | None = None     # as measured by MasterLink.measure_links
 
     def _wait(self, req, status=None, patient=True):
         wait(req, self.timeout, self.on_timeout, status, patient)
@@ -168,10 +172,11 @@ class RemoteDevice(Device):
     """A device on another rank, seen from the master: each shard message is sent to that rank
     and its reply awaited (on this device's own worker thread, like any Device's work). Emulated
     slowness (@S) is applied on the device's own rank; the busy time measured here includes the
-    messages."""
+    messages, and each reply says how long the rank computed (compute_s)."""
 
     def __init__(self, name: str, spec: DeviceSpec, index: int, peer: Peer):
         self.index, self.peer = index, peer
+        self._rank_s = 0.0   # the rank's compute time in the replies of the work under way
         super().__init__(name, spec, backend=peer)   # the link stands where a backend would be
 
     emulates = False   # its own rank applies the @S slowness
@@ -180,12 +185,21 @@ class RemoteDevice(Device):
     def shares_host_memory(self) -> bool:
         return False
 
+    @property
+    def link(self) -> Link | None:
+        return self.peer.link
+
+    def _compute_part(self, busy: float) -> float:
+        took, self._rank_s = self._rank_s, 0.0
+        return min(took, busy)
+
     def _call(self, op: str, arrays=()):
         self.peer.send(request_tag(self.index), op, arrays)
         reply, out, _ = self.peer.receive(reply_tag(self.index))
         if reply == "error":
             raise DeviceError(untext(out[0]))
-        return out
+        self._rank_s += float(out[-1][0])    # every reply ends with the rank's compute time
+        return out[:-1]
 
     # --- the Device messages ------------------------------------------------------------------
 
@@ -279,6 +293,7 @@ class MasterLink:
                       "bandwidth_bytes_per_s": (2 * big.nbytes / moving
                                                 if moving > 0.05 * times[big.nbytes] else None),
                       "message_bytes": int(big.nbytes)}
+            peer.link = Link(out[r]["latency_s"], out[r]["bandwidth_bytes_per_s"])
         return out
 
     def _timeout_text(self, rank):
@@ -351,11 +366,11 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
             device = by_index[index]
             if op == "close":
                 device.close()
-                master.send(reply_tag(index), "ok")
+                master.send(reply_tag(index), "ok", [np.zeros(1)])
                 open_.discard(index)
                 continue
             device.submit(op, _handle, device, op, arrays).add_done_callback(
-                lambda f, i=index: _reply(master, i, f))
+                lambda f, i=index, d=device: _reply(master, i, f, d))
     finally:
         for d in devices:
             d.close()
@@ -391,8 +406,10 @@ def _handle(device: Device, op: str, a):
     raise DeviceError(f"unknown request {op!r}")
 
 
-def _reply(master: Peer, index: int, future):
+def _reply(master: Peer, index: int, future, device: Device):
+    """Send a request's result, and the seconds the device computed for it (its worker runs this
+    callback right after the work, before any other)."""
     try:
-        master.send(reply_tag(index), "ok", future.result())
+        master.send(reply_tag(index), "ok", future.result() + [np.array([device.last_busy_s])])
     except Exception as e:
         master.send(reply_tag(index), "error", [text(str(e))])
