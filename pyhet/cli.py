@@ -29,7 +29,7 @@ from .train import TrainConfig, train
 from .transport import launched_rank, launched_size
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
-BENCHMARKS = ("gemm", "step", "scaling", "bandwidth")
+BENCHMARKS = ("gemm", "step", "scaling", "bandwidth", "ranks")
 
 
 def _kernels(text: str):

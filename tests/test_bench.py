@@ -66,3 +66,25 @@ def test_bench_bandwidth(tmp_path, capsys):
         assert sum(r["partition"]["conv2"].values()) == 8
     assert "pyhet-bw" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                             text=True).stdout
+
+
+def test_bench_ranks(tmp_path, capsys):
+    """One quota on a tiny network; where root, the cgroup cpu controller or mpiexec is missing
+    it says so and does nothing. It leaves no cgroup behind."""
+    try:
+        from pyhet.bench import ranks
+    except ImportError:
+        from bench import ranks
+    why = ranks.missing_tools()
+    out = run(capsys, "ranks", "--quotas", "0.5", "--kernels", "4,8", "--steps", "2",
+              "--json", str(tmp_path / "r.json"))
+    if why:
+        assert f"skipped: {why}" in out
+        return
+    res = json.loads((tmp_path / "r.json").read_text())
+    (row,) = res["quotas"]
+    assert row["quota"] == 0.5 and row["slow_alone_step_s"] > 0
+    for name in ("static", "dynamic", "emulated"):
+        assert row[name]["step_s"] > 0 and 0 < row[name]["efficiency"]
+        assert sum(row[name]["partition"]["conv2"].values()) == 8
+    assert not list(ranks.CGROUP_CPU.glob("pyhet-bench-*"))

@@ -134,6 +134,16 @@ def test_placement_errors_name_the_rank_and_what_to_run(tmp_path, data, ranks, d
     assert not (tmp_path / "w.npz").exists()
 
 
+def test_a_serving_rank_warns_through_the_master(tmp_path, data):
+    """A serving rank prints nothing itself; what it warns of (more threads than its cores)
+    reaches stderr through rank 0, naming the rank."""
+    threads = (os.cpu_count() or 1) + 1
+    code, out, err = run(train_argv(data, f"0/cpu:1,1/cpu:{threads}", tmp_path / "w.npz"), 2,
+                         tmp_path)
+    assert code == 0, err
+    assert "rank 1: the cpu devices use" in err and "threads" in err, err
+
+
 def test_other_commands_refuse_mpiexec(tmp_path, data):
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
                           f"npz:{data}"], 2, tmp_path, timeout=60)

@@ -27,6 +27,7 @@ Letters as in pyhet.geometry.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from ..errors import DeviceError
 from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
-from ..specs import DeviceSpec, for_rank, parse_devices
+from ..specs import DeviceSpec, check_threads, for_rank, parse_devices
 
 try:
     from mpi4py import MPI
@@ -261,6 +262,8 @@ class MasterLink:
             if op == "error":
                 raise DeviceError(f"rank {r}: {untext(arrays[0])}")
             self.ranks_devices[r] = untext(arrays[0]).split(",") if arrays[0] is not None else []
+            if len(arrays) > 1 and arrays[1] is not None:   # what the rank warns of
+                warnings.warn(f"rank {r}: {untext(arrays[1])}", RuntimeWarning, stacklevel=2)
         # ... and learns the index of its first device in the job (devices follow rank order)
         first = len(self.ranks_devices[0])
         for r, peer in self.peers.items():
@@ -341,12 +344,17 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     rank = comm.Get_rank()
     master = Peer(comm, 0)
     mine = for_rank(specs, rank)
+    with warnings.catch_warnings(record=True) as said:   # a serving rank says nothing itself:
+        warnings.simplefilter("always")                    # the master passes its warnings on
+        check_threads(mine)
     try:
         devices = make_devices(mine)
     except Exception as e:
         master.send(TAG_HELLO, "error", [text(str(e))])
         raise
-    master.send(TAG_HELLO, "hello", [text(",".join(str(s) for s in mine)) if mine else None])
+    master.send(TAG_HELLO, "hello", [text(",".join(str(s) for s in mine)) if mine else None,
+                                     text("; ".join(str(w.message) for w in said))
+                                     if said else None])
     if not devices:
         return
     # this rank's devices, by their index (and name) in the job, which the master gives

@@ -1,0 +1,231 @@
+"""A slower machine for real: one device rank under a cgroup CPU quota, beside the master.
+
+    pyhet bench ranks [--quotas 0.5,0.25] [--kernels 500,1500] [--batch-size 16] [--steps 4]
+                      [--json FILE] [--plot FILE.png]
+
+Run as root (cgroup v1's cpu controller, /sys/fs/cgroup/cpu). Rank 1's process is put in a
+cgroup whose CPU quota is the given fraction of one core (cpu.cfs_quota_us over
+cpu.cfs_period_us), so its device computes that much slower, as a slower machine would, with no
+emulation in pyhet. Per quota it measures, each as one run of `pyhet train --balance static`:
+
+- the master's device alone (`--devices cpu:1`, one process) and the slowed device alone (the same,
+  inside the cgroup): their throughputs a and b;
+- the pair, `mpiexec -n 2 pyhet train --devices 0/cpu:1,1/cpu:1` with rank 1 in the cgroup, static
+  and dynamic: throughput p, its speedup over the master alone, and its heterogeneous efficiency
+  p / (a + b): the share of the two devices' summed throughput that the split turns into training;
+- beside it, the same speed ratio emulated with @S (`0/cpu:1,1/cpu:1@S`, S = b / a measured), to
+  compare a real slow machine with the emulation.
+
+The cgroups are removed when it ends, also when interrupted. Without root, the cpu controller or
+mpiexec it says so and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+try:
+    from . import _util
+except ImportError:  # run as a script: python bench/ranks.py
+    import _util
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 10_000   # a short period: throttling finer than any timing (calibration trials too)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="pyhet bench ranks", description=__doc__.split("\n")[0])
+    p.add_argument("--quotas", default="0.5,0.25",
+                   help="rank 1's CPU quota as fractions of one core, comma-separated")
+    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=4, help="steps per run (the first warms up)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    args = p.parse_args(argv)
+    try:
+        args.quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
+    except ValueError:
+        p.error(f"--quotas: fractions such as 0.5,0.25 were expected, got {args.quotas!r}")
+    if not args.quotas or any(not 0.01 <= q <= 1 for q in args.quotas):
+        p.error(f"--quotas: each must be between 0.01 and 1, got {args.quotas}")
+    return args
+
+
+def mpiexec():
+    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+        "mpiexec")
+
+
+def missing_tools() -> str | None:
+    """Why the benchmark cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "it needs root (a cgroup CPU quota)"
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
+        return f"there is no cgroup v1 cpu controller at {CGROUP_CPU}"
+    if mpiexec() is None:
+        return "there is no mpiexec (pip install 'pyhet[mpi]')"
+    try:
+        import mpi4py  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
+    return None
+
+
+class Quota:
+    """A cgroup with a CPU quota of `fraction` of one core; `wrap(cmd)` runs cmd inside it.
+    Removed by close() (once no process is left in it)."""
+
+    def __init__(self, fraction: float):
+        self.path = CGROUP_CPU / f"pyhet-bench-{os.getpid()}-{int(fraction * 1000)}"
+        self.path.mkdir()
+        try:
+            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(int(fraction * PERIOD_US)))
+        except BaseException:
+            self.close()
+            raise
+
+    def wrap(self, cmd):
+        # the shell joins the cgroup, then becomes the command (which stays in it)
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
+
+    def close(self):
+        for _ in range(50):   # its last processes may still be ending
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                subprocess.run(["sleep", "0.1"])
+
+
+def train_argv(args, devices, balance="static"):
+    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
+            args.kernels, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+            "--devices", devices, "--balance", balance, "--quiet", "--json"]
+
+
+def run_json(cmd, timeout, cwd):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[:8]))} ... failed ({p.returncode}): "
+                           f"{p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def pair(args, quota: Quota | None, devices, balance, cwd):
+    """`mpiexec -n 2 pyhet train`, rank 1 inside the quota's cgroup (if any)."""
+    rank1 = train_argv(args, devices, balance)
+    cmd = [mpiexec(), "-n", "1", *train_argv(args, devices, balance), ":", "-n", "1",
+           *(quota.wrap(rank1) if quota else rank1)]
+    return run_json(cmd, args.timeout, cwd)
+
+
+def step_s(summary) -> float:
+    return summary["step_time_s"]["median"]
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    why = missing_tools()
+    if why:
+        print(f"pyhet bench ranks: skipped: {why}")
+        return 0
+    info = _util.system_info()
+    print(_util.describe_system(info))
+    old = signal.signal(signal.SIGTERM, _interrupt)   # remove the cgroups either way
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="pyhet-ranks-") as cwd:
+            alone = step_s(run_json(train_argv(args, "cpu:1"), args.timeout, cwd))
+            print(f"master's device alone (cpu:1): {alone:.3f} s a step", flush=True)
+            for fraction in args.quotas:
+                quota = Quota(fraction)
+                try:
+                    slow = step_s(run_json(quota.wrap(train_argv(args, "cpu:1")), args.timeout,
+                                           cwd))
+                    a, b = 1 / alone, 1 / slow
+                    row = {"quota": fraction, "alone_step_s": alone, "slow_alone_step_s": slow,
+                           "relative_speed": b / a}
+                    for balance in ("static", "dynamic"):
+                        s = pair(args, quota, "0/cpu:1,1/cpu:1", balance, cwd)
+                        row[balance] = {"step_s": step_s(s), "speedup": alone / step_s(s),
+                                        "efficiency": (1 / step_s(s)) / (a + b),
+                                        "partition": s["partition"],
+                                        "predicted_step_s": s.get("predicted_step_time_s")}
+                    speed = round(max(0.01, min(1.0, b / a)), 3)
+                    s = pair(args, None, f"0/cpu:1,1/cpu:1@{speed}", "static", cwd)
+                    row["emulated"] = {"speed": speed, "step_s": step_s(s),
+                                       "speedup": alone / step_s(s),
+                                       "efficiency": (1 / step_s(s)) / (a + b),
+                                       "partition": s["partition"]}
+                finally:
+                    quota.close()
+                rows.append(row)
+                print(f"quota {fraction:g}: slowed device alone {slow:.3f} s, pair static "
+                      f"{row['static']['step_s']:.3f} s, dynamic {row['dynamic']['step_s']:.3f} s",
+                      flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+    print(f"\n--devices 0/cpu:1,1/cpu:1 under mpiexec -n 2, rank 1 in a cgroup CPU quota; kernels "
+          f"{args.kernels}, batch {args.batch_size}; master's device alone {alone:.3f} s a step")
+    table = []
+    for r in rows:
+        for name in ("static", "dynamic", "emulated"):
+            m = r[name]
+            conv2 = "/".join(str(v) for v in m["partition"]["conv2"].values())
+            table.append([f"{r['quota']:g}" if name == "static" else "",
+                          f"{r['relative_speed']:.2f}" if name == "static" else "",
+                          name if name != "emulated" else f"@{m['speed']:g} (no quota)",
+                          conv2, f"{m['step_s']:.3f}", f"{m['speedup']:.2f}x",
+                          f"{m['efficiency']:.3f}",
+                          "-" if not m.get("predicted_step_s") else f"{m['predicted_step_s']:.3f}"])
+    print(_util.format_table(["quota", "b/a", "split", "conv2 partition", "step s",
+                              "speedup", "efficiency", "model step s"], table))
+    result = {"benchmark": "ranks", "system": info, "kernels": args.kernels,
+              "batch_size": args.batch_size, "alone_step_s": alone, "quotas": rows}
+    _util.save_outputs(result, args, plot)
+    return 0
+
+
+def plot(result, path):
+    plt = _util.pyplot()
+    if plt is None:
+        return
+    rows = result["quotas"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = range(len(rows))
+    for n, name in enumerate(("static", "dynamic", "emulated")):
+        ax.bar([x + (n - 1) * 0.27 for x in xs], [r[name]["efficiency"] for r in rows], 0.27,
+               label=name if name != "emulated" else "@S emulation")
+    ax.axhline(1.0, color="k", ls="--", lw=1)
+    ax.set_xticks(list(xs), [f"{r['quota']:g} core" for r in rows])
+    ax.set_ylabel("heterogeneous efficiency")
+    ax.set_xlabel("rank 1's CPU quota")
+    ax.set_ylim(0, 1.1)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
