@@ -81,11 +81,18 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
     group's share of the kernels, so it is fitted too, and each host device carries an equal
     part of it as its overhead.
 
-    A device on another rank is timed by its rank (compute alone); its link (device.link, as
-    measured at start-up) adds a fixed and a per-kernel time by pyhet.links, and the sum is its
-    cost model. The first layer needs no input gradient (nothing before it learns), so it is
+    The cpu devices of another rank are a group of their own (they share an im2col on their
+    rank), fitted the same way. A device on another rank is timed by its rank (compute alone);
+    its link (device.link, as measured at start-up) adds a fixed and a per-kernel time by
+    pyhet.links, and the sum is its cost model. The members of a group send their slices over
+    one link in one message, so each is charged the group's fixed traffic and its per-kernel
+    traffic as many times as the group has members (the others' kernels travel with its own:
+    exact when their shares are equal). The first layer needs no input gradient (nothing before it learns), so it is
     timed and its traffic counted without one.
     """
+    def group_size(d):   # the devices that share d's im2col and input gradient
+        return 1 if d.group is None else sum(e.group == d.group for e in devices)
+
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts = {}, {}, {}, {}
     for index, g in enumerate(geometries):
@@ -114,16 +121,14 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
                 ka, ta = kb // 4, best[(i, kb // 4)]
                 slope = (tb - ta) / (kb - ka)
                 if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
-                    intercept = tb - kb * slope
-                    hosts = sum(e.shares_host_memory for e in devices)
-                    speed = 1.0 / slope
-                    overhead = intercept / hosts if d.shares_host_memory else intercept
+                    speed, overhead = 1.0 / slope, (tb - kb * slope) / group_size(d)
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))
             part = None
             if d.link is not None:   # compute plus communication
                 fixed_s, per_kernel_s = link_cost(d.link, g, batch, need_dx)
+                per_kernel_s *= group_size(d)
                 part = {"compute_kernels_per_s": speed, "compute_overhead_s": overhead,
                         "link_fixed_s": fixed_s, "link_s_per_kernel": per_kernel_s}
                 speed, overhead = 1.0 / (1.0 / speed + per_kernel_s), overhead + fixed_s

@@ -23,6 +23,7 @@ import numpy as np
 from .errors import DeviceError
 from .geometry import ConvGeometry
 from .optim import SGDConfig
+from .partition import proportional
 from .specs import DeviceSpec
 
 
@@ -97,6 +98,13 @@ class Device:
         gradient between them instead of each computing a part of all of it."""
         return self.spec.kind == "cpu"
 
+    @property
+    def group(self) -> str | None:
+        """The devices with the same group share one im2col and split the input gradient
+        (pyhet.devices.shared_im2col / shared_input_grad): those that share host memory in one
+        process. None: this device does its own."""
+        return "host" if self.shares_host_memory else None
+
     def free_memory(self):
         """Bytes this device can still allocate, or None if unknown."""
         return self.backend.free_memory()
@@ -123,19 +131,28 @@ class Device:
         took = time.perf_counter() - t0
         if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
             time.sleep(took * (1.0 / self.speed - 1.0))
-        busy = time.perf_counter() - t0
+        busy, compute = self._account(time.perf_counter() - t0)
         with self._lock:
             self.busy_s += busy
             self.last_busy_s = busy
-            self.compute_s += self._compute_part(busy)
+            self.compute_s += compute
             if tag is not None:
                 self.busy_by_tag[tag] = self.busy_by_tag.get(tag, 0.0) + busy
         return result
 
-    def _compute_part(self, busy: float) -> float:
-        """Of `busy` seconds of work just done, the time spent computing (all of it here; a
-        device on another rank says how much was its rank's work)."""
-        return busy
+    def _account(self, busy: float) -> tuple:
+        """(busy, compute) seconds to count for a piece of work that took `busy` seconds: all
+        of it, all computing, here; a device on another rank counts its rank's compute apart,
+        and shares out the work it did for a group of its rank's devices."""
+        return busy, busy
+
+    def credit(self, tag: str | None, busy: float, compute: float):
+        """Count work done for this device by another's message (a group of its rank)."""
+        with self._lock:
+            self.busy_s += busy
+            self.compute_s += compute
+            if tag is not None:
+                self.busy_by_tag[tag] = self.busy_by_tag.get(tag, 0.0) + busy
 
     # --- shard messages (run on the worker) ---------------------------------------------------
 
@@ -162,6 +179,9 @@ class Device:
         kept = self.get_shard(layer, keep_lo, keep_hi)
         w, b, vw, vb = join_states([p for p in (before, kept, after) if p is not None])
         self.load_shard(layer, self._shards[layer].g, w, b, vw, vb)
+
+    def geometry(self, layer: str) -> ConvGeometry:
+        return self._shards[layer].g
 
     def drop_shard(self, layer: str):
         self._shards.pop(layer, None)
@@ -216,6 +236,49 @@ class Device:
         s.vw = be.sgd_update(s.w, s.dw, s.vw, cfg)
         s.vb = be.sgd_update(s.b, s.db, s.vb, cfg)
         s.dw = s.db = None
+
+
+# ================================================================================================
+# Devices that share host memory (the cpu devices of one process): one im2col of the layer input,
+# filled by channel shares, and the input gradient split by input channels. The master runs this
+# for its own cpu devices, and a serving rank for the cpu devices placed on it.
+
+
+def shared_im2col(devices, channels: dict, x, g: ConvGeometry, col, tag=None):
+    """Fill col (C*R*S, N*OH*OW), the im2col matrix of x (N, C, H, W), with device i filling
+    the rows of input channels channels[i] = (c0, c1)."""
+    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, col, ch, tag=tag)
+            for i, ch in channels.items()])
+
+
+def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):
+    """dx (N, C, H, W) of the layer from every shard's (w_j, dy_j) in parts, device i computing
+    the rows of dcol and the channels of dx of channels[i]."""
+    gather([devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
+                              dcol, dx, g, ch, tag=tag) for i, ch in channels.items()])
+
+
+def channel_shares(C: int, counts) -> list:
+    """[(c0, c1)] of each device of a group: the input channels in proportion to its kernels
+    (devices without kernels, and shares that round to nothing, get an empty range)."""
+    split = proportional(C, counts) if any(counts) else [0] * len(counts)
+    edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
+    return [(int(edges[n]), int(edges[n + 1])) for n in range(len(counts))]
+
+
+def gather(futures):
+    """Wait for every future; re-raise the first error once all have finished, so no device is
+    left working on a step that has failed."""
+    results, error = [], None
+    for f in futures:
+        try:
+            results.append(f.result())
+        except Exception as e:
+            error = error or e
+            results.append(None)
+    if error is not None:
+        raise error
+    return results
 
 
 def join_states(parts):

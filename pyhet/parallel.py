@@ -12,8 +12,12 @@ memory in this process (kind cpu, the "host group") share one im2col matrix of t
 filling the rows of its share of the input channels; and they split the input gradient by input
 channels rather than each computing a part of all of it: device i computes the rows of dcol of
 its channels from every host shard (w_j, dy_j), then col2im of those channels. So the input
-gradient costs the same whatever the number of devices. A device outside the group (numpy, gpu,
-another process) does its own im2col and returns its own part of dx, which is added.
+gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
+rank form a group of their own there: one message to the rank carries the layer input (forward)
+or their slices of the output gradient (backward), the rank runs the same shared im2col and
+channel-split input gradient, and one reply brings back their output slices or their summed part
+of dx. Any other device (numpy, gpu, or alone on its rank) does its own im2col and returns its
+own part of dx, which is added.
 
 Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
 (R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.
@@ -23,10 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .devices import join_states
+from .devices import channel_shares, gather, join_states, shared_im2col, shared_input_grad
 from .errors import DeviceError
 from .geometry import ConvGeometry
-from .partition import proportional
 from .timing import PartTimer
 
 
@@ -56,9 +59,9 @@ class PartitionedConv:
         counts = self._checked(counts, w.shape[0])
         self._set_partition(counts)
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
-        _gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
-                          part(vw, k0, k1), part(vb, k0, k1))
-                 for d, (k0, k1) in zip(self.devices, self.bounds)])
+        gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
+                         part(vw, k0, k1), part(vb, k0, k1))
+                for d, (k0, k1) in zip(self.devices, self.bounds)])
 
     def _checked(self, counts, K: int) -> list:
         counts = [int(c) for c in counts]
@@ -68,24 +71,35 @@ class PartitionedConv:
         return counts
 
     def _set_partition(self, counts):
-        """Kernel ranges, active devices and the host group's channel shares for `counts`."""
+        """Kernel ranges, active devices, and the groups' members and channel shares for
+        `counts`."""
         self.counts = counts
         self.active = [i for i, c in enumerate(counts) if c > 0]   # devices with kernels
         self.bounds = _ranges(counts)
-        # the host group's shares of the input channels follow their shares of the kernels
-        self.group = [i for i, d in enumerate(self.devices)
-                      if d.shares_host_memory and counts[i] > 0]
-        C = self.g.C
-        split = proportional(C, [counts[i] for i in self.group]) if self.group else []
-        edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
-        self.channels = {i: (int(edges[n]), int(edges[n + 1])) for n, i in enumerate(self.group)
-                         if edges[n + 1] > edges[n]}
+        groups: dict = {}
+        for i in self.active:
+            if self.devices[i].group is not None:
+                groups.setdefault(self.devices[i].group, []).append(i)
+        # the host group (this process's cpu devices); its shares of the input channels follow
+        # their shares of the kernels
+        self.group = groups.pop("host", [])
+        self.channels = self._shares(self.group)
+        # groups on other ranks, of two or more devices (one alone does its own): each runs as
+        # one message to its first device's rank; {first: (members, their channel shares)}
+        self.remote = {members[0]: (members, self._shares(members))
+                       for members in groups.values() if len(members) > 1}
+        self.in_remote = {i for members, _ in self.remote.values() for i in members}
+
+    def _shares(self, members) -> dict:
+        """{device: (c0, c1)} of the members with a non-empty share of the input channels."""
+        shares = channel_shares(self.g.C, [self.counts[i] for i in members])
+        return {i: ch for i, ch in zip(members, shares) if ch[1] > ch[0]}
 
     def gather_state(self):
         """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
         momentum is None before the first update."""
-        return join_states(_gather([d.submit("get_shard", d.get_shard, self.name)
-                                    for d in self.devices]))
+        return join_states(gather([d.submit("get_shard", d.get_shard, self.name)
+                                   for d in self.devices]))
 
     def repartition(self, counts):
         """Move kernels between devices, weights and momentum with them; exact. Only the
@@ -103,7 +117,7 @@ class PartitionedConv:
                     if b > a:
                         wanted.append((a, b, self.devices[j].submit(
                             "get_shard", self.devices[j].get_shard, self.name, a - o0, b - o0)))
-            moving = {(a, b): s for (a, b, _), s in zip(wanted, _gather([f for *_, f in wanted]))}
+            moving = {(a, b): s for (a, b, _), s in zip(wanted, gather([f for *_, f in wanted]))}
 
             def rows(x, y):   # global kernels [x, y) from the pieces that move
                 if y <= x:
@@ -124,7 +138,7 @@ class PartitionedConv:
                 futures.append(self.devices[i].submit("reshard", self.devices[i].reshard,
                                                       self.name, keep[0], keep[1], before,
                                                       after))
-            _gather(futures)
+            gather(futures)
             self._set_partition(counts)
         self.moves += 1
 
@@ -148,19 +162,33 @@ class PartitionedConv:
         if self.group:  # one im2col for the host group, filled by channel shares
             col = self._buffer("col", g.col_shape(x.shape[0]))
             with self.phases("im2col"):
-                _gather([self.devices[i].submit(f"{self.name} im2col",
-                                                self.devices[i].im2col_part, x, g, col, ch,
-                                                tag=self.name)
-                         for i, ch in self.channels.items()])
+                shared_im2col(self.devices, self.channels, x, g, col, tag=self.name)
         with self.phases("forward"):
-            # a device without kernels of this layer is left out (a remote one costs messages)
-            futures = [self.devices[i].submit(f"{self.name} forward",
-                                              self.devices[i].conv_forward, self.name, x,
-                                              col if i in self.group else None, tag=self.name)
-                       for i in self.active]
-            parts = _gather(futures)
+            # a device without kernels of this layer is left out (a remote one costs messages);
+            # a group on another rank is one message, to its first device
+            futures = {}
+            for i in self.active:
+                d = self.devices[i]
+                if i in self.remote:
+                    members, shares = self.remote[i]
+                    futures[i] = d.submit(f"{self.name} forward", d.group_forward, self.name, x,
+                                          self._plan(members, shares), tag=self.name)
+                elif i not in self.in_remote:
+                    futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
+                                          col if i in self.group else None, tag=self.name)
+            parts = dict(zip(futures, gather(list(futures.values()))))
         with self.phases("join"):
-            return np.concatenate(parts, axis=1)
+            for first, (members, _) in self.remote.items():   # a group's slices, each in place
+                joined = parts.pop(first)
+                edges = np.cumsum([0] + [self.counts[i] for i in members])
+                for n, i in enumerate(members):
+                    parts[i] = joined[:, edges[n]:edges[n + 1]]
+            return np.concatenate([parts[i] for i in self.active], axis=1)
+
+    def _plan(self, members, shares):
+        """(devices, kernels, c0, c1) of a group's members, as its rank is told."""
+        return np.array([(i, self.counts[i], *shares.get(i, (0, 0))) for i in members],
+                        np.int64)
 
     def backward(self, dout):
         """dout (N, K, PH, PW) -> dx (N, C, H, W), or None when the layer needs no dx.
@@ -171,13 +199,21 @@ class PartitionedConv:
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
-        futures = {i: self.devices[i].submit(f"{self.name} backward",
-                                             self.devices[i].conv_backward, self.name,
-                                             dout[:, k0:k1], mode(i), tag=self.name)
-                   for i, (k0, k1) in ((i, self.bounds[i]) for i in self.active)}
+        futures = {}
+        for i in self.active:
+            d, (k0, k1) = self.devices[i], self.bounds[i]
+            if i in self.remote:    # the members' slices, joined in their order
+                members, shares = self.remote[i]
+                mine = np.concatenate([dout[:, slice(*self.bounds[m])] for m in members], axis=1)
+                futures[i] = d.submit(f"{self.name} backward", d.group_backward, self.name,
+                                      mine, self._plan(members, shares), self.need_dx,
+                                      tag=self.name)
+            elif i not in self.in_remote:
+                futures[i] = d.submit(f"{self.name} backward", d.conv_backward, self.name,
+                                      dout[:, k0:k1], mode(i), tag=self.name)
         try:
             with self.phases("backward"):
-                group = _gather([futures[i] for i in self.group])
+                group = gather([futures[i] for i in self.group])
             if not self.need_dx:
                 return None
             dx = np.zeros(self.x_shape, np.float32) if not self.group else \
@@ -185,15 +221,13 @@ class PartitionedConv:
             if self.group:
                 with self.phases("input_gradient"):
                     dcol = self._buffer("dcol", self._buffers["col"].shape)
-                    _gather([self.devices[i].submit(f"{self.name} input gradient",
-                                                    self.devices[i].input_grad_part, group,
-                                                    dcol, dx, self.g, ch, tag=self.name)
-                             for i, ch in self.channels.items()])
+                    shared_input_grad(self.devices, self.channels, group, dcol, dx, self.g,
+                                      tag=self.name)
         finally:
             # every device's backward has finished before the layer returns (or fails): the
             # update must not start while a device still reads its shard
             with self.phases("others_backward"):
-                results = dict(zip(futures, _gather(list(futures.values()))))
+                results = dict(zip(futures, gather(list(futures.values()))))
         for i, r in results.items():
             if i not in self.group and r is not None:
                 dx += r
@@ -201,27 +235,12 @@ class PartitionedConv:
 
     def step(self, cfg):
         with self.phases("update"):
-            _gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
-                                            self.name, cfg, tag=self.name)
-                     for i in self.active])
+            gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
+                                           self.name, cfg, tag=self.name)
+                    for i in self.active])
 
 
 def _ranges(counts) -> list:
     """[(k0, k1)] of each device: consecutive kernel ranges of the given sizes."""
     edges = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     return [(int(edges[i]), int(edges[i + 1])) for i in range(len(counts))]
-
-
-def _gather(futures):
-    """Wait for every future; re-raise the first error once all have finished, so no device is
-    left working on a step that has failed."""
-    results, error = [], None
-    for f in futures:
-        try:
-            results.append(f.result())
-        except Exception as e:
-            error = error or e
-            results.append(None)
-    if error is not None:
-        raise error
-    return results

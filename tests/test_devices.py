@@ -212,7 +212,7 @@ def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
     input (and input gradient) once, each kernel's output slice and its gradient per kernel, and
     six message latencies; a link too slow to pay leaves the device without kernels, saying so."""
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    devices = make_devices(parse_devices("cpu:1,numpy"))       # d1: in no group
     slow = Link(latency_s=1e-3, bandwidth_bytes_per_s=1e5)     # 100 kB/s
     devices[1].link = slow
     try:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import load_npz, make_npz_dataset
+from pyhet.arch import build
 
 pytest.importorskip("mpi4py", reason="pip install '.[mpi]' for the MPI tests")
 MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
@@ -25,7 +26,7 @@ MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shut
 if MPIEXEC is None:
     pytest.skip("no mpiexec (pip install '.[mpi]' brings MPICH's)", allow_module_level=True)
 
-ARCH = "4C3p1-P2-5C3s2-6C2-6N"   # 1x12x12: 12 -> P2 6 -> s2 3 -> 2 (no pool) -> 6 -> 3 classes
+ARCH = "4C3p1-P2-5C3s2-6C2-6N"   # 1x12x12: 12 -> P2 6 -> s2 2 -> 1 (no pool) -> 6 -> 3 classes
 STEPS = 3
 
 
@@ -61,6 +62,8 @@ def weights(path):
     (2, "0/cpu:1,1/cpu:1", "cpu:1,cpu:1"),
     (2, "cpu:1", "cpu:1,cpu:1"),                              # unprefixed: one on every rank
     (2, "0/cpu:1,1/cpu:1,1/numpy", "cpu:1,cpu:1,numpy"),      # a rank with two devices
+    (2, "0/cpu:1,1/cpu:1,1/cpu:1", "cpu:1,cpu:1,cpu:1"),      # a group on rank 1
+    (2, "1/cpu:1,1/numpy,1/cpu:1", "cpu:1,numpy,cpu:1"),      # ... around another device
     (3, "0/cpu:1,2/cpu:1", "cpu:1,cpu:1"),                    # rank 1 holds none
     (2, "1/cpu:1,1/numpy", "cpu:1,numpy"),                    # the master holds none
 ])
@@ -92,9 +95,10 @@ def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement,
 def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
     """--balance dynamic with a slow device on rank 1 (kernels may move between the ranks, with
     their weights and momentum): the one-process weights all the same."""
-    code, out, err = run(train_argv(data, "cpu:1,cpu:1", tmp_path / "one.npz"), None, tmp_path)
+    code, out, err = run(train_argv(data, "cpu:1,cpu:1,cpu:1", tmp_path / "one.npz"), None,
+                         tmp_path)
     assert code == 0, err
-    argv = train_argv(data, "0/cpu:1,1/cpu:1@0.3", tmp_path / "mpi.npz")
+    argv = train_argv(data, "0/cpu:1,1/cpu:1@0.3,1/cpu:1", tmp_path / "mpi.npz")
     argv[argv.index("even")] = "dynamic"
     code, out, err = run(argv, 2, tmp_path)
     assert code == 0, err
@@ -108,6 +112,21 @@ def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
         if d["rank"]:
             assert row["overhead_s"] >= row["link_fixed_s"] > 0
     assert summary["predicted_step_time_s"] > 0
+
+
+def test_the_cpu_devices_of_a_rank_share_one_message(tmp_path, data):
+    """Two cpu devices on rank 1 share their im2col and input gradient there: the layer input
+    travels once for both, so the master sends less than to a cpu and a numpy device (each its
+    own input), with the same partition."""
+    sent = {}
+    for placement in ("0/cpu:1,1/cpu:1,1/cpu:1", "0/cpu:1,1/cpu:1,1/numpy"):
+        code, out, err = run(train_argv(data, placement, tmp_path / "w.npz"), 2, tmp_path)
+        assert code == 0, err
+        summary = json.loads(out.strip().splitlines()[-1])
+        sent[placement] = summary["links"]["1"]["bytes_sent_per_step"]
+    x_bytes = sum(4 * int(np.prod(g.x_shape(8))) for g in build(ARCH, (1, 12, 12), 3).blocks)
+    # one layer input less per layer (less the group's small plan of who computes what)
+    assert sent["0/cpu:1,1/cpu:1,1/numpy"] - sent["0/cpu:1,1/cpu:1,1/cpu:1"] >= 0.95 * x_bytes
 
 
 def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..devices import Device, make_devices
+from ..devices import (Device, gather, make_devices, shared_im2col, shared_input_grad)
 from ..errors import DeviceError
 from ..geometry import ConvGeometry
 from ..links import Link
@@ -55,7 +56,7 @@ MAX_ARRAYS = 12
 HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "step", "free", "close",
-       "hello", "reshard")
+       "hello", "reshard", "group_forward", "group_backward")
 TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
 DEFAULT_TIMEOUT = 300.0
 
@@ -177,7 +178,9 @@ class RemoteDevice(Device):
 
     def __init__(self, name: str, spec: DeviceSpec, index: int, peer: Peer):
         self.index, self.peer = index, peer
-        self._rank_s = 0.0   # the rank's compute time in the replies of the work under way
+        self.siblings: dict = {}  # index -> RemoteDevice: the devices of the same rank
+        self._rank_s = 0.0        # the rank's compute time in the replies of the work under way
+        self._group_share = None  # (busy, compute) of this device in a group's message
         super().__init__(name, spec, backend=peer)   # the link stands where a backend would be
 
     emulates = False   # its own rank applies the @S slowness
@@ -187,20 +190,33 @@ class RemoteDevice(Device):
         return False
 
     @property
+    def group(self) -> str | None:
+        """The cpu devices of one rank share their im2col and input gradient on that rank."""
+        return f"rank {self.peer.rank}" if self.spec.kind == "cpu" else None
+
+    @property
     def link(self) -> Link | None:
         return self.peer.link
 
-    def _compute_part(self, busy: float) -> float:
+    def _account(self, busy: float) -> tuple:
+        if self._group_share is not None:
+            share, self._group_share = self._group_share, None
+            return share
         took, self._rank_s = self._rank_s, 0.0
-        return min(took, busy)
+        return busy, min(took, busy)
 
-    def _call(self, op: str, arrays=()):
+    def _request(self, op: str, arrays=()):
+        """(reply arrays, seconds computed on the rank: one per device the request was for)."""
         self.peer.send(request_tag(self.index), op, arrays)
         reply, out, _ = self.peer.receive(reply_tag(self.index))
         if reply == "error":
             raise DeviceError(untext(out[0]))
-        self._rank_s += float(out[-1][0])    # every reply ends with the rank's compute time
-        return out[:-1]
+        return out[:-1], out[-1]     # every reply ends with the rank's compute time
+
+    def _call(self, op: str, arrays=()):
+        out, seconds = self._request(op, arrays)
+        self._rank_s += float(seconds[0])
+        return out
 
     # --- the Device messages ------------------------------------------------------------------
 
@@ -228,6 +244,36 @@ class RemoteDevice(Device):
             raise DeviceError(f"device {self.name} on rank {self.peer.rank} cannot share host "
                               f"memory with the master")
         return self._call("backward", [text(layer), dout, text(dx_mode)])[0]
+
+    # --- a group of this rank's cpu devices, as one message (sent by its first device) -------
+    # plan: one row (device index, kernels, c0, c1) per member, in device order; the members'
+    # kernel ranges are consecutive, and (c0, c1) is each one's share of the input channels.
+
+    def group_forward(self, layer: str, x, plan):
+        """x (N, C, H, W) -> the members' outputs joined, (N, sum k, PH, PW)."""
+        (out,) = self._group("group_forward", layer, [text(layer), x, plan], plan)
+        return out
+
+    def group_backward(self, layer: str, dout, plan, need_dx: bool):
+        """dout (N, sum k, PH, PW), the members' slices -> their summed part of dx (N, C, H, W),
+        or None when the layer needs none."""
+        (dx,) = self._group("group_backward", layer,
+                            [text(layer), dout, plan, np.array([need_dx], np.int64)], plan)
+        return dx
+
+    def _group(self, op, layer, arrays, plan):
+        """Send a group's request; count each member's compute on the rank, plus the time the
+        message and the rank's hand-offs took (common to all), as its busy time."""
+        t0 = time.perf_counter()
+        out, seconds = self._request(op, arrays)
+        common = max(0.0, time.perf_counter() - t0 - float(seconds.max()))
+        for (index, *_), took in zip(plan, seconds):
+            share = (float(took) + common, float(took))
+            if index == self.index:
+                self._group_share = share
+            else:
+                self.siblings[int(index)].credit(layer, *share)
+        return out
 
     def sgd_step(self, layer: str, cfg: SGDConfig):
         self._call("step", [text(layer), np.array([cfg.lr, cfg.momentum, cfg.weight_decay])])
@@ -313,9 +359,12 @@ class MasterLink:
         index = len(local)
         try:
             for r in range(1, self.size):
+                siblings = {}
                 for spec_text in self.ranks_devices[r]:
                     spec = _spec_of(spec_text, r)
                     out.append(RemoteDevice(f"d{index}", spec, index, self.peers[r]))
+                    siblings[index] = out[-1]
+                    out[-1].siblings = siblings
                     index += 1
         except BaseException:
             for d in out:
@@ -364,6 +413,9 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
         d.name = f"d{first + i}"
     by_index = {first + i: d for i, d in enumerate(devices)}
     open_ = set(by_index)
+    # a group's request waits on its members' workers, so it runs on a thread of its own
+    groups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyhet-group")
+    buffers: dict = {}    # the group's im2col matrix and its gradient, per layer
     try:
         while open_:
             op, arrays, tag = master.receive(MPI.ANY_TAG)
@@ -377,9 +429,14 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
                 master.send(reply_tag(index), "ok", [np.zeros(1)])
                 open_.discard(index)
                 continue
+            if op.startswith("group_"):
+                groups.submit(_handle_group, by_index, buffers, op, arrays).add_done_callback(
+                    lambda f, i=index: _reply_group(master, i, f))
+                continue
             device.submit(op, _handle, device, op, arrays).add_done_callback(
                 lambda f, i=index, d=device: _reply(master, i, f, d))
     finally:
+        groups.shutdown(wait=True)
         for d in devices:
             d.close()
 
@@ -412,6 +469,54 @@ def _handle(device: Device, op: str, a):
         free = device.free_memory()
         return [None if free is None else np.array([free], np.int64)]
     raise DeviceError(f"unknown request {op!r}")
+
+
+def _handle_group(by_index, buffers, op: str, a):
+    """Run a group's request on its members (this rank's cpu devices) as the master's own cpu
+    devices run theirs: one im2col filled by channel shares, a channel-split input gradient.
+    Returns (reply arrays, seconds each member computed)."""
+    layer, plan = untext(a[0]), a[2]
+    members = {n: by_index[int(row[0])] for n, row in enumerate(plan)}
+    shares = {n: (int(row[2]), int(row[3])) for n, row in enumerate(plan) if row[3] > row[2]}
+    g = members[0].geometry(layer)
+    before = {n: d.busy_s for n, d in members.items()}
+
+    def buffer(key, shape):
+        if key not in buffers or buffers[key].shape != shape:
+            buffers[key] = np.empty(shape, np.float32)
+        return buffers[key]
+
+    if op == "group_forward":
+        x = a[1]
+        col = buffer((layer, "col"), g.col_shape(x.shape[0]))
+        shared_im2col(members, shares, x, g, col, tag=layer)
+        outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, col, tag=layer)
+                       for d in members.values()])
+        result = [np.concatenate(outs, axis=1)]
+    elif op == "group_backward":
+        dout, need_dx = a[1], bool(a[3][0])
+        edges = np.concatenate([[0], np.cumsum(plan[:, 1])]).astype(int)
+        parts = gather([d.submit(f"{layer} backward", d.conv_backward, layer,
+                                 dout[:, edges[n]:edges[n + 1]],
+                                 "shared" if need_dx else "none", tag=layer)
+                        for n, d in members.items()])
+        dx = None
+        if need_dx:
+            dcol = buffer((layer, "dcol"), g.col_shape(dout.shape[0]))
+            dx = np.empty(g.x_shape(dout.shape[0]), np.float32)
+            shared_input_grad(members, shares, parts, dcol, dx, g, tag=layer)
+        result = [dx]
+    else:
+        raise DeviceError(f"unknown request {op!r}")
+    return result, np.array([d.busy_s - before[n] for n, d in members.items()])
+
+
+def _reply_group(master: Peer, index: int, future):
+    try:
+        result, seconds = future.result()
+        master.send(reply_tag(index), "ok", result + [seconds])
+    except Exception as e:
+        master.send(reply_tag(index), "error", [text(str(e))])
 
 
 def _reply(master: Peer, index: int, future, device: Device):
