@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .errors import DeviceError
+from .faults import Fault, from_environment
 from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .specs import DeviceSpec
@@ -55,6 +56,8 @@ class _Shard:
         self.g, self.w, self.b, self.vw, self.vb = g, w, b, vw, vb
         self.dw = self.db = None
         self.saved = self.col = self.x_shape = None
+        self.staged = None     # (w, b, vw, vb) after an update not yet committed
+        self.spare = None      # the buffers of the state before the last commit, reused
 
     @property
     def k(self) -> int:
@@ -79,6 +82,8 @@ class Device:
         self._shards: dict[str, _Shard] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
         self._lock = threading.Lock()
+        self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
+        self.step: int | None = None       # the training step under way (for the fault)
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"
@@ -94,9 +99,22 @@ class Device:
         gradient between them instead of each computing a part of all of it."""
         return self.spec.kind == "cpu"
 
+    @property
+    def keeps_state_on_failure(self) -> bool:
+        """Whether its shards can still be read after it failed: those of a device computing on
+        host memory in this process are NumPy arrays the master reads directly. A GPU's memory
+        may be lost with it, and a device on another rank with its rank; the master keeps a
+        host copy of theirs (pyhet.parallel)."""
+        return self.spec.kind in ("cpu", "numpy")
+
     def free_memory(self):
         """Bytes this device can still allocate, or None if unknown."""
         return self.backend.free_memory()
+
+    def inject_fault(self, phase: str, step: int) -> None:
+        """For testing: fail at the first work of `phase` at training step `step` or after,
+        and on every call from then on (pyhet.faults)."""
+        self.fault = Fault(phase, step)
 
     def close(self):
         self._pool.shutdown(wait=True)
@@ -113,10 +131,15 @@ class Device:
     def _run(self, what, tag, fn, *args):
         t0 = time.perf_counter()
         try:
+            if self.fault is not None:   # the phase is what follows the layer's name
+                phase = what[len(tag) + 1:].replace(" ", "_") if tag is not None else None
+                self.fault.check(phase, self.step)
             result = fn(*args)
         except Exception as e:
-            raise DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
-                              f"{type(e).__name__}: {e}") from e
+            err = DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
+                              f"{type(e).__name__}: {e}")
+            err.device, err.what = self, what   # for pyhet.failover
+            raise err from e
         took = time.perf_counter() - t0
         if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
             time.sleep(took * (1.0 / self.speed - 1.0))
@@ -202,10 +225,54 @@ class Device:
         self.backend.input_grad_part(parts, dcol, dx, g, channels)
 
     def sgd_step(self, layer: str, cfg: SGDConfig):
+        """The update in place (for a device the master keeps a host copy of)."""
         s, be = self._shards[layer], self.backend
         s.vw = be.sgd_update(s.w, s.dw, s.vw, cfg)
         s.vb = be.sgd_update(s.b, s.db, s.vb, cfg)
         s.dw = s.db = None
+
+    # --- the two-phase update of a device that keeps its state on failure (host arrays) --------
+    # sgd_stage writes the new state beside the current one, which stays as it was until the
+    # master commits every layer of every device at once: a failure during the update leaves
+    # every shard as it was before the step. The buffers swap at each commit (no allocation);
+    # the cost is one more copy of the shard in memory and a copy of it per step.
+
+    def sgd_stage(self, layer: str, cfg: SGDConfig):
+        s, be = self._shards[layer], self.backend
+        spare = s.spare if s.spare is not None else (np.empty_like(s.w), np.empty_like(s.b),
+                                                     None, None)
+        w, b, vw, vb = spare
+        np.copyto(w, s.w)
+        np.copyto(b, s.b)
+        if s.vw is not None:
+            vw = np.empty_like(s.vw) if vw is None else vw
+            vb = np.empty_like(s.vb) if vb is None else vb
+            np.copyto(vw, s.vw)
+            np.copyto(vb, s.vb)
+        else:
+            vw = vb = None
+        vw = be.sgd_update(w, s.dw, vw, cfg)
+        vb = be.sgd_update(b, s.db, vb, cfg)
+        s.staged, s.spare = (w, b, vw, vb), None
+
+    def commit_stage(self, layer: str):
+        """Make the staged update the shard's state. Called by the master directly (not on
+        the worker, which is idle then): it only swaps references, so it cannot fail."""
+        s = self._shards[layer]
+        if s.staged is not None:
+            s.spare = (s.w, s.b, s.vw, s.vb)
+            s.w, s.b, s.vw, s.vb = s.staged
+            s.staged = None
+            s.dw = s.db = None
+
+    def salvage_shard(self, layer: str):
+        """(w, b, vw, vb) of the shard as of the last commit, read by the master directly,
+        also after the device failed (only for a device that keeps_state_on_failure, whose
+        worker is idle then)."""
+        assert self.keeps_state_on_failure, f"{self.name}: its shards cannot be read directly"
+        s = self._shards[layer]
+        copy = (lambda a: None if a is None else np.array(a))
+        return copy(s.w), copy(s.b), copy(s.vw), copy(s.vb)
 
 
 def join_states(parts):
@@ -217,6 +284,13 @@ def join_states(parts):
     vw, vb = (np.concatenate([p[i] if p[i] is not None else np.zeros_like(p[i - 2])
                               for p in parts]) for i in (2, 3))
     return w, b, vw, vb
+
+
+def arm_faults(devices) -> None:
+    """Give the devices of a run the faults that PYHET_FAULT asks for (pyhet.faults; testing
+    only). Called once the run's devices are all made, those on other ranks included."""
+    for name, fault in from_environment([d.name for d in devices]).items():
+        next(d for d in devices if d.name == name).fault = fault
 
 
 def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:

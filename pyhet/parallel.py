@@ -15,6 +15,20 @@ its channels from every host shard (w_j, dy_j), then col2im of those channels. S
 gradient costs the same whatever the number of devices. A device outside the group (numpy, gpu,
 another process) does its own im2col and returns its own part of dx, which is added.
 
+The last consistent state (pyhet.failover): a device may fail in any phase of a step, and its
+kernels then move to the others from the layer's state as it was before the step, which is
+read as follows. Forward and backward change no shard, so before the update every shard is
+still that state. The update is two-phase: a device that computes on host memory in this
+process stages its new state beside the old one (Device.sgd_stage) and the master commits all
+of them once every device of every layer has updated; such a device's shards are host arrays,
+readable by the master even after it failed, so they need no copy. A GPU or a device on another
+rank may take its shards with it when it fails, so the master keeps a host copy of each of its
+shards, refreshed by reading them back after each step's update (before the commit, so a
+failed read leaves the step undone). The costs: per host device one more copy of its shards in
+memory and a copy of them per step (about a percent of a conv step); per GPU or remote device a
+host copy of its shards and a read-back of them (weights and momentum) over its link per step.
+A device that failed is left out of every later partition ("dead") and never called again.
+
 Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
 (R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.
 """
@@ -43,6 +57,10 @@ class PartitionedConv:
         self._buffers: dict = {}
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
+        self.dead: set = set()    # devices that failed: no kernels, no calls
+        self._mirror: dict = {}   # device -> (w, b, vw, vb) of its shard as of the last commit
+        self._read: dict = {}     # device -> the same, read back after an update not committed
+        self._orphan = None       # the layer's state once no device is left
         self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
@@ -51,21 +69,40 @@ class PartitionedConv:
     def K(self) -> int:
         return int(sum(self.counts))
 
+    @property
+    def live(self) -> list:
+        """Indices of the devices that have not failed."""
+        return [i for i in range(len(self.devices)) if i not in self.dead]
+
     def install(self, w, b, vw, vb, counts):
         """Give device i kernels [sum(counts[:i]), sum(counts[:i+1])) with their momentum."""
         counts = self._checked(counts, w.shape[0])
         self._set_partition(counts)
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
-        _gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
-                          part(vw, k0, k1), part(vb, k0, k1))
-                 for d, (k0, k1) in zip(self.devices, self.bounds)])
+        _gather([self.devices[i].submit("load_shard", self.devices[i].load_shard, self.name,
+                                        self.g, w[k0:k1], b[k0:k1], part(vw, k0, k1),
+                                        part(vb, k0, k1))
+                 for i, (k0, k1) in enumerate(self.bounds) if i not in self.dead])
+        self._refresh_mirror()
 
     def _checked(self, counts, K: int) -> list:
         counts = [int(c) for c in counts]
-        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K:
+        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K or any(
+                counts[i] for i in self.dead):
             raise DeviceError(f"{self.name}: a partition of {K} kernels over "
-                              f"{len(self.devices)} devices is needed, got {counts}")
+                              f"{len(self.devices)} devices (none for the failed ones, "
+                              f"{sorted(self.dead)}) is needed, got {counts}")
         return counts
+
+    def _mirrored(self) -> list:
+        """The devices with kernels whose shards the master keeps a host copy of."""
+        return [i for i in self.active if not self.devices[i].keeps_state_on_failure]
+
+    def _refresh_mirror(self):
+        mirrored = self._mirrored()
+        states = _gather([self.devices[i].submit("get_shard", self.devices[i].get_shard,
+                                                 self.name) for i in mirrored])
+        self._mirror = dict(zip(mirrored, states))
 
     def _set_partition(self, counts):
         """Kernel ranges, active devices and the host group's channel shares for `counts`."""
@@ -84,8 +121,34 @@ class PartitionedConv:
     def gather_state(self):
         """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
         momentum is None before the first update."""
-        return join_states(_gather([d.submit("get_shard", d.get_shard, self.name)
-                                    for d in self.devices]))
+        if not self.live:   # every device failed: the state they had before
+            return tuple(None if a is None else a.copy() for a in self._orphan)
+        return join_states(_gather([self.devices[i].submit("get_shard",
+                                                           self.devices[i].get_shard, self.name)
+                                    for i in self.live]))
+
+    # --- failures (pyhet.failover) ---------------------------------------------------------------
+
+    def consistent_state(self):
+        """(w, b, vw, vb) of the whole layer as of the last committed step, after a failure in
+        any phase of the step under way. No device is called: shards on host memory are read
+        directly (their workers are idle: every phase waits for all its devices), the others
+        come from the master's copies."""
+        parts = [self._mirror[i] if i in self._mirror else self.devices[i].salvage_shard(
+            self.name) for i in self.active]
+        return join_states(parts)
+
+    def fail_over(self, failed, state, counts):
+        """Leave the devices `failed` (indices) out from now on, and give the layer's `state`
+        (consistent_state()) to the others as `counts` says, or keep it here when no device
+        is left (counts None)."""
+        self.dead.update(failed)
+        self._mirror, self._read = {}, {}
+        if counts is None:
+            self._orphan = state
+            self._set_partition([0] * len(self.devices))
+            return
+        self.install(*state, counts)
 
     def repartition(self, counts):
         """Move kernels between devices, weights and momentum with them; exact. Only the
@@ -116,6 +179,8 @@ class PartitionedConv:
             # 2. each device keeps the overlap of its old and new ranges, and takes the rest
             futures = []
             for i, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):
+                if i in self.dead:    # no kernels before or after: nothing to send it
+                    continue
                 lo, hi = max(o0, n0), min(o1, n1)
                 if hi <= lo:          # nothing kept: all comes from the others
                     before, after, keep = rows(n0, n1), None, (0, 0)
@@ -126,6 +191,7 @@ class PartitionedConv:
                                                       after))
             _gather(futures)
             self._set_partition(counts)
+            self._refresh_mirror()
         self.moves += 1
 
     def _buffer(self, key, shape):
@@ -200,10 +266,28 @@ class PartitionedConv:
         return dx
 
     def step(self, cfg):
+        """The first phase of the update: staged on the devices that keep their state on
+        failure, in place on the others (the master has a copy of theirs); then those are read
+        back. Nothing is final before commit()."""
         with self.phases("update"):
-            _gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
+            _gather([self.devices[i].submit(f"{self.name} update",
+                                            self.devices[i].sgd_stage
+                                            if self.devices[i].keeps_state_on_failure
+                                            else self.devices[i].sgd_step,
                                             self.name, cfg, tag=self.name)
                      for i in self.active])
+            mirrored = self._mirrored()
+            self._read = dict(zip(mirrored, _gather([
+                self.devices[i].submit(f"{self.name} read back", self.devices[i].get_shard,
+                                       self.name, tag=self.name) for i in mirrored])))
+
+    def commit(self):
+        """The update's second phase, once every layer's step() has succeeded: it cannot fail
+        (references swap on the master)."""
+        for i in self.active:
+            if self.devices[i].keeps_state_on_failure:
+                self.devices[i].commit_stage(self.name)
+        self._mirror, self._read = self._read, {}
 
 
 def _ranges(counts) -> list:

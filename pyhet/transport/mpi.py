@@ -180,6 +180,10 @@ class RemoteDevice(Device):
     def shares_host_memory(self) -> bool:
         return False
 
+    @property
+    def keeps_state_on_failure(self) -> bool:
+        return False   # its shards live on its rank, which may be gone
+
     def _call(self, op: str, arrays=()):
         self.peer.send(request_tag(self.index), op, arrays)
         reply, out, _ = self.peer.receive(reply_tag(self.index))
