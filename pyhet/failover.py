@@ -40,8 +40,9 @@ class Failover:
                 return self.net.train_step(x, labels, cfg, timer)
             except DeviceError as e:
                 device = getattr(e, "device", None)
-                if device is None or device not in self.net.devices:
-                    raise              # not a device that failed: a bug or bad input
+                if device is None or device not in self.net.devices or getattr(
+                        e.__cause__, "ends_run", False):
+                    raise   # not a device that failed (a bug, bad input), or a lost rank
                 self._recover(device, e, step)
             finally:
                 for d in self.net.devices:

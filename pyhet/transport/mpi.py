@@ -87,7 +87,11 @@ def wait(req, timeout=None, on_timeout=None, status=None, patient=True):
     while not (req.Test(status) if status is not None else req.Test()):
         if timeout is not None and time.monotonic() - start > timeout:
             req.Cancel()
-            raise DeviceError(on_timeout())
+            err = DeviceError(on_timeout())
+            # a rank that does not answer cannot be closed, and the job cannot end without it:
+            # the run ends (pyhet.failover does not move its kernels)
+            err.ends_run = True
+            raise err
         time.sleep(pause)
         if patient:
             pause = min(2e-3, pause * 1.5)
