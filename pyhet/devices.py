@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .errors import DeviceError
+from .faults import Fault, from_environment
 from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .partition import proportional
@@ -56,6 +57,8 @@ class _Shard:
         self.g, self.w, self.b, self.vw, self.vb = g, w, b, vw, vb
         self.dw = self.db = None
         self.saved = self.col = self.x_shape = None
+        self.staged = None     # (w, b, vw, vb) after an update not yet committed
+        self.spare = None      # the buffers of the state before the last commit, reused
 
     @property
     def k(self) -> int:
@@ -83,6 +86,8 @@ class Device:
         self._shards: dict[str, _Shard] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
         self._lock = threading.Lock()
+        self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
+        self.step: int | None = None       # the training step under way (for the fault)
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"
@@ -109,6 +114,11 @@ class Device:
         """Bytes this device can still allocate, or None if unknown."""
         return self.backend.free_memory()
 
+    def inject_fault(self, phase: str, step: int) -> None:
+        """For testing: fail at the first work of `phase` at training step `step` or after,
+        and on every call from then on (pyhet.faults)."""
+        self.fault = Fault(phase, step)
+
     def close(self):
         self._pool.shutdown(wait=True)
 
@@ -124,10 +134,18 @@ class Device:
     def _run(self, what, tag, fn, *args):
         t0 = time.perf_counter()
         try:
+            if self.fault is not None and what not in ("salvage", "close"):
+                # the phase is what follows the layer's name; reading the shards back after a
+                # failure, and closing, are exempt: an injected fault leaves the device's memory
+                # readable (as a GPU that ran out of memory does) and its rank reachable
+                phase = what[len(tag) + 1:].replace(" ", "_") if tag is not None else None
+                self.fault.check(phase, self.step)
             result = fn(*args)
         except Exception as e:
-            raise DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
-                              f"{type(e).__name__}: {e}") from e
+            err = DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
+                              f"{type(e).__name__}: {e}")
+            err.device, err.what = self, what   # for pyhet.failover
+            raise err from e
         took = time.perf_counter() - t0
         if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
             time.sleep(took * (1.0 / self.speed - 1.0))
@@ -231,11 +249,42 @@ class Device:
         """Channels [c0, c1) of a layer's input gradient from all host shards (see CpuBackend)."""
         self.backend.input_grad_part(parts, dcol, dx, g, channels)
 
-    def sgd_step(self, layer: str, cfg: SGDConfig):
+    # --- the two-phase update -------------------------------------------------------------
+    # sgd_stage writes the new state beside the current one, which stays as it was until the
+    # master commits every layer of every device at once (commit_stage): a failure anywhere in
+    # a step leaves every shard as it was before the step, on the device itself, where
+    # get_shard reads it (pyhet.failover). The buffers swap at each commit (no allocation); the
+    # cost is one more copy of the shard in the device's memory and a copy of it per step.
+
+    def sgd_stage(self, layer: str, cfg: SGDConfig):
         s, be = self._shards[layer], self.backend
-        s.vw = be.sgd_update(s.w, s.dw, s.vw, cfg)
-        s.vb = be.sgd_update(s.b, s.db, s.vb, cfg)
-        s.dw = s.db = None
+        w, b, vw, vb = s.spare if s.spare is not None else (None,) * 4
+        w, b = _copy_into(w, s.w), _copy_into(b, s.b)
+        if s.vw is not None:
+            vw, vb = _copy_into(vw, s.vw), _copy_into(vb, s.vb)
+        else:
+            vw = vb = None
+        vw = be.sgd_update(w, s.dw, vw, cfg)
+        vb = be.sgd_update(b, s.db, vb, cfg)
+        s.staged, s.spare = (w, b, vw, vb), None
+
+    def commit_stage(self, layer: str):
+        """Make the staged update the shard's state. Called by the master directly (the worker
+        is idle then): here it only swaps references, so it cannot fail."""
+        s = self._shards[layer]
+        if s.staged is not None:
+            s.spare = (s.w, s.b, s.vw, s.vb)
+            s.w, s.b, s.vw, s.vb = s.staged
+            s.staged = None
+            s.dw = s.db = None
+
+
+def _copy_into(dst, src):
+    """src copied into dst (a NumPy or CuPy array of the same shape), or into a new array."""
+    if dst is None or dst.shape != src.shape:
+        return src.copy()
+    dst[...] = src
+    return dst
 
 
 # ================================================================================================
@@ -290,6 +339,13 @@ def join_states(parts):
     vw, vb = (np.concatenate([p[i] if p[i] is not None else np.zeros_like(p[i - 2])
                               for p in parts]) for i in (2, 3))
     return w, b, vw, vb
+
+
+def arm_faults(devices) -> None:
+    """Give the devices of a run the faults that PYHET_FAULT asks for (pyhet.faults; testing
+    only). Called once the run's devices are all made, those on other ranks included."""
+    for name, fault in from_environment([d.name for d in devices]).items():
+        next(d for d in devices if d.name == name).fault = fault
 
 
 def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:

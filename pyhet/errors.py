@@ -22,6 +22,11 @@ class DeviceError(PyhetError):
     """A device SPEC that cannot be parsed, or a device that is missing or failed."""
 
 
+class NoDeviceLeftError(DeviceError):
+    """Every device of a run failed (pyhet.failover); the network keeps the state it had
+    before the step that failed."""
+
+
 class WeightsError(PyhetError):
     """A weight file whose arrays do not match the network."""
 

@@ -294,6 +294,10 @@ class Net:
         with t("update"):
             for conv in self.convs:
                 conv.step(cfg)
+            # every device of every layer has updated: only now does the step become final
+            # (a device that fails before this leaves every layer as it was; pyhet.failover)
+            for conv in self.convs:
+                conv.commit()
             for name, fc in zip(self.fc_names, self.fcs):
                 mom = self._fc_momentum[name]
                 for k in ("weight", "bias"):
@@ -332,6 +336,14 @@ class Net:
             if f"{name}.weight" in moms:
                 self._fc_momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
                                            "bias": moms[f"{name}.bias"].copy()}
+
+    def fail_over(self, failed, states: dict, partition: dict | None) -> None:
+        """Leave the devices `failed` (indices) out from now on; every conv layer gets its
+        state from `states` ({layer: consistent_state()}) on the other devices as `partition`
+        ({layer: counts}) says, or keeps it on the master when no device is left (None)."""
+        for conv in self.convs:
+            conv.fail_over(failed, states[conv.name],
+                           None if partition is None else partition[conv.name])
 
     def partition_counts(self) -> dict:
         """{layer: [kernels per device]} in device order."""

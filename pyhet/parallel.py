@@ -19,6 +19,17 @@ channel-split input gradient, and one reply brings back their output slices or t
 of dx. Any other device (numpy, gpu, or alone on its rank) does its own im2col and returns its
 own part of dx, which is added.
 
+The last consistent state (pyhet.failover): a device may fail in any phase of a step, and its
+kernels then move to the others from the layer's state as it was before the step. Forward and
+backward change no shard, and the update is two-phase: each device stages its new state beside
+the old one (Device.sgd_stage), and the master commits all of them once every device of every
+layer has updated. So until the commit every device holds the state before the step, and gives
+it back when asked, the failed one too (a GPU that ran out of memory still has its memory; a
+device on another rank whose work raised still has its rank). A device that is gone with its
+memory (a rank that died) cannot: the run then ends, and the newest checkpoint is where to
+resume. The cost: per device one more copy of its shards in its memory and a copy of them per
+step. A device that failed is left out of every later partition ("dead") and never called again.
+
 Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
 (R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.
 """
@@ -46,6 +57,8 @@ class PartitionedConv:
         self._buffers: dict = {}
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
+        self.dead: set = set()    # devices that failed: no kernels, no calls
+        self._orphan = None       # the layer's state once no device is left
         self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
@@ -54,20 +67,28 @@ class PartitionedConv:
     def K(self) -> int:
         return int(sum(self.counts))
 
+    @property
+    def live(self) -> list:
+        """Indices of the devices that have not failed."""
+        return [i for i in range(len(self.devices)) if i not in self.dead]
+
     def install(self, w, b, vw, vb, counts):
         """Give device i kernels [sum(counts[:i]), sum(counts[:i+1])) with their momentum."""
         counts = self._checked(counts, w.shape[0])
         self._set_partition(counts)
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
-        gather([d.submit("load_shard", d.load_shard, self.name, self.g, w[k0:k1], b[k0:k1],
-                         part(vw, k0, k1), part(vb, k0, k1))
-                for d, (k0, k1) in zip(self.devices, self.bounds)])
+        gather([self.devices[i].submit("load_shard", self.devices[i].load_shard, self.name,
+                                       self.g, w[k0:k1], b[k0:k1], part(vw, k0, k1),
+                                       part(vb, k0, k1))
+                for i, (k0, k1) in enumerate(self.bounds) if i not in self.dead])
 
     def _checked(self, counts, K: int) -> list:
         counts = [int(c) for c in counts]
-        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K:
+        if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K or any(
+                counts[i] for i in self.dead):
             raise DeviceError(f"{self.name}: a partition of {K} kernels over "
-                              f"{len(self.devices)} devices is needed, got {counts}")
+                              f"{len(self.devices)} devices (none for the failed ones, "
+                              f"{sorted(self.dead)}) is needed, got {counts}")
         return counts
 
     def _set_partition(self, counts):
@@ -98,8 +119,32 @@ class PartitionedConv:
     def gather_state(self):
         """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
         momentum is None before the first update."""
-        return join_states(gather([d.submit("get_shard", d.get_shard, self.name)
-                                   for d in self.devices]))
+        if not self.live:   # every device failed: the state they had before
+            return tuple(None if a is None else a.copy() for a in self._orphan)
+        return join_states(gather([self.devices[i].submit("get_shard",
+                                                          self.devices[i].get_shard, self.name)
+                                   for i in self.live]))
+
+    # --- failures (pyhet.failover) ---------------------------------------------------------------
+
+    def consistent_state(self):
+        """(w, b, vw, vb) of the whole layer as of the last committed step, after a failure in
+        any phase of the step under way: every device still holds it (the update is staged
+        beside it until the commit), and gives it back, the failed one included, unless it is
+        gone (then this raises)."""
+        return join_states(gather([self.devices[i].submit("salvage", self.devices[i].get_shard,
+                                                          self.name) for i in self.active]))
+
+    def fail_over(self, failed, state, counts):
+        """Leave the devices `failed` (indices) out from now on, and give the layer's `state`
+        (consistent_state()) to the others as `counts` says, or keep it here when no device
+        is left (counts None)."""
+        self.dead.update(failed)
+        if counts is None:
+            self._orphan = state
+            self._set_partition([0] * len(self.devices))
+            return
+        self.install(*state, counts)
 
     def repartition(self, counts):
         """Move kernels between devices, weights and momentum with them; exact. Only the
@@ -130,6 +175,8 @@ class PartitionedConv:
             # 2. each device keeps the overlap of its old and new ranges, and takes the rest
             futures = []
             for i, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):
+                if i in self.dead:    # no kernels before or after: nothing to send it
+                    continue
                 lo, hi = max(o0, n0), min(o1, n1)
                 if hi <= lo:          # nothing kept: all comes from the others
                     before, after, keep = rows(n0, n1), None, (0, 0)
@@ -234,10 +281,17 @@ class PartitionedConv:
         return dx
 
     def step(self, cfg):
+        """The first phase of the update: staged on every device beside its state, which stays
+        as it was until commit()."""
         with self.phases("update"):
-            gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_step,
+            gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_stage,
                                            self.name, cfg, tag=self.name)
                     for i in self.active])
+
+    def commit(self):
+        """The update's second phase, once every layer's step() has succeeded."""
+        for i in self.active:
+            self.devices[i].commit_stage(self.name)
 
 
 def _ranges(counts) -> list:

@@ -101,20 +101,23 @@ class Balancer:
     confirmed by `confirm` such measurements in a row, all the same way, and then replaces the
     estimate by their median. No move is made while a measurement is held back; a move needs
     its predicted gain, which must also beat the timing noise, in `patience` consecutive steps;
-    the step right after a move is not measured (it may carry the move's own cost); and a
-    device that has kernels keeps at least one, so that it is still measured.
+    the step right after a move is not measured (it may carry the move's own cost); a
+    device that has kernels keeps at least one, so that it is still measured; and no device
+    is given more kernels than its memory cap (`caps`), nor any when it has been left out.
 
     The model t(k) = overhead + k / speed keeps the calibrated overhead; where fixed costs per
     call dominate (tiny layers), a device looks slower the fewer kernels it has, and the
     partition approaches equal busy times over a few moves.
     """
 
-    def __init__(self, total: int, speeds, overheads=None, threshold: float = 0.04,
+    def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
                  confirm: int = 3):
         self.total = total
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
+        # the most kernels each device's memory holds (as the static plan uses them)
+        self.caps = [int(c) for c in caps] if caps is not None else [total] * len(speeds)
         self.threshold, self.smoothing, self.patience = threshold, smoothing, patience
         self.jump, self.confirm = jump, confirm
         self._recent = [[] for _ in speeds]
@@ -122,6 +125,14 @@ class Balancer:
         self._noise = [0.0 for _ in speeds]
         self._strikes = 0
         self._skip = 0
+
+    def leave_out(self, devices) -> None:
+        """Never give these devices (indices) kernels again (they failed); the next step is
+        not measured (it carries the failure's cost)."""
+        for i in devices:
+            self.caps[i] = 0
+            self._recent[i], self._pending[i] = [], False
+        self._strikes, self._skip = 0, 1
 
     def _measure(self, i, m):
         est = self.speeds[i]
@@ -163,9 +174,9 @@ class Balancer:
         if len(known) >= 2:
             scale = 1 - self.smoothing + self.smoothing * drift
             self.speeds = [v * scale for v in self.speeds]
-        target = balanced(self.total, self.speeds, self.overheads)
+        target = balanced(self.total, self.speeds, self.overheads, self.caps)
         for i, k in enumerate(counts):  # keep measuring every device that takes part
-            if k > 0 and target[i] == 0:
+            if k > 0 and target[i] == 0 and self.caps[i] > 0:
                 target[max(range(len(target)), key=lambda j: target[j])] -= 1
                 target[i] = 1
         now = predicted_time(counts, self.speeds, self.overheads)

@@ -23,9 +23,11 @@ from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
 from .data import Dataset, iterate_batches, load_dataset
-from .devices import make_devices
-from .errors import DataError, DeviceError, PyhetError, TrainingError, WeightsError
+from .devices import arm_faults, make_devices
+from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
+                     WeightsError)
 from .evaluation import evaluate
+from .failover import Failover
 from .geometry import NetGeometry
 from .model import Net, arch_entry, init_params, load_weights, save_weights, write_npz
 from .optim import SGDConfig
@@ -145,11 +147,19 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     check_ranks(specs, size)
     check_threads(for_rank(specs, 0) if size > 1 else specs)
     if comm is None:
-        return Devices(make_devices(specs))
-    from .transport import mpi  # mpi4py is optional: imported only under mpiexec
+        devices = Devices(make_devices(specs))
+    else:
+        from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
-    link = mpi.MasterLink(comm, specs, mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
-    return Devices(link.devices(specs), link.idle_ranks(), link)
+        link = mpi.MasterLink(comm, specs, mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
+        devices = Devices(link.devices(specs), link.idle_ranks(), link)
+    try:
+        arm_faults(devices)
+    except BaseException:
+        for d in devices:
+            d.close()
+        raise
+    return devices
 
 
 class Devices(list):
@@ -176,7 +186,9 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
         for note in left_out(devices, partition, cal):
             print(f"{note['device']} gets no kernels of {note['layer']}: {note['why']}",
                   file=log, flush=True)
-    return Net(shape, params, devices, partition, host_backend(devices)), cal
+    net = Net(shape, params, devices, partition, host_backend(devices))
+    net.calibration = cal    # where a failed device's kernels go (pyhet.failover)
+    return net, cal
 
 
 def left_out(devices, partition: dict, cal) -> list:
@@ -217,7 +229,8 @@ class DynamicBalance:
     def __init__(self, net: Net, cal: Calibration):
         self.net = net
         self.balancers = {conv.name: Balancer(conv.K, cal.speeds[conv.name],
-                                              cal.overheads[conv.name]) for conv in net.convs}
+                                              cal.overheads[conv.name], cal.caps[conv.name])
+                          for conv in net.convs}
         self.last = self._busy()
         self.moves = []
 
@@ -363,6 +376,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     step_times, conv_times, losses = [], [], []
     busy0 = {d.name: d.busy_s for d in net.devices}
     traffic0 = traffic(net.devices)
+    failover = Failover(net, getattr(net, "calibration", None), balance, log)
     t_train = time.perf_counter()
 
     while step < total_steps:
@@ -378,7 +392,16 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 break
             timer = PartTimer()
             t0 = time.perf_counter()
-            loss = net.train_step(xb, yb, sgd, timer)
+            try:
+                loss = failover.train_step(xb, yb, sgd, timer, step + 1)
+            except NoDeviceLeftError as e:
+                bar.close()
+                if not cfg.checkpoint_dir:
+                    raise
+                # the state before this step: resuming redoes it, batch b of this epoch
+                path = save_checkpoint(cfg.checkpoint_dir, net, step, epoch, b, cfg, ds)
+                raise NoDeviceLeftError(f"{e}; the state before step {step + 1} is in "
+                                        f"{path}") from None
             dt = time.perf_counter() - t0
             step += 1
             if not math.isfinite(loss):
@@ -412,8 +435,10 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     test = evaluate(net, ds.x_test, ds.y_test, cfg.batch_size) if ds.x_test is not None else None
     if cfg.save:
         save_weights(cfg.save, net.params(), net.shape, ds.classes, ds.normalization)
-    return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-                   epochs=step / per_epoch, steps=step, moved=moved)
+    result = summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
+                     epochs=step / per_epoch, steps=step, moved=moved)
+    result["failures"] = failover.failures   # devices that failed, and where their kernels went
+    return result
 
 
 def traffic(devices) -> dict:

@@ -143,3 +143,36 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
     assert all(0.05 <= s <= 0.36 for s in history[moved:]), report
     moves_after = sum(1 for a, b in zip(history[moved:], history[moved + 1:]) if a != b)
     assert moves_after <= 3, report
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory caps and devices left out
+
+
+def test_balancer_never_proposes_more_than_a_memory_cap():
+    # d0 is ten times as fast, but its memory holds only 30 of the 100 kernels
+    balancer = Balancer(100, [1.0, 1.0], caps=[30, 100], patience=1)
+    counts, proposals = [30, 70], []
+    for _ in range(12):
+        new = balancer.observe(counts, [30 / 10.0, 70 / 1.0])
+        if new is not None:
+            proposals.append(new)
+            counts = new
+    assert all(c[0] <= 30 and sum(c) == 100 for c in proposals), proposals
+    assert counts == [30, 70]
+    # without the cap the same measurements move most kernels to d0
+    free = Balancer(100, [1.0, 1.0], patience=1)
+    moved = [free.observe([30, 70], [30 / 10.0, 70 / 1.0]) for _ in range(12)]
+    assert any(m is not None and m[0] > 30 for m in moved)
+
+
+def test_balancer_gives_nothing_to_a_device_left_out():
+    balancer = Balancer(60, [1.0, 1.0, 1.0], patience=1)
+    balancer.leave_out([1])
+    counts = [30, 0, 30]
+    for _ in range(8):   # d1 was the fastest; it still gets nothing
+        new = balancer.observe(counts, [30 / 1.0, 0.0, 30 / 2.0])
+        if new is not None:
+            assert new[1] == 0 and sum(new) == 60
+            counts = new
+    assert counts[0] < counts[2]

@@ -30,10 +30,11 @@ ARCH = "4C3p1-P2-5C3s2-6C2-6N"   # 1x12x12: 12 -> P2 6 -> s2 2 -> 1 (no pool) ->
 STEPS = 3
 
 
-def run(argv, ranks, cwd, timeout=180):
+def run(argv, ranks, cwd, timeout=180, **env_extra):
     """`pyhet argv` in a process (ranks None), or in `ranks` processes under mpiexec, in the
     folder cwd (not the source tree, whose pyhet/ has no built core); (status, out, err)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(env_extra)
     cmd = [sys.executable, "-m", "pyhet", *map(str, argv)]
     if ranks:
         cmd = [MPIEXEC, "-n", str(ranks), *cmd]
@@ -127,6 +128,27 @@ def test_the_cpu_devices_of_a_rank_share_one_message(tmp_path, data):
     x_bytes = sum(4 * int(np.prod(g.x_shape(8))) for g in build(ARCH, (1, 12, 12), 3).blocks)
     # one layer input less per layer (less the group's small plan of who computes what)
     assert sent["0/cpu:1,1/cpu:1,1/numpy"] - sent["0/cpu:1,1/cpu:1,1/cpu:1"] >= 0.95 * x_bytes
+
+
+@pytest.mark.parametrize("placement,fault", [
+    ("0/cpu:1,1/cpu:1", "d1:update:2"),              # a device on rank 1, mid-update
+    ("0/cpu:1,1/cpu:1,1/cpu:1", "d1:forward:2"),     # the first of rank 1's group
+    ("0/cpu:1,1/cpu:1,1/cpu:1", "d0:backward:3"),    # the master's own device
+])
+def test_a_failed_device_on_any_rank_fails_over(tmp_path, data, placement, fault):
+    """Its kernels move to the other devices from the state before the step (read back from
+    its rank), the step is redone: the one-process weights all the same."""
+    one = ",".join(["cpu:1"] * len(placement.split(",")))
+    code, out, err = run(train_argv(data, one, tmp_path / "one.npz"), None, tmp_path)
+    assert code == 0, err
+    code, out, err = run(train_argv(data, placement, tmp_path / "mpi.npz"), 2, tmp_path,
+                         PYHET_FAULT=fault)
+    assert code == 0, err
+    want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
+    for k in want:
+        assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
+    (event,) = json.loads(out.strip().splitlines()[-1])["failures"]
+    assert event["device"] == fault.split(":")[0] and "warning" in err
 
 
 def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):

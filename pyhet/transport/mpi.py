@@ -55,8 +55,8 @@ if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # devices' worker threads send and
 MAX_ARRAYS = 12
 HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
-OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "step", "free", "close",
-       "hello", "reshard", "group_forward", "group_backward")
+OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "stage", "free", "close",
+       "hello", "reshard", "group_forward", "group_backward", "commit")
 TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
 DEFAULT_TIMEOUT = 300.0
 
@@ -92,7 +92,11 @@ def wait(req, timeout=None, on_timeout=None, status=None, patient=True):
     while not (req.Test(status) if status is not None else req.Test()):
         if timeout is not None and time.monotonic() - start > timeout:
             req.Cancel()
-            raise DeviceError(on_timeout())
+            err = DeviceError(on_timeout())
+            # a rank that does not answer cannot be closed, and the job cannot end without it:
+            # the run ends (pyhet.failover does not move its kernels)
+            err.ends_run = True
+            raise err
         time.sleep(pause)
         if patient:
             pause = min(2e-3, pause * 1.5)
@@ -181,6 +185,7 @@ class RemoteDevice(Device):
         self.siblings: dict = {}  # index -> RemoteDevice: the devices of the same rank
         self._rank_s = 0.0        # the rank's compute time in the replies of the work under way
         self._group_share = None  # (busy, compute) of this device in a group's message
+        self._closed = False
         super().__init__(name, spec, backend=peer)   # the link stands where a backend would be
 
     emulates = False   # its own rank applies the @S slowness
@@ -275,15 +280,22 @@ class RemoteDevice(Device):
                 self.siblings[int(index)].credit(layer, *share)
         return out
 
-    def sgd_step(self, layer: str, cfg: SGDConfig):
-        self._call("step", [text(layer), np.array([cfg.lr, cfg.momentum, cfg.weight_decay])])
+    def sgd_stage(self, layer: str, cfg: SGDConfig):
+        self._call("stage", [text(layer), np.array([cfg.lr, cfg.momentum, cfg.weight_decay])])
+
+    def commit_stage(self, layer: str):
+        """Sent by the master directly (this device's worker is idle then)."""
+        self._request("commit", [text(layer)])
 
     def free_memory(self):
         free = self._call("free")[0]
         return None if free is None else int(free[0])
 
     def close(self):
-        """Close the device on its rank (which ends once all its devices are closed)."""
+        """Close the device on its rank (which ends once all its devices are closed); once."""
+        if self._closed:
+            return
+        self._closed = True
         timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
         try:
             self.submit("close", self._call, "close").result()
@@ -461,9 +473,12 @@ def _handle(device: Device, op: str, a):
         return [device.conv_forward(layer, a[1])]
     if op == "backward":
         return [device.conv_backward(layer, a[1], untext(a[2]))]
-    if op == "step":
+    if op == "stage":
         lr, momentum, weight_decay = (float(v) for v in a[1])
-        device.sgd_step(layer, SGDConfig(lr, momentum, weight_decay))
+        device.sgd_stage(layer, SGDConfig(lr, momentum, weight_decay))
+        return []
+    if op == "commit":
+        device.commit_stage(layer)
         return []
     if op == "free":
         free = device.free_memory()
