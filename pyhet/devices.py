@@ -79,6 +79,7 @@ class Device:
         self._shards: dict[str, _Shard] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
         self._lock = threading.Lock()
+        self._woken = threading.Event()    # set: emulated slowness is skipped from now on
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"
@@ -101,6 +102,11 @@ class Device:
     def close(self):
         self._pool.shutdown(wait=True)
 
+    def wake(self):
+        """Cut short the idling of an emulated slow device (@S), now and from now on: a run
+        that was asked to stop finishes its step at full speed."""
+        self._woken.set()
+
     # --- running work -------------------------------------------------------------------------
 
     def submit(self, what: str, fn, *args, tag: str | None = None) -> Future:
@@ -119,7 +125,7 @@ class Device:
                               f"{type(e).__name__}: {e}") from e
         took = time.perf_counter() - t0
         if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
-            time.sleep(took * (1.0 / self.speed - 1.0))
+            self._woken.wait(took * (1.0 / self.speed - 1.0))
         busy = time.perf_counter() - t0
         with self._lock:
             self.busy_s += busy
