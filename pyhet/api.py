@@ -192,6 +192,9 @@ class Network:
         `epochs` counted from its start)."""
         batch_size, epochs = _positive(batch_size, "batch_size"), _positive(epochs, "epochs")
         steps = None if steps is None else _positive(steps, "steps")
+        checkpoint_every = (None if checkpoint_every is None
+                            else _positive(checkpoint_every, "checkpoint_every"))
+        keep = _whole(keep, "keep", 0)
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
                 raise PyhetError(f"{name} must be a number, got {value!r}")

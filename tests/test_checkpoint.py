@@ -446,4 +446,8 @@ def test_fit_checkpoints_have_the_same_protections(tmp_path):
     assert checkpoints(ck)[-1] == "checkpoint-000000005.npz"
     with network() as net:
         net.fit(x, y, steps=1, overwrite=True, **kw)
+        for bad, words in (({"keep": -1}, "keep must be a whole number >= 0"),
+                           ({"checkpoint_every": "2"}, "checkpoint_every must be a whole")):
+            with pytest.raises(pyhet.errors.PyhetError, match=words):
+                net.fit(x, y, steps=1, overwrite=True, **kw, **bad)
     assert checkpoints(ck) == ["checkpoint-000000001.npz"]
