@@ -31,13 +31,14 @@ from . import arch as arch_notation
 from . import evaluation
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
-from .errors import DataError, PyhetError
+from .checkpoint import CheckpointDir
+from .errors import DataError, PyhetError, UsageError
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, save_weights)
 from .specs import cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, check_memory,
-                    open_devices, run_steps, with_plan)
+                    open_devices, plan_record, run_settings, run_steps, with_plan)
 
 __all__ = ["Network", "load"]
 
@@ -169,7 +170,10 @@ class Network:
             lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0,
             shuffle: bool = True, x_test: Optional[np.ndarray] = None,
             y_test: Optional[np.ndarray] = None,
-            callback: Optional[Callable[[dict], None]] = None, progress: bool = False) -> dict:
+            callback: Optional[Callable[[dict], None]] = None, progress: bool = False,
+            checkpoint_dir: "str | os.PathLike | None" = None, resume: bool = False,
+            overwrite: bool = False, checkpoint_every: Optional[int] = None,
+            keep: int = 3) -> dict:
         """Train with SGD (torch.optim.SGD's rule) on images x (N, C, H, W) with labels y (N,),
         or on a named dataset (``dataset="bundled"``, ``"cifar10"``, ``"npz:FILE"``, ...).
 
@@ -180,9 +184,17 @@ class Network:
         {"step", "steps", "epoch", "loss", "step_time_s", "images"}; progress=True also draws
         a bar on stderr. Momentum carries over to the next fit() while the devices run.
         Returns the summary that ``pyhet train --json`` prints (test accuracy from x_test and
-        y_test, or the dataset's test split)."""
+        y_test, or the dataset's test split).
+
+        checkpoint_dir, resume, overwrite, checkpoint_every, keep: checkpoints as ``pyhet
+        train`` writes them (the folder is locked while fit() runs and belongs to one fit();
+        resume=True goes on from its newest checkpoint, weights and momentum, to `steps` or
+        `epochs` counted from its start)."""
         batch_size, epochs = _positive(batch_size, "batch_size"), _positive(epochs, "epochs")
         steps = None if steps is None else _positive(steps, "steps")
+        checkpoint_every = (None if checkpoint_every is None
+                            else _positive(checkpoint_every, "checkpoint_every"))
+        keep = _whole(keep, "keep", 0)
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
                 raise PyhetError(f"{name} must be a number, got {value!r}")
@@ -190,9 +202,14 @@ class Network:
         cfg = TrainConfig(arch=self.arch, dataset=ds.name, devices=self.devices_spec,
                           balance=self.balance, batch_size=batch_size, epochs=epochs,
                           steps=steps, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                          seed=self.seed, shuffle=shuffle, progress=progress)
+                          seed=self.seed, shuffle=shuffle, progress=progress,
+                          checkpoint_dir=None if checkpoint_dir is None else os.fspath(
+                              checkpoint_dir), resume=bool(resume), overwrite=bool(overwrite),
+                          checkpoint_every=checkpoint_every, keep=keep)
         try:
             cfg.check()
+        except UsageError:
+            raise
         except ValueError as e:
             raise PyhetError(str(e)) from None
         if ds.normalization is not None:
@@ -200,12 +217,38 @@ class Network:
         if ds.classes and not self.classes:
             self.classes = list(ds.classes)
         log = sys.stderr if progress else io.StringIO()
-        net = self._start(batch_size, log if progress else None)
+        if cfg.checkpoint_dir is None:
+            return self._fit(cfg, ds, log, None, callback)
+        with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
+                           resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.keep,
+                           log=sys.stderr) as folder:
+            return self._fit(cfg, ds, log, folder, callback)
+
+    def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback) -> dict:
+        start = {"step": 0, "epoch": self._epochs, "batch": 0}
+        found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
+        if found:      # the checkpoint's weights and momentum, on freshly planned devices
+            path, params, moms, meta = found
+            self.close()
+            self._params = params
+            start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
+            print(f"resuming from {path} (step {start['step']})", file=log)
+        net = self._start(cfg.batch_size, log if cfg.progress else None)
+        if found:
+            net.set_momentum(moms)
         balance = (DynamicBalance(net, self._calibration)
                    if self.balance == "dynamic" and self._calibration else None)
-        result = run_steps(cfg, ds, net, {"step": 0, "epoch": self._epochs, "batch": 0}, log,
-                           balance, callback)
-        self._epochs += math.ceil(result["steps"] / math.ceil(len(ds.x_train) / batch_size))
+
+        def save(position):
+            return folder.save(net, position, plan_record(net, self._calibration, balance,
+                                                          False),
+                               self.classes, self.normalization)
+
+        result = run_steps(cfg, ds, net, start, log, balance, callback,
+                           save_checkpoint=save if folder is not None else None)
+        per_epoch = math.ceil(len(ds.x_train) / cfg.batch_size)
+        self._epochs = start["epoch"] + math.ceil(
+            (result["steps"] - start["step"] + start["batch"]) / per_epoch)
         return with_plan(result, net, self._devices, self._calibration, balance)
 
     def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:

@@ -21,7 +21,7 @@ import numpy as np
 from . import arch
 from .api import load
 from .data import input_shape_of, read_images
-from .errors import ArchitectureError, DataError, PyhetError
+from .errors import ArchitectureError, DataError, Interrupted, PyhetError
 from .model import read_weight_file, write_npz
 from .report import describe_devices
 from .specs import check_ranks, cuda_device_count, parse_devices
@@ -130,8 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
     t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
-    t.add_argument("--checkpoint-dir", metavar="DIR", help="write a checkpoint every epoch")
+    t.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="write a checkpoint at every epoch's end and at the end (the folder "
+                        "belongs to this run: another run's checkpoints there are refused)")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="delete the checkpoints of another run in --checkpoint-dir first")
+    t.add_argument("--checkpoint-every", type=_positive(int), default=None, metavar="N",
+                   help="also write a checkpoint every N steps")
+    t.add_argument("--keep", type=_non_negative_int, default=3, metavar="K",
+                   help="keep the K newest checkpoints, 0 keeps all (default 3)")
+    t.add_argument("--deterministic", action="store_true",
+                   help="a partition that no timing decides (in proportion to each device's "
+                        "@S), never moved: bit-identical weights run to run and across "
+                        "--resume")
     t.add_argument("--timeout", type=_positive(float), default=None, metavar="SECONDS",
                    help="under mpiexec: how long a rank may take to answer before the run "
                         "ends with an error naming it (default 300)")
@@ -192,6 +204,8 @@ def cmd_train(args, parser, comm=None) -> int:
                       lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                       seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
                       save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
+                      keep=args.keep, deterministic=args.deterministic,
                       progress=not args.quiet, timeout=args.timeout)
     result = train(cfg, comm=comm)
     if args.json:
@@ -341,9 +355,12 @@ def main(argv=None) -> int:
         print("pyhet: error: out of memory: the network, the batch or the data is too large "
               "for this machine", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("pyhet: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # SIGINT or SIGTERM while training (pyhet.interrupt) says what it saved; a bare Ctrl-C
+        # elsewhere is a KeyboardInterrupt
+        print(f"pyhet: {e.message}" if isinstance(e, Interrupted) else "pyhet: interrupted",
+              file=sys.stderr)
+        return getattr(e, "exit_status", 130)
     return 0
 
 

@@ -88,6 +88,7 @@ class Device:
         self._lock = threading.Lock()
         self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
         self.step: int | None = None       # the training step under way (for the fault)
+        self._woken = threading.Event()    # set: emulated slowness is skipped from now on
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"
@@ -122,6 +123,11 @@ class Device:
     def close(self):
         self._pool.shutdown(wait=True)
 
+    def wake(self):
+        """Cut short the idling of an emulated slow device (@S), now and from now on: a run
+        that was asked to stop finishes its step at full speed."""
+        self._woken.set()
+
     # --- running work -------------------------------------------------------------------------
 
     def submit(self, what: str, fn, *args, tag: str | None = None) -> Future:
@@ -148,7 +154,7 @@ class Device:
             raise err from e
         took = time.perf_counter() - t0
         if self.speed < 1.0 and self.emulates:  # a slower device: idle (1/S - 1) times the work
-            time.sleep(took * (1.0 / self.speed - 1.0))
+            self._woken.wait(took * (1.0 / self.speed - 1.0))
         busy, compute = self._account(time.perf_counter() - t0)
         with self._lock:
             self.busy_s += busy

@@ -1,11 +1,22 @@
 """The errors pyhet raises on bad input. The CLI prints their message and exits with the
 error's ``exit_status``: 2 for a usage error (a bad option value), 1 for the rest."""
 
+from __future__ import annotations
+
+import signal
+
 
 class PyhetError(Exception):
     """Base of every error that is the user's input, not a bug: the message says it all."""
 
     exit_status = 1
+
+
+class UsageError(PyhetError, ValueError):
+    """Options that cannot work together or name an unusable place (a --save folder that does
+    not exist, a checkpoint folder of another run): the command line exits with status 2."""
+
+    exit_status = 2
 
 
 class ArchitectureError(PyhetError, ValueError):
@@ -33,3 +44,15 @@ class WeightsError(PyhetError):
 
 class TrainingError(PyhetError):
     """Training cannot go on (a NaN or infinite loss, say)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM ended the run. The command line prints the message and exits with
+    128 + the signal's number (130, 143). detail: what was done about it (a checkpoint)."""
+
+    def __init__(self, signum: int, detail: str | None = None):
+        self.signum = signum
+        self.exit_status = 128 + signum
+        self.message = f"interrupted by {signal.Signals(signum).name}" + (
+            f" {detail}" if detail else "")
+        super().__init__(self.message)

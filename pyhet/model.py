@@ -17,9 +17,11 @@ still load: their shape is read off the arrays.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import time
 import zipfile
 
 import numpy as np
@@ -67,19 +69,57 @@ def arch_entry(net: NetGeometry, classes=None, normalization=None) -> np.ndarray
 
 
 def write_npz(path, arrays: dict, what: str = "the file") -> None:
-    """np.savez, atomically: written to a temporary file, then renamed, so that a failed write
-    leaves any earlier file as it was and no temporary file behind."""
+    """np.savez, atomically and durably: written to a hidden temporary file beside `path`
+    (``.NAME.tmp``, which no ``*.npz`` pattern matches), flushed to disk (os.fsync), renamed
+    over `path`, and the folder synced, so that a crash, a full disk or Ctrl-C at any moment
+    leaves either the earlier file or the new one, complete, and no temporary file (but for
+    SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened)."""
     path = os.fspath(path)
-    tmp = path + ".tmp.npz"
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.tmp")
     try:
-        np.savez(tmp, **arrays)
+        with open(tmp, "wb") as fh:
+            _savez(fh, arrays, name)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+        _sync_folder(folder)
+    except BaseException as e:     # OSError, and KeyboardInterrupt or SIGTERM mid-write
         try:
             os.remove(tmp)
         except OSError:
             pass
-        raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
+        raise
+
+
+def _savez(fh, arrays: dict, name: str) -> None:
+    """np.savez into the open file. The tests make a write stop halfway, so that a process can
+    be killed with half a file on disk: PYHET_TEST_STALL_WRITE=NAME writes half of the file
+    NAME, then sleeps (a test-only switch; nothing else reads it)."""
+    if os.environ.get("PYHET_TEST_STALL_WRITE") == name:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        fh.write(data[:len(data) // 2])
+        fh.flush()
+        time.sleep(600)
+    np.savez(fh, **arrays)
+
+
+def _sync_folder(folder: str) -> None:
+    """Make a rename in `folder` durable (where the system allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_weights(path, params: dict, net: NetGeometry, classes=None, normalization=None) -> None:

@@ -154,6 +154,16 @@ class Balancer:
             self._noise[i] = 0.7 * self._noise[i] + 0.3 * abs(m - est) / est
             self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
+    def state(self) -> dict:
+        """The estimates worth keeping across a restart (a checkpoint's): speeds and noise."""
+        return {"speeds": list(self.speeds), "noise": list(self._noise)}
+
+    def restore(self, state: dict) -> None:
+        """Take up estimates of state() again (those of another device count are ignored)."""
+        if len(state.get("speeds", ())) == len(self.speeds):
+            self.speeds = [float(v) for v in state["speeds"]]
+            self._noise = [float(v) for v in state.get("noise", self._noise)]
+
     def observe(self, counts, busy) -> list[int] | None:
         if self._skip:
             self._skip -= 1

@@ -6,8 +6,8 @@ layer on the master, the update), so the summary can say where the time went.
 
 from __future__ import annotations
 
-import glob
-import json
+import contextlib
+import dataclasses
 import math
 import os
 import statistics
@@ -22,14 +22,16 @@ from . import ops
 from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
+from .checkpoint import CheckpointDir, dataset_identity
 from .data import Dataset, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
-                     WeightsError)
+                     UsageError)
 from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
-from .model import Net, arch_entry, init_params, load_weights, save_weights, write_npz
+from .interrupt import Interruption
+from .model import Net, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even, predicted_time
 from .progress import Progress
@@ -60,6 +62,10 @@ class TrainConfig:
     save: str | None = None
     checkpoint_dir: str | None = None
     resume: bool = False
+    overwrite: bool = False        # --overwrite: delete another run's checkpoints first
+    checkpoint_every: int | None = None   # also a checkpoint every N steps
+    keep: int = 3                  # the newest checkpoints kept; 0: all
+    deterministic: bool = False    # a partition that no timing decides, and no moves
     progress: bool = True
     timeout: float | None = None   # under mpiexec: seconds a rank may take to answer
 
@@ -73,26 +79,66 @@ class TrainConfig:
         if self.balance not in BALANCE_MODES:
             raise ValueError(f"--balance must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {self.balance!r}")
-        if self.resume and not self.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir")
-        if self.save and not os.path.isdir(os.path.dirname(os.path.abspath(self.save))):
-            raise ValueError(f"--save {self.save}: the folder "
-                             f"{os.path.dirname(os.path.abspath(self.save))} does not exist")
-        if self.checkpoint_dir and os.path.exists(self.checkpoint_dir) and not os.path.isdir(
-                self.checkpoint_dir):
-            raise ValueError(f"--checkpoint-dir {self.checkpoint_dir}: a file, not a folder")
-        if self.checkpoint_dir and not os.path.exists(self.checkpoint_dir):
-            parent = os.path.dirname(os.path.abspath(self.checkpoint_dir))
-            if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-                raise ValueError(f"--checkpoint-dir {self.checkpoint_dir}: cannot be made (its "
-                                 f"folder {parent} does not exist or is not writable)")
+        self.check_destinations()
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
+
+    def check_destinations(self):
+        """Where the run will write (--save, --checkpoint-dir) and the checkpoint options,
+        checked before any work: mistakes here are usage errors."""
+        if self.save is not None:
+            check_file_destination(self.save, "--save")
+        if self.checkpoint_dir is None:
+            for given, option in ((self.resume, "--resume"), (self.overwrite, "--overwrite"),
+                                  (self.checkpoint_every is not None, "--checkpoint-every")):
+                if given:
+                    raise UsageError(f"{option} needs --checkpoint-dir")
+        else:
+            check_folder_destination(self.checkpoint_dir, "--checkpoint-dir")
+        if self.resume and self.overwrite:
+            raise UsageError("--overwrite deletes the checkpoints that --resume continues "
+                             "from: give one or the other")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise UsageError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if self.keep < 0:
+            raise UsageError(f"--keep must be >= 0 (0 keeps every checkpoint), got {self.keep}")
 
     @property
     def network(self) -> str:
         """The network in --arch notation."""
         return self.arch if self.arch is not None else arch_notation.shorthand(
             self.kernels, self.kernel_size)
+
+
+def check_file_destination(path, option: str) -> None:
+    """A file the run will write: a name, in a folder that exists and can be written."""
+    path = os.fspath(path)
+    if not path:
+        raise UsageError(f"{option} '': give a file name")
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: the folder {folder} is not writable")
+
+
+def check_folder_destination(path, option: str) -> None:
+    """A folder the run will write in, made if need be: not a file, and writable (itself, or
+    the nearest folder above it that exists)."""
+    path = os.fspath(path)
+    if not path:
+        raise UsageError(f"{option} '': give a folder")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{option} {path}: a file, not a folder")
+    above = os.path.abspath(path)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise UsageError(f"{option} {path}: cannot be made ({above} is a file)")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: " + ("is not writable" if above == os.path.abspath(
+            path) else f"cannot be made (the folder {above} is not writable)"))
 
 
 # ================================================================================================
@@ -107,12 +153,19 @@ def host_backend(devices):
     return CpuBackend(ops.default_threads())
 
 
-def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: int = 0):
+def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: int = 0,
+                   deterministic: bool = False):
     """Kernels per device for each conv layer before training starts, and the calibration it
-    came from (None for --balance even or a single device)."""
+    came from (None for --balance even, --deterministic or a single device).
+
+    deterministic: no timing decides it: each layer is split in proportion to the devices'
+    declared speeds (the @S of their SPEC; equal shares when none is given)."""
     n = len(devices)
     if n == 1 or balance == "even":
         return {g.name: even(g.K, n) for g in shape.blocks}, None
+    if deterministic:
+        return {g.name: balanced(g.K, [d.spec.speed for d in devices])
+                for g in shape.blocks}, None
     cal = calibrate(devices, shape.blocks, batch, seed)
     part = {}
     for g in shape.blocks:
@@ -172,13 +225,17 @@ class Devices(list):
 
 
 def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: int,
-              seed: int = 0, log=None):
+              seed: int = 0, log=None, deterministic: bool = False, planned=None):
     """(Net, Calibration or None): the network on the devices, each conv layer partitioned as
-    `balance` says for this batch size. log: a stream told about calibration, or None."""
-    if log is not None and len(devices) > 1 and balance != "even":
-        print(f"calibrating {len(devices)} devices on the network's layer shapes...",
-              file=log, flush=True)
-    partition, cal = plan_partition(shape, devices, balance, batch, seed)
+    `balance` says for this batch size, or as `planned` ((partition, calibration or None),
+    from a checkpoint) says. log: a stream told about calibration, or None."""
+    if planned is not None:
+        partition, cal = planned
+    else:
+        if log is not None and len(devices) > 1 and balance != "even" and not deterministic:
+            print(f"calibrating {len(devices)} devices on the network's layer shapes...",
+                  file=log, flush=True)
+        partition, cal = plan_partition(shape, devices, balance, batch, seed, deterministic)
     if log is not None and len(devices) > 1:
         print("partition: " + "; ".join(
             f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
@@ -226,13 +283,20 @@ class DynamicBalance:
     """--balance dynamic: after every step, re-measure each device's speed on each layer from
     its busy time and move kernels when the devices stay out of balance."""
 
-    def __init__(self, net: Net, cal: Calibration):
+    def __init__(self, net: Net, cal: Calibration, state: dict | None = None):
+        # state: {layer: Balancer.state()} from a checkpoint, to go on with its estimates
         self.net = net
         self.balancers = {conv.name: Balancer(conv.K, cal.speeds[conv.name],
                                               cal.overheads[conv.name], cal.caps[conv.name])
                           for conv in net.convs}
+        for layer, st in (state or {}).items():
+            if layer in self.balancers:
+                self.balancers[layer].restore(st)
         self.last = self._busy()
         self.moves = []
+
+    def state(self) -> dict:
+        return {layer: b.state() for layer, b in self.balancers.items()}
 
     def _busy(self):
         return {d.name: dict(d.busy_by_tag) for d in self.net.devices}
@@ -249,41 +313,48 @@ class DynamicBalance:
         self.last = self._busy()
 
 
-def _checkpoints(directory):
-    return sorted(glob.glob(os.path.join(directory, "checkpoint-*.npz")))
+# ================================================================================================
+# Checkpoints: what they record of the run, and taking it up again
 
 
-def save_checkpoint(directory, net: Net, step: int, epoch: int, batch: int, cfg: TrainConfig,
-                    ds: Dataset):
-    """Weights, momentum and the position in the data; training resumed from it goes on
-    exactly as if it had not stopped. It is a weight file too (the network, its classes and
-    normalisation included)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise WeightsError(f"cannot make the checkpoint folder {directory}: "
-                           f"{e.strerror or e}") from None
-    arrays = dict(net.params())
-    for name, (vw, vb) in net.momentum().items():
-        if vw is not None:
-            arrays[f"momentum/{name}.weight"], arrays[f"momentum/{name}.bias"] = vw, vb
-    meta = {"step": step, "epoch": epoch, "batch": batch, "seed": cfg.seed,
-            "batch_size": cfg.batch_size, "shuffle": cfg.shuffle}
-    arrays["meta"] = np.array(json.dumps(meta))
-    arrays["arch"] = arch_entry(net.shape, ds.classes, ds.normalization)
-    path = os.path.join(directory, f"checkpoint-{step:09d}.npz")
-    write_npz(path, arrays, "the checkpoint")
-    return path
+def run_settings(cfg: TrainConfig, ds: Dataset, shape: NetGeometry) -> dict:
+    """What a resumed run must share with its checkpoint (see pyhet.checkpoint.SETTINGS)."""
+    return {"network": f"{shape.arch} on {'x'.join(map(str, shape.input_shape))} input with "
+                       f"{shape.num_classes} classes",
+            "dataset": dataset_identity(ds.name), "train_images": int(len(ds.x_train)),
+            "lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
+            "seed": cfg.seed, "batch_size": cfg.batch_size, "shuffle": cfg.shuffle}
 
 
-def load_checkpoint(path, shape: NetGeometry):
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["meta"]))
-            moms = {k[len("momentum/"):]: f[k] for k in f.files if k.startswith("momentum/")}
-    except Exception as e:
-        raise WeightsError(f"checkpoint {path}: not readable ({e})") from None
-    return load_weights(path, shape), moms, meta
+def plan_record(net: Net, cal, balance, deterministic: bool) -> dict:
+    """The devices' plan as a checkpoint keeps it: the device list, each layer's kernel counts
+    per device, the calibration and the dynamic balancer's estimates."""
+    return {"devices": [str(d.spec) for d in net.devices],
+            "partition": net.partition_counts(),
+            "calibration": dataclasses.asdict(cal) if cal is not None else None,
+            "balancer": balance.state() if balance is not None else None,
+            "deterministic": deterministic}
+
+
+def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig, log):
+    """((partition, calibration), balancer state) of a checkpoint's plan when this run has the
+    same devices and the plan fits what it asks for; else (None, None), saying why on log."""
+    if not plan or cfg.balance == "even" or len(devices) == 1:
+        return None, None
+    now = [str(d.spec) for d in devices]
+    if plan.get("devices") != now:
+        print(f"the checkpoint was made on the devices {','.join(plan.get('devices') or [])}, "
+              f"this run has {','.join(now)}: planning the partition afresh", file=log,
+              flush=True)
+        return None, None
+    partition = plan.get("partition") or {}
+    fits = all(len(partition.get(g.name, [])) == len(devices) and
+               sum(partition[g.name]) == g.K for g in shape.blocks)
+    cal = Calibration(**plan["calibration"]) if plan.get("calibration") else None
+    if not fits or (cal is None and not cfg.deterministic):
+        return None, None
+    print("resuming with the checkpoint's partition (the same devices)", file=log, flush=True)
+    return ({g.name: list(partition[g.name]) for g in shape.blocks}, cal), plan.get("balancer")
 
 
 # ================================================================================================
@@ -291,27 +362,43 @@ def load_checkpoint(path, shape: NetGeometry):
 
 
 def train(cfg: TrainConfig, log=None, comm=None) -> dict:
-    """Train as cfg says; returns the summary (the JSON object of `pyhet train --json`)."""
+    """Train as cfg says; returns the summary (the JSON object of `pyhet train --json`).
+    SIGINT and SIGTERM end the run after the step under way, with a checkpoint of it (see
+    pyhet.interrupt); under mpiexec (comm) the command line handles them."""
     log = log if log is not None else sys.stderr
     try:
         cfg.check()
+    except UsageError:
+        raise
     except ValueError as e:
         raise PyhetError(str(e)) from None
+    with Interruption() if comm is None else contextlib.nullcontext() as stop:
+        folder = None
+        if cfg.checkpoint_dir:   # locked before any work, refused if another run's
+            folder = CheckpointDir(cfg.checkpoint_dir, {}, resume=cfg.resume,
+                                   overwrite=cfg.overwrite, keep=cfg.keep, log=log)
+        try:
+            return _train(cfg, folder, stop, log, comm)
+        finally:
+            if folder is not None:
+                folder.close()
+
+
+def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
     ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     shape = arch_notation.build(cfg.network, ds.input_shape, ds.num_classes)
     check_memory(shape, cfg.batch_size)
 
     start = {"step": 0, "epoch": 0, "batch": 0}
-    moms = {}
-    ckpts = _checkpoints(cfg.checkpoint_dir) if cfg.resume else []
-    if ckpts:
-        params, moms, start = load_checkpoint(ckpts[-1], shape)
-        for key in ("seed", "batch_size", "shuffle"):
-            if start.get(key) != getattr(cfg, key):
-                raise PyhetError(f"checkpoint {ckpts[-1]} was made with {key} {start.get(key)}, "
-                                 f"but this run has {getattr(cfg, key)}: resume with the same "
-                                 f"settings, or start afresh without --resume")
-        print(f"resuming from {ckpts[-1]} (step {start['step']})", file=log)
+    moms, plan = {}, None
+    if folder is not None:
+        folder.settings = run_settings(cfg, ds, shape)
+    found = folder.newest(shape) if folder is not None and cfg.resume else None
+    if found:
+        path, params, moms, meta = found
+        start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
+        plan = meta.get("plan")
+        print(f"resuming from {path} (step {start['step']})", file=log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
     else:
@@ -321,16 +408,26 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
     for r in devices.idle_ranks:
         print(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", file=log)
     try:
+        if stop is not None:
+            stop.devices = list(devices)
         links = {}
         if devices.link is not None:   # each rank's link, at the size of the largest input
             links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(cfg.batch_size)))
                                                        for g in shape.blocks))
+        planned, balancer_state = reused_plan(plan, devices, shape, cfg, log)
         net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
-                             log if cfg.progress else None)
+                             log if cfg.progress else None, cfg.deterministic, planned)
         if moms:
             net.set_momentum(moms)
-        balance = DynamicBalance(net, cal) if cfg.balance == "dynamic" and cal else None
-        result = run_steps(cfg, ds, net, start, log, balance)
+        balance = (DynamicBalance(net, cal, balancer_state)
+                   if cfg.balance == "dynamic" and cal and not cfg.deterministic else None)
+
+        def save(position):
+            return folder.save(net, position, plan_record(net, cal, balance, cfg.deterministic),
+                               ds.classes, ds.normalization)
+
+        result = run_steps(cfg, ds, net, start, log, balance, stop=stop,
+                           save_checkpoint=save if folder is not None else None)
         return with_plan(result, net, devices, cal, balance, links)
     finally:
         for d in devices:
@@ -362,10 +459,13 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
 
 
 def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
-              callback=None) -> dict:
+              callback=None, save_checkpoint=None, stop=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
     evaluation, --save and the summary. callback(info) is called after every step with
-    {"step", "steps", "epoch", "loss", "step_time_s", "images"}."""
+    {"step", "steps", "epoch", "loss", "step_time_s", "images"}. save_checkpoint(position)
+    writes a checkpoint of the step just made and returns its path (position: the step and the
+    next batch, {"step", "epoch", "batch"}), at each epoch's end, every cfg.checkpoint_every
+    steps and at the end. stop: a pyhet.interrupt.Interruption, asked after every step."""
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     n_train = ds.x_train.shape[0]
     per_epoch = math.ceil(n_train / cfg.batch_size)
@@ -378,53 +478,73 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     traffic0 = traffic(net.devices)
     failover = Failover(net, getattr(net, "calibration", None), balance, log)
     t_train = time.perf_counter()
+    saved = {"step": step, "path": None}     # the checkpoint of the step just made, if any
+    every = cfg.checkpoint_every
+    position = None                          # where the step after the last one made starts
 
-    while step < total_steps:
-        # Each epoch's order comes from (seed, epoch) alone, so a resumed run sees the same data.
-        rng = np.random.default_rng([cfg.seed, epoch])
-        todo = min(per_epoch - skip, total_steps - step)
-        bar = Progress(todo, f"epoch {epoch + 1}", log, enabled=cfg.progress)
-        batches = iterate_batches(ds.x_train, ds.y_train, cfg.batch_size, cfg.shuffle, rng)
-        for b, (xb, yb) in enumerate(batches):
-            if b < skip:
-                continue
-            if step >= total_steps:
-                break
-            timer = PartTimer()
-            t0 = time.perf_counter()
-            try:
-                loss = failover.train_step(xb, yb, sgd, timer, step + 1)
-            except NoDeviceLeftError as e:
-                bar.close()
-                if not cfg.checkpoint_dir:
-                    raise
-                # the state before this step: resuming redoes it, batch b of this epoch
-                path = save_checkpoint(cfg.checkpoint_dir, net, step, epoch, b, cfg, ds)
-                raise NoDeviceLeftError(f"{e}; the state before step {step + 1} is in "
-                                        f"{path}") from None
-            dt = time.perf_counter() - t0
-            step += 1
-            if not math.isfinite(loss):
-                bar.close()
-                raise TrainingError(f"the loss became {loss} at step {step} (epoch {epoch + 1}, "
-                                    f"batch {b + 1}): training diverged; try a smaller --lr "
-                                    f"(now {cfg.lr})")
-            if balance is not None:
-                balance.after_step(step)
-            step_times.append(dt)
-            conv_times.append(timer.parts.get("conv_forward", 0) +
-                              timer.parts.get("conv_backward", 0))
-            losses.append(loss)
-            bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
-            if callback is not None:
-                callback({"step": step, "steps": total_steps, "epoch": epoch + 1, "loss": loss,
-                          "step_time_s": dt, "images": int(xb.shape[0])})
-        bar.close()
-        # this pass trained batches skip .. skip + todo - 1 of the epoch (b is not that count:
-        # after a break it is the first batch left untrained)
-        epoch, skip = (epoch + 1, 0) if skip + todo >= per_epoch else (epoch, skip + todo)
-        if cfg.checkpoint_dir:
-            save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg, ds)
+    if stop is not None:
+        stop.deferring = True        # a signal now lets the step under way finish
+    try:
+        while step < total_steps:
+            # Each epoch's order comes from (seed, epoch) alone, so a resumed run sees the
+            # same data.
+            rng = np.random.default_rng([cfg.seed, epoch])
+            todo = min(per_epoch - skip, total_steps - step)
+            bar = Progress(todo, f"epoch {epoch + 1}", log, enabled=cfg.progress)
+            batches = iterate_batches(ds.x_train, ds.y_train, cfg.batch_size, cfg.shuffle, rng)
+            for b, (xb, yb) in enumerate(batches):
+                if b < skip:
+                    continue
+                if step >= total_steps:
+                    break
+                timer = PartTimer()
+                t0 = time.perf_counter()
+                try:
+                    loss = failover.train_step(xb, yb, sgd, timer, step + 1)
+                except NoDeviceLeftError as e:
+                    bar.close()
+                    if save_checkpoint is None:
+                        raise
+                    # the state before this step: resuming redoes it, batch b of this epoch
+                    path = save_checkpoint({"step": step, "epoch": epoch, "batch": b})
+                    raise NoDeviceLeftError(f"{e}; the state before step {step + 1} is in "
+                                            f"{path}") from None
+                dt = time.perf_counter() - t0
+                step += 1
+                if not math.isfinite(loss):
+                    bar.close()
+                    raise TrainingError(f"the loss became {loss} at step {step} (epoch "
+                                        f"{epoch + 1}, batch {b + 1}): training diverged; try a "
+                                        f"smaller --lr (now {cfg.lr})")
+                if balance is not None:
+                    balance.after_step(step)
+                step_times.append(dt)
+                conv_times.append(timer.parts.get("conv_forward", 0) +
+                                  timer.parts.get("conv_backward", 0))
+                losses.append(loss)
+                bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
+                if callback is not None:
+                    callback({"step": step, "steps": total_steps, "epoch": epoch + 1,
+                              "loss": loss, "step_time_s": dt, "images": int(xb.shape[0])})
+                # where the next step starts
+                position = ({"step": step, "epoch": epoch, "batch": b + 1} if b + 1 < per_epoch
+                            else {"step": step, "epoch": epoch + 1, "batch": 0})
+                if save_checkpoint is not None and (position["batch"] == 0 or
+                                                    step == total_steps or
+                                                    (every and step % every == 0)):
+                    saved = {"step": step, "path": save_checkpoint(position)}
+                if stop is not None and stop.signum is not None:
+                    bar.close()
+                    _stop(stop, step, position, saved, save_checkpoint)
+            bar.close()
+            # this pass trained batches skip .. skip + todo - 1 of the epoch (b is not that
+            # count: after a break it is the first batch left untrained)
+            epoch, skip = (epoch + 1, 0) if skip + todo >= per_epoch else (epoch, skip + todo)
+    finally:
+        if stop is not None:
+            stop.deferring = False
+    if stop is not None and stop.signum is not None:   # came as the last step ended
+        _stop(stop, step, position, saved, save_checkpoint)
     train_s = time.perf_counter() - t_train
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
     moved = {r: {k: v - traffic0[r][k] for k, v in t.items()}
@@ -439,6 +559,17 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                      epochs=step / per_epoch, steps=step, moved=moved)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
+
+
+def _stop(stop, step: int, position, saved: dict, save_checkpoint):
+    """A signal asked to stop: a checkpoint of the step just made (unless written already),
+    then pyhet.errors.Interrupted saying where it is."""
+    if save_checkpoint is None:
+        stop.check(f"after step {step} (no --checkpoint-dir: nothing saved)")
+    if position is None:            # no step made in this run: the checkpoints are as they were
+        stop.check(f"at step {step}")
+    path = saved["path"] if saved["step"] == step and saved["path"] else save_checkpoint(position)
+    stop.check(f"after step {step}: wrote the checkpoint {path} (continue with --resume)")
 
 
 def traffic(devices) -> dict:
@@ -467,6 +598,7 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "devices": devices,
         "partition": net.partition(),
         "balance": cfg.balance,
+        "deterministic": cfg.deterministic,
         "step_time_s": {"median": statistics.median(timed), "min": min(timed),
                         "max": max(timed)} if timed else None,
         "images_per_s": (cfg.batch_size / statistics.median(timed)) if timed else None,

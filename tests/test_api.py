@@ -432,8 +432,8 @@ def test_checkpoints_keep_the_classes_and_normalization(cli, tmp_path):
 
 
 @pytest.mark.parametrize("argv,code,words", [
-    (["--checkpoint-dir", "FILE"], 1, ["--checkpoint-dir", "a file, not a folder"]),
-    (["--checkpoint-dir", "/proc/no/such"], 1, ["--checkpoint-dir", "cannot be made"]),
+    (["--checkpoint-dir", "FILE"], 2, ["--checkpoint-dir", "a file, not a folder"]),
+    (["--checkpoint-dir", "/proc/no/such"], 2, ["--checkpoint-dir", "cannot be made"]),
     (["--seed", "-1"], 2, ["--seed", ">= 0"]),
     (["--arch", "99999999C3-100000000N"], 1, ["GiB", "available"]),
 ])

@@ -1,0 +1,199 @@
+"""Checkpoints: one run's folder of complete snapshots of training.
+
+A checkpoint folder belongs to one run at a time and holds
+
+    checkpoint-000000012.npz          a complete checkpoint, after step 12 (written by
+                                      pyhet.model.write_npz: a hidden temporary file, synced,
+                                      renamed, so that this name never shows half a file)
+    .checkpoint-000000012.npz.tmp     a write under way, or one that SIGKILL cut short (removed
+                                      when the folder is next opened)
+    .lock                             flock()ed by the process writing here (the kernel
+                                      releases it when that process ends, however it ends)
+
+A checkpoint is a weight file (its parameters, the ``arch`` entry) plus ``momentum/*`` arrays
+and one JSON entry ``meta``: the position in the data, the settings resuming must match, and
+the plan of the devices (the partition, the calibration, the balancer's estimates), so that a
+resumed run on the same devices starts with the partition it had.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+
+import numpy as np
+
+from .errors import PyhetError, UsageError, WeightsError
+from .geometry import NetGeometry
+from .model import arch_entry, load_weights, read_weight_file, write_npz
+
+NAME = re.compile(r"^checkpoint-(\d+)\.npz$")
+TMP = re.compile(r"^\.checkpoint-\d+\.npz\.tmp$")
+LOCK = ".lock"
+FORMAT = 2        # of the meta entry: 1 had only the position, seed, batch size and shuffle
+
+# What a resumed run must share with the checkpoint, in the words of the command line.
+SETTINGS = {"network": "the network", "dataset": "the dataset",
+            "train_images": "training images", "lr": "--lr", "momentum": "--momentum",
+            "weight_decay": "--weight-decay", "seed": "--seed", "batch_size": "--batch-size",
+            "shuffle": "the data order (shuffle)"}
+
+
+def step_of(path) -> int:
+    return int(NAME.match(os.path.basename(path)).group(1))
+
+
+def complete(folder) -> list:
+    """The complete checkpoints in the folder, oldest first (by step)."""
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    found = [os.path.join(folder, n) for n in names if NAME.match(n)]
+    return sorted(found, key=step_of)
+
+
+def dataset_identity(name: str) -> str:
+    """A dataset's name as the checkpoint records it: an npz file by its full path, so that
+    the same file named from another folder is the same dataset."""
+    if name.startswith("npz:"):
+        return "npz:" + os.path.realpath(name[len("npz:"):])
+    return name
+
+
+class CheckpointDir:
+    """The checkpoint folder of a run: made if need be, locked for this process, and refused
+    when it holds another run's checkpoints and this run neither resumes nor overwrites.
+
+    settings: {key of SETTINGS: value} of this run; keep: the newest checkpoints kept (0: all);
+    log: where warnings go (a damaged checkpoint skipped)."""
+
+    def __init__(self, folder, settings: dict, *, resume: bool = False,
+                 overwrite: bool = False, keep: int = 0, log=None, option="--checkpoint-dir"):
+        self.folder, self.settings, self.keep, self.log = os.fspath(folder), settings, keep, log
+        self._fd = None
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{option} {self.folder}: cannot be made: "
+                             f"{e.strerror or e}") from None
+        self._lock(option)
+        try:
+            for n in os.listdir(self.folder):      # writes that a killed process left behind
+                if TMP.match(n):
+                    os.remove(os.path.join(self.folder, n))
+            found = complete(self.folder)
+            if found and not resume:
+                if not overwrite:
+                    raise UsageError(
+                        f"{option} {self.folder} holds the checkpoints of another run "
+                        f"({len(found)}, the newest after step {step_of(found[-1])}): continue "
+                        f"that run with --resume, choose another folder, or give --overwrite "
+                        f"to delete them")
+                for p in found:
+                    os.remove(p)
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self, option):
+        path = os.path.join(self.folder, LOCK)
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UsageError(f"{option} {self.folder}: cannot write in it: "
+                             f"{e.strerror or e}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            try:
+                holder = os.read(self._fd, 64).decode(errors="replace").strip()
+            except OSError:
+                holder = ""
+            os.close(self._fd)
+            self._fd = None
+            raise PyhetError(f"{option} {self.folder} is in use by another pyhet run"
+                             f"{f' (process {holder})' if holder else ''}: wait for it to end, "
+                             f"or choose another folder") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    def close(self):
+        """Release the folder (also done by the kernel when the process ends)."""
+        if self._fd is not None:
+            os.close(self._fd)      # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def newest(self, shape: NetGeometry):
+        """(path, params, momentum, meta) of the newest complete checkpoint that can be read,
+        or None when there is none. A damaged one (cut short, overwritten) is skipped with a
+        warning, for the one before it. Settings that differ from this run's are refused."""
+        found = complete(self.folder)
+        for i, path in enumerate(reversed(found)):
+            try:
+                arrays, _ = read_weight_file(path)
+                meta = json.loads(str(arrays["meta"]))
+                moms = {k[len("momentum/"):]: v for k, v in arrays.items()
+                        if k.startswith("momentum/")}
+            except (PyhetError, KeyError, ValueError) as e:
+                older = found[-2 - i] if i + 1 < len(found) else None
+                if self.log is not None:
+                    print(f"pyhet: warning: checkpoint {path} is damaged ({e}); "
+                          + (f"resuming from {older} instead" if older
+                             else "no older checkpoint: starting afresh"),
+                          file=self.log, flush=True)
+                continue
+            self._check_settings(path, meta)
+            return path, load_weights(path, shape), moms, meta
+        return None
+
+    def _check_settings(self, path, meta: dict):
+        stored = meta.get("settings") or {k: meta[k] for k in ("seed", "batch_size", "shuffle")
+                                          if k in meta}
+        for key, what in SETTINGS.items():
+            if key in stored and key in self.settings and stored[key] != self.settings[key]:
+                raise UsageError(f"checkpoint {path} was made with {what} {stored[key]}, but "
+                                 f"this run asks for {self.settings[key]}: resume with the same "
+                                 f"settings, or start afresh in another folder (or with "
+                                 f"--overwrite)")
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def save(self, net, position: dict, plan: dict, classes=None, normalization=None) -> str:
+        """Write the checkpoint after step position["step"]; then delete all but the `keep`
+        newest. position: {"step", "epoch", "batch"} (the next batch to train); plan: see
+        Plan.record."""
+        arrays = dict(net.params())
+        for name, (vw, vb) in net.momentum().items():
+            if vw is not None:
+                arrays[f"momentum/{name}.weight"], arrays[f"momentum/{name}.bias"] = vw, vb
+        meta = {"format": FORMAT, **position,
+                # format 1's keys, for readers of earlier versions
+                "seed": self.settings.get("seed"), "batch_size": self.settings.get("batch_size"),
+                "shuffle": self.settings.get("shuffle"),
+                "settings": self.settings, "plan": plan}
+        arrays["meta"] = np.array(json.dumps(meta))
+        arrays["arch"] = arch_entry(net.shape, classes, normalization)
+        path = os.path.join(self.folder, f"checkpoint-{position['step']:09d}.npz")
+        write_npz(path, arrays, "the checkpoint")
+        if self.keep:
+            for old in complete(self.folder)[:-self.keep]:
+                try:
+                    os.remove(old)
+                except OSError as e:
+                    raise WeightsError(f"cannot delete the old checkpoint {old}: "
+                                       f"{e.strerror or e}") from None
+        return path

@@ -1,0 +1,453 @@
+"""Checkpoints that survive crashes and belong to one run: a write killed halfway, a damaged
+newest checkpoint, a folder of another run or in use by another process, settings that differ
+on --resume, the devices' plan kept, --checkpoint-every and --keep, SIGINT and SIGTERM, the
+destinations checked before training, and --deterministic.
+
+Every run trains the tiny network of conftest.TINY on a tiny npz dataset; the runs that must be
+killed or signalled are processes (python -m pyhet) in a scratch folder.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY, load_npz
+
+PARAMS = ("conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc.weight", "fc.bias")
+COMMON = ["--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001", "--seed", "3"]
+
+
+def train_argv(data, *extra, devices="cpu:1"):
+    argv = ["train", "--dataset", f"npz:{data}", *TINY, "--quiet", *COMMON, *extra]
+    argv[argv.index("--devices") + 1] = devices
+    return argv
+
+
+def assert_bit_identical(a, b):
+    for k in PARAMS:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def checkpoints(folder):
+    return sorted(p.name for p in folder.glob("checkpoint-*.npz"))
+
+
+def meta_of(path):
+    return json.loads(str(load_npz(path)["meta"]))
+
+
+def one_line(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def pyhet_process(tmp_path):
+    """start(*argv, env=None) -> Popen of `python -m pyhet argv...` in a scratch folder; every
+    process started is killed (if still running) and reaped after the test."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
+    started = []
+
+    def start(*argv, env=None):
+        full = dict(os.environ)
+        full.pop("PYTHONPATH", None)
+        full.update(env or {})
+        p = subprocess.Popen([sys.executable, "-m", "pyhet", *[str(a) for a in argv]],
+                             cwd=workdir, env=full, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=30)
+
+
+def wait_for(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ================================================================ a write killed halfway
+
+@pytest.mark.parametrize("devices,extra", [
+    ("cpu:1", []),
+    ("cpu:1,cpu:1", ["--deterministic", "--balance", "dynamic"]),
+])
+def test_kill_9_during_a_checkpoint_write_resumes_bit_identical(
+        cli, npz_dataset, tmp_path, pyhet_process, devices, extra):
+    """SIGKILL while the checkpoint of step 4 is half written: the half file is not taken for a
+    checkpoint, --resume goes on from step 2 and ends with the weights of an uninterrupted
+    run, bit for bit."""
+    data = npz_dataset(n=40)                    # 5 batches of 8 per epoch
+    res = cli(*train_argv(data, "--steps", "7", "--save", tmp_path / "whole.npz", *extra,
+                          devices=devices))
+    assert res.code == 0, res.err
+
+    ck = tmp_path / "ck"
+    p = pyhet_process(*train_argv(data, "--steps", "7", "--checkpoint-dir", ck,
+                                  "--checkpoint-every", "2", *extra, devices=devices),
+                      env={"PYHET_TEST_STALL_WRITE": "checkpoint-000000004.npz"})
+    tmp = ck / ".checkpoint-000000004.npz.tmp"
+    wait_for(lambda: tmp.exists() and tmp.stat().st_size > 0, "the half-written checkpoint")
+    p.kill()
+    p.communicate(timeout=30)
+    assert checkpoints(ck) == ["checkpoint-000000002.npz"]
+    assert tmp.exists()                         # what the kill left behind
+
+    res = cli(*train_argv(data, "--steps", "7", "--checkpoint-dir", ck, "--resume", "--save",
+                          tmp_path / "resumed.npz", *extra, devices=devices))
+    assert res.code == 0, res.err
+    assert "resuming from" in res.err and "checkpoint-000000002.npz (step 2)" in res.err
+    assert not tmp.exists()                     # the leftover was cleared
+    assert_bit_identical(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(cli, npz_dataset, tmp_path):
+    data = npz_dataset(n=40)
+    res = cli(*train_argv(data, "--steps", "6", "--save", tmp_path / "whole.npz"))
+    assert res.code == 0, res.err
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                          "1"))
+    assert res.code == 0, res.err
+    newest = ck / "checkpoint-000000004.npz"
+    newest.write_bytes(newest.read_bytes()[:300])          # cut short, as a full disk would
+    res = cli(*train_argv(data, "--steps", "6", "--checkpoint-dir", ck, "--resume", "--save",
+                          tmp_path / "resumed.npz"))
+    assert res.code == 0, res.err
+    warning = [line for line in res.err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and str(newest) in warning[0] and "damaged" in warning[0]
+    assert "checkpoint-000000003.npz" in warning[0]
+    assert "(step 3)" in res.err
+    assert_bit_identical(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+
+
+def test_a_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """A write that fails (a full disk: OSError; Ctrl-C: KeyboardInterrupt) halfway: the file
+    it replaces is intact, and no temporary file is left."""
+    from pyhet import model
+    from pyhet.errors import WeightsError
+
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.arange(3, dtype=np.float32)})
+    before = path.read_bytes()
+    for error in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+        def failing_savez(fh, **arrays):
+            fh.write(b"PK\x03\x04 half a file")
+            raise error
+        monkeypatch.setattr(model.np, "savez", failing_savez)
+        with pytest.raises(WeightsError if isinstance(error, OSError) else KeyboardInterrupt,
+                           match="No space left" if isinstance(error, OSError) else None):
+            model.write_npz(path, {"a": np.zeros(5, np.float32)})
+        monkeypatch.undo()
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["w.npz"]
+
+
+# ================================================================ one run per folder
+
+def test_a_new_run_in_a_used_folder_is_refused_and_overwrite_starts_afresh(
+        cli, npz_dataset, tmp_path):
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    assert cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", ck)).code == 0
+    assert checkpoints(ck) == ["checkpoint-000000002.npz"]
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck))
+    line = one_line(res.err)
+    assert res.code == 2 and res.out == ""
+    for w in (str(ck), "another run", "after step 2", "--resume", "another folder",
+              "--overwrite"):
+        assert w in line, (w, line)
+    assert checkpoints(ck) == ["checkpoint-000000002.npz"]            # untouched
+
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--overwrite"))
+    assert res.code == 0, res.err
+    assert checkpoints(ck) == ["checkpoint-000000001.npz"]
+
+
+def test_a_folder_in_use_by_another_process_is_refused(cli, npz_dataset, tmp_path,
+                                                        pyhet_process):
+    """A run still writing into the folder (a slow emulated device) holds its lock: a second
+    run there is refused, naming the folder; once the first ends, the lock is free."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    p = pyhet_process(*train_argv(data, "--steps", "1000", "--checkpoint-dir", ck,
+                                  "--checkpoint-every", "1", devices="cpu:1@0.01"))
+    wait_for(lambda: checkpoints(ck), "the first run's first checkpoint")
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--resume"))
+    line = one_line(res.err)
+    assert res.code == 1 and str(ck) in line and "in use by another pyhet run" in line
+    assert f"process {p.pid}" in line
+    p.kill()                                    # the kernel drops the lock of a killed process
+    p.communicate(timeout=30)
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--overwrite"))
+    assert res.code == 0, res.err
+
+
+def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
+    from pyhet.checkpoint import CheckpointDir
+    from pyhet.errors import PyhetError
+
+    with CheckpointDir(tmp_path / "ck", {}):
+        with pytest.raises(PyhetError, match="in use by another pyhet run"):
+            CheckpointDir(tmp_path / "ck", {})
+    CheckpointDir(tmp_path / "ck", {}).close()        # released
+
+
+# ================================================================ what resuming must match
+
+@pytest.mark.parametrize("change,words", [
+    (["--lr", "0.1"], ["--lr", "0.05", "0.1"]),
+    (["--momentum", "0.5"], ["--momentum", "0.9", "0.5"]),
+    (["--weight-decay", "0"], ["--weight-decay", "0.001", "0.0"]),
+    (["--seed", "4"], ["--seed", "3", "4"]),
+    (["--batch-size", "4"], ["--batch-size", "8", "4"]),
+    (["--no-shuffle"], ["shuffle", "True", "False"]),
+    (["--kernels", "3,5"], ["the network", "3C3-P2-4C3-P2", "3C3-P2-5C3-P2"]),
+    (["DATA"], ["training images", "24", "32"]),
+])
+def test_resume_refuses_other_settings_naming_them(cli, npz_dataset, tmp_path, change, words):
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    assert cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", ck)).code == 0
+    if change == ["DATA"]:
+        data, change = npz_dataset(n=32), []        # the same file, now of 32 images
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--resume", *change))
+    line = one_line(res.err)
+    assert res.code == 2, res.err
+    for w in ("checkpoint-000000002.npz", *words):
+        assert w in line, (w, line)
+
+
+def test_resume_on_the_same_devices_keeps_the_partition(cli, npz_dataset, tmp_path):
+    """The checkpoint keeps the partition, the calibration and the balancer's estimates; a
+    resumed run on the same devices starts from them (static: no moves, so its final partition
+    is the one it started with); on other devices it plans afresh and says so."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--json",
+                          devices="cpu:1,cpu:1@0.5"))
+    assert res.code == 0, res.err
+    plan = meta_of(ck / "checkpoint-000000003.npz")["plan"]
+    assert plan["devices"] == ["cpu:1", "cpu:1@0.5"]
+    assert plan["partition"] == {k: list(v.values()) for k, v in
+                                 json.loads(res.out.splitlines()[-1])["partition"].items()}
+    assert set(plan["calibration"]) == {"speeds", "overheads", "caps", "parts"}
+    assert set(plan["balancer"]) == {"conv1", "conv2"}
+
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume", "--json",
+                          "--balance", "static", devices="cpu:1,cpu:1@0.5"))
+    assert res.code == 0, res.err
+    assert "resuming with the checkpoint's partition" in res.err
+    assert "calibrating" not in res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert {k: list(v.values()) for k, v in s["partition"].items()} == plan["partition"]
+
+    res = cli(*train_argv(data, "--steps", "6", "--checkpoint-dir", ck, "--resume",
+                          devices="cpu:1,numpy"))
+    assert res.code == 0, res.err
+    assert "this run has cpu:1,numpy: planning the partition afresh" in res.err
+
+
+# ================================================================ --checkpoint-every, --keep
+
+@pytest.mark.parametrize("keep,kept", [
+    ([], [4, 6, 7]),                   # the default: the 3 newest
+    (["--keep", "2"], [6, 7]),
+    (["--keep", "0"], [2, 3, 4, 6, 7]),
+])
+def test_checkpoint_every_and_keep(cli, npz_dataset, tmp_path, keep, kept):
+    """20 images in batches of 8: 3 steps per epoch. --checkpoint-every 2 over 7 steps writes
+    after steps 2, 3 (epoch end), 4, 6 (epoch end and every 2) and 7 (the end); the older ones
+    are deleted once a newer one is complete."""
+    data = npz_dataset(n=20)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "7", "--checkpoint-dir", ck, "--checkpoint-every",
+                          "2", *keep))
+    assert res.code == 0, res.err
+    assert checkpoints(ck) == [f"checkpoint-{s:09d}.npz" for s in kept]
+    assert [meta_of(ck / f"checkpoint-{s:09d}.npz")["step"] for s in kept] == kept
+
+
+# ================================================================ SIGINT and SIGTERM
+
+@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_writes_a_checkpoint_and_exits(cli, npz_dataset, tmp_path, pyhet_process,
+                                                signame, code):
+    """A signal while a slow emulated device trains: the run writes the checkpoint of its last
+    step, says where in one line, and exits 128 + the signal; the checkpoint resumes."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    p = pyhet_process(*train_argv(data, "--steps", "1000", "--checkpoint-dir", ck,
+                                  "--checkpoint-every", "1", devices="cpu:1@0.005"))
+    wait_for(lambda: checkpoints(ck), "the first checkpoint")
+    p.send_signal(getattr(signal, signame))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    line = one_line(err)
+    assert out == ""
+    assert line.startswith(f"pyhet: interrupted by {signame} after step ")
+    step = int(line.split("after step ")[1].split(":")[0])
+    path = ck / f"checkpoint-{step:09d}.npz"
+    assert f"wrote the checkpoint {path}" in line and "--resume" in line
+    assert checkpoints(ck)[-1] == path.name
+    assert meta_of(path)["step"] == step
+    res = cli(*train_argv(data, "--steps", step + 1, "--checkpoint-dir", ck, "--resume"))
+    assert res.code == 0 and f"(step {step})" in res.err, res.err
+
+
+@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_without_a_checkpoint_dir_exits_with_one_line(npz_dataset, pyhet_process,
+                                                               signame, code):
+    data = npz_dataset(n=24)
+    p = pyhet_process(*train_argv(data, "--steps", "1000", "--json", devices="cpu:1@0.005"))
+    time.sleep(2)
+    p.send_signal(getattr(signal, signame))
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert one_line(err).startswith(f"pyhet: interrupted by {signame}") and out == ""
+
+
+def test_waking_a_device_cuts_its_emulated_idling_short():
+    """A device at @0.0001 idles 9999 times its work; wake() ends the idling at once, so a
+    stopped run finishes its step at full speed."""
+    from pyhet.devices import make_devices
+    from pyhet.specs import parse_devices
+
+    (d,) = make_devices(parse_devices("numpy@0.0001"))
+    try:
+        threading.Timer(0.2, d.wake).start()
+        t0 = time.monotonic()
+        d.call("work", time.sleep, 0.005)       # 5 ms of work: 50 s of idling unless woken
+        assert time.monotonic() - t0 < 20
+    finally:
+        d.close()
+
+
+# ================================================================ destinations, checked first
+
+@pytest.mark.parametrize("case,words", [
+    ("save in a missing folder", ["--save", "does not exist"]),
+    ("save is a folder", ["--save", "a folder, not a file"]),
+    ("save is empty", ["--save ''"]),
+    ("save under a file", ["--save", "does not exist"]),
+    ("checkpoint dir is a file", ["--checkpoint-dir", "a file, not a folder"]),
+    ("checkpoint dir under a file", ["--checkpoint-dir", "cannot be made", "is a file"]),
+    ("checkpoint dir is empty", ["--checkpoint-dir ''"]),
+    ("checkpoint dir in /proc", ["--checkpoint-dir", "cannot be made"]),
+    ("resume without a dir", ["--resume needs --checkpoint-dir"]),
+    ("overwrite without a dir", ["--overwrite needs --checkpoint-dir"]),
+    ("every without a dir", ["--checkpoint-every needs --checkpoint-dir"]),
+    ("resume and overwrite", ["--overwrite", "--resume"]),
+])
+def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, case, words):
+    data = npz_dataset(n=16)
+    (tmp_path / "FILE").write_text("a file")
+    extra = {
+        "save in a missing folder": ["--save", tmp_path / "no" / "w.npz"],
+        "save is a folder": ["--save", tmp_path],
+        "save is empty": ["--save", ""],
+        "save under a file": ["--save", tmp_path / "FILE" / "w.npz"],
+        "checkpoint dir is a file": ["--checkpoint-dir", tmp_path / "FILE"],
+        "checkpoint dir under a file": ["--checkpoint-dir", tmp_path / "FILE" / "ck"],
+        "checkpoint dir is empty": ["--checkpoint-dir", ""],
+        "checkpoint dir in /proc": ["--checkpoint-dir", "/proc/no/such"],
+        "resume without a dir": ["--resume"],
+        "overwrite without a dir": ["--overwrite"],
+        "every without a dir": ["--checkpoint-every", "2"],
+        "resume and overwrite": ["--checkpoint-dir", tmp_path / "ck", "--resume",
+                                 "--overwrite"],
+    }[case]
+    res = cli(*train_argv(data, "--steps", "1", *extra))
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    for w in words:
+        assert w in line, (w, line)
+    assert "epoch" not in res.err and res.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE", "data.npz"]   # nothing made
+
+
+# ================================================================ --deterministic
+
+@pytest.mark.parametrize("balance", ["dynamic", "static"])
+def test_deterministic_runs_are_bit_identical(cli, npz_dataset, tmp_path, balance):
+    """Two devices, static or dynamic balance asked for: with --deterministic no timing decides
+    the partition and nothing moves, so two runs end with the same weights, bit for bit."""
+    data = npz_dataset(n=40)
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"w{i}.npz"
+        res = cli(*train_argv(data, "--steps", "6", "--save", out, "--json", "--deterministic",
+                              "--balance", balance, devices="cpu:1,cpu:1"))
+        assert res.code == 0, res.err
+        s = json.loads(res.out.splitlines()[-1])
+        assert s["deterministic"] is True and s["partition_moves"] == []
+        assert s["calibration"] is None and "calibrating" not in res.err
+        assert s["partition"] == {"conv1": {"d0": 2, "d1": 1}, "conv2": {"d0": 2, "d1": 2}}
+        runs.append(load_npz(out))
+    assert_bit_identical(runs[0], runs[1])
+
+
+def test_deterministic_splits_in_proportion_to_the_declared_speeds(cli, npz_dataset):
+    data = npz_dataset(n=16)
+    res = cli("train", "--dataset", f"npz:{data}", "--kernels", "6,9", "--kernel-size", "3",
+              "--devices", "cpu:1,cpu:1@0.5", "--batch-size", "8", "--steps", "1", "--quiet",
+              "--json", "--deterministic")
+    assert res.code == 0, res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert s["partition"] == {"conv1": {"d0": 4, "d1": 2}, "conv2": {"d0": 6, "d1": 3}}
+
+
+# ================================================================ Network.fit
+
+def test_fit_checkpoints_have_the_same_protections(tmp_path):
+    """fit(checkpoint_dir=...) writes the command line's checkpoints, refuses another run's
+    folder, overwrites on request, and resume=True goes on to the weights of one fit."""
+    import pyhet
+    from pyhet.errors import UsageError
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((24, 1, 12, 12)).astype(np.float32)
+    y = np.arange(24) % 3
+    ck = tmp_path / "ck"
+    kw = dict(batch_size=8, lr=0.05, checkpoint_dir=ck)
+
+    def network():
+        return pyhet.Network("3C3-P2-4C3-P2", (1, 12, 12), 3, devices="cpu:1", seed=2)
+
+    with network() as net:
+        net.fit(x, y, steps=5, batch_size=8, lr=0.05)
+        whole = net.params()
+    with network() as net:
+        net.fit(x, y, steps=2, checkpoint_every=1, **kw)
+    assert checkpoints(ck) == ["checkpoint-000000001.npz", "checkpoint-000000002.npz"]
+    with network() as net:
+        with pytest.raises(UsageError, match="holds the checkpoints of another run"):
+            net.fit(x, y, steps=5, **kw)
+        with pytest.raises(UsageError, match="--lr 0.05, but this run asks for 0.1"):
+            net.fit(x, y, steps=5, resume=True, **{**kw, "lr": 0.1})
+        net.fit(x, y, steps=5, resume=True, **kw)
+        assert_bit_identical(net.params(), whole)
+    assert checkpoints(ck)[-1] == "checkpoint-000000005.npz"
+    with network() as net:
+        net.fit(x, y, steps=1, overwrite=True, **kw)
+        for bad, words in (({"keep": -1}, "keep must be a whole number >= 0"),
+                           ({"checkpoint_every": "2"}, "checkpoint_every must be a whole")):
+            with pytest.raises(pyhet.errors.PyhetError, match=words):
+                net.fit(x, y, steps=1, overwrite=True, **kw, **bad)
+    assert checkpoints(ck) == ["checkpoint-000000001.npz"]
