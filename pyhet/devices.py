@@ -61,6 +61,12 @@ class _Shard:
         return int(self.w.shape[0])
 
 
+def _quiet_float_errors():
+    """NumPy's warnings of overflow and NaN, off on a device's worker: a run that diverges is
+    stopped by the checks of the loss and the weights, which say what happened in one line."""
+    np.seterr(over="ignore", invalid="ignore", divide="ignore")
+
+
 class Device:
     """A device that holds shards of conv layers and computes on its own worker thread.
 
@@ -77,7 +83,8 @@ class Device:
         self.busy_s = 0.0                  # work time (including emulated slowness) so far
         self.busy_by_tag: dict[str, float] = {}
         self._shards: dict[str, _Shard] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}",
+                                        initializer=_quiet_float_errors)
         self._lock = threading.Lock()
 
     def __repr__(self):

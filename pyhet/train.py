@@ -341,7 +341,11 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
               callback=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
     evaluation, --save and the summary. callback(info) is called after every step with
-    {"step", "steps", "epoch", "loss", "step_time_s", "images"}."""
+    {"step", "steps", "epoch", "loss", "step_time_s", "images"}.
+
+    Non-finite numbers: the loss is checked after every step (it costs nothing), the weights
+    before every checkpoint and once after the last step, before the evaluation and --save; a
+    non-finite one ends training with TrainingError, and nothing non-finite is written."""
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     n_train = ds.x_train.shape[0]
     per_epoch = math.ceil(n_train / cfg.batch_size)
@@ -349,8 +353,11 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
         raise DataError(f"{ds.name}: no training images")
     total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
-    step_times, conv_times, losses = [], [], []
+    step_times, step_images, conv_times, losses = [], [], [], []
     busy0 = {d.name: d.busy_s for d in net.devices}
+    # the layers' phase times go on adding up over calibration, earlier fit() calls and the
+    # evaluation: count only this run's steps
+    phases0 = {conv.name: dict(conv.phases.parts) for conv in net.convs}
     traffic0 = traffic(net.devices)
     t_train = time.perf_counter()
 
@@ -378,6 +385,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
             if balance is not None:
                 balance.after_step(step)
             step_times.append(dt)
+            step_images.append(int(xb.shape[0]))
             conv_times.append(timer.parts.get("conv_forward", 0) +
                               timer.parts.get("conv_backward", 0))
             losses.append(loss)
@@ -390,19 +398,45 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
         # after a break it is the first batch left untrained)
         epoch, skip = (epoch + 1, 0) if skip + todo >= per_epoch else (epoch, skip + todo)
         if cfg.checkpoint_dir:
+            check_finite(net.params(), step, cfg.lr, "no checkpoint or weight file was written"
+                         if cfg.save else "no checkpoint was written")
             save_checkpoint(cfg.checkpoint_dir, net, step, epoch, skip, cfg, ds)
     train_s = time.perf_counter() - t_train
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
     moved = {r: {k: v - traffic0[r][k] for k, v in t.items()}
              for r, t in traffic(net.devices).items()}
+    phases = {conv.name: {k: v - phases0[conv.name].get(k, 0.0)
+                          for k, v in conv.phases.parts.items()} for conv in net.convs}
+    params = net.params()
+    check_finite(params, step, cfg.lr, "the weights were not saved" if cfg.save else None)
 
     # on the whole test split, in batches of the training size (the memory the devices were
     # sized for)
+    t_eval = time.perf_counter()
     test = evaluate(net, ds.x_test, ds.y_test, cfg.batch_size) if ds.x_test is not None else None
+    eval_s = time.perf_counter() - t_eval if test is not None else None
+    if test is not None and not math.isfinite(test["loss"]):
+        # finite weights so large that the outputs overflow float32
+        raise TrainingError(f"the test loss is {test['loss']} after step {step}: the network's "
+                            f"outputs overflow, training diverged"
+                            + ("; the weights were not saved" if cfg.save else "")
+                            + f"; try a smaller --lr (now {cfg.lr:g})")
     if cfg.save:
-        save_weights(cfg.save, net.params(), net.shape, ds.classes, ds.normalization)
+        save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     return summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-                   epochs=step / per_epoch, steps=step, moved=moved)
+                   epochs=step / per_epoch, steps=step, moved=moved, images=step_images,
+                   phases=phases, eval_s=eval_s)
+
+
+def check_finite(params: dict, step: int, lr: float, consequence: "str | None") -> None:
+    """TrainingError if any weight is NaN or infinite (an update too large for float32: the
+    loss, computed before the update, may still have been finite)."""
+    for name, w in params.items():
+        if not np.isfinite(w).all():
+            raise TrainingError(f"{name} holds NaN or infinite values after step {step}: "
+                                f"training diverged"
+                                + (f"; {consequence}" if consequence else "")
+                                + f"; try a smaller --lr (now {lr:g})")
 
 
 def traffic(devices) -> dict:
@@ -413,9 +447,13 @@ def traffic(devices) -> dict:
 
 
 def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-            epochs, steps, moved=None) -> dict:
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
-    conv = conv_times[1:] if len(conv_times) > 1 else conv_times
+            epochs, steps, images, phases, moved=None, eval_s=None) -> dict:
+    """The summary of a run. images: the images of each step (the last batch of an epoch, or a
+    batch larger than the dataset, holds fewer than --batch-size); phases: {layer: {phase:
+    seconds}} of the steps alone; eval_s: the test split's evaluation, or None."""
+    warm = 1 if len(step_times) > 1 else 0                          # the first step warms up
+    timed = step_times[warm:]
+    conv = conv_times[warm:]
     total = sum(step_times)
     devices = []
     for d in net.devices:
@@ -433,7 +471,8 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "balance": cfg.balance,
         "step_time_s": {"median": statistics.median(timed), "min": min(timed),
                         "max": max(timed)} if timed else None,
-        "images_per_s": (cfg.batch_size / statistics.median(timed)) if timed else None,
+        # the images the timed steps trained, over their time
+        "images_per_s": (sum(images[warm:]) / sum(timed)) if timed and sum(timed) else None,
         "train_loss": losses[-1] if losses else None,
         "test_accuracy": test["accuracy"] if test else None,
         "test_loss": test["loss"] if test else None,
@@ -446,11 +485,13 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "kernel_size": (net.shape.blocks[0].R if len({g.R for g in net.shape.blocks}) == 1
                         else [g.R for g in net.shape.blocks]),
         "train_time_s": round(train_s, 3),
+        # the test split's evaluation (after training, not in any figure above); None without
+        "eval_time_s": round(eval_s, 4) if eval_s is not None else None,
         "emulated": any(d.spec.speed != 1.0 for d in net.devices),
         # where each conv layer's time went (wall seconds per step, summed over devices'
         # concurrent work: the phases follow each other)
-        "phase_time_s": {conv.name: {k: round(v / max(1, len(step_times)), 6)
-                                     for k, v in conv.phases.parts.items()} for conv in net.convs},
+        "phase_time_s": {layer: {k: round(v / max(1, len(step_times)), 6)
+                                 for k, v in parts.items()} for layer, parts in phases.items()},
         # under mpiexec: the bytes the master sent to and received from each rank per step
         "links": {str(r): {"bytes_sent_per_step": round(t["sent"] / max(1, len(step_times))),
                            "bytes_received_per_step": round(t["received"] /
