@@ -133,6 +133,7 @@ class Network:
     def _start(self, batch_size: int, log=None):
         """The Net on running devices, partitioned for this batch size (first call only)."""
         if self._net is None:
+            check_memory(self.geometry, batch_size)
             self._devices = open_devices(self.devices_spec)
             # a Network dropped without close() still stops its devices' threads
             self._finalizer = weakref.finalize(self, _close_all, list(self._devices))

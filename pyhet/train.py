@@ -122,17 +122,30 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     return part, cal
 
 
+def memory_needed(shape: NetGeometry, batch: int) -> int:
+    """Bytes a training step of the network at this batch size needs at least, wherever its
+    kernels go: every parameter with its gradient and momentum, every conv output and its
+    gradient, and the largest im2col matrix with its gradient (ConvGeometry's figures)."""
+    fc = sum(f_in * f_out + f_out for _, f_in, f_out in shape.fc_layers())
+    return (4 * 3 * fc + sum(g.K * g.bytes_per_kernel(batch) for g in shape.blocks)
+            + max(g.fixed_bytes(batch) for g in shape.blocks))
+
+
 def check_memory(shape: NetGeometry, batch: int) -> None:
-    """Refuse a network whose parameters (weights, gradients, momentum) and largest im2col
-    matrix (and its gradient) at this batch size cannot fit in this machine's free memory."""
+    """Refuse, before anything is allocated, a network that cannot fit in this machine's
+    available memory at this batch size, naming its largest parameter."""
     free = host_available_memory()
-    params = sum(int(np.prod(s)) for s in shape.param_shapes().values())
-    col = max(g.col_rows * g.positions(batch) for g in shape.blocks)
-    need = 4 * (3 * params + 2 * col)
-    if free is not None and need > free:
-        raise DeviceError(f"the network {shape.arch} needs at least {need / 2**30:.1f} GiB "
-                          f"({params:,} parameters, and the im2col matrices at batch {batch}), "
-                          f"but this machine has {free / 2**30:.1f} GiB available")
+    need = memory_needed(shape, batch)
+    if free is None or need <= free:
+        return
+    shapes = shape.param_shapes()
+    params = sum(math.prod(s) for s in shapes.values())
+    largest = max(shapes, key=lambda k: math.prod(shapes[k]))
+    raise DeviceError(f"the network {shape.arch} on {'x'.join(map(str, shape.input_shape))} "
+                      f"images with {shape.num_classes:,} classes needs at least "
+                      f"{need / 2**30:,.1f} GiB at batch {batch} ({params:,} parameters, the "
+                      f"largest {largest} {shapes[largest]}; the conv outputs and im2col "
+                      f"matrices), but this machine has {free / 2**30:.1f} GiB available")
 
 
 def open_devices(spec: str, timeout: float | None = None, comm=None):
@@ -292,7 +305,13 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
                 raise PyhetError(f"checkpoint {ckpts[-1]} was made with {key} {start.get(key)}, "
                                  f"but this run has {getattr(cfg, key)}: resume with the same "
                                  f"settings, or start afresh without --resume")
-        print(f"resuming from {ckpts[-1]} (step {start['step']})", file=log)
+        total = planned_steps(cfg, ds)[1]
+        if start["step"] >= total:   # the run is over: no step, the summary of none (exit 0)
+            where = "the end" if start["step"] == total else "past the end"
+            print(f"nothing left to train: {ckpts[-1]} is at step {start['step']}, {where} of "
+                  f"this run ({total} steps); give more --epochs or --steps to go on", file=log)
+        else:
+            print(f"resuming from {ckpts[-1]} (step {start['step']})", file=log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
     else:
@@ -337,6 +356,14 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
     return result
 
 
+def planned_steps(cfg: TrainConfig, ds: Dataset) -> tuple:
+    """(steps per epoch, steps of the whole run): --steps, or --epochs whole epochs."""
+    per_epoch = math.ceil(ds.x_train.shape[0] / cfg.batch_size)
+    if per_epoch == 0:
+        raise DataError(f"{ds.name}: no training images")
+    return per_epoch, cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+
+
 def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
               callback=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
@@ -347,11 +374,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     before every checkpoint and once after the last step, before the evaluation and --save; a
     non-finite one ends training with TrainingError, and nothing non-finite is written."""
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
-    n_train = ds.x_train.shape[0]
-    per_epoch = math.ceil(n_train / cfg.batch_size)
-    if per_epoch == 0:
-        raise DataError(f"{ds.name}: no training images")
-    total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    per_epoch, total_steps = planned_steps(cfg, ds)
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
     step_times, step_images, conv_times, losses = [], [], [], []
     busy0 = {d.name: d.busy_s for d in net.devices}
