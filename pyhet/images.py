@@ -42,13 +42,14 @@ def looks_channel_last(shape, input_shape=None) -> bool:
     """Whether images of `shape` (N, ?, ?, ?) look like (N, H, W, C), as PIL, TensorFlow and
     matplotlib keep them, where (N, C, H, W) is expected: given the network's input_shape
     (C, H, W), they are exactly (N, H, W, C); without it, the last dimension is a channel
-    count (1, 3 or 4) and the second is not."""
+    count (1, 3 or 4) and the two before it are at least 8, as images are (an (N, C, H, W)
+    array of 8 or more channels of images 1 to 4 pixels wide is not one that comes up)."""
     if len(shape) != 4:
         return False
     if input_shape is not None:
         c, h, w = input_shape
         return tuple(shape[1:]) == (h, w, c) and (h, w, c) != (c, h, w)
-    return shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4)
+    return shape[3] in (1, 3, 4) and shape[1] >= 8 and shape[2] >= 8
 
 
 def channel_last_message(what, shape) -> str:

@@ -237,3 +237,17 @@ def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
             assert "final train loss: n/a" in res.out
     with np.load(done) as c, np.load(tmp_path / "w.npz") as w:
         np.testing.assert_array_equal(c["conv1.weight"], w["conv1.weight"])
+
+
+# ================================================================ channel-last images in the API
+
+def test_channel_last_images_are_named_in_the_api():
+    from pyhet.errors import DataError
+    from pyhet.images import looks_channel_last
+
+    with pyhet.Network(ARCH, (3, 12, 12), 3, devices="numpy") as net:
+        with pytest.raises(DataError, match=r"channel-last .* here \(2, 3, 12, 12\).*transpose"):
+            net.predict(np.zeros((2, 12, 12, 3), np.float32))
+    assert looks_channel_last((5, 32, 32, 3)) and looks_channel_last((5, 28, 28, 1))
+    # (N, C, H, W) arrays that only end in a 1, 3 or 4 are left alone
+    assert not looks_channel_last((6, 2, 5, 4)) and not looks_channel_last((5, 3, 32, 3))
