@@ -35,21 +35,32 @@ try:
 except ImportError:  # run as a script: python bench/bandwidth.py
     import _util
 
+from pyhet.cli import Parser, kernel_counts, positive
+
 SUBNET = "10.201.{}.{}"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="pyhet bench bandwidth", description=__doc__.split("\n")[0])
+    p = Parser(prog="pyhet bench bandwidth", description=__doc__.split("\n")[0])
     p.add_argument("--rates", default="100mbit,1gbit,10gbit,none",
                    help="tc tbf rates, comma-separated; 'none' for no limit")
     p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=4, help="steps per run (the first warms up)")
+    p.add_argument("--batch-size", type=positive(int), default=16)
+    p.add_argument("--steps", type=positive(int), default=4,
+                   help="steps per run (the first warms up)")
     p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    p.add_argument("--timeout", type=positive(float), default=900,
+                   help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        kernel_counts(args.kernels)
+        for rate in args.rates.split(","):
+            rate_bits(rate)
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        p.error(str(e))
+    return args
 
 
 def missing_tools() -> str | None:
@@ -125,7 +136,10 @@ def rate_bits(rate: str):
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
         if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale
+            try:
+                return float(rate[:-len(unit)]) * scale
+            except ValueError:
+                break
     raise ValueError(f"a rate like 100mbit or 1gbit, or none, was expected: got {rate!r}")
 
 

@@ -28,6 +28,7 @@ except ImportError:  # run as a script: python bench/gemm.py
     import _util
 
 from pyhet import ops
+from pyhet.cli import Parser, positive
 
 DEFAULT_SHAPES = "1024x1024x1024,1500x1600x12500"
 
@@ -96,12 +97,12 @@ def measure(m, n, k, trans_a, trans_b, threads, repeat, pause, rng) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="pyhet bench gemm", description=__doc__.split("\n")[0])
+    parser = Parser(prog="pyhet bench gemm", description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES,
                         help=f"comma-separated MxNxK[:nt|tn|tt] (default {DEFAULT_SHAPES})")
     parser.add_argument("--threads", type=parse_threads, default=None,
                         help="comma-separated thread counts (default: 1 and all cores)")
-    parser.add_argument("--repeat", type=int, default=7,
+    parser.add_argument("--repeat", type=positive(int), default=7,
                         help="timed rounds of each side per problem (default 7)")
     parser.add_argument("--pause", type=float, default=0.3,
                         help="seconds of sleep before each timed call, so that neither side "

@@ -19,7 +19,6 @@ static partition for the new speeds (the one proportional to 1 : 0.5, timed alon
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import proportional
 from pyhet.specs import cuda_device_count, parse_devices
+from pyhet.cli import Parser, kernel_counts, positive
 from pyhet.train import DynamicBalance, plan_partition
 
 INPUT = (3, 32, 32)
@@ -81,15 +81,16 @@ class Config:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
-    p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration per round")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--dynamic-steps", type=int, default=16,
+    p = Parser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
+    p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
+    p.add_argument("--batch-size", type=positive(int), default=16)
+    p.add_argument("--steps", type=positive(int), default=3,
+                   help="timed steps per configuration per round")
+    p.add_argument("--rounds", type=positive(int), default=2)
+    p.add_argument("--dynamic-steps", type=positive(int), default=16,
                    help="steps of part 2 after the speed change")
     p.add_argument("--cpu-devices", metavar="LIST",
-                   type=lambda t: [int(v) for v in t.split(",")],
+                   type=lambda t: [positive(int)(v) for v in t.split(",")],
                    help="numbers of cpu:1 devices to run (default: 1 to all cores; powers of "
                         "two beyond 4 cores)")
     p.add_argument("--json", metavar="FILE")
@@ -98,8 +99,7 @@ def parse_args(argv):
                    help="a small network (64,128 kernels) for a fast check")
     args = p.parse_args(argv)
     if args.quick:
-        args.kernels = "64,128"
-    args.kernels = tuple(int(v) for v in args.kernels.split(","))
+        args.kernels = (64, 128)
     return args
 
 

@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from pyhet.cli import Parser, kernel_counts, positive
+
 INPUT = (3, 32, 32)
 CLASSES = 10
 
@@ -117,17 +119,15 @@ def _torch_available():
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="pyhet bench step", description=__doc__.split("\n")[0])
-    p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=2)
+    p = Parser(prog="pyhet bench step", description=__doc__.split("\n")[0])
+    p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
+    p.add_argument("--batch-size", type=positive(int), default=16)
+    p.add_argument("--threads", type=positive(int), default=1)
+    p.add_argument("--steps", type=positive(int), default=3, help="timed steps per round")
+    p.add_argument("--rounds", type=positive(int), default=2)
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--worker", choices=("pyhet", "torch"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.kernels = tuple(int(v) for v in args.kernels.split(","))
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv=None) -> int:

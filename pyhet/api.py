@@ -13,7 +13,8 @@ evaluate it, predict with it, save and load it.
 Letters: x (N, C, H, W) images, y (N,) integer labels, M classes. Images are float32 (used as
 they are) or uint8 (raw pixels, prepared as the network's training images were: scaled to
 [0, 1] and, for a network trained on a named dataset, normalised with that dataset's per-channel
-statistics). Errors are pyhet.errors exceptions, with the command line's messages.
+statistics). Errors are pyhet.errors exceptions, with the command line's messages; a bad
+argument value is a UsageError, which is also a ValueError.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from . import evaluation
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
-from .errors import DataError, PyhetError, UsageError
+from .errors import DataError, UsageError
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, save_weights)
@@ -67,19 +68,19 @@ class Network:
         # seeded initialisation; classes: the class names; normalization: how raw uint8 images
         # become inputs (pyhet.images.Normalization; None: / 255)
         if balance not in BALANCE_MODES:
-            raise PyhetError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
+            raise UsageError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {balance!r}")
         seed = _whole(seed, "seed", 0)
         if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3 and all(
                 _is_whole(v) and v >= 1 for v in input_shape)):
-            raise PyhetError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
+            raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
                              f"{input_shape!r}")
         shape = tuple(int(v) for v in input_shape)
         self.geometry: NetGeometry = arch_notation.build(arch, shape,
                                                          _whole(num_classes, "num_classes", 2))
         check_memory(self.geometry, 1)
         if not isinstance(devices, str):
-            raise PyhetError(f"devices must be a SPEC string such as 'cpu:1,cpu:1', got "
+            raise UsageError(f"devices must be a SPEC string such as 'cpu:1,cpu:1', got "
                              f"{devices!r}")
         self.devices_spec, self.balance, self.seed = devices, balance, seed
         parse_devices(devices, gpu_count=cuda_device_count)  # a bad SPEC fails here, not later
@@ -87,7 +88,7 @@ class Network:
             self.classes = check_class_names(None if classes is None else list(classes),
                                              self.num_classes)
         except (TypeError, ValueError) as e:
-            raise PyhetError(f"classes: {e}") from None
+            raise UsageError(f"classes: {e}") from None
         self.normalization = normalization
         self._params = (init_params(self.geometry, seed) if weights is None
                         else checked_params(weights, self.geometry))
@@ -133,6 +134,7 @@ class Network:
     def _start(self, batch_size: int, log=None):
         """The Net on running devices, partitioned for this batch size (first call only)."""
         if self._net is None:
+            check_memory(self.geometry, batch_size)
             self._devices = open_devices(self.devices_spec)
             # a Network dropped without close() still stops its devices' threads
             self._finalizer = weakref.finalize(self, _close_all, list(self._devices))
@@ -196,8 +198,9 @@ class Network:
                             else _positive(checkpoint_every, "checkpoint_every"))
         keep = _whole(keep, "keep", 0)
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)):
-                raise PyhetError(f"{name} must be a number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                                 np.floating)):
+                raise UsageError(f"{name} must be a number, got {value!r}")
         ds = self._training_data(x, y, dataset, data_dir, x_test, y_test)
         cfg = TrainConfig(arch=self.arch, dataset=ds.name, devices=self.devices_spec,
                           balance=self.balance, batch_size=batch_size, epochs=epochs,
@@ -208,10 +211,8 @@ class Network:
                           checkpoint_every=checkpoint_every, keep=keep)
         try:
             cfg.check()
-        except UsageError:
-            raise
-        except ValueError as e:
-            raise PyhetError(str(e)) from None
+        except ValueError as e:      # lr, momentum or weight_decay out of range
+            raise UsageError(str(e)) from None
         if ds.normalization is not None:
             self.normalization = ds.normalization
         if ds.classes and not self.classes:
@@ -254,7 +255,7 @@ class Network:
     def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:
         if dataset is not None:
             if x is not None or y is not None:
-                raise PyhetError("fit: give either arrays (x, y) or dataset=, not both")
+                raise UsageError("fit: give either arrays (x, y) or dataset=, not both")
             ds = load_dataset(dataset, data_dir, seed=self.seed)
             if ds.input_shape != self.input_shape or ds.num_classes != self.num_classes:
                 raise DataError(f"dataset {dataset}: {ds.num_classes} classes of "
@@ -265,7 +266,7 @@ class Network:
                 ds.x_test, ds.y_test = self._xy(x_test, y_test, "x_test", "y_test")
             return ds
         if x is None or y is None:
-            raise PyhetError("fit: needs images x and labels y, or dataset=")
+            raise UsageError("fit: needs images x and labels y, or dataset=")
         xs, ys = self._xy(x, y, "x", "y")
         xt = yt = None
         if x_test is not None or y_test is not None:
@@ -275,7 +276,7 @@ class Network:
 
     def _xy(self, x, y, xname, yname):
         if x is None or y is None:
-            raise PyhetError(f"{xname} and {yname} go together: give both or neither")
+            raise UsageError(f"{xname} and {yname} go together: give both or neither")
         xs = self._images(x, xname)
         return xs, prepare_labels(y, len(xs), self.num_classes, yname)
 
@@ -301,7 +302,7 @@ class Network:
         batch_size = _positive(batch_size, "batch_size")
         if dataset is not None:
             if x is not None or y is not None:
-                raise PyhetError("evaluate: give either arrays (x, y) or dataset=, not both")
+                raise UsageError("evaluate: give either arrays (x, y) or dataset=, not both")
             ds = load_dataset(dataset, data_dir, seed=self.seed)
             if ds.x_test is None:
                 raise DataError(f"dataset {dataset} has no test split to evaluate on")
@@ -345,7 +346,7 @@ def _is_whole(v) -> bool:
 
 def _whole(v, name, minimum: int) -> int:
     if not _is_whole(v) or v < minimum:
-        raise PyhetError(f"{name} must be a whole number >= {minimum}, got {v!r}")
+        raise UsageError(f"{name} must be a whole number >= {minimum}, got {v!r}")
     return int(v)
 
 

@@ -1,14 +1,16 @@
 """The command line: ``pyhet train``, ``evaluate``, ``predict``, ``devices``, ``bench``.
 
-Errors in the user's input end the command with one message on stderr and exit status 2 for
-usage errors, 1 for the rest; no traceback unless --debug.
+Errors in the user's input end the command with one line on stderr and exit status 2 for
+usage errors (argparse's own included), 1 for the rest; no traceback unless --debug.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,7 +23,9 @@ import numpy as np
 from . import arch
 from .api import load
 from .data import input_shape_of, read_images
-from .errors import ArchitectureError, DataError, Interrupted, PyhetError
+from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted, OutputError,
+                     PyhetError)
+from .images import channel_last_message, looks_channel_last
 from .model import read_weight_file, write_npz
 from .report import describe_devices
 from .specs import check_ranks, cuda_device_count, parse_devices
@@ -32,7 +36,26 @@ EXIT_ERROR, EXIT_USAGE = 1, 2
 BENCHMARKS = ("gemm", "step", "scaling", "bandwidth", "ranks")
 
 
-def _kernels(text: str):
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (argparse prints the usage block first): the
+    command, what was wrong, and where the options are listed. Exit status 2."""
+
+    def parse_args(self, args=None, namespace=None):
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:   # said by the command they were given to, not by pyhet
+            getattr(args, "command_parser", self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return args
+
+    def error(self, message):
+        if launched_rank() != 0:
+            self.exit(EXIT_USAGE)     # under mpiexec every rank parses; rank 0 says why
+        # pyhet bench passes --help on to the benchmark, which lists its own options
+        where = self.prog if self.add_help else self.prog.split()[0]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {where} --help)\n")
+
+
+def kernel_counts(text: str):
     try:
         a, b = (int(v) for v in text.split(","))
     except ValueError:
@@ -43,12 +66,30 @@ def _kernels(text: str):
     return (a, b)
 
 
-def _positive(kind):
+def _int(text):
+    """A whole number in ASCII digits (int() would also read other scripts' digits)."""
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("+-").isdigit()):
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(t)
+
+
+def _float(text):
+    """A finite number in ASCII (float() would also take inf, nan and other scripts' digits)."""
+    try:
+        v = float(text) if text.isascii() else math.nan
+    except ValueError:
+        v = math.nan
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def positive(kind):
+    parse_kind = _int if kind is int else _float
+
     def parse(text):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        v = parse_kind(text)
         if not v > 0:
             raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
         return v
@@ -56,33 +97,52 @@ def _positive(kind):
 
 
 def _non_negative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    v = _int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
     return v
 
 
 def _non_negative_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    v = _float(text)
     if not v >= 0:
         raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
     return v
+
+
+def _momentum(text):
+    v = _float(text)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {text!r}")
+    return v
+
+
+def _timeout(text):
+    """Seconds > 0; inf waits for ever."""
+    v = float(text) if text.strip().lower() in ("inf", "infinity") else _float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+    return v
+
+
+def _device_spec(text):
+    """A device SPEC, checked against the grammar now (auto is expanded later, when the GPUs
+    are counted)."""
+    try:
+        parse_devices(text)
+    except DeviceSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _network_options(p):
     p.add_argument("--arch", metavar="SPEC", default=None,
                    help="the network in CNN-paper notation, e.g. 32C5-P2-64C3p1s2-P2-256N "
                         "(default: the --kernels shorthand)")
-    p.add_argument("--kernels", type=_kernels, default=None, metavar="A,B",
+    p.add_argument("--kernels", type=kernel_counts, default=None, metavar="A,B",
                    help="shorthand for --arch AC{k}-P2-BC{k}-P2 (default 32,64; 500,1500 is "
                         "the paper's network)")
-    p.add_argument("--kernel-size", type=_positive(int), default=None, metavar="K",
+    p.add_argument("--kernel-size", type=positive(int), default=None, metavar="K",
                    help="k of the --kernels shorthand (default 5)")
 
 
@@ -104,7 +164,7 @@ def network_spec(args, parser) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pyhet", description="Train CNNs with each conv layer's "
+    p = Parser(prog="pyhet", description="Train CNNs with each conv layer's "
                                 "kernels split across heterogeneous devices.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -116,17 +176,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
     t.add_argument("--data-dir", default=None, metavar="DIR")
-    t.add_argument("--devices", default="auto", metavar="SPEC",
+    t.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
                    help="e.g. cpu:1,cpu:1@0.5 or numpy or gpu:0,cpu (default auto)")
     t.add_argument("--balance", choices=("dynamic", "static", "even"), default="dynamic")
-    t.add_argument("--batch-size", type=_positive(int), default=64, metavar="N")
-    t.add_argument("--epochs", type=_positive(int), default=2, metavar="E")
-    t.add_argument("--steps", type=_positive(int), default=None, metavar="S",
+    t.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
+    t.add_argument("--epochs", type=positive(int), default=2, metavar="E")
+    t.add_argument("--steps", type=positive(int), default=None, metavar="S",
                    help="stop after S optimizer steps (overrides --epochs)")
-    t.add_argument("--lr", type=_positive(float), default=0.01)
-    t.add_argument("--momentum", type=_non_negative_float, default=0.9)
-    t.add_argument("--weight-decay", type=_non_negative_float, default=0.0)
-    t.add_argument("--seed", type=_non_negative_int, default=0)
+    t.add_argument("--lr", type=positive(float), default=0.01)
+    t.add_argument("--momentum", type=_momentum, default=0.9, metavar="M",
+                   help="in [0, 1) (default 0.9)")
+    t.add_argument("--weight-decay", type=_non_negative_float, default=0.0, metavar="WD")
+    t.add_argument("--seed", type=_non_negative_int, default=0, metavar="S")
     t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
     t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
@@ -136,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     t.add_argument("--overwrite", action="store_true",
                    help="delete the checkpoints of another run in --checkpoint-dir first")
-    t.add_argument("--checkpoint-every", type=_positive(int), default=None, metavar="N",
+    t.add_argument("--checkpoint-every", type=positive(int), default=None, metavar="N",
                    help="also write a checkpoint every N steps")
     t.add_argument("--keep", type=_non_negative_int, default=3, metavar="K",
                    help="keep the K newest checkpoints, 0 keeps all (default 3)")
@@ -144,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a partition that no timing decides (in proportion to each device's "
                         "@S), never moved: bit-identical weights run to run and across "
                         "--resume")
-    t.add_argument("--timeout", type=_positive(float), default=None, metavar="SECONDS",
+    t.add_argument("--timeout", type=_timeout, default=None, metavar="SECONDS",
                    help="under mpiexec: how long a rank may take to answer before the run "
                         "ends with an error naming it (default 300)")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
@@ -154,10 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("devices", help="list the devices and their calibrated speed on a network")
     d.set_defaults(command_parser=d)
-    d.add_argument("--devices", default="auto", metavar="SPEC")
+    d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
     _network_options(d)
     d.add_argument("--dataset", default="bundled", help="gives the input shape")
-    d.add_argument("--batch-size", type=_positive(int), default=64, metavar="N")
+    d.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
     d.add_argument("--json", action="store_true", help="print the listing as JSON")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -165,19 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="the loss and accuracy of saved weights on a dataset's "
                        "test split")
+    e.set_defaults(command_parser=e)
     e.add_argument("--weights", required=True, metavar="FILE.npz",
                    help="a file written by pyhet train --save (or Network.save)")
     e.add_argument("--dataset", default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split)")
     e.add_argument("--data-dir", default=None, metavar="DIR")
-    e.add_argument("--devices", default="auto", metavar="SPEC")
-    e.add_argument("--batch-size", type=_positive(int), default=64, metavar="N",
+    e.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
+    e.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                    help="images per forward pass (default 64, pyhet train's default)")
     e.add_argument("--json", action="store_true", help="print the result as JSON (last line)")
     e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
     r = sub.add_parser("predict", help="class probabilities of images under saved weights")
+    r.set_defaults(command_parser=r)
     r.add_argument("--weights", required=True, metavar="FILE.npz")
     r.add_argument("--input", required=True, metavar="FILE",
                    help="images (N, C, H, W): an .npy array, or an .npz with array x; float32 "
@@ -185,8 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", metavar="OUT.npz",
                    help="write arrays classes (N,) and probabilities (N, M) instead of "
                         "printing one JSON line per image")
-    r.add_argument("--devices", default="auto", metavar="SPEC")
-    r.add_argument("--batch-size", type=_positive(int), default=256, metavar="N")
+    r.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
+    r.add_argument("--batch-size", type=positive(int), default=256, metavar="N")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
@@ -198,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args, parser, comm=None) -> int:
+    if args.resume and not args.checkpoint_dir:
+        args.command_parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
     cfg = TrainConfig(arch=network_spec(args, parser), dataset=args.dataset,
                       data_dir=args.data_dir, devices=args.devices, balance=args.balance,
                       batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
@@ -225,7 +290,8 @@ def human_summary(r: dict) -> str:
                      f"conv share {r['conv_time_fraction']:.0%}")
     for layer, part in r["partition"].items():
         lines.append(f"{layer} partition: " + ", ".join(f"{k} {v}" for k, v in part.items()))
-    lines.append(f"final train loss: {r['train_loss']:.4f}")
+    loss = r["train_loss"]
+    lines.append("final train loss: " + ("n/a (no step ran)" if loss is None else f"{loss:.4f}"))
     acc = r["test_accuracy"]
     lines.append("test accuracy: " + ("n/a (no test split)" if acc is None else f"{acc:.4f}"))
     return "\n".join(lines)
@@ -299,6 +365,8 @@ def cmd_evaluate(args) -> int:
 def cmd_predict(args) -> int:
     x = read_images(args.input)
     net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
+    if looks_channel_last(x.shape, net.input_shape):
+        raise DataError(f"--input {args.input}: " + channel_last_message("the array", x.shape))
     if tuple(x.shape[1:]) != net.input_shape:
         raise DataError(f"--input {args.input}: images of shape {tuple(x.shape[1:])} (C, H, W), "
                         f"but the network in {args.weights} ({net.arch}) takes "
@@ -330,7 +398,10 @@ def cmd_bench(args) -> int:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except OutputError as e:          # --help into a closed pipe or a full disk
+        return report_output_error(e)
     ranks = launched_size()
     try:
         if ranks > 1:
@@ -346,6 +417,10 @@ def main(argv=None) -> int:
         if args.command == "predict":
             return cmd_predict(args)
         parser.error(f"unknown command {args.command}")
+    except OutputError as e:
+        if args.debug:
+            raise
+        return report_output_error(e)
     except PyhetError as e:
         if args.debug:
             raise
@@ -416,16 +491,72 @@ def _abort(comm, message, status: int):
     os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
 
 
+# ================================================================================================
+# Standard output that cannot be written
+
+
+def report_output_error(e: OutputError) -> int:
+    """A reader of stdout that went away (pyhet predict ... | head) ends the command quietly, as
+    other command-line tools do; any other failure to write (a full disk) is said in one line.
+    Exit status 1 either way."""
+    if e.errno != errno.EPIPE:
+        print(f"pyhet: error: {e}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+class GuardedStdout:
+    """sys.stdout for the console script: a write or flush that fails raises OutputError (one
+    line, no traceback) instead of OSError, once; afterwards fd 1 is /dev/null, so that the
+    output still buffered and Python's own flush at exit cannot fail again. A stdout that was
+    closed when pyhet started (`pyhet ... >&-`) fails at the first write."""
+
+    def __init__(self, stream):
+        self._stream = stream          # None: stdout was closed
+
+    def _failed(self, e: OSError):
+        _null_stdout()
+        if self._stream is None:
+            self._stream = open(os.devnull, "w")
+        raise OutputError(f"cannot write to stdout: {e.strerror or e}", e.errno) from None
+
+    def write(self, text):
+        if self._stream is None:
+            self._failed(OSError(errno.EBADF, "it is closed"))
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._failed(e)
+
+    def flush(self):
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                self._failed(e)
+
+    def __getattr__(self, name):          # encoding, isatty, fileno, ...
+        return getattr(self._stream, name)
+
+
+def _null_stdout():
+    """Point fd 1 at /dev/null."""
+    fd = os.open(os.devnull, os.O_WRONLY)
+    if fd != 1:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
 def entry():  # console script
+    if sys.stdout is None:
+        # fd 1 is closed: hold it with /dev/null, so that no file opened later becomes fd 1
+        # and receives what a library prints there
+        _null_stdout()
+    sys.stdout = GuardedStdout(sys.stdout)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
+        code = main()
         try:
-            code = main()
             sys.stdout.flush()
-        except BrokenPipeError:
-            # the reader of stdout went away (pyhet predict ... | head): stop quietly, as other
-            # command-line tools do; stdout is pointed at /dev/null so that Python's own flush at
-            # exit does not fail again
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            code = EXIT_ERROR
+        except OutputError as e:
+            code = report_output_error(e)
     sys.exit(code)

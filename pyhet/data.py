@@ -30,15 +30,15 @@ import io
 import os
 import pickle
 import struct
-import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from . import npzfile
 from .errors import DataError
-from .images import Normalization
+from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
 
@@ -506,21 +506,9 @@ def load_npz(filename):
     if not filename:
         raise DataError("npz: needs a file name, as in --dataset npz:data.npz")
     path = Path(filename).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists()
-                        else f"{path}: not a file")
-    # np.load is handed an open file, not the name: for a file that looks like a
-    # zip but is not one, np.load(name) leaves its own handle open
-    with open(path, "rb") as f:
-        try:
-            archive = np.load(f, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-            raise DataError(f"{path}: not a readable .npz file ({e})") from None
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise DataError(f"{path}: a single .npy array, expected an .npz archive "
-                            f"with arrays x and y (np.savez)")
-        with archive:
-            x, y, x_test, y_test, num_classes = _read_npz_arrays(archive, path)
+    arrays = npzfile.read(path, DataError, "an .npz archive with arrays x (N, C, H, W) and "
+                          "y (N,) (np.savez)", keys=NPZ_KEYS)
+    x, y, x_test, y_test, num_classes = _npz_arrays(arrays, path)
 
     _check_npz_images(x, "x", None, path)
     _check_npz_labels(y, "y", len(x), path)
@@ -561,45 +549,32 @@ def read_images(filename):
     """Images to predict on, from an .npy file (the array) or an .npz file (its array x):
     (N, C, H, W), float32 or uint8, as npz datasets have them; other arrays are ignored."""
     path = Path(filename).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    with open(path, "rb") as f:
-        try:
-            loaded = np.load(f, allow_pickle=False)
-            if isinstance(loaded, np.lib.npyio.NpzFile):
-                with loaded:
-                    if "x" not in loaded.files:
-                        raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
-                                        f"{', '.join(sorted(loaded.files)) or 'no arrays'}")
-                    x = loaded["x"]
-            else:
-                x = loaded
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-            raise DataError(f"{path}: not a readable .npy or .npz file ({e})") from None
-    _check_npz_images(x, "x", None, path)
-    return x
+    loaded = npzfile.read(path, DataError, "an .npy array of images (N, C, H, W) or an .npz "
+                          "with one in x", keys=("x",), npy=True)
+    if isinstance(loaded, dict):
+        if "x" not in loaded:
+            names = npzfile.read_names(path)
+            raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
+                            f"{', '.join(sorted(names)) or 'no arrays'}")
+        loaded = loaded["x"]
+    _check_npz_images(loaded, "x", None, path)
+    return loaded
 
 
-def _read_npz_arrays(archive, path):
-    """x, y, x_test, y_test, num_classes of an open NpzFile (None where absent)."""
-    keys = set(archive.files)
+NPZ_KEYS = ("x", "y", "x_test", "y_test", "num_classes")
 
-    def get(key):
-        if key not in keys:
-            return None
-        try:
-            return archive[key]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-            raise DataError(f"{path}: array {key!r} cannot be read ({e})") from None
 
+def _npz_arrays(arrays, path):
+    """x, y, x_test, y_test, num_classes of an npz dataset's arrays (None where absent)."""
     for key in ("x", "y"):
-        if key not in keys:
+        if key not in arrays:
+            names = npzfile.read_names(path)
             raise DataError(f"{path}: no array {key!r}; expected x (N, C, H, W) and "
-                            f"y (N,), found {', '.join(sorted(keys)) or 'no arrays'}")
-    if ("x_test" in keys) != ("y_test" in keys):
-        have, missing = ("x_test", "y_test") if "x_test" in keys else ("y_test", "x_test")
+                            f"y (N,), found {', '.join(sorted(names)) or 'no arrays'}")
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        have, missing = ("x_test", "y_test") if "x_test" in arrays else ("y_test", "x_test")
         raise DataError(f"{path}: has {have!r} but no {missing!r}; give both or neither")
-    return get("x"), get("y"), get("x_test"), get("y_test"), get("num_classes")
+    return tuple(arrays.get(k) for k in NPZ_KEYS)
 
 
 def _check_npz_images(a, key, like, path):
@@ -610,6 +585,8 @@ def _check_npz_images(a, key, like, path):
     if a.ndim != 4:
         raise DataError(f"{path}: {key!r} has shape {a.shape}, expected 4 dimensions "
                         f"(N, C, H, W)")
+    if looks_channel_last(a.shape):
+        raise DataError(f"{path}: " + channel_last_message(repr(key), a.shape))
     if like is None:
         if len(a) == 0 or 0 in a.shape[1:]:
             raise DataError(f"{path}: {key!r} has shape {a.shape}, expected at least "

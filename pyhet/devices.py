@@ -65,6 +65,12 @@ class _Shard:
         return int(self.w.shape[0])
 
 
+def _quiet_float_errors():
+    """NumPy's warnings of overflow and NaN, off on a device's worker: a run that diverges is
+    stopped by the checks of the loss and the weights, which say what happened in one line."""
+    np.seterr(over="ignore", invalid="ignore", divide="ignore")
+
+
 class Device:
     """A device that holds shards of conv layers and computes on its own worker thread.
 
@@ -84,7 +90,8 @@ class Device:
         self.last_busy_s = 0.0             # the busy time of the newest finished piece of work
         self.busy_by_tag: dict[str, float] = {}
         self._shards: dict[str, _Shard] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}",
+                                        initializer=_quiet_float_errors)
         self._lock = threading.Lock()
         self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
         self.step: int | None = None       # the training step under way (for the fault)

@@ -1,5 +1,6 @@
 """The errors pyhet raises on bad input. The CLI prints their message and exits with the
-error's ``exit_status``: 2 for a usage error (a bad option value), 1 for the rest."""
+error's ``exit_status``: 2 for a usage error (a bad option value or combination, a device SPEC
+that cannot be parsed), 1 for the rest."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ class PyhetError(Exception):
 
 
 class UsageError(PyhetError, ValueError):
-    """Options that cannot work together or name an unusable place (a --save folder that does
-    not exist, a checkpoint folder of another run): the command line exits with status 2."""
+    """A bad value of an option or argument (an lr that is not a finite number > 0, say),
+    options that do not go together, or one that names an unusable place (a --save folder that
+    does not exist, a checkpoint folder of another run): the command line exits with status 2.
+    Also a ValueError, as Python's own bad-argument errors."""
 
     exit_status = 2
 
@@ -38,12 +41,25 @@ class NoDeviceLeftError(DeviceError):
     before the step that failed."""
 
 
+class DeviceSpecError(UsageError, DeviceError):
+    """A device SPEC that cannot be parsed or names what cannot be (cpu:0, a speed above 1, a
+    rank the job does not have): a usage error (exit status 2)."""
+
+
 class WeightsError(PyhetError):
     """A weight file whose arrays do not match the network."""
 
 
 class TrainingError(PyhetError):
-    """Training cannot go on (a NaN or infinite loss, say)."""
+    """Training cannot go on (a NaN or infinite loss or weight, say)."""
+
+
+class OutputError(PyhetError):
+    """Standard output cannot be written (a closed pipe, a full disk); errno says why."""
+
+    def __init__(self, message: str, errno: "int | None" = None):
+        super().__init__(message)
+        self.errno = errno
 
 
 class Interrupted(KeyboardInterrupt):

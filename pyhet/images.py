@@ -38,6 +38,28 @@ class Normalization:
                    tuple(float(np.float32(v)) for v in d["shift"]))
 
 
+def looks_channel_last(shape, input_shape=None) -> bool:
+    """Whether images of `shape` (N, ?, ?, ?) look like (N, H, W, C), as PIL, TensorFlow and
+    matplotlib keep them, where (N, C, H, W) is expected: given the network's input_shape
+    (C, H, W), they are exactly (N, H, W, C); without it, the last dimension is a channel
+    count (1, 3 or 4) and the two before it are at least 8, as images are (an (N, C, H, W)
+    array of 8 or more channels of images 1 to 4 pixels wide is not one that comes up)."""
+    if len(shape) != 4:
+        return False
+    if input_shape is not None:
+        c, h, w = input_shape
+        return tuple(shape[1:]) == (h, w, c) and (h, w, c) != (c, h, w)
+    return shape[3] in (1, 3, 4) and shape[1] >= 8 and shape[2] >= 8
+
+
+def channel_last_message(what, shape) -> str:
+    """What to say of images that look channel-last."""
+    n, h, w, c = shape
+    return (f"{what} has shape {tuple(shape)}, which looks channel-last (N, H, W, C): "
+            f"pyhet takes images as (N, C, H, W), here ({n}, {c}, {h}, {w}); convert them with "
+            f"x.transpose(0, 3, 1, 2)")
+
+
 def prepare_images(x, input_shape, normalization=None, what="x"):
     """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
     used as it is; uint8 is raw pixels, prepared as the network's training images were (the
@@ -45,6 +67,8 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
     if not isinstance(x, np.ndarray):
         raise DataError(f"{what}: expected a numpy array of images (N, "
                         f"{', '.join(map(str, input_shape))}), got {type(x).__name__}")
+    if looks_channel_last(x.shape, input_shape):
+        raise DataError(channel_last_message(what, x.shape))
     if x.ndim != 4 or tuple(x.shape[1:]) != tuple(input_shape):
         raise DataError(f"{what}: expected images of shape (N, "
                         f"{', '.join(map(str, input_shape))}), got {tuple(x.shape)}")

@@ -22,11 +22,11 @@ import json
 import os
 import re
 import time
-import zipfile
 
 import numpy as np
 
 from . import arch as arch_notation
+from . import npzfile
 from .images import Normalization
 from .errors import WeightsError
 from .geometry import NetGeometry
@@ -133,21 +133,8 @@ def save_weights(path, params: dict, net: NetGeometry, classes=None, normalizati
 def read_weight_file(path) -> tuple[dict, dict | None]:
     """(arrays, description) of a weight file or checkpoint; the description (the ``arch``
     entry, parsed) is None for files that do not carry one."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise WeightsError(f"weight file {path}: " + ("a folder, not a file"
-                                                      if os.path.isdir(path) else "no such file"))
-    try:
-        # np.load is handed an open file: np.load(name) leaks its handle on a broken zip
-        with open(path, "rb") as fh:
-            loaded = np.load(fh, allow_pickle=False)
-            if not isinstance(loaded, np.lib.npyio.NpzFile):
-                raise WeightsError(f"weight file {path}: a single .npy array, expected an .npz "
-                                   f"of named arrays (np.savez)")
-            with loaded as f:
-                arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise WeightsError(f"weight file {path}: not a readable .npz ({e})") from None
+    arrays = npzfile.read(path, _WeightFileError, "an .npz of named float32 arrays "
+                          "(pyhet train --save, Network.save or np.savez)")
     meta = None
     if ARCH_KEY in arrays:
         entry = arrays.pop(ARCH_KEY)
@@ -164,6 +151,13 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
                                f"description ({e})") from None
     return arrays, meta
+
+
+class _WeightFileError(WeightsError):
+    """A WeightsError whose message begins "weight file PATH: ..."."""
+
+    def __init__(self, message):
+        super().__init__(f"weight file {message}")
 
 
 def check_class_names(names, num_classes: int):

@@ -2,9 +2,10 @@
 
 Every function takes float32 NumPy arrays and returns new arrays (or writes into ``out=``).
 An array of another dtype, or something that is not an array, raises ``TypeError``: nothing is
-converted behind your back. Wrong ndim or shapes, or ``threads < 1``, raise ``ValueError``.
-Non-contiguous inputs are copied to contiguous ones (the result is still exact); outputs must
-be C-contiguous.
+converted behind your back. Wrong ndim or shapes, sizes out of range, or ``threads`` outside
+1..MAX_THREADS, raise ``ValueError``. Non-contiguous inputs are copied to contiguous ones (the
+result is still exact); outputs must be C-contiguous. Every message is one short line: it says
+what was expected and what came, never the arrays' contents.
 
 Letters: x (N, C, H, W) images in NCHW; col (C*KH*KW, N*OH*OW) the im2col matrix.
 """
@@ -53,6 +54,10 @@ def have_openmp() -> bool:
 # Checks
 
 
+MAX_THREADS = 4096     # more threads than any machine's cores: surely a mistake
+_INT_MAX = 2**31 - 1   # the core's sizes are C ints
+
+
 def _threads(threads) -> int:
     if threads is None:
         return default_threads()
@@ -60,7 +65,56 @@ def _threads(threads) -> int:
         raise TypeError(f"threads must be an int or None, got {type(threads).__name__}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    if threads > MAX_THREADS:
+        raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
     return int(threads)
+
+
+def _size(v, name: str, what: str, minimum: int = 0) -> int:
+    """An int argument of the core (a kernel size, stride, padding, window) in minimum..2**31-1."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{what}: {name} must be >= {minimum}, got {v}")
+    if v > _INT_MAX:
+        raise ValueError(f"{what}: {name} must be at most 2**31 - 1, got {v}")
+    return int(v)
+
+
+def _shape(shape, name: str, what: str) -> tuple:
+    """An (N, C, H, W) shape of whole numbers >= 1."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be a tuple of 4 ints (N, C, H, W), got "
+                        f"{type(shape).__name__}") from None
+    if len(dims) != 4:
+        raise ValueError(f"{what}: {name} must have 4 dimensions (N, C, H, W), got {len(dims)}")
+    return tuple(_size(d, name, what, 1) for d in dims)
+
+
+def _channels(channels, what: str):
+    """None, or (c0, c1): a range of input channels."""
+    if channels is None:
+        return None
+    try:
+        c0, c1 = channels
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: channels must be None or a pair (c0, c1), got "
+                        f"{type(channels).__name__}") from None
+    return _size(c0, "channels", what), _size(c1, "channels", what)
+
+
+def _core_call(what: str, expected: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) of the core. pybind11 answers arguments it cannot convert with a
+    TypeError that prints every argument, whole arrays included: say instead, in one line, what
+    the function takes."""
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        if "incompatible function arguments" not in str(e):
+            raise
+        raise TypeError(f"{what}: arguments of the wrong types; expected {expected}") from None
 
 
 def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
@@ -98,6 +152,9 @@ def _out(out, shape, name: str, dtype=np.float32) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 # GEMM
 
+_GEMM_ARGS = ("float32 matrices a, b, c, bools trans_a and trans_b, numbers alpha and beta, "
+              "an int threads")
+
 
 def gemm(a, b, threads=None) -> np.ndarray:
     """float32 ``C = A @ B`` on the core's packed GEMM; A (M, K), B (K, N) -> C (M, N)."""
@@ -107,7 +164,7 @@ def gemm(a, b, threads=None) -> np.ndarray:
         raise ValueError(f"gemm: a is {a.shape} and b is {b.shape}; "
                          f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
     c = np.empty((a.shape[0], b.shape[1]), np.float32)
-    _core.sgemm(a, b, c, threads=_threads(threads))
+    _core_call("gemm", _GEMM_ARGS, _core.sgemm, a, b, c, threads=_threads(threads))
     return c
 
 
@@ -126,8 +183,8 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
         c = np.empty((m, n), np.float32)
     elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (m, n), "c")  # raises the right error
-    _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
-                threads=_threads(threads))
+    _core_call("sgemm", _GEMM_ARGS, _core.sgemm, a, b, c, trans_a=trans_a, trans_b=trans_b,
+               alpha=alpha, beta=beta, threads=_threads(threads))
     return c
 
 
@@ -146,11 +203,14 @@ def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None)
 
     channels=(c0, c1) fills only the rows of those input channels (of `out`)."""
     x = _array(x, "x", 4)
+    kh, kw = _size(kh, "kh", "im2col", 1), _size(kw, "kw", "im2col", 1)
+    stride, pad = _size(stride, "stride", "im2col", 1), _size(pad, "pad", "im2col")
     if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
         raise ValueError(f"im2col: a {kh}x{kw} kernel does not fit a {x.shape[2]}x{x.shape[3]} "
                          f"input with padding {pad}")
     col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
-    _core.im2col(x, kh, kw, stride, pad, col, threads=_threads(threads), channels=channels)
+    _core_call("im2col", "float32 arrays and ints", _core.im2col, x, kh, kw, stride, pad, col,
+               threads=_threads(threads), channels=_channels(channels, "im2col"))
     return col
 
 
@@ -159,8 +219,11 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
 
     channels=(c0, c1) computes only those channels (of `out`), from their rows of col."""
     col = _array(col, "col", 2)
-    x = _out(out, tuple(x_shape), "out")
-    _core.col2im(col, kh, kw, stride, pad, x, threads=_threads(threads), channels=channels)
+    kh, kw = _size(kh, "kh", "col2im", 1), _size(kw, "kw", "col2im", 1)
+    stride, pad = _size(stride, "stride", "col2im", 1), _size(pad, "pad", "col2im")
+    x = _out(out, _shape(x_shape, "x_shape", "col2im"), "out")
+    _core_call("col2im", "float32 arrays and ints", _core.col2im, col, kh, kw, stride, pad, x,
+               threads=_threads(threads), channels=_channels(channels, "col2im"))
     return x
 
 
@@ -171,12 +234,7 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
 def _pool_window(what: str, k, stride):
     """(k, stride) of a k x k pooling window, stride None meaning k; both ints >= 1."""
     stride = k if stride is None else stride
-    for name, v in (("pool size", k), ("pool stride", stride)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{what}: {name} must be >= 1, got {v}")
-    return int(k), int(stride)
+    return _size(k, "pool size", what, 1), _size(stride, "pool stride", what, 1)
 
 
 def _pool_shape(what: str, h: int, w: int, k: int, stride: int):
@@ -193,15 +251,17 @@ def maxpool(x, k=2, stride=None, *, threads=None):
     k, stride = _pool_window("maxpool", k, stride)
     ph, pw = _pool_shape("maxpool", h, w, k, stride)
     out, arg = np.empty((n, c, ph, pw), np.float32), np.empty((n, c, ph, pw), np.int32)
-    _core.maxpool(x, k, stride, out, arg, threads=_threads(threads))
+    _core_call("maxpool", "float32 x and ints", _core.maxpool, x, k, stride, out, arg,
+               threads=_threads(threads))
     return out, arg
 
 
 def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
-    dx = np.empty(tuple(x_shape), np.float32)
-    _core.maxpool_backward(dout, arg, dx, threads=_threads(threads))
+    dx = np.empty(_shape(x_shape, "x_shape", "maxpool_backward"), np.float32)
+    _core_call("maxpool_backward", "float32 dout, int32 arg and an int threads",
+               _core.maxpool_backward, dout, arg, dx, threads=_threads(threads))
     return dx
 
 
@@ -217,7 +277,8 @@ def bias_relu_maxpool(y, bias, pool=2, stride=None, *, threads=None):
     pool, stride = _pool_window("bias_relu_maxpool", pool, stride)
     ph, pw = _pool_shape("bias_relu_maxpool", h, w, pool, stride)
     out, arg = np.empty((n, k, ph, pw), np.float32), np.empty((n, k, ph, pw), np.int32)
-    _core.bias_relu_maxpool(y, bias, pool, stride, out, arg, threads=_threads(threads))
+    _core_call("bias_relu_maxpool", "float32 y and bias, and ints", _core.bias_relu_maxpool,
+               y, bias, pool, stride, out, arg, threads=_threads(threads))
     return out, arg
 
 
@@ -227,7 +288,9 @@ def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, stride=None, *, out=N
     stride as given to bias_relu_maxpool."""
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
-    dy = _out(out, tuple(y_shape), "out")
+    dy = _out(out, _shape(y_shape, "y_shape", "bias_relu_maxpool_backward"), "out")
     pool, stride = _pool_window("bias_relu_maxpool_backward", pool, stride)
-    _core.bias_relu_maxpool_backward(dout, arg, pool, stride, dy, threads=_threads(threads))
+    _core_call("bias_relu_maxpool_backward", "float32 dout, int32 arg and ints",
+               _core.bias_relu_maxpool_backward, dout, arg, pool, stride, dy,
+               threads=_threads(threads))
     return dy

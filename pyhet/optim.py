@@ -11,6 +11,7 @@ Works in place on NumPy or CuPy arrays, so each device updates the parameters it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,12 +22,14 @@ class SGDConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        # an infinite lr or weight decay makes every weight it touches infinite or NaN at once
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight decay must be >= 0, got {self.weight_decay}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight decay must be a finite number >= 0, got "
+                             f"{self.weight_decay}")
 
 
 def sgd_update(p, g, v, cfg: SGDConfig):

@@ -11,6 +11,7 @@ from .devices import make_devices
 from .errors import DeviceError
 from .partition import balanced
 from .specs import check_threads, cuda_device_count, parse_devices
+from .train import check_memory
 
 
 def _gpus() -> list[dict]:
@@ -32,6 +33,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
               "gpus": _gpus()}
     in_shape, classes = input_shape_of(dataset, data_dir)
     net = arch.build(arch_spec, in_shape, classes)
+    check_memory(net, batch)
     report["network"] = {"arch": net.arch, "kernels": list(net.kernels),
                          "kernel_size": net.blocks[0].R, "input_shape": list(net.input_shape),
                          "batch_size": batch}

@@ -2,8 +2,9 @@
 
 A SPEC is a comma-separated list of entries ``[R/]KIND[:ARG][@S]`` with KIND ``cpu`` (ARG:
 threads, default all cores), ``numpy``, ``gpu`` (ARG: CUDA device number, default 0), or
-``auto`` (every GPU plus one cpu device with the remaining cores); ``@S`` (0 < S <= 1) emulates
-a device S times as fast; ``R/`` places the entry on MPI rank R.
+``auto`` (every GPU plus one cpu device with the remaining cores); ``@S`` (0.001 <= S <= 1)
+emulates a device S times as fast; ``R/`` places the entry on MPI rank R. Numbers are written
+in ASCII digits.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import warnings
 from dataclasses import dataclass, replace
 
 from . import ops
-from .errors import DeviceError
+from .errors import DeviceError, DeviceSpecError
 
 KINDS = ("cpu", "numpy", "gpu", "auto")
+MIN_SPEED = 0.001    # @S: a device emulated a thousand times slower is far beyond any real mix
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
     kind: str                 # "cpu", "numpy" or "gpu"
     arg: int | None = None    # threads for cpu, device number for gpu
-    speed: float = 1.0        # emulated relative speed, 0 < speed <= 1
+    speed: float = 1.0        # emulated relative speed, MIN_SPEED <= speed <= 1
     rank: int | None = None   # MPI rank it lives on; None: every rank
 
     @property
@@ -36,8 +38,11 @@ class DeviceSpec:
         return (f"{self.rank}/" if self.rank is not None else "") + text
 
 
-_ENTRY = re.compile(r"^(?:(?P<rank>\d+)/)?(?P<kind>[a-z]+)(?::(?P<arg>[^@]*))?"
-                    r"(?:@(?P<speed>.*))?$")
+# ASCII digits only (re's \d and str.isdigit() take any script's digits, and int() reads them)
+_ENTRY = re.compile(r"^(?:(?P<rank>[0-9]+)/)?(?P<kind>[a-z]+)(?::(?P<arg>[^@]*))?"
+                    r"(?:@(?P<speed>.*))?$", re.ASCII)
+_WHOLE = re.compile(r"[0-9]+", re.ASCII)
+_NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.", re.ASCII)
 
 
 def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
@@ -45,39 +50,40 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
     cpu device with the remaining cores. gpu_count: a function giving the number of GPUs
     (called only for ``auto``)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise DeviceError("empty device SPEC: expected e.g. 'cpu:1,cpu:1', 'numpy', 'gpu:0' "
-                          "or 'auto'")
+        raise DeviceSpecError("empty device SPEC: expected e.g. 'cpu:1,cpu:1', 'numpy', "
+                              "'gpu:0' or 'auto'")
     out: list[DeviceSpec] = []
     for raw in spec.split(","):
         entry = raw.strip()
         m = _ENTRY.match(entry)
         if not m:
-            raise DeviceError(f"device SPEC entry {entry!r} is not of the form "
-                              f"[RANK/]KIND[:ARG][@SPEED], e.g. 'cpu:2' or '1/gpu:0@0.5'")
+            raise DeviceSpecError(f"device SPEC entry {entry!r} is not of the form "
+                                  f"[RANK/]KIND[:ARG][@SPEED], e.g. 'cpu:2' or '1/gpu:0@0.5'")
         kind, arg, speed_s, rank_s = m["kind"], m["arg"], m["speed"], m["rank"]
         if kind not in KINDS:
-            raise DeviceError(f"unknown device kind {kind!r} in {entry!r}: expected one of "
-                              f"{', '.join(KINDS)}")
+            raise DeviceSpecError(f"unknown device kind {kind!r} in {entry!r}: expected one "
+                                  f"of {', '.join(KINDS)}")
         speed = 1.0
         if speed_s is not None:
-            try:
-                speed = float(speed_s)
-            except ValueError:
-                speed = float("nan")
-            if not 0 < speed <= 1:
-                raise DeviceError(f"speed in {entry!r} must be a number with 0 < S <= 1, "
-                                  f"got {speed_s!r}")
+            speed = float(speed_s) if _NUMBER.fullmatch(speed_s) else float("nan")
+            if not MIN_SPEED <= speed <= 1:
+                raise DeviceSpecError(f"speed in {entry!r} must be a number with {MIN_SPEED:g} "
+                                      f"<= S <= 1, got {speed_s!r}")
         rank = int(rank_s) if rank_s is not None else None
         n = None
         if arg is not None:
             if kind in ("numpy", "auto"):
-                raise DeviceError(f"{kind!r} takes no argument, got {entry!r}")
-            if not arg.isdigit():
-                raise DeviceError(f"{entry!r}: the argument of {kind!r} must be a whole number "
-                                  f"(threads for cpu, device number for gpu), got {arg!r}")
+                raise DeviceSpecError(f"{kind!r} takes no argument, got {entry!r}")
+            if not _WHOLE.fullmatch(arg):
+                raise DeviceSpecError(f"{entry!r}: the argument of {kind!r} must be a whole "
+                                      f"number in ASCII digits (threads for cpu, device number "
+                                      f"for gpu), got {arg!r}")
             n = int(arg)
             if kind == "cpu" and n < 1:
-                raise DeviceError(f"{entry!r}: a cpu device needs at least 1 thread")
+                raise DeviceSpecError(f"{entry!r}: a cpu device needs at least 1 thread")
+            if kind == "cpu" and n > ops.MAX_THREADS:
+                raise DeviceSpecError(f"{entry!r}: a cpu device takes at most "
+                                      f"{ops.MAX_THREADS} threads, got {n}")
         if kind == "auto":
             out.extend(replace(d, speed=speed, rank=rank) for d in _auto(gpu_count))
         else:
@@ -124,12 +130,12 @@ def check_ranks(specs: list[DeviceSpec], world_size: int) -> None:
         if s.rank is None or s.rank < world_size:
             continue
         if world_size == 1:
-            raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but this run is one "
-                              f"process (rank 0): start it with mpiexec -n {s.rank + 1} pyhet "
-                              f"... (pip install 'pyhet[mpi]' brings mpiexec)")
-        raise DeviceError(f"device {s} is placed on MPI rank {s.rank}, but the job has "
-                          f"{world_size} ranks (0..{world_size - 1}): start it with mpiexec -n "
-                          f"{s.rank + 1}, or place the device on another rank")
+            raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but this run is "
+                                  f"one process (rank 0): start it with mpiexec -n {s.rank + 1} "
+                                  f"pyhet ... (pip install 'pyhet[mpi]' brings mpiexec)")
+        raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but the job has "
+                              f"{world_size} ranks (0..{world_size - 1}): start it with mpiexec "
+                              f"-n {s.rank + 1}, or place the device on another rank")
 
 
 def for_rank(specs: list[DeviceSpec], rank: int) -> list[DeviceSpec]:

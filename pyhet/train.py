@@ -177,17 +177,30 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     return part, cal
 
 
+def memory_needed(shape: NetGeometry, batch: int) -> int:
+    """Bytes a training step of the network at this batch size needs at least, wherever its
+    kernels go: every parameter with its gradient and momentum, every conv output and its
+    gradient, and the largest im2col matrix with its gradient (ConvGeometry's figures)."""
+    fc = sum(f_in * f_out + f_out for _, f_in, f_out in shape.fc_layers())
+    return (4 * 3 * fc + sum(g.K * g.bytes_per_kernel(batch) for g in shape.blocks)
+            + max(g.fixed_bytes(batch) for g in shape.blocks))
+
+
 def check_memory(shape: NetGeometry, batch: int) -> None:
-    """Refuse a network whose parameters (weights, gradients, momentum) and largest im2col
-    matrix (and its gradient) at this batch size cannot fit in this machine's free memory."""
+    """Refuse, before anything is allocated, a network that cannot fit in this machine's
+    available memory at this batch size, naming its largest parameter."""
     free = host_available_memory()
-    params = sum(int(np.prod(s)) for s in shape.param_shapes().values())
-    col = max(g.col_rows * g.positions(batch) for g in shape.blocks)
-    need = 4 * (3 * params + 2 * col)
-    if free is not None and need > free:
-        raise DeviceError(f"the network {shape.arch} needs at least {need / 2**30:.1f} GiB "
-                          f"({params:,} parameters, and the im2col matrices at batch {batch}), "
-                          f"but this machine has {free / 2**30:.1f} GiB available")
+    need = memory_needed(shape, batch)
+    if free is None or need <= free:
+        return
+    shapes = shape.param_shapes()
+    params = sum(math.prod(s) for s in shapes.values())
+    largest = max(shapes, key=lambda k: math.prod(shapes[k]))
+    raise DeviceError(f"the network {shape.arch} on {'x'.join(map(str, shape.input_shape))} "
+                      f"images with {shape.num_classes:,} classes needs at least "
+                      f"{need / 2**30:,.1f} GiB at batch {batch} ({params:,} parameters, the "
+                      f"largest {largest} {shapes[largest]}; the conv outputs and im2col "
+                      f"matrices), but this machine has {free / 2**30:.1f} GiB available")
 
 
 def open_devices(spec: str, timeout: float | None = None, comm=None):
@@ -398,7 +411,13 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
         path, params, moms, meta = found
         start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
         plan = meta.get("plan")
-        print(f"resuming from {path} (step {start['step']})", file=log)
+        total = planned_steps(cfg, ds)[1]
+        if start["step"] >= total:   # the run is over: no step, the summary of none (exit 0)
+            where = "the end" if start["step"] == total else "past the end"
+            print(f"nothing left to train: {path} is at step {start['step']}, {where} of "
+                  f"this run ({total} steps); give more --epochs or --steps to go on", file=log)
+        else:
+            print(f"resuming from {path} (step {start['step']})", file=log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
     else:
@@ -458,6 +477,14 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
     return result
 
 
+def planned_steps(cfg: TrainConfig, ds: Dataset) -> tuple:
+    """(steps per epoch, steps of the whole run): --steps, or --epochs whole epochs."""
+    per_epoch = math.ceil(ds.x_train.shape[0] / cfg.batch_size)
+    if per_epoch == 0:
+        raise DataError(f"{ds.name}: no training images")
+    return per_epoch, cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+
+
 def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
               callback=None, save_checkpoint=None, stop=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
@@ -465,16 +492,19 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     {"step", "steps", "epoch", "loss", "step_time_s", "images"}. save_checkpoint(position)
     writes a checkpoint of the step just made and returns its path (position: the step and the
     next batch, {"step", "epoch", "batch"}), at each epoch's end, every cfg.checkpoint_every
-    steps and at the end. stop: a pyhet.interrupt.Interruption, asked after every step."""
+    steps and at the end. stop: a pyhet.interrupt.Interruption, asked after every step.
+
+    Non-finite numbers: the loss is checked after every step (it costs nothing), the weights
+    before every checkpoint and once after the last step, before the evaluation and --save; a
+    non-finite one ends training with TrainingError, and nothing non-finite is written."""
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
-    n_train = ds.x_train.shape[0]
-    per_epoch = math.ceil(n_train / cfg.batch_size)
-    if per_epoch == 0:
-        raise DataError(f"{ds.name}: no training images")
-    total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    per_epoch, total_steps = planned_steps(cfg, ds)
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
-    step_times, conv_times, losses = [], [], []
+    step_times, step_images, conv_times, losses = [], [], [], []
     busy0 = {d.name: d.busy_s for d in net.devices}
+    # the layers' phase times go on adding up over calibration, earlier fit() calls and the
+    # evaluation: count only this run's steps
+    phases0 = {conv.name: dict(conv.phases.parts) for conv in net.convs}
     traffic0 = traffic(net.devices)
     failover = Failover(net, getattr(net, "calibration", None), balance, log)
     t_train = time.perf_counter()
@@ -519,6 +549,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 if balance is not None:
                     balance.after_step(step)
                 step_times.append(dt)
+                step_images.append(int(xb.shape[0]))
                 conv_times.append(timer.parts.get("conv_forward", 0) +
                                   timer.parts.get("conv_backward", 0))
                 losses.append(loss)
@@ -532,6 +563,9 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 if save_checkpoint is not None and (position["batch"] == 0 or
                                                     step == total_steps or
                                                     (every and step % every == 0)):
+                    check_finite(net.params(), step, cfg.lr,
+                                 "no checkpoint or weight file was written" if cfg.save
+                                 else "no checkpoint was written")
                     saved = {"step": step, "path": save_checkpoint(position)}
                 if stop is not None and stop.signum is not None:
                     bar.close()
@@ -549,16 +583,40 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     busy = {d.name: d.busy_s - busy0[d.name] for d in net.devices}
     moved = {r: {k: v - traffic0[r][k] for k, v in t.items()}
              for r, t in traffic(net.devices).items()}
+    phases = {conv.name: {k: v - phases0[conv.name].get(k, 0.0)
+                          for k, v in conv.phases.parts.items()} for conv in net.convs}
+    params = net.params()
+    check_finite(params, step, cfg.lr, "the weights were not saved" if cfg.save else None)
 
     # on the whole test split, in batches of the training size (the memory the devices were
     # sized for)
+    t_eval = time.perf_counter()
     test = evaluate(net, ds.x_test, ds.y_test, cfg.batch_size) if ds.x_test is not None else None
+    eval_s = time.perf_counter() - t_eval if test is not None else None
+    if test is not None and not math.isfinite(test["loss"]):
+        # finite weights so large that the outputs overflow float32
+        raise TrainingError(f"the test loss is {test['loss']} after step {step}: the network's "
+                            f"outputs overflow, training diverged"
+                            + ("; the weights were not saved" if cfg.save else "")
+                            + f"; try a smaller --lr (now {cfg.lr:g})")
     if cfg.save:
-        save_weights(cfg.save, net.params(), net.shape, ds.classes, ds.normalization)
+        save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-                     epochs=step / per_epoch, steps=step, moved=moved)
+                     epochs=step / per_epoch, steps=step, moved=moved, images=step_images,
+                     phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
+
+
+def check_finite(params: dict, step: int, lr: float, consequence: "str | None") -> None:
+    """TrainingError if any weight is NaN or infinite (an update too large for float32: the
+    loss, computed before the update, may still have been finite)."""
+    for name, w in params.items():
+        if not np.isfinite(w).all():
+            raise TrainingError(f"{name} holds NaN or infinite values after step {step}: "
+                                f"training diverged"
+                                + (f"; {consequence}" if consequence else "")
+                                + f"; try a smaller --lr (now {lr:g})")
 
 
 def _stop(stop, step: int, position, saved: dict, save_checkpoint):
@@ -580,9 +638,13 @@ def traffic(devices) -> dict:
 
 
 def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-            epochs, steps, moved=None) -> dict:
-    timed = step_times[1:] if len(step_times) > 1 else step_times  # the first step warms up
-    conv = conv_times[1:] if len(conv_times) > 1 else conv_times
+            epochs, steps, images, phases, moved=None, eval_s=None) -> dict:
+    """The summary of a run. images: the images of each step (the last batch of an epoch, or a
+    batch larger than the dataset, holds fewer than --batch-size); phases: {layer: {phase:
+    seconds}} of the steps alone; eval_s: the test split's evaluation, or None."""
+    warm = 1 if len(step_times) > 1 else 0                          # the first step warms up
+    timed = step_times[warm:]
+    conv = conv_times[warm:]
     total = sum(step_times)
     devices = []
     for d in net.devices:
@@ -601,7 +663,8 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "deterministic": cfg.deterministic,
         "step_time_s": {"median": statistics.median(timed), "min": min(timed),
                         "max": max(timed)} if timed else None,
-        "images_per_s": (cfg.batch_size / statistics.median(timed)) if timed else None,
+        # the images the timed steps trained, over their time
+        "images_per_s": (sum(images[warm:]) / sum(timed)) if timed and sum(timed) else None,
         "train_loss": losses[-1] if losses else None,
         "test_accuracy": test["accuracy"] if test else None,
         "test_loss": test["loss"] if test else None,
@@ -614,11 +677,13 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "kernel_size": (net.shape.blocks[0].R if len({g.R for g in net.shape.blocks}) == 1
                         else [g.R for g in net.shape.blocks]),
         "train_time_s": round(train_s, 3),
+        # the test split's evaluation (after training, not in any figure above); None without
+        "eval_time_s": round(eval_s, 4) if eval_s is not None else None,
         "emulated": any(d.spec.speed != 1.0 for d in net.devices),
         # where each conv layer's time went (wall seconds per step, summed over devices'
         # concurrent work: the phases follow each other)
-        "phase_time_s": {conv.name: {k: round(v / max(1, len(step_times)), 6)
-                                     for k, v in conv.phases.parts.items()} for conv in net.convs},
+        "phase_time_s": {layer: {k: round(v / max(1, len(step_times)), 6)
+                                 for k, v in parts.items()} for layer, parts in phases.items()},
         # under mpiexec: the bytes the master sent to and received from each rank per step
         "links": {str(r): {"bytes_sent_per_step": round(t["sent"] / max(1, len(step_times))),
                            "bytes_received_per_step": round(t["received"] /

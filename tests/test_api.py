@@ -225,7 +225,10 @@ def test_load_refuses_bad_files(tmp_path):
         with pytest.raises(WeightsError, match="class names must be 3 strings"):
             pyhet.load(tmp_path / "classes.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(WeightsError, match="not a readable .npz"):
+    with pytest.raises(WeightsError, match="junk.npz: not an .npz file"):
+        pyhet.load(tmp_path / "junk.npz")
+    (tmp_path / "junk.npz").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(WeightsError, match="not a readable .npz file .*truncated"):
         pyhet.load(tmp_path / "junk.npz")
     np.savez(tmp_path / "other.npz", a=np.zeros(3, np.float32))
     with pytest.raises(WeightsError, match="no network description"):

@@ -324,16 +324,16 @@ def test_a_signal_without_a_checkpoint_dir_exits_with_one_line(npz_dataset, pyhe
 
 
 def test_waking_a_device_cuts_its_emulated_idling_short():
-    """A device at @0.0001 idles 9999 times its work; wake() ends the idling at once, so a
+    """A device at @0.001 idles 999 times its work; wake() ends the idling at once, so a
     stopped run finishes its step at full speed."""
     from pyhet.devices import make_devices
     from pyhet.specs import parse_devices
 
-    (d,) = make_devices(parse_devices("numpy@0.0001"))
+    (d,) = make_devices(parse_devices("numpy@0.001"))
     try:
         threading.Timer(0.2, d.wake).start()
         t0 = time.monotonic()
-        d.call("work", time.sleep, 0.005)       # 5 ms of work: 50 s of idling unless woken
+        d.call("work", time.sleep, 0.05)        # 50 ms of work: 50 s of idling unless woken
         assert time.monotonic() - t0 < 20
     finally:
         d.close()

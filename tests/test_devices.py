@@ -1,6 +1,7 @@
 """Device SPECs and their errors, GPU errors, a device failing mid-step, the GPU backend's code
 on a stand-in CuPy, and calibration."""
 
+import re
 import sys
 import threading
 import types
@@ -14,7 +15,7 @@ from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import calibrate
 from pyhet.devices import make_backend, make_devices
-from pyhet.errors import DeviceError
+from pyhet.errors import DeviceError, DeviceSpecError
 from pyhet.links import Link
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
@@ -59,16 +60,27 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("tpu:0", "unknown device kind 'tpu'"),
     ("cpu:0", "at least 1 thread"),
     ("cpu:two", "whole number"),
-    ("cpu:1@2", "0 < S <= 1"),
-    ("cpu:1@0", "0 < S <= 1"),
-    ("cpu:1@fast", "0 < S <= 1"),
+    ("cpu:1@2", "0.001 <= S <= 1"),
+    ("cpu:1@0", "0.001 <= S <= 1"),
+    ("cpu:1@fast", "0.001 <= S <= 1"),
+    ("cpu:1@1e-300", "0.001 <= S <= 1"),      # would idle for ever after each piece of work
+    ("cpu:1@inf", "0.001 <= S <= 1"),
+    ("cpu:1@nan", "0.001 <= S <= 1"),
+    ("cpu:1@\u0661", "0.001 <= S <= 1"),      # an Arabic-Indic one: float() would read it
     ("numpy:3", "takes no argument"),
     ("cpu:1,,cpu:1", "not of the form"),
     ("cpu:-1", "whole number"),
+    ("cpu:\u0661", "ASCII digits"),           # int() reads any script's digits; SPECs are ASCII
+    ("gpu:\uff11", "ASCII digits"),           # a fullwidth 1
+    ("\u0661/cpu:1", "not of the form"),
+    ("cpu:5000", "at most 4096 threads"),
+    ("cpu:100000000000", "at most 4096 threads"),
 ])
 def test_bad_specs_are_refused_clearly(spec, message):
-    with pytest.raises(DeviceError, match=message):
+    with pytest.raises(DeviceSpecError, match=re.escape(message)) as info:
         parse_devices(spec)
+    assert isinstance(info.value, DeviceError) and isinstance(info.value, ValueError)
+    assert info.value.exit_status == 2                      # a usage error on the command line
 
 
 def test_more_threads_than_cores_warns():

@@ -350,3 +350,43 @@ def test_ops_accept_non_contiguous_inputs():
     rng = np.random.default_rng(1)
     x = rand(rng, 2, 3, 9, 8)[:, :, ::-1]  # a reversed view
     np.testing.assert_array_equal(ops.im2col(x, 3, 3), ref.im2col(np.ascontiguousarray(x), 3, 3))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad arguments to pyhet.ops: one short line, never the arrays' contents
+
+
+@pytest.mark.parametrize("call,error,words", [
+    (lambda a, x: ops.gemm(a, a.T, threads=2**31), ValueError, ["threads", "at most 4096"]),
+    (lambda a, x: ops.gemm(a, a.T, threads=2**63), ValueError, ["threads", "at most"]),
+    (lambda a, x: ops.gemm(a, a.T, threads=1.0), TypeError, ["threads", "int"]),
+    (lambda a, x: ops.sgemm(a, a.T, threads=10**6), ValueError, ["threads"]),
+    (lambda a, x: ops.sgemm(a, a.T, alpha="2"), TypeError, ["sgemm", "alpha and beta"]),
+    (lambda a, x: ops.sgemm(a, a.T, trans_a="yes"), TypeError, ["sgemm", "trans_a"]),
+    (lambda a, x: ops.im2col(x, 2**31, 3), ValueError, ["im2col", "kh", "2**31 - 1"]),
+    (lambda a, x: ops.im2col(x, 3, 3, 1.5), TypeError, ["im2col", "stride", "int"]),
+    (lambda a, x: ops.im2col(x, 3, 3, 1, -1), ValueError, ["im2col", "pad", ">= 0"]),
+    (lambda a, x: ops.im2col(x, "3", 3), TypeError, ["im2col", "kh", "int", "str"]),
+    (lambda a, x: ops.im2col(x, 3, 3, channels=(0, 2**40)), ValueError, ["channels"]),
+    (lambda a, x: ops.im2col(x, 3, 3, channels="ab"), TypeError, ["channels", "int"]),
+    (lambda a, x: ops.im2col(x, 3, 3, channels=5), TypeError, ["channels", "pair"]),
+    (lambda a, x: ops.col2im(ops.im2col(x, 3, 3), x.shape, 3, 3, threads=0), ValueError,
+     ["threads", ">= 1"]),
+    (lambda a, x: ops.col2im(ops.im2col(x, 3, 3), (1, 2, 5), 3, 3), ValueError,
+     ["x_shape", "4 dimensions"]),
+    (lambda a, x: ops.col2im(ops.im2col(x, 3, 3), 7, 3, 3), TypeError, ["x_shape", "tuple"]),
+    (lambda a, x: ops.maxpool(x, 2**40), ValueError, ["maxpool", "pool size", "2**31 - 1"]),
+    (lambda a, x: ops.maxpool_backward(*ops.maxpool(x), (1, 2, 64, 2**40)), ValueError,
+     ["x_shape", "2**31 - 1"]),
+])
+def test_bad_arguments_give_one_short_line(call, error, words):
+    """pybind11 reports arguments it cannot convert with every argument printed, whole arrays
+    included: pyhet.ops checks them first, and shortens what gets through."""
+    a = np.random.default_rng(0).standard_normal((300, 300)).astype(np.float32)
+    x = np.ones((1, 2, 5, 5), np.float32)
+    with pytest.raises(error) as e:
+        call(a, x)
+    message = str(e.value)
+    assert len(message) < 200 and "\n" not in message, message
+    for w in words:
+        assert w in message, (w, message)

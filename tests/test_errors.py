@@ -1,0 +1,253 @@
+"""Every command's errors: one line on stderr, exit status 2 for usage errors (bad option values,
+device SPECs, combinations, argparse's own) and 1 for the rest, no traceback, nothing on
+stdout. A table of bad command lines over every subcommand (bad values, missing files, folders
+in place of files, empty, truncated and foreign files), then standard output that cannot be
+written, and resuming a run that has nothing left to do.
+
+x (N, C, H, W) images, y (N,) labels.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pyhet
+from conftest import TINY, make_npz_dataset
+
+ARCH = "3C3-P2-4C3-P2"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The files the table's command lines name, by the placeholder that stands for each."""
+    d = tmp_path_factory.mktemp("files")
+    rng = np.random.default_rng(0)
+    f = {"DIR": d / "folder", "DATA": d / "data.npz", "WEIGHTS": d / "w.npz"}
+    f["DIR"].mkdir()
+    make_npz_dataset(f["DATA"], n=16, n_test=8)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        net.save(f["WEIGHTS"])
+
+    def npz(name, **arrays):
+        f[name] = d / f"{name.lower()}.npz"
+        np.savez(f[name], **arrays)
+
+    y = np.arange(16) % 3
+    npz("OBJECTS", x=np.zeros((16, 1, 12, 12), np.float32), y=np.array(list(y) + [None])[:16])
+    npz("CHANNEL_LAST", x=rng.standard_normal((16, 12, 12, 1)).astype(np.float32), y=y)
+    npz("HUGE_LABELS", x=np.zeros((16, 1, 12, 12), np.float32), y=y * 10**12)
+    npz("HUGE_CLASSES", x=np.zeros((16, 1, 12, 12), np.float32), y=y,
+        num_classes=np.int64(10**12))
+    f["TEXT"] = d / "text.npz"
+    f["TEXT"].write_text("these are not arrays\n")
+    f["EMPTY"] = d / "empty.npz"
+    f["EMPTY"].write_bytes(b"")
+    f["TRUNCATED"] = d / "truncated.npz"
+    f["TRUNCATED"].write_bytes(f["DATA"].read_bytes()[:300])
+    f["NPY_CHANNEL_LAST"] = d / "cl.npy"
+    np.save(f["NPY_CHANNEL_LAST"], np.zeros((2, 12, 12, 1), np.float32))
+    f["NPY_OBJECTS"] = d / "objects.npy"
+    np.save(f["NPY_OBJECTS"], np.array([1, None], dtype=object), allow_pickle=True)
+    f["IMAGES"] = d / "x.npy"
+    np.save(f["IMAGES"], np.zeros((2, 1, 12, 12), np.float32))
+    return f
+
+
+TRAIN = ["train", "--dataset", "npz:DATA", *TINY, "--steps", "1", "--quiet"]
+PREDICT = ["predict", "--weights", "WEIGHTS", "--devices", "cpu:1"]
+
+# (command line, exit status, words its one line of stderr holds)
+BAD = [
+    # --- train: option values and combinations (2)
+    (TRAIN + ["--lr", "inf"], 2, ["--lr", "finite"]),
+    (TRAIN + ["--lr", "1e999"], 2, ["--lr", "finite"]),
+    (TRAIN + ["--momentum", "inf"], 2, ["--momentum"]),
+    (TRAIN + ["--momentum", "1"], 2, ["--momentum", "[0, 1)"]),
+    (TRAIN + ["--weight-decay", "inf"], 2, ["--weight-decay", "finite"]),
+    (TRAIN + ["--weight-decay", "nan"], 2, ["--weight-decay"]),
+    (TRAIN + ["--seed", "-1"], 2, ["--seed", ">= 0"]),
+    (TRAIN + ["--steps", "\u0661"], 2, ["--steps", "whole number"]),
+    (TRAIN + ["--devices", "cpu:\u0661"], 2, ["--devices", "ASCII"]),
+    (TRAIN + ["--devices", "cpu:1@1e-300"], 2, ["--devices", "0.001 <= S <= 1"]),
+    (TRAIN + ["--devices", "cpu:100000000000"], 2, ["--devices", "at most 4096"]),
+    (TRAIN + ["--devices", "3/cpu:1"], 2, ["rank 3", "mpiexec"]),
+    (TRAIN + ["--resume"], 2, ["--resume", "--checkpoint-dir"]),
+    (TRAIN + ["--kernels", "3,4", "--arch", "3C3"], 2, ["--arch", "--kernels"]),
+    (TRAIN + ["--frobnicate"], 2, ["pyhet train", "unrecognized", "--frobnicate"]),
+    # --- train: files and sizes (1)
+    (TRAIN + ["--init", "DIR"], 1, ["folder", "not a file"]),
+    (TRAIN + ["--init", "EMPTY"], 1, ["empty file"]),
+    (TRAIN + ["--init", "TEXT"], 1, ["not an .npz file"]),
+    (TRAIN + ["--init", "TRUNCATED"], 1, ["truncated"]),
+    (TRAIN + ["--save", "DIR"], 2, ["--save", "a folder, not a file"]),
+    (TRAIN + ["--dataset", "npz:DIR"], 1, ["folder"]),
+    (TRAIN + ["--dataset", "npz:OBJECTS"], 1, ["'y'", "Python objects"]),
+    (TRAIN + ["--dataset", "npz:TEXT"], 1, ["not an .npz file", "x (N, C, H, W)"]),
+    (TRAIN + ["--dataset", "npz:EMPTY"], 1, ["empty file"]),
+    (TRAIN + ["--dataset", "npz:TRUNCATED"], 1, ["truncated"]),
+    (TRAIN + ["--dataset", "npz:IMAGES"], 1, ["single .npy array"]),
+    (TRAIN + ["--dataset", "npz:CHANNEL_LAST"], 1, ["channel-last", "(16, 1, 12, 12)"]),
+    (TRAIN + ["--dataset", "npz:HUGE_LABELS"], 1, ["2,000,000,000,001 classes", "GiB"]),
+    (TRAIN + ["--dataset", "npz:HUGE_CLASSES"], 1, ["1,000,000,000,000 classes", "GiB"]),
+    (["train", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1", "--quiet"], 1,
+     ["1000000C5", "GiB", "available"]),
+    (TRAIN + ["--dataset", "mnist", "--data-dir", "DATA"], 1, ["no such folder"]),
+    (TRAIN + ["--dataset", "cifar10", "--data-dir", "DIR"], 1, ["no CIFAR-10 batches"]),
+    # --- devices
+    (["devices", "--devices", "tpu"], 2, ["--devices", "tpu"]),
+    (["devices", "--batch-size", "0"], 2, ["--batch-size"]),
+    (["devices", "--dataset", "npz:DIR", "--devices", "cpu:1"], 1, ["folder"]),
+    (["devices", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1"], 1, ["GiB"]),
+    # --- evaluate
+    (["evaluate"], 2, ["--weights", "required"]),
+    (["evaluate", "--weights", "DIR", "--devices", "cpu:1"], 1, ["folder"]),
+    (["evaluate", "--weights", "EMPTY", "--devices", "cpu:1"], 1, ["empty file"]),
+    (["evaluate", "--weights", "TEXT", "--devices", "cpu:1"], 1, ["not an .npz file"]),
+    (["evaluate", "--weights", "WEIGHTS", "--devices", "cpu:1", "--dataset", "synthetic"], 1,
+     ["no test split"]),
+    (["evaluate", "--weights", "WEIGHTS", "--devices", "cpu:1", "--dataset", "npz:TEXT"], 1,
+     ["not an .npz file"]),
+    # --- predict
+    (PREDICT + ["--input", "NPY_CHANNEL_LAST"], 1, ["channel-last", "(2, 1, 12, 12)"]),
+    (PREDICT + ["--input", "NPY_OBJECTS"], 1, ["Python objects"]),
+    (PREDICT + ["--input", "DIR"], 1, ["folder"]),
+    (PREDICT + ["--input", "EMPTY"], 1, ["empty file"]),
+    (PREDICT + ["--input", "TEXT"], 1, ["not an .npy or .npz file"]),
+    (PREDICT + ["--input", "IMAGES", "--output", "DIR"], 1, ["cannot write", "directory"]),
+    (PREDICT + ["--input", "IMAGES", "--batch-size", "0"], 2, ["--batch-size"]),
+    (PREDICT + ["--input", "IMAGES", "--devices", "numpy:2"], 2, ["--devices"]),
+    # --- bench: argparse errors and option values, before anything is measured
+    (["bench", "nosuch"], 2, ["invalid choice", "nosuch"]),
+    (["bench", "gemm", "--repeat", "0"], 2, ["pyhet bench gemm", "--repeat"]),
+    (["bench", "gemm", "--frob"], 2, ["pyhet bench gemm", "--frob"]),
+    (["bench", "step", "--kernels", "a"], 2, ["pyhet bench step", "--kernels"]),
+    (["bench", "scaling", "--steps", "0"], 2, ["pyhet bench scaling", "--steps"]),
+    (["bench", "bandwidth", "--rates", "foo"], 2, ["pyhet bench bandwidth", "rate"]),
+    # --- no command, an unknown one
+    ([], 2, ["COMMAND", "required"]),
+    (["frob"], 2, ["invalid choice", "frob"]),
+]
+
+
+def _argv(argv, files):
+    out = []
+    for a in map(str, argv):
+        for name, path in sorted(files.items(), key=lambda kv: -len(kv[0])):
+            if a == name or a.endswith(":" + name):
+                a = a[:len(a) - len(name)] + str(path)
+                break
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("argv,code,words", BAD, ids=[" ".join(a[:1] + a[-2:]) for a, _, _
+                                                      in BAD])
+def test_a_bad_command_line_is_one_line_with_its_status(cli, files, argv, code, words):
+    res = cli(*_argv(argv, files))
+    assert res.code == code, (res.code, res.err)
+    assert res.out == ""
+    assert "Traceback" not in res.err
+    lines = [line for line in res.err.splitlines() if line.strip()]
+    assert len(lines) == 1, res.err
+    assert ": error: " in lines[0], lines[0]
+    for w in words:
+        assert w.lower() in lines[0].lower(), (w, lines[0])
+
+
+# ================================================================ stdout that cannot be written
+
+def _pyhet(argv, cwd, stdout, shell_redirect=""):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    cmd = [sys.executable, "-m", "pyhet", *map(str, argv)]
+    if shell_redirect:
+        cmd = ["sh", "-c", 'exec "$@" ' + shell_redirect, "sh", *cmd]
+    return subprocess.run(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_full_disk_on_stdout_is_one_line(files, tmp_path, as_json):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    argv = _argv(TRAIN, files) + (["--json"] if as_json else [])
+    with open("/dev/full", "w") as full:
+        p = _pyhet(argv, tmp_path, full)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "pyhet: error: cannot write to stdout: No space left on device"], p.stderr
+
+
+def test_help_into_a_full_disk_is_one_line(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "w") as full:
+        p = _pyhet(["train", "--help"], tmp_path, full)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [
+        "pyhet: error: cannot write to stdout: No space left on device"], p.stderr
+
+
+def test_a_closed_pipe_on_stdout_is_quiet(files, tmp_path):
+    """`pyhet train ... | head -0`: the reader is gone before anything is written."""
+    r, w = os.pipe()
+    os.close(r)
+    with os.fdopen(w, "w") as pipe:
+        p = _pyhet(_argv(TRAIN, files), tmp_path, pipe)
+    assert p.returncode == 1
+    assert p.stderr == "", p.stderr
+
+
+def test_a_closed_stdout_is_one_line_and_the_run_still_saves(files, tmp_path):
+    """`pyhet train --save w.npz >&-`: the weights are written (no file takes the place of
+    stdout), and that the summary could not be printed is said in one line."""
+    out = tmp_path / "w.npz"
+    p = _pyhet(_argv(TRAIN, files) + ["--save", out], tmp_path, None, shell_redirect=">&-")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [
+        "pyhet: error: cannot write to stdout: it is closed"], p.stderr
+    with np.load(out) as w:
+        assert "conv1.weight" in w.files
+
+
+# ================================================================ nothing left to resume
+
+def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
+    """A run whose checkpoint is at its last step: no step, exit 0, one line on stderr that
+    says so; the summary has no step figures, and --save writes the checkpoint's weights."""
+    ckpt = tmp_path / "ckpt"
+    argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--epochs", "2",
+                  "--checkpoint-dir", ckpt], files)
+    assert cli(*argv).code == 0
+    done = sorted(ckpt.glob("checkpoint-*.npz"))[-1]
+    for extra in (["--json"], []):
+        res = cli(*argv, "--resume", "--save", tmp_path / "w.npz", *extra)
+        assert res.code == 0, res.err
+        lines = [line for line in res.err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "nothing left to train" in lines[0], res.err
+        assert str(done) in lines[0] and "--epochs" in lines[0]
+        if extra:
+            s = json.loads(res.out.strip().splitlines()[-1])
+            assert s["steps"] == 4 and s["step_time_s"] is None and s["train_loss"] is None
+        else:
+            assert "final train loss: n/a" in res.out
+    with np.load(done) as c, np.load(tmp_path / "w.npz") as w:
+        np.testing.assert_array_equal(c["conv1.weight"], w["conv1.weight"])
+
+
+# ================================================================ channel-last images in the API
+
+def test_channel_last_images_are_named_in_the_api():
+    from pyhet.errors import DataError
+    from pyhet.images import looks_channel_last
+
+    with pyhet.Network(ARCH, (3, 12, 12), 3, devices="numpy") as net:
+        with pytest.raises(DataError, match=r"channel-last .* here \(2, 3, 12, 12\).*transpose"):
+            net.predict(np.zeros((2, 12, 12, 3), np.float32))
+    assert looks_channel_last((5, 32, 32, 3)) and looks_channel_last((5, 28, 28, 1))
+    # (N, C, H, W) arrays that only end in a 1, 3 or 4 are left alone
+    assert not looks_channel_last((6, 2, 5, 4)) and not looks_channel_last((5, 3, 32, 3))
