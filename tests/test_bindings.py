@@ -36,7 +36,8 @@ BAD_INDICES = [-2, -2**31, INT32_MAX]
 @dataclass
 class Call:
     """A call of one binding: its keyword arguments, which of them are written, which are ints
-    and which an index array (name -> the plane size its entries index)."""
+    (sizes, strides), which are index arrays (arg), whether it takes channels and threads, and
+    how it was spoiled."""
     fn: object
     args: dict
     outputs: tuple = ()
