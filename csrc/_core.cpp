@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -39,6 +40,10 @@ std::string shape_str(const Shape& s) {
 
 Shape shape_of(const py::array& a) { return Shape(a.shape(), a.shape() + a.ndim()); }
 
+std::string type_name(py::handle obj) {
+  return std::string(py::str(py::type::handle_of(obj).attr("__name__")));
+}
+
 // The array behind `obj`, checked for type, dtype, contiguity, ndim and writeability.
 // row_strided: also accept a 2-d array whose rows are contiguous but further apart than their
 // length (a block of a bigger matrix); its row stride becomes the GEMM's leading dimension.
@@ -48,7 +53,7 @@ py::array checked(py::handle obj, const char* name, int ndim, bool output,
   const char* want = std::is_same<T, float>::value ? "float32" : "int32";
   if (!py::isinstance<py::array>(obj))
     throw py::type_error(std::string(name) + ": expected a numpy " + want + " array, got " +
-                         std::string(py::str(obj.get_type().attr("__name__"))));
+                         type_name(obj));
   auto a = py::reinterpret_borrow<py::array>(obj);
   if (!a.dtype().is(py::dtype::of<T>()))
     throw py::type_error(std::string(name) + ": expected dtype " + want + ", got " +
@@ -78,6 +83,62 @@ void expect_shape(const py::array& a, const char* name, const Shape& want) {
 
 void expect_positive(int64_t v, const char* name) {
   if (v < 1) throw py::value_error(std::string(name) + " must be >= 1, got " + std::to_string(v));
+}
+
+// The most threads a kernel may be asked for: more than any machine has cores, and far fewer
+// than make the OpenMP runtime end the process (libgomp allocates per thread up front: asked
+// for 100,000 threads it aborts, out of memory).
+constexpr int64_t kMaxThreads = 1024;
+
+// An int argument as given from Python: an int or a NumPy integer, not a bool or a float.
+// Integer arguments are taken as objects and read here, so that a wrong type or a value beyond
+// 64 bits gets one short message rather than pybind11's list of signatures.
+int64_t int_arg(py::handle v, const char* name) {
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+    throw py::type_error(std::string(name) + " must be an int, got " + type_name(v));
+  auto n = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!n) throw py::error_already_set();
+  int overflow = 0;
+  const long long r = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+  if (overflow)
+    throw py::value_error(std::string(name) + " must fit in 64 bits, got " +
+                          std::string(py::str(n)));
+  return r;
+}
+
+// `threads`: an int in [1, kMaxThreads].
+int thread_count(py::handle threads) {
+  const int64_t v = int_arg(threads, "threads");
+  if (v < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(v));
+  if (v > kMaxThreads)
+    throw py::value_error("threads must be at most " + std::to_string(kMaxThreads) + ", got " +
+                          std::to_string(v));
+  return static_cast<int>(v);
+}
+
+// a * b and a + b for sizes, refused when they do not fit in int64 (absurd kernel sizes,
+// paddings or dimensions of an empty array) instead of overflowing.
+int64_t size_mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw py::value_error("sizes too large: " + std::to_string(a) + " x " + std::to_string(b) +
+                          " does not fit in 64 bits");
+  return r;
+}
+int64_t size_add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r))
+    throw py::value_error("sizes too large: " + std::to_string(a) + " + " + std::to_string(b) +
+                          " does not fit in 64 bits");
+  return r;
+}
+
+// The pool kernels index a plane with int32 (arg): its H * W elements must fit.
+void expect_int32_plane(int64_t H, int64_t W, const char* what) {
+  if (H > 0 && W > INT32_MAX / H)
+    throw py::value_error(std::string(what) + ": a " + std::to_string(H) + "x" +
+                          std::to_string(W) + " plane has more than 2**31 - 1 elements, more "
+                          "than the int32 indices of arg can address");
 }
 
 // An output must not share memory with an input: the kernels read inputs while writing.
@@ -117,7 +178,7 @@ const T* cptr(const py::array& a) { return static_cast<const T*>(a.data()); }
 // GEMM
 
 void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans_b,
-                float alpha, float beta, int threads, bool reference) {
+                float alpha, float beta, py::handle threads_, bool reference) {
   auto a = checked<float>(a_, "a", 2, false, true), b = checked<float>(b_, "b", 2, false, true);
   auto c = checked<float>(c_, "c", 2, true, true);
   const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
@@ -128,7 +189,7 @@ void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool 
   expect_shape(c, "c", {M, N});
   expect_disjoint(c, a, "c", "a");
   expect_disjoint(c, b, "c", "b");
-  if (threads < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(threads));
+  const int threads = thread_count(threads_);
   const float *pa = cptr<float>(a), *pb = cptr<float>(b);
   float* pc = ptr<float>(c);
   auto ld = [](const py::array& x) {
@@ -149,13 +210,18 @@ struct ConvGeom {
   int64_t N, C, H, W, KH, KW, stride, pad, OH, OW;
 };
 
-ConvGeom conv_geom(const py::array& x, int64_t kh, int64_t kw, int64_t stride, int64_t pad) {
+ConvGeom conv_geom(const py::array& x, py::handle kh_, py::handle kw_, py::handle stride_,
+                   py::handle pad_) {
+  const int64_t kh = int_arg(kh_, "kernel height"), kw = int_arg(kw_, "kernel width");
+  const int64_t stride = int_arg(stride_, "stride"), pad = int_arg(pad_, "padding");
   expect_positive(kh, "kernel height");
   expect_positive(kw, "kernel width");
   expect_positive(stride, "stride");
   if (pad < 0) throw py::value_error("padding must be >= 0, got " + std::to_string(pad));
   ConvGeom g{x.shape(0), x.shape(1), x.shape(2), x.shape(3), kh, kw, stride, pad, 0, 0};
-  if (g.H + 2 * pad < kh || g.W + 2 * pad < kw)
+  const int64_t padded_h = size_add(g.H, size_mul(2, pad));
+  const int64_t padded_w = size_add(g.W, size_mul(2, pad));
+  if (padded_h < kh || padded_w < kw)
     throw py::value_error("a " + std::to_string(kh) + "x" + std::to_string(kw) +
                           " kernel does not fit a " + std::to_string(g.H) + "x" +
                           std::to_string(g.W) + " input with padding " + std::to_string(pad));
@@ -164,10 +230,21 @@ ConvGeom conv_geom(const py::array& x, int64_t kh, int64_t kw, int64_t stride, i
   return g;
 }
 
+// The shape of the im2col matrix: (C * KH * KW, N * OH * OW).
+Shape col_shape(const ConvGeom& g) {
+  return {size_mul(size_mul(g.C, g.KH), g.KW), size_mul(size_mul(g.N, g.OH), g.OW)};
+}
+
 // channels: None for all, or (begin, end) to touch only those input channels.
-std::pair<int64_t, int64_t> channel_range(py::object channels, int64_t C) {
+std::pair<int64_t, int64_t> channel_range(py::handle channels, int64_t C) {
   if (channels.is_none()) return {0, C};
-  auto r = channels.cast<std::pair<int64_t, int64_t>>();
+  std::pair<int64_t, int64_t> r;
+  try {
+    r = channels.cast<std::pair<int64_t, int64_t>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("channels: expected None or a pair (begin, end) of ints, got " +
+                         type_name(channels));
+  }
   if (r.first < 0 || r.second > C || r.first > r.second)
     throw py::value_error("channels: expected a range (begin, end) with 0 <= begin <= end <= " +
                           std::to_string(C) + ", got (" + std::to_string(r.first) + ", " +
@@ -175,39 +252,46 @@ std::pair<int64_t, int64_t> channel_range(py::object channels, int64_t C) {
   return r;
 }
 
-void bind_im2col(py::handle x_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                 py::handle col_, int threads, py::object channels) {
+void bind_im2col(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
+                 py::handle pad, py::handle col_, py::handle threads_, py::handle channels) {
   auto x = checked<float>(x_, "x", 4, false);
   auto col = checked<float>(col_, "col", 2, true);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
-  expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
+  expect_shape(col, "col", col_shape(g));
   expect_disjoint(col, x, "col", "x");
   const auto c = channel_range(channels, g.C);
+  const int threads = thread_count(threads_);
+  if (col.size() == 0) return;  // (its rows may still number 2**40: do not loop over them)
   const float* px = cptr<float>(x);
   float* pc = ptr<float>(col);
   py::gil_scoped_release nogil;
-  pyhet::im2col(px, g.N, g.C, g.H, g.W, kh, kw, stride, pad, pc, threads, c.first, c.second);
+  pyhet::im2col(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, pc, threads, c.first,
+                c.second);
 }
 
-void bind_col2im(py::handle col_, int64_t kh, int64_t kw, int64_t stride, int64_t pad,
-                 py::handle x_, int threads, py::object channels) {
+void bind_col2im(py::handle col_, py::handle kh, py::handle kw, py::handle stride,
+                 py::handle pad, py::handle x_, py::handle threads_, py::handle channels) {
   auto col = checked<float>(col_, "col", 2, false);
   auto x = checked<float>(x_, "x", 4, true);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
-  expect_shape(col, "col", {g.C * kh * kw, g.N * g.OH * g.OW});
+  expect_shape(col, "col", col_shape(g));
   expect_disjoint(x, col, "x", "col");
   const auto c = channel_range(channels, g.C);
+  const int threads = thread_count(threads_);
+  if (x.size() == 0) return;
   const float* pc = cptr<float>(col);
   float* px = ptr<float>(x);
   py::gil_scoped_release nogil;
-  pyhet::col2im(pc, g.N, g.C, g.H, g.W, kh, kw, stride, pad, px, threads, c.first, c.second);
+  pyhet::col2im(pc, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, px, threads, c.first,
+                c.second);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Pooling
 
-void bind_maxpool(py::handle x_, int64_t k, int64_t s, py::handle out_, py::handle arg_,
-                  int threads) {
+void bind_maxpool(py::handle x_, py::handle k_, py::handle s_, py::handle out_, py::handle arg_,
+                  py::handle threads_) {
+  const int64_t k = int_arg(k_, "pool size"), s = int_arg(s_, "pool stride");
   auto x = checked<float>(x_, "x", 4, false);
   auto out = checked<float>(out_, "out", 4, true);
   auto arg = checked<int32_t>(arg_, "arg", 4, true);
@@ -217,10 +301,14 @@ void bind_maxpool(py::handle x_, int64_t k, int64_t s, py::handle out_, py::hand
   if (H < k || W < k)
     throw py::value_error("max-pool window " + std::to_string(k) + " is larger than the " +
                           std::to_string(H) + "x" + std::to_string(W) + " input");
+  expect_int32_plane(H, W, "x");
   const Shape want{N, C, pyhet::pool_out_size(H, k, s), pyhet::pool_out_size(W, k, s)};
   expect_shape(out, "out", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(out, x, "out", "x");
+  expect_disjoint(arg, x, "arg", "x");
+  expect_disjoint(out, arg, "out", "arg");
+  const int threads = thread_count(threads_);
   const float* px = cptr<float>(x);
   float* po = ptr<float>(out);
   int32_t* pa = ptr<int32_t>(arg);
@@ -228,7 +316,8 @@ void bind_maxpool(py::handle x_, int64_t k, int64_t s, py::handle out_, py::hand
   pyhet::maxpool_forward(px, N * C, H, W, k, s, po, pa, threads);
 }
 
-void bind_maxpool_backward(py::handle dout_, py::handle arg_, py::handle dx_, int threads) {
+void bind_maxpool_backward(py::handle dout_, py::handle arg_, py::handle dx_,
+                           py::handle threads_) {
   auto dout = checked<float>(dout_, "dout", 4, false);
   auto arg = checked<int32_t>(arg_, "arg", 4, false);
   auto dx = checked<float>(dx_, "dx", 4, true);
@@ -238,6 +327,9 @@ void bind_maxpool_backward(py::handle dout_, py::handle arg_, py::handle dx_, in
                           std::to_string(dout.shape(1)) + " planes, got shape " +
                           shape_str(shape_of(dx)));
   expect_disjoint(dx, dout, "dx", "dout");
+  // dx is zeroed and written while arg is read: an arg inside dx would change under the checks
+  expect_disjoint(dx, arg, "dx", "arg");
+  const int threads = thread_count(threads_);
   const int64_t N = dx.shape(0), C = dx.shape(1), H = dx.shape(2), W = dx.shape(3);
   const int32_t* pa = cptr<int32_t>(arg);
   // arg comes from Python: check every index lands in its plane before scattering.
@@ -263,18 +355,25 @@ Shape pooled_shape(int64_t K, int64_t N, int64_t H, int64_t W, int64_t k, int64_
   return {N, K, pyhet::pool_out_size(H, k, s), pyhet::pool_out_size(W, k, s)};
 }
 
-void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t k, int64_t s,
-                            py::handle out_, py::handle arg_, int threads) {
+void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, py::handle k_, py::handle s_,
+                            py::handle out_, py::handle arg_, py::handle threads_) {
+  const int64_t k = int_arg(k_, "pool size"), s = int_arg(s_, "pool stride");
   auto y = checked<float>(y_, "y", 4, false);
   auto bias = checked<float>(bias_, "bias", 1, false);
   auto out = checked<float>(out_, "out", 4, true);
   auto arg = checked<int32_t>(arg_, "arg", 4, true);
   const int64_t K = y.shape(0), N = y.shape(1), H = y.shape(2), W = y.shape(3);
   const Shape want = pooled_shape(K, N, H, W, k, s, "conv output");
+  expect_int32_plane(H, W, "y");
   expect_shape(bias, "bias", {K});
   expect_shape(out, "out", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(out, y, "out", "y");
+  expect_disjoint(out, bias, "out", "bias");
+  expect_disjoint(arg, y, "arg", "y");
+  expect_disjoint(arg, bias, "arg", "bias");
+  expect_disjoint(out, arg, "out", "arg");
+  const int threads = thread_count(threads_);
   const float *py_ = cptr<float>(y), *pb = cptr<float>(bias);
   float* po = ptr<float>(out);
   int32_t* pa = ptr<int32_t>(arg);
@@ -282,8 +381,9 @@ void bind_bias_relu_maxpool(py::handle y_, py::handle bias_, int64_t k, int64_t 
   pyhet::bias_relu_maxpool(py_, pb, K, N, H, W, k, s, po, pa, threads);
 }
 
-void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t k, int64_t s,
-                                     py::handle dy_, int threads) {
+void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::handle k_,
+                                     py::handle s_, py::handle dy_, py::handle threads_) {
+  const int64_t k = int_arg(k_, "pool size"), s = int_arg(s_, "pool stride");
   auto dout = checked<float>(dout_, "dout", 4, false);
   auto arg = checked<int32_t>(arg_, "arg", 4, false);
   auto dy = checked<float>(dy_, "dy", 4, true);
@@ -292,6 +392,10 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t 
   expect_shape(dout, "dout", want);
   expect_shape(arg, "arg", want);
   expect_disjoint(dy, dout, "dy", "dout");
+  // dy is zeroed and written while arg is read: an arg inside dy would change under the checks
+  expect_disjoint(dy, arg, "dy", "arg");
+  expect_int32_plane(H, W, "dy");
+  const int threads = thread_count(threads_);
   // arg comes from Python: check every index before scattering, plane by plane. Without
   // pooling (k == s == 1) the kernel reads arg as a mask, so each entry must be -1 or its
   // element's own index; else -1 or inside the plane. (int32 compares: they vectorise.)
@@ -327,7 +431,7 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, int64_t 
 // SGD
 
 void bind_sgd_update(py::handle p_, py::handle g_, py::handle v_, float lr, float momentum,
-                     float weight_decay, bool first, int threads) {
+                     float weight_decay, bool first, py::handle threads_) {
   auto p = checked<float>(p_, "p", 1, true);
   auto g = checked<float>(g_, "g", 1, false);
   auto v = checked<float>(v_, "v", 1, true);
@@ -336,6 +440,7 @@ void bind_sgd_update(py::handle p_, py::handle g_, py::handle v_, float lr, floa
   expect_disjoint(p, g, "p", "g");
   expect_disjoint(v, g, "v", "g");
   expect_disjoint(p, v, "p", "v");
+  const int threads = thread_count(threads_);
   float *pp = ptr<float>(p), *pv = ptr<float>(v);
   const float* pg = cptr<float>(g);
   py::gil_scoped_release nogil;
@@ -348,14 +453,14 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "pyhet's C++ core: packed SGEMM, im2col/col2im, pooling. Use pyhet.ops instead.";
   m.def("sgemm",
         [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta,
-           int threads) { bind_sgemm(a, b, c, ta, tb, alpha, beta, threads, false); },
+           py::handle threads) { bind_sgemm(a, b, c, ta, tb, alpha, beta, threads, false); },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         py::arg("threads") = 1,
         "c = alpha * op(a) @ op(b) + beta * c on the packed kernel, in place.");
   m.def("sgemm_ref",
         [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta) {
-          bind_sgemm(a, b, c, ta, tb, alpha, beta, 1, true);
+          bind_sgemm(a, b, c, ta, tb, alpha, beta, py::int_(1), true);
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
@@ -369,6 +474,16 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("name"),
         "Test hook: force the GEMM micro-kernel for every later call, or go back to 'auto'.");
+  m.def("set_gemm_min_flops_per_thread",
+        [](double flops) {
+          if (std::isnan(flops))
+            throw py::value_error("set_gemm_min_flops_per_thread: expected a number, got nan");
+          return pyhet::gemm::set_min_flops_per_thread(flops);
+        },
+        py::arg("flops"),
+        "Test hook: split a GEMM among its threads only when each gets at least `flops` FLOPs "
+        "(0: always; < 0: the default again). Returns the previous threshold.");
+  m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
         py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none());

@@ -76,6 +76,9 @@ static_assert(MC % MR == 0 && NC % NR == 0, "blocks must hold whole micro-tiles"
 // N = 10, K = 37500: 12 MFLOP) stay on one thread; the conv products are thousands of times
 // bigger.
 constexpr double kMinFlopsPerThread = 1.6e7;
+// The threshold in use: the tests lower it (set_min_flops_per_thread) so that products small
+// enough to check quickly are split among threads too, with all their edge cases.
+std::atomic<double> min_flops_per_thread{kMinFlopsPerThread};
 // Rows split among threads share one packed B block when it holds at least this many floats
 // (64 KiB); smaller blocks are cheaper to pack twice than to wait for each other at a barrier.
 constexpr int64_t kMinSharedBFloats = 16384;
@@ -296,9 +299,12 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
 #ifdef _OPENMP
   const double flops =
       2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const double fit = flops / kMinFlopsPerThread;  // threads worth waking
+  const double min_flops = min_flops_per_thread.load(std::memory_order_relaxed);
   plan.team = clamp_threads(threads);
-  if (fit < plan.team) plan.team = std::max(1, static_cast<int>(fit));
+  if (min_flops > 0) {
+    const double fit = flops / min_flops;  // threads worth waking
+    if (fit < plan.team) plan.team = std::max(1, static_cast<int>(fit));
+  }
 #else
   (void)threads;
 #endif
@@ -437,6 +443,10 @@ bool set_kernel(const char* name) {
     return false;
   }
   return true;
+}
+
+double set_min_flops_per_thread(double flops) {
+  return min_flops_per_thread.exchange(flops < 0 ? kMinFlopsPerThread : flops);
 }
 
 }  // namespace gemm

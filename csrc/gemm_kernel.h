@@ -33,5 +33,9 @@ void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int
 // Returns false, changing nothing, for an unknown name or a kernel this CPU cannot run.
 bool set_kernel(const char* name);
 
+// Test hook: split a product among its threads only when each gets at least `flops` FLOPs
+// (0: always, as many threads as asked; < 0: back to the default). Returns the previous value.
+double set_min_flops_per_thread(double flops);
+
 }  // namespace gemm
 }  // namespace pyhet

@@ -54,7 +54,7 @@ def have_openmp() -> bool:
 # Checks
 
 
-MAX_THREADS = 4096     # more threads than any machine's cores: surely a mistake
+MAX_THREADS = _core.max_threads   # the core's limit (1024): more than any machine's cores
 _INT_MAX = 2**31 - 1   # the core's sizes are C ints
 
 
@@ -82,7 +82,7 @@ def _size(v, name: str, what: str, minimum: int = 0) -> int:
 
 
 def _shape(shape, name: str, what: str) -> tuple:
-    """An (N, C, H, W) shape of whole numbers >= 1."""
+    """An (N, C, H, W) shape of whole numbers >= 0 (an empty batch or map is a valid no-op)."""
     try:
         dims = tuple(shape)
     except TypeError:
@@ -90,7 +90,7 @@ def _shape(shape, name: str, what: str) -> tuple:
                         f"{type(shape).__name__}") from None
     if len(dims) != 4:
         raise ValueError(f"{what}: {name} must have 4 dimensions (N, C, H, W), got {len(dims)}")
-    return tuple(_size(d, name, what, 1) for d in dims)
+    return tuple(_size(d, name, what, 0) for d in dims)
 
 
 def _channels(channels, what: str):

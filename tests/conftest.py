@@ -11,6 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: each property test draws the profile's max_examples (some a multiple of it).
+# PYHET_HYPOTHESIS_PROFILE=sanitize, for the sanitizer build of the core (several times slower;
+# CI runs it), draws fewer.
+settings.register_profile("pyhet", max_examples=40, deadline=None)
+settings.register_profile("sanitize", max_examples=15, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("PYHET_HYPOTHESIS_PROFILE", "pyhet"))
 
 
 # ================================================================ training on given devices

@@ -73,8 +73,8 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("cpu:\u0661", "ASCII digits"),           # int() reads any script's digits; SPECs are ASCII
     ("gpu:\uff11", "ASCII digits"),           # a fullwidth 1
     ("\u0661/cpu:1", "not of the form"),
-    ("cpu:5000", "at most 4096 threads"),
-    ("cpu:100000000000", "at most 4096 threads"),
+    ("cpu:5000", "at most 1024 threads"),
+    ("cpu:100000000000", "at most 1024 threads"),
 ])
 def test_bad_specs_are_refused_clearly(spec, message):
     with pytest.raises(DeviceSpecError, match=re.escape(message)) as info:

@@ -73,7 +73,7 @@ BAD = [
     (TRAIN + ["--steps", "\u0661"], 2, ["--steps", "whole number"]),
     (TRAIN + ["--devices", "cpu:\u0661"], 2, ["--devices", "ASCII"]),
     (TRAIN + ["--devices", "cpu:1@1e-300"], 2, ["--devices", "0.001 <= S <= 1"]),
-    (TRAIN + ["--devices", "cpu:100000000000"], 2, ["--devices", "at most 4096"]),
+    (TRAIN + ["--devices", "cpu:100000000000"], 2, ["--devices", "at most 1024"]),
     (TRAIN + ["--devices", "3/cpu:1"], 2, ["rank 3", "mpiexec"]),
     (TRAIN + ["--resume"], 2, ["--resume", "--checkpoint-dir"]),
     (TRAIN + ["--kernels", "3,4", "--arch", "3C3"], 2, ["--arch", "--kernels"]),

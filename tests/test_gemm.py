@@ -54,6 +54,17 @@ def micro_kernel(name):
         _core.set_gemm_kernel("auto")
 
 
+@contextlib.contextmanager
+def split_every_product():
+    """Split every product among as many threads as asked, however small (the core splits only
+    products worth it), so that small shapes reach every thread layout and edge."""
+    old = _core.set_gemm_min_flops_per_thread(0)
+    try:
+        yield
+    finally:
+        _core.set_gemm_min_flops_per_thread(old)
+
+
 @pytest.fixture(params=KERNELS)
 def kernel(request):
     with micro_kernel(request.param):
@@ -97,6 +108,17 @@ def run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=False):
     _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
                 threads=threads)
     return c
+
+
+def as_block(x, rng):
+    """x as a block of a bigger C-contiguous matrix, a few columns in from its left edge (rows
+    contiguous, row stride > width), as `w[:, r0:r1]` passes it; returns (block, bigger matrix).
+    The columns around it are NaN, and the GEMM must leave them so."""
+    left, right = rng.integers(1, 9, 2)
+    big = np.full((x.shape[0], left + x.shape[1] + right), np.nan, np.float32)
+    block = big[:, left:left + x.shape[1]]
+    block[...] = x
+    return block, big
 
 
 def run_ref(a, b, c0, trans_a, trans_b, alpha, beta):
@@ -177,18 +199,34 @@ def test_empty_output(m, n, trans_a, trans_b):
     assert c.shape == (m, n)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=settings.default.max_examples * 3 // 2)
 @given(m=st.integers(1, 150), n=st.integers(1, 150), k=st.integers(0, 700),
        trans=st.sampled_from(TRANS), alpha=st.sampled_from([1.0, -1.0, 0.375]),
-       beta=st.sampled_from([0.0, 1.0, -0.5]), threads=st.sampled_from([1, 2]),
+       beta=st.sampled_from([0.0, 1.0, -0.5]), threads=st.sampled_from([1, 2, 3, 7]),
+       split=st.booleans(), blocks=st.booleans(),
        kernel_name=st.sampled_from(["portable", "avx2-fma"] if HAVE_AVX2 else ["portable"]),
        seed=st.integers(0, 2**32 - 1))
-def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, kernel_name, seed):
+def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, split, blocks, kernel_name,
+                           seed):
+    """Odd shapes on 1, 2, 3 or 7 threads (split: however small the product), on contiguous
+    operands or on blocks of bigger matrices (blocks: a, b and c), whose neighbours stay
+    untouched."""
     trans_a, trans_b = trans
-    a, b, c0 = operands(np.random.default_rng(seed), m, n, k, trans_a, trans_b)
-    with micro_kernel(kernel_name):
-        c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
+    rng = np.random.default_rng(seed)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    c = np.full(c0.shape, np.nan, np.float32) if beta == 0 else c0.copy()
+    if blocks:
+        a, b = as_block(a, rng)[0], as_block(b, rng)[0]
+        c, big_c = as_block(c, rng)
+    with micro_kernel(kernel_name), (split_every_product() if split else
+                                     contextlib.nullcontext()):
+        _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
+                    threads=threads)
     expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta)
+    if blocks:
+        left = (c.ctypes.data - big_c.ctypes.data) // 4
+        assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + n:]).all(), \
+            "the GEMM wrote outside its block of C"
     if m * n * k <= 2_000_000:
         expect_close(run_ref(a, b, c0, trans_a, trans_b, alpha, beta), a, b, c0, trans_a,
                      trans_b, alpha, beta)

@@ -1,13 +1,15 @@
-"""Each C++ op against the NumPy reference on random odd shapes, forward and backward.
+"""Each C++ op against the NumPy reference on random odd shapes (zero sizes included) and
+thread counts, forward and backward.
 
 Tolerances: im2col, col2im, pooling and the fused bias + ReLU + max-pool only move or compare
 values (col2im adds at most R*S of them), so they must match to float32 rounding; products go
-through the GEMM and are compared relative to the size of their terms.
+through the GEMM and are compared relative to the size of their terms. Hypothesis draws the
+examples of the profile in conftest.py.
 """
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pyhet import _core, ops
@@ -15,14 +17,16 @@ from pyhet.backends import numpy_ref as ref
 from pyhet.backends.cpu import CpuBackend
 from pyhet.errors import ArchitectureError
 from pyhet.geometry import ConvGeometry
+from pyhet.optim import SGDConfig, sgd_update
 
-SETTINGS = settings(max_examples=40, deadline=None)
+# 3 and 7 split rows, channels and planes unevenly, and 7 often gets more threads than work.
+THREADS = st.sampled_from([1, 2, 3, 7])
 
 
 @st.composite
 def conv_geometry(draw):
-    N = draw(st.integers(1, 3))
-    C = draw(st.integers(1, 4))
+    N = draw(st.integers(0, 3))
+    C = draw(st.integers(0, 4))
     R = draw(st.integers(1, 5))
     S = draw(st.integers(1, 5))
     stride = draw(st.integers(1, 3))
@@ -30,6 +34,15 @@ def conv_geometry(draw):
     H = draw(st.integers(max(1, R - 2 * pad), 13))
     W = draw(st.integers(max(1, S - 2 * pad), 13))
     return N, C, H, W, R, S, stride, pad
+
+
+@st.composite
+def channel_ranges(draw, C):
+    """None (every channel) or (c0, c1), 0 <= c0 <= c1 <= C: the share of one device."""
+    if draw(st.booleans()):
+        return None
+    c0 = draw(st.integers(0, C))
+    return c0, draw(st.integers(c0, C))
 
 
 def rand(rng, *shape):
@@ -40,24 +53,37 @@ def rand(rng, *shape):
 # im2col / col2im
 
 
-@SETTINGS
-@given(conv_geometry(), st.integers(1, 2), st.integers(0, 2**31))
-def test_im2col_matches_reference(geom, threads, seed):
+@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
+def test_im2col_matches_reference(geom, threads, data, seed):
+    """With channels, only the rows of those input channels are written; the rest of the
+    output keeps what it held (NaN here)."""
     N, C, H, W, R, S, stride, pad = geom
+    channels = data.draw(channel_ranges(C), "channels")
     x = rand(np.random.default_rng(seed), N, C, H, W)
-    got = ops.im2col(x, R, S, stride, pad, threads=threads)
-    np.testing.assert_array_equal(got, ref.im2col(x, R, S, stride, pad))
+    want = ref.im2col(x, R, S, stride, pad)
+    out = np.full(want.shape, np.nan, np.float32)
+    got = ops.im2col(x, R, S, stride, pad, out=out, channels=channels, threads=threads)
+    assert got is out
+    if channels is not None:
+        rows = np.arange(want.shape[0]) // (R * S)
+        want[(rows < channels[0]) | (rows >= channels[1])] = np.nan
+    np.testing.assert_array_equal(got, want)
 
 
-@SETTINGS
-@given(conv_geometry(), st.integers(1, 2), st.integers(0, 2**31))
-def test_col2im_matches_reference(geom, threads, seed):
+@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
+def test_col2im_matches_reference(geom, threads, data, seed):
+    """With channels, only those channels of the output are written (from their rows of col)."""
     N, C, H, W, R, S, stride, pad = geom
+    channels = data.draw(channel_ranges(C), "channels")
     rng = np.random.default_rng(seed)
     OH, OW = ref.out_size(H, R, stride, pad), ref.out_size(W, S, stride, pad)
     col = rand(rng, C * R * S, N * OH * OW)
-    got = ops.col2im(col, (N, C, H, W), R, S, stride, pad, threads=threads)
+    out = np.full((N, C, H, W), np.nan, np.float32)
+    got = ops.col2im(col, (N, C, H, W), R, S, stride, pad, out=out, channels=channels,
+                     threads=threads)
     want = ref.col2im(col.astype(np.float64), (N, C, H, W), R, S, stride, pad)
+    if channels is not None:
+        want[:, :channels[0]] = want[:, channels[1]:] = np.nan
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -75,24 +101,23 @@ def test_col2im_overwrites_its_output():
 def pool_geometry(draw):
     k = draw(st.integers(1, 4))
     s = draw(st.integers(1, 4))
-    return (draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(k, 12)),
+    return (draw(st.integers(0, 3)), draw(st.integers(0, 4)), draw(st.integers(k, 12)),
             draw(st.integers(k, 12)), k, s)
 
 
-@SETTINGS
-@given(pool_geometry(), st.booleans(), st.integers(0, 2**31))
-def test_maxpool_matches_reference(geom, ties, seed):
+@given(pool_geometry(), st.booleans(), THREADS, st.integers(0, 2**31))
+def test_maxpool_matches_reference(geom, ties, threads, seed):
     N, C, H, W, k, s = geom
     rng = np.random.default_rng(seed)
     # small integers make ties common: the first maximum must win in both
     x = (rng.integers(-3, 4, (N, C, H, W)) if ties else rng.standard_normal((N, C, H, W)))
     x = x.astype(np.float32)
-    out, arg = ops.maxpool(x, k, s, threads=2)
+    out, arg = ops.maxpool(x, k, s, threads=threads)
     rout, rarg = ref.maxpool_forward(x, k, s)
     np.testing.assert_array_equal(out, rout)
     np.testing.assert_array_equal(arg, rarg)
     dout = rand(rng, *out.shape)
-    np.testing.assert_allclose(ops.maxpool_backward(dout, arg, x.shape),
+    np.testing.assert_allclose(ops.maxpool_backward(dout, arg, x.shape, threads=threads),
                                ref.maxpool_backward(dout, rarg, x.shape), rtol=1e-6, atol=1e-6)
 
 
@@ -153,8 +178,7 @@ def check_fused(y, b, k, s, threads, rng):
                                atol=1e-6 * terms * (np.abs(dout).max() + 1))
 
 
-@SETTINGS
-@given(block_geometry(), st.booleans(), st.booleans(), st.integers(1, 2), st.integers(0, 2**31))
+@given(block_geometry(), st.booleans(), st.booleans(), THREADS, st.integers(0, 2**31))
 def test_bias_relu_maxpool_matches_reference(geom, ties, nans, threads, seed):
     K, N, H, W, k, s = geom
     rng = np.random.default_rng(seed)
@@ -218,7 +242,6 @@ def conv_blocks(draw):
     return g, draw(st.integers(1, 3))
 
 
-@SETTINGS
 @given(conv_blocks(), st.integers(0, 2**31))
 def test_cpu_conv_block_matches_reference(block, seed):
     g, N = block
@@ -259,7 +282,30 @@ def test_cpu_linear_matches_reference():
 
 
 # ------------------------------------------------------------------------------------------------
-# Bad input to the bindings: a clear exception, never a crash or a silent copy
+# The SGD update
+
+
+@given(st.integers(0, 300), st.sampled_from([0.0, 0.9]), st.sampled_from([0.0, 1e-2]),
+       st.booleans(), THREADS, st.integers(0, 2**31))
+def test_sgd_update_matches_reference(n, momentum, weight_decay, first, threads, seed):
+    """_core.sgd_update against pyhet.optim.sgd_update (torch.optim.SGD's rule), in place on
+    flat arrays of odd lengths. Both round every operation to float32 in the same order, so they
+    agree to a rounding or two (1e-6 relative, plus 1e-6 where p nearly cancels). Without
+    momentum the buffer v is neither read nor written."""
+    rng = np.random.default_rng(seed)
+    p, g, v = rand(rng, n), rand(rng, n), rand(rng, n)
+    cfg = SGDConfig(0.05, momentum, weight_decay)
+    want_p = p.copy()
+    want_v = sgd_update(want_p, g, None if first else v.copy(), cfg)
+    got_p, got_v = p.copy(), v.copy()
+    _core.sgd_update(got_p, g, got_v, cfg.lr, momentum, weight_decay, first, threads)
+    np.testing.assert_allclose(got_p, want_p, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_v, v if not momentum else want_v, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input to the bindings: a clear exception, never a crash or a silent copy. (Every binding
+# is also fuzzed with bad arguments in test_bindings.py.)
 
 
 def test_core_refuses_wrong_dtype_layout_and_shapes():
@@ -357,7 +403,7 @@ def test_ops_accept_non_contiguous_inputs():
 
 
 @pytest.mark.parametrize("call,error,words", [
-    (lambda a, x: ops.gemm(a, a.T, threads=2**31), ValueError, ["threads", "at most 4096"]),
+    (lambda a, x: ops.gemm(a, a.T, threads=2**31), ValueError, ["threads", "at most 1024"]),
     (lambda a, x: ops.gemm(a, a.T, threads=2**63), ValueError, ["threads", "at most"]),
     (lambda a, x: ops.gemm(a, a.T, threads=1.0), TypeError, ["threads", "int"]),
     (lambda a, x: ops.sgemm(a, a.T, threads=10**6), ValueError, ["threads"]),
@@ -390,3 +436,92 @@ def test_bad_arguments_give_one_short_line(call, error, words):
     assert len(message) < 200 and "\n" not in message, message
     for w in words:
         assert w in message, (w, message)
+
+
+def test_core_refuses_outputs_that_overlap_their_inputs():
+    """An output that shares memory with an input is refused, index arrays included: the
+    backward kernels zero and write their output while they read arg, so an arg inside it would
+    change after its indices were checked, and send a write gigabytes past the array."""
+    big = np.zeros(40, np.float32)
+    dx = big[4:36].reshape(1, 2, 4, 4)
+    arg = big[0:8].view(np.int32).reshape(1, 2, 2, 2)  # its second plane lies inside dx
+    arg[...] = [[[[1, 2], [3, 5]], [[0, 0], [0, 0]]]]
+    dout = np.ones((1, 2, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="dx overlaps arg"):
+        _core.maxpool_backward(dout, arg, dx)
+    with pytest.raises(ValueError, match="dy overlaps arg"):
+        ops.bias_relu_maxpool_backward(dout, arg, (2, 1, 4, 4), 2, out=dx.reshape(2, 1, 4, 4))
+
+    y, b = np.zeros((2, 1, 4, 4), np.float32), np.zeros(2, np.float32)
+    out, arg = np.zeros((1, 2, 2, 2), np.float32), np.zeros((1, 2, 2, 2), np.int32)
+    with pytest.raises(ValueError, match="out overlaps bias"):
+        _core.bias_relu_maxpool(y, out.reshape(-1)[:2], 2, 2, out, arg)
+    with pytest.raises(ValueError, match="arg overlaps y"):
+        _core.bias_relu_maxpool(y, b, 2, 2, out, y.reshape(-1)[:8].view(np.int32).reshape(
+            1, 2, 2, 2))
+    with pytest.raises(ValueError, match="out overlaps arg"):
+        _core.bias_relu_maxpool(y, b, 2, 2, out, out.view(np.int32))
+    x = y.reshape(1, 2, 4, 4)
+    with pytest.raises(ValueError, match="arg overlaps x"):
+        _core.maxpool(x, 2, 2, out, x.reshape(-1)[8:16].view(np.int32).reshape(1, 2, 2, 2))
+    with pytest.raises(ValueError, match="out overlaps arg"):
+        _core.maxpool(x, 2, 2, out, out.view(np.int32))
+    p = np.zeros(6, np.float32)
+    with pytest.raises(ValueError, match="v overlaps g"):
+        _core.sgd_update(p[:3], p[3:], p[3:], 0.1, 0.9, 0.0, True)
+
+
+@pytest.mark.parametrize("threads, error, message", [
+    (0, ValueError, "threads must be >= 1, got 0"),
+    (-2**70, ValueError, "threads must fit in 64 bits"),
+    (1025, ValueError, "threads must be at most 1024, got 1025"),
+    (10**6, ValueError, "threads must be at most 1024, got 1000000"),
+    (2.0, TypeError, "threads must be an int, got float"),
+    (True, TypeError, "threads must be an int, got bool"),
+    (None, TypeError, "threads must be an int, got NoneType"),
+])
+def test_core_refuses_bad_thread_counts(threads, error, message):
+    """Every kernel checks its thread count (a million threads would make the OpenMP runtime
+    abort the process) with one short message; the GEMM's among them."""
+    x, col = np.zeros((1, 1, 4, 4), np.float32), np.zeros((9, 4), np.float32)
+    with pytest.raises(error, match=message):
+        _core.im2col(x, 3, 3, 1, 0, col, threads=threads)
+    with pytest.raises(error, match=message):
+        _core.col2im(col, 3, 3, 1, 0, x, threads=threads)
+    with pytest.raises(error, match=message):
+        _core.sgemm(col, col.T.copy(), np.zeros((9, 9), np.float32), threads=threads)
+    assert _core.max_threads == 1024
+    # a NumPy integer is an int
+    _core.im2col(x, 3, 3, 1, 0, col, threads=np.int64(2))
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(pad=2**62), ValueError, "sizes too large: 2 x 4611686018427387904 does not fit"),
+    (dict(stride=2**70), ValueError, "stride must fit in 64 bits"),
+    (dict(kh=1.0), TypeError, "kernel height must be an int, got float"),
+    (dict(pad=-1), ValueError, "padding must be >= 0, got -1"),
+    (dict(channels="ab"), TypeError, "channels: expected None or a pair"),
+    (dict(channels=(0,)), TypeError, "channels: expected None or a pair"),
+    (dict(channels=(2, 1)), ValueError, r"0 <= begin <= end <= 1, got \(2, 1\)"),
+])
+def test_im2col_refuses_absurd_geometry(kw, error, message):
+    """Sizes whose products would overflow 64 bits are refused before any arithmetic on them."""
+    args = dict(x=np.zeros((1, 1, 4, 4), np.float32), kh=3, kw=3, stride=1, pad=0,
+                col=np.zeros((9, 4), np.float32))
+    args.update(kw)
+    with pytest.raises(error, match=message):
+        _core.im2col(**args)
+
+
+def test_core_sizes_that_overflow_on_empty_arrays():
+    """An empty array can have huge dimensions: its im2col matrix would have more than 2**63
+    elements, and an empty one with 2**40 rows is done without visiting them."""
+    with pytest.raises(ValueError, match="sizes too large"):
+        _core.im2col(np.zeros((0, 2**40, 5, 5), np.float32), 2**31, 2**31, 1, 2**40,
+                     np.zeros((0, 0), np.float32))
+    _core.im2col(np.zeros((0, 1, 5, 5), np.float32), 2**20, 2**20, 1, 2**20,
+                 np.zeros((2**40, 0), np.float32))
+    with pytest.raises(ValueError, match="more than the int32 indices of arg can address"):
+        _core.maxpool(np.zeros((0, 1, 2**16, 2**16), np.float32), 2, 2,
+                      np.zeros((0, 1, 2**15, 2**15), np.float32),
+                      np.zeros((0, 1, 2**15, 2**15), np.int32))

@@ -153,9 +153,10 @@ def maxpool_backward(dy, arg, x_shape):
     """dy, arg (N, C, PH, PW) -> dx (N, C, H, W): each gradient goes to its window's maximum."""
     xp = array_module(dy)
     N, C, H, W = x_shape
+    P = arg.shape[2] * arg.shape[3]                       # (not -1: N * C may be 0)
     dx = xp.zeros((N * C, H * W), dy.dtype)
     planes = xp.arange(N * C)[:, None]
-    _scatter_add(dx, (planes, arg.reshape(N * C, -1)), dy.reshape(N * C, -1))
+    _scatter_add(dx, (planes, arg.reshape(N * C, P)), dy.reshape(N * C, P))
     return dx.reshape(x_shape)
 
 

@@ -1,0 +1,302 @@
+"""Every binding of the C++ core (pyhet._core) called with odd and with bad arguments: it does
+its work or raises a short ValueError or TypeError, and never crashes. On the sanitizer build
+(README, "The sanitizer build") this also checks that no argument makes the core read or write
+out of bounds or run into undefined behaviour. The values are checked in test_ops.py and
+test_gemm.py; here it is the arguments.
+
+Each case draws a valid call (zero sizes included) on 1, 2, 3 or 7 threads, then spoils some of
+its arguments. A spoil that no call can accept (a wrong dtype or ndim, not an array, a
+non-contiguous or read-only output, a bad index, thread count, size or channel range) must
+raise; one that might still make a valid call (a dimension changed) may raise or run.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyhet import _core
+
+THREADS = st.sampled_from([1, 2, 3, 7])
+INT32_MAX = 2**31 - 1
+
+# Values that no int argument (sizes, strides, padding, pool windows) and no thread count
+# accepts: negative, not an int, or beyond 64 bits; and thread counts out of range.
+BAD_INTS = [-1, 1.5, None, True, "3", 2**70, -2**70]
+BAD_THREADS = [0, -1, 1025, 10**6, 2**31, 2**70, 2.0, None, True, "2"]
+# Channel ranges that are wrong whatever the number of channels.
+BAD_CHANNELS = [(-1, 0), (2, 1), (0, 2**40), "ab", (0,), 3, (0.0, 1.0)]
+# Pool indices outside every plane (all of them smaller than 2**31 elements).
+BAD_INDICES = [-2, -2**31, INT32_MAX]
+
+
+@dataclass
+class Call:
+    """A call of one binding: its keyword arguments, which of them are written, which are ints
+    (sizes, strides), which are index arrays (arg), whether it takes channels and threads, and
+    how it was spoiled."""
+    fn: object
+    args: dict
+    outputs: tuple = ()
+    ints: tuple = ()
+    indices: tuple = ()
+    channels: bool = False
+    threads: bool = True
+    spoiled: list = field(default_factory=list)  # (argument, how, must raise)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Valid calls, one strategy per binding
+
+
+def sgemm_call(draw, fn=_core.sgemm, threads=True):
+    m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(a=rand(rng, *((k, m) if ta else (m, k))), b=rand(rng, *((n, k) if tb else (k, n))),
+                c=rand(rng, m, n), trans_a=ta, trans_b=tb, alpha=draw(st.sampled_from([1.0, -2.0])),
+                beta=draw(st.sampled_from([0.0, 0.5])))
+    if threads:
+        args["threads"] = draw(THREADS)
+    return Call(fn, args, outputs=("c",), threads=threads)
+
+
+def sgemm_ref_call(draw):
+    return sgemm_call(draw, _core.sgemm_ref, threads=False)
+
+
+def conv_sizes(draw):
+    N, C = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, 2))
+    H = draw(st.integers(max(0, kh - 2 * pad), 9))
+    W = draw(st.integers(max(0, kw - 2 * pad), 9))
+    OH, OW = (H + 2 * pad - kh) // stride + 1, (W + 2 * pad - kw) // stride + 1
+    channels = None
+    if draw(st.booleans()):
+        c0 = draw(st.integers(0, C))
+        channels = (c0, draw(st.integers(c0, C)))
+    return N, C, H, W, kh, kw, stride, pad, OH, OW, channels
+
+
+def im2col_call(draw):
+    N, C, H, W, kh, kw, stride, pad, OH, OW, channels = conv_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(x=rand(rng, N, C, H, W), kh=kh, kw=kw, stride=stride, pad=pad,
+                col=np.zeros((C * kh * kw, N * OH * OW), np.float32), threads=draw(THREADS),
+                channels=channels)
+    return Call(_core.im2col, args, outputs=("col",), ints=("kh", "kw", "stride", "pad"),
+                channels=True)
+
+
+def col2im_call(draw):
+    N, C, H, W, kh, kw, stride, pad, OH, OW, channels = conv_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(col=rand(rng, C * kh * kw, N * OH * OW), kh=kh, kw=kw, stride=stride, pad=pad,
+                x=np.zeros((N, C, H, W), np.float32), threads=draw(THREADS), channels=channels)
+    return Call(_core.col2im, args, outputs=("x",), ints=("kh", "kw", "stride", "pad"),
+                channels=True)
+
+
+def pool_sizes(draw):
+    """N, C (or K), H, W, window k, stride s, PH, PW."""
+    k, s = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    N, C = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    H, W = draw(st.integers(k, 9)), draw(st.integers(k, 9))
+    return N, C, H, W, k, s, (H - k) // s + 1, (W - k) // s + 1
+
+
+def maxpool_call(draw):
+    N, C, H, W, k, s, PH, PW = pool_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(x=rand(rng, N, C, H, W), k=k, stride=s, out=np.zeros((N, C, PH, PW), np.float32),
+                arg=np.zeros((N, C, PH, PW), np.int32), threads=draw(THREADS))
+    return Call(_core.maxpool, args, outputs=("out", "arg"), ints=("k", "stride"))
+
+
+def maxpool_backward_call(draw):
+    N, C, H, W, k, s, PH, PW = pool_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(dout=rand(rng, N, C, PH, PW),
+                arg=rng.integers(0, H * W, (N, C, PH, PW)).astype(np.int32),
+                dx=np.zeros((N, C, H, W), np.float32), threads=draw(THREADS))
+    return Call(_core.maxpool_backward, args, outputs=("dx",), indices=("arg",))
+
+
+def bias_relu_maxpool_call(draw):
+    N, K, H, W, k, s, PH, PW = pool_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(y=rand(rng, K, N, H, W), bias=rand(rng, K), pool=k, stride=s,
+                out=np.zeros((N, K, PH, PW), np.float32), arg=np.zeros((N, K, PH, PW), np.int32),
+                threads=draw(THREADS))
+    return Call(_core.bias_relu_maxpool, args, outputs=("out", "arg"), ints=("pool", "stride"))
+
+
+def bias_relu_maxpool_backward_call(draw):
+    N, K, H, W, k, s, PH, PW = pool_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    if k == s == 1:  # without pooling each entry is -1 or its element's own index
+        own = np.broadcast_to(np.arange(H * W, dtype=np.int32).reshape(H, W), (N, K, H, W))
+        arg = np.where(rng.random((N, K, H, W)) < 0.5, own, -1).astype(np.int32)
+    else:
+        arg = rng.integers(-1, H * W, (N, K, PH, PW)).astype(np.int32)
+    args = dict(dout=rand(rng, N, K, PH, PW), arg=arg, pool=k, stride=s,
+                dy=np.zeros((K, N, H, W), np.float32), threads=draw(THREADS))
+    return Call(_core.bias_relu_maxpool_backward, args, outputs=("dy",), ints=("pool", "stride"),
+                indices=("arg",))
+
+
+def sgd_update_call(draw):
+    n = draw(st.integers(0, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(p=rand(rng, n), g=rand(rng, n), v=rand(rng, n), lr=0.1,
+                momentum=draw(st.sampled_from([0.0, 0.9])), weight_decay=1e-3,
+                first=draw(st.booleans()), threads=draw(THREADS))
+    return Call(_core.sgd_update, args, outputs=("p", "v"))
+
+
+CASES = {
+    "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "im2col": im2col_call,
+    "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
+    "bias_relu_maxpool": bias_relu_maxpool_call,
+    "bias_relu_maxpool_backward": bias_relu_maxpool_backward_call,
+    "sgd_update": sgd_update_call,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Spoils
+
+
+def spoil_array(draw, a, output):
+    """(the spoiled array or object, how, whether no call can accept it)."""
+    how = draw(st.sampled_from(["dtype", "more dims", "fewer dims", "list", "strided",
+                                "read-only", "size"]))
+    if how == "dtype":
+        other = {np.dtype(np.float32): np.float64, np.dtype(np.int32): np.int64}[a.dtype]
+        return a.astype(other), how, True
+    if how == "more dims":
+        return a[..., None], how, True
+    if how == "fewer dims":
+        return (a.reshape(-1) if a.ndim > 1 else a.reshape(1, -1)), how, True
+    if how == "list":
+        return a.tolist(), how, True
+    if how == "strided":  # the same shape, every other element of a wider array
+        wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)[..., ::2]
+        wide[...] = a
+        return wide, how, not wide.flags.c_contiguous
+    if how == "read-only":
+        b = a.copy()
+        b.flags.writeable = False
+        return b, how, output
+    axis = draw(st.integers(0, a.ndim - 1))
+    shape = list(a.shape)
+    shape[axis] = draw(st.sampled_from([0, shape[axis] + 1, max(0, shape[axis] - 1)]))
+    return np.zeros(shape, a.dtype), f"size {tuple(shape)}", False
+
+
+@st.composite
+def spoiled_calls(draw, make):
+    call = make(draw)
+    names = [k for k, v in call.args.items() if isinstance(v, np.ndarray)] + list(call.ints)
+    if call.threads:
+        names.append("threads")
+    if call.channels:
+        names.append("channels")
+    names += [f"{k} values" for k in call.indices if call.args[k].size]
+    chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
+    for name in chosen:
+        if name == "threads":
+            value = draw(st.sampled_from(BAD_THREADS))
+            call.args[name] = value
+            call.spoiled.append((name, repr(value), True))
+        elif name == "channels":
+            value = draw(st.sampled_from(BAD_CHANNELS))
+            call.args[name] = value
+            call.spoiled.append((name, repr(value), True))
+        elif name in call.ints:
+            value = draw(st.sampled_from(BAD_INTS))
+            call.args[name] = value
+            call.spoiled.append((name, repr(value), True))
+        elif name.endswith(" values"):
+            key = name.split()[0]
+            if not isinstance(call.args[key], np.ndarray) or not call.args[key].size:
+                continue  # spoiled otherwise already
+            a = call.args[key].copy()
+            value = draw(st.sampled_from(BAD_INDICES))
+            a.reshape(-1)[draw(st.integers(0, a.size - 1))] = value
+            call.args[key] = a
+            call.spoiled.append((key, f"an index {value}", True))
+        else:
+            value, how, must = spoil_array(draw, call.args[name], name in call.outputs)
+            call.args[name] = value
+            call.spoiled.append((name, how, must))
+    return call
+
+
+# ------------------------------------------------------------------------------------------------
+# The tests
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=settings.default.max_examples * 3)
+@given(data=st.data())
+def test_binding_runs_or_raises_a_short_error(name, data):
+    call = data.draw(spoiled_calls(CASES[name]), "call")
+    must_raise = any(must for _, _, must in call.spoiled)
+    try:
+        call.fn(**call.args)
+    except (ValueError, TypeError) as e:
+        assert call.spoiled, f"a valid call raised {e!r}"
+        message = str(e)
+        assert "\n" not in message and len(message) < 200, f"not a short message: {message!r}"
+        return
+    assert not must_raise, f"{name} ran with {call.spoiled}"
+
+
+def test_every_binding_is_covered():
+    """A new binding needs a case here (or a test of its own below)."""
+    own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread"}
+    bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
+    assert bindings == set(CASES) | own_tests
+
+
+@given(st.one_of(st.sampled_from(["auto", "portable", "avx2-fma", "AVX2", ""]), st.text(),
+                 st.integers(), st.none()))
+def test_set_gemm_kernel_takes_only_its_names(name):
+    try:
+        _core.set_gemm_kernel(name)
+    except (ValueError, TypeError):
+        assert name not in ("auto", "portable")
+    else:
+        assert name in ("auto", "portable", "avx2-fma")
+        assert _core.gemm_kernel() in ("avx2-fma", "portable")
+    finally:
+        _core.set_gemm_kernel("auto")
+    assert isinstance(_core.have_openmp(), bool)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_set_gemm_min_flops_per_thread(flops):
+    """Any threshold but NaN is taken (negative: the default again) and handed back by the next
+    call; the GEMM stays right whatever it is."""
+    default = _core.set_gemm_min_flops_per_thread(-1)
+    try:
+        with (pytest.raises(ValueError, match="nan") if np.isnan(flops)
+              else contextlib.nullcontext()):
+            _core.set_gemm_min_flops_per_thread(flops)
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        c = np.empty((3, 3), np.float32)
+        _core.sgemm(a, a, c, trans_b=True, threads=3)
+        np.testing.assert_array_equal(c, a @ a.T)
+        want = default if np.isnan(flops) or flops < 0 else flops
+        assert _core.set_gemm_min_flops_per_thread(-1) == want
+    finally:
+        _core.set_gemm_min_flops_per_thread(default)
