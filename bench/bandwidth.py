@@ -8,8 +8,8 @@ pair, each end shaped by a `tc tbf` at the rate (none: no limit); MPICH is told 
 link (MPIR_CVAR_NOLOCAL=1, the OFI netmod with the tcp provider on the veth), not through shared
 memory. Per rate the table gives: the link bandwidth the master measured, the conv2 partition
 calibration chose (`--devices 0/cpu:1,1/cpu:1 --balance static`), the step time, the speedup over
-the master's device alone (one process, `--devices cpu:1`), the cost model's conv time beside the
-measured one, and, where PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half
+the master's device alone (one process, `--devices cpu:1`), the cost model's step time beside the
+measured one (its conv time, compute plus link, and the measured rest of the step), and, where PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half
 the batch each) on the same link: the data-parallel alternative, which moves the gradients of
 every weight each step where pyhet moves activations.
 
@@ -278,6 +278,7 @@ def main(argv=None) -> int:
                        "speedup": alone_s / s["step_time_s"]["median"],
                        "conv_s": s["conv_time_s"],
                        "predicted_conv_s": s.get("predicted_conv_time_s"),
+                       "predicted_step_s": s.get("predicted_step_time_s"),
                        "bytes_per_step": figures["bytes_sent_per_step"] +
                        figures["bytes_received_per_step"],
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
@@ -299,13 +300,14 @@ def main(argv=None) -> int:
                       (f" ({100 * within:.0f}%)" if within else ""),
                       "/".join(str(v) for v in r["partition"]["conv2"].values()),
                       f"{r['step_s']:.3f}", f"{r['speedup']:.2f}x",
-                      f"{r['conv_s']:.3f}",
-                      "-" if r["predicted_conv_s"] is None else f"{r['predicted_conv_s']:.3f}",
+                      "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s']:.3f}",
+                      "-" if r["predicted_step_s"] is None else
+                      f"{r['predicted_step_s'] / r['step_s']:.2f}",
                       f"{r['bytes_per_step'] / 1e6:.1f}",
                       "-" if r["ddp_step_s"] is None else f"{r['ddp_step_s']:.3f}",
                       "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}"])
     print(_util.format_table(["rate", "Mbit/s measured", "conv2 partition", "step s", "speedup",
-                              "conv s", "model conv s", "MB/step", "DDP step s",
+                              "model step s", "model/measured", "MB/step", "DDP step s",
                               "pyhet/DDP"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
               "batch_size": args.batch_size, "alone_step_s": alone_s, "rates": rows}
