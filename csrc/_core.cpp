@@ -431,20 +431,38 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::hand
 // SGD
 
 void bind_sgd_update(py::handle p_, py::handle g_, py::handle v_, float lr, float momentum,
-                     float weight_decay, bool first, py::handle threads_) {
-  auto p = checked<float>(p_, "p", 1, true);
+                     float weight_decay, bool first, py::handle threads_, py::handle p_out_,
+                     py::handle v_out_) {
+  // in place (p_out, v_out None), or into p_out and v_out, which overlap nothing
+  const bool into = !p_out_.is_none() || !v_out_.is_none();
+  if (into && (p_out_.is_none() || v_out_.is_none()))
+    throw py::value_error("sgd_update: give both p_out and v_out, or neither (in place)");
+  auto p = checked<float>(p_, "p", 1, !into);
   auto g = checked<float>(g_, "g", 1, false);
-  auto v = checked<float>(v_, "v", 1, true);
+  auto v = checked<float>(v_, "v", 1, !into);
   expect_shape(g, "g", shape_of(p));
   expect_shape(v, "v", shape_of(p));
   expect_disjoint(p, g, "p", "g");
   expect_disjoint(v, g, "v", "g");
   expect_disjoint(p, v, "p", "v");
+  py::array p_out = p, v_out = v;
+  if (into) {
+    p_out = checked<float>(p_out_, "p_out", 1, true);
+    v_out = checked<float>(v_out_, "v_out", 1, true);
+    expect_shape(p_out, "p_out", shape_of(p));
+    expect_shape(v_out, "v_out", shape_of(p));
+    for (const auto& [a, name] : {std::pair<const py::array*, const char*>{&p, "p"}, {&g, "g"},
+                                   {&v, "v"}, {&v_out, "v_out"}})
+      expect_disjoint(p_out, *a, "p_out", name);
+    for (const auto& [a, name] : {std::pair<const py::array*, const char*>{&p, "p"}, {&g, "g"},
+                                   {&v, "v"}})
+      expect_disjoint(v_out, *a, "v_out", name);
+  }
   const int threads = thread_count(threads_);
-  float *pp = ptr<float>(p), *pv = ptr<float>(v);
-  const float* pg = cptr<float>(g);
+  const float *pp = cptr<float>(p), *pg = cptr<float>(g), *pv = cptr<float>(v);
+  float *po = ptr<float>(p_out), *vo = ptr<float>(v_out);
   py::gil_scoped_release nogil;
-  pyhet::sgd_update(pp, pg, pv, p.shape(0), lr, momentum, weight_decay, first, threads);
+  pyhet::sgd_update(pp, pg, pv, po, vo, p.shape(0), lr, momentum, weight_decay, first, threads);
 }
 
 }  // namespace
@@ -496,7 +514,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("dx"), py::arg("threads") = 1);
   m.def("sgd_update", &bind_sgd_update, py::arg("p"), py::arg("g"), py::arg("v"), py::arg("lr"),
         py::arg("momentum"), py::arg("weight_decay"), py::arg("first"), py::arg("threads") = 1,
-        "In place: d = g + wd*p; v = d if first else momentum*v + d; p -= lr*v (flat arrays).");
+        py::arg("p_out") = py::none(), py::arg("v_out") = py::none(),
+        "d = g + wd*p; v = d if first else momentum*v + d; p -= lr*v (flat arrays), in place, "
+        "or into p_out and v_out (both given; they overlap nothing) leaving p and v as they were.");
   m.def("bias_relu_maxpool", &bind_bias_relu_maxpool, py::arg("y"), py::arg("bias"),
         py::arg("pool"), py::arg("stride"), py::arg("out"), py::arg("arg"),
         py::arg("threads") = 1,

@@ -266,19 +266,17 @@ class Device:
     # sgd_stage writes the new state beside the current one, which stays as it was until the
     # master commits every layer of every device at once (commit_stage): a failure anywhere in
     # a step leaves every shard as it was before the step, on the device itself, where
-    # get_shard reads it (pyhet.failover). The buffers swap at each commit (no allocation); the
-    # cost is one more copy of the shard in the device's memory and a copy of it per step.
+    # get_shard reads it (pyhet.failover). The update reads the old state and writes the new
+    # one in one pass (as much memory traffic as updating in place), and the buffers swap at
+    # each commit (no allocation): the cost is one more copy of the shard in the device's memory.
 
     def sgd_stage(self, layer: str, cfg: SGDConfig):
         s, be = self._shards[layer], self.backend
         w, b, vw, vb = s.spare if s.spare is not None else (None,) * 4
-        w, b = _copy_into(w, s.w), _copy_into(b, s.b)
-        if s.vw is not None:
-            vw, vb = _copy_into(vw, s.vw), _copy_into(vb, s.vb)
-        else:
+        if s.vw is None:          # the first update: no momentum buffers to reuse yet
             vw = vb = None
-        vw = be.sgd_update(w, s.dw, vw, cfg)
-        vb = be.sgd_update(b, s.db, vb, cfg)
+        w, vw = be.sgd_update_into(s.w, s.dw, s.vw, cfg, w, vw)
+        b, vb = be.sgd_update_into(s.b, s.db, s.vb, cfg, b, vb)
         s.staged, s.spare = (w, b, vw, vb), None
 
     def commit_stage(self, layer: str):
@@ -290,14 +288,6 @@ class Device:
             s.w, s.b, s.vw, s.vb = s.staged
             s.staged = None
             s.dw = s.db = None
-
-
-def _copy_into(dst, src):
-    """src copied into dst (a NumPy or CuPy array of the same shape), or into a new array."""
-    if dst is None or dst.shape != src.shape:
-        return src.copy()
-    dst[...] = src
-    return dst
 
 
 # ================================================================================================

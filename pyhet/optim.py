@@ -6,7 +6,9 @@
     v = momentum * v + d       after it
     p = p - lr * v
 
-Works in place on NumPy or CuPy arrays, so each device updates the parameters it holds.
+Works on NumPy or CuPy arrays, so each device updates the parameters it holds: in place, or
+into other arrays, leaving the old state as it was (a device keeps it until the step is
+committed).
 """
 
 from __future__ import annotations
@@ -45,3 +47,26 @@ def sgd_update(p, g, v, cfg: SGDConfig):
         d = v
     p -= cfg.lr * d
     return v
+
+
+def sgd_update_into(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
+    """The update of sgd_update written to p_out and v_out (arrays of p's shape, or None: new
+    ones), leaving p and v as they were. Returns (p_out, v_out); v_out is None when momentum
+    is 0."""
+    d = g + cfg.weight_decay * p if cfg.weight_decay else g
+    if cfg.momentum:
+        new_v = d if v is None else cfg.momentum * v + d
+        v_out = _into(v_out, new_v)
+        d = v_out
+    else:
+        v_out = None
+    p_out = _into(p_out, p - cfg.lr * d)
+    return p_out, v_out
+
+
+def _into(dst, value):
+    """value written into dst (same shape), or a copy of it when dst is None."""
+    if dst is None:
+        return value.copy()
+    dst[...] = value
+    return dst

@@ -27,8 +27,8 @@ layer has updated. So until the commit every device holds the state before the s
 it back when asked, the failed one too (a GPU that ran out of memory still has its memory; a
 device on another rank whose work raised still has its rank). A device that is gone with its
 memory (a rank that died) cannot: the run then ends, and the newest checkpoint is where to
-resume. The cost: per device one more copy of its shards in its memory and a copy of them per
-step. A device that failed is left out of every later partition ("dead") and never called again.
+resume. The cost: per device one more copy of its shards in its memory (the update writes the
+new state beside the old in one pass, no more memory traffic than in place). A device that failed is left out of every later partition ("dead") and never called again.
 
 Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
 (R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.

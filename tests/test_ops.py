@@ -17,7 +17,7 @@ from pyhet.backends import numpy_ref as ref
 from pyhet.backends.cpu import CpuBackend
 from pyhet.errors import ArchitectureError
 from pyhet.geometry import ConvGeometry
-from pyhet.optim import SGDConfig, sgd_update
+from pyhet.optim import SGDConfig, sgd_update, sgd_update_into
 
 # 3 and 7 split rows, channels and planes unevenly, and 7 often gets more threads than work.
 THREADS = st.sampled_from([1, 2, 3, 7])
@@ -301,6 +301,44 @@ def test_sgd_update_matches_reference(n, momentum, weight_decay, first, threads,
     _core.sgd_update(got_p, g, got_v, cfg.lr, momentum, weight_decay, first, threads)
     np.testing.assert_allclose(got_p, want_p, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_v, v if not momentum else want_v, rtol=1e-6, atol=1e-6)
+
+# ------------------------------------------------------------------------------------------------
+# The SGD update
+
+
+@given(st.integers(0, 300), st.sampled_from([0.0, 0.9]), st.sampled_from([0.0, 1e-2]),
+       st.booleans(), THREADS, st.integers(0, 2**31))
+def test_sgd_update_into_other_arrays_leaves_the_old_state(n, momentum, weight_decay, first,
+                                                        threads, seed):
+    """The out-of-place update (a device's staged update) writes the same new state as the
+    reference into p_out and v_out, and leaves p, g and v exactly as they were; the backend's
+    sgd_update_into agrees with pyhet.optim.sgd_update_into."""
+    rng = np.random.default_rng(seed)
+    p, g, v = rand(rng, n), rand(rng, n), rand(rng, n)
+    cfg = SGDConfig(0.05, momentum, weight_decay)
+    want_p = p.copy()
+    want_v = sgd_update(want_p, g, None if first else v.copy(), cfg)
+    before = (p.copy(), g.copy(), v.copy())
+    p_out, v_out = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    _core.sgd_update(p, g, v, cfg.lr, momentum, weight_decay, first, threads, p_out, v_out)
+    for a, b in zip((p, g, v), before):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(p_out, want_p, rtol=1e-6, atol=1e-6)
+    if momentum:
+        np.testing.assert_allclose(v_out, want_v, rtol=1e-6, atol=1e-6)
+    ref_p, ref_v = sgd_update_into(p, g, None if first else v, cfg)
+    got_p, got_v = CpuBackend(threads).sgd_update_into(p, g, None if first else v, cfg)
+    np.testing.assert_allclose(got_p, ref_p, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ref_p, want_p, rtol=1e-6, atol=1e-6)
+    assert (got_v is None) == (ref_v is None) == (not momentum)
+    if momentum:
+        np.testing.assert_allclose(got_v, ref_v, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="both p_out and v_out"):
+        _core.sgd_update(p, g, v, 0.1, momentum, 0.0, first, threads, p_out, None)
+    if n:   # empty arrays overlap nothing
+        with pytest.raises(ValueError, match="p_out overlaps p"):
+            _core.sgd_update(p, g, v, 0.1, momentum, 0.0, first, threads, p, v_out)
+
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core, ops
-from ..optim import sgd_update
+from ..optim import sgd_update, sgd_update_into
 from . import numpy_ref as ref
 
 
@@ -125,6 +125,21 @@ class CpuBackend:
         _core.sgd_update(p.reshape(-1), np.ascontiguousarray(g).reshape(-1), v.reshape(-1),
                          cfg.lr, cfg.momentum, cfg.weight_decay, first, self.threads)
         return v
+
+    def sgd_update_into(self, p, g, v, cfg, p_out=None, v_out=None):
+        """As pyhet.optim.sgd_update_into, in one pass on the C++ core: the new state goes to
+        p_out and v_out (None: new arrays), p and v stay as they were."""
+        if not cfg.momentum:
+            return sgd_update_into(p, g, v, cfg, p_out, v_out)
+        first = v is None
+        p_out = np.empty_like(p) if p_out is None else p_out
+        v_out = np.empty_like(p) if v_out is None else v_out
+        v = np.empty_like(p) if first else v     # not read on the first step
+        _core.sgd_update(p.reshape(-1), np.ascontiguousarray(g).reshape(-1),
+                         v.reshape(-1), cfg.lr, cfg.momentum,
+                         cfg.weight_decay, first, self.threads, p_out.reshape(-1),
+                         v_out.reshape(-1))
+        return p_out, v_out
 
     # --- fc and loss (on the master) --------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from ..errors import DeviceError
-from ..optim import sgd_update
+from ..optim import sgd_update, sgd_update_into
 from . import numpy_ref as ref
 
 
@@ -91,6 +91,10 @@ class CudaBackend:
     def sgd_update(self, p, g, v, cfg):
         self._use()
         return sgd_update(p, g, v, cfg)
+
+    def sgd_update_into(self, p, g, v, cfg, p_out=None, v_out=None):
+        self._use()
+        return sgd_update_into(p, g, v, cfg, p_out, v_out)
 
 
 def describe_gpus() -> list[dict]:

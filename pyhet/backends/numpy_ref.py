@@ -16,7 +16,7 @@ import numpy as np
 
 from ..geometry import conv_out_size as out_size
 from ..geometry import pool_out_size
-from ..optim import sgd_update
+from ..optim import sgd_update, sgd_update_into
 
 
 def array_module(a):
@@ -286,3 +286,6 @@ class NumpyBackend:
 
     def sgd_update(self, p, g, v, cfg):
         return sgd_update(p, g, v, cfg)
+
+    def sgd_update_into(self, p, g, v, cfg, p_out=None, v_out=None):
+        return sgd_update_into(p, g, v, cfg, p_out, v_out)
