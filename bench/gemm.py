@@ -228,8 +228,8 @@ def main(argv=None) -> int:
 
 
 def format_tables(results, kernels) -> str:
-    """GFLOP/s per side, then the ratios; "-" where a side did not run."""
-    sides = ["numpy", *kernels, PLAIN]
+    """GFLOP/s per side, then the ratios; "-" where a side did not run on a problem."""
+    sides = [s for s in ("numpy", *kernels, PLAIN) if any(s in r["gflops"] for r in results)]
     ratios = [f"{x}/{y}" for x, y in RATIOS
               if any(f"{x}/{y}" in r["ratios"] for r in results)]
 

@@ -546,11 +546,13 @@ bool cpu_has_avx512() {
 // Whether "auto" takes the AVX-512 kernel where the CPU runs it: everywhere but on AMD's Zen 4
 // (family 0x19, the only one of that family with AVX-512). Zen 4 runs a 512-bit FMA on both of
 // its 256-bit FMA pipes at once, so the 12 x 32 kernel has the same peak as the 6 x 16 AVX2 one.
-// Measured there (`pyhet bench gemm`, README), the two tie on the big products (1024^3 and the
-// conv2 products, within 1-4%, both near the core's peak), and the bigger tile loses on thin
-// products whose edges it pads further: 0.42x on the fc product (16 x 10 x 37500), 0.9x on
-// 100^3. So Zen 4 keeps AVX2. CPUs with 512-bit FMA units (Intel's server cores, Zen 5) do twice
-// the work per FMA instruction with AVX-512; there it is the default (not measured here).
+// Measured there (`pyhet bench gemm`, interleaved runs at 1 and 2 threads), the two tie on the
+// big products (1024^3 and the three conv2 products: avx512 / avx2 from 0.81 to 1.13, 1.03 on
+// average, both near the core's peak), and the bigger tile loses where it pads the edges
+// further: 0.48x on the fc product (16 x 10 x 37500), 0.92x on 100^3, 0.98x on conv1
+// (500 x 12544 x 75). So Zen 4 keeps AVX2. CPUs with 512-bit FMA units (Intel's server cores,
+// Zen 5) do twice the work per FMA instruction with AVX-512; there it is the default (not
+// measured here).
 bool prefer_avx512() {
 #ifdef PYHET_HAVE_AVX512_KERNEL
   static const bool yes = [] {
