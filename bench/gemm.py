@@ -1,15 +1,21 @@
-"""pyhet's SGEMM against NumPy's BLAS (np.matmul on the same float32 arrays), in the same run.
+"""pyhet's SGEMM, with each micro-kernel this CPU runs, against NumPy's BLAS in the same run.
 
     python bench/gemm.py [--shapes 1024x1024x1024,1500x1600x12500] [--threads 1,2]
+                         [--kernels avx512,avx2-fma,portable] [--plain-max-gflop 4]
                          [--repeat 7] [--pause 0.3] [--json FILE]
     pyhet bench gemm [the same options]
 
-For each shape and thread count: a warm-up of each side, then `repeat` interleaved rounds
-(pyhet, numpy, pyhet, numpy, ...), each call after a short pause that lets the other library's
-idle threads stop spinning; the table gives median GFLOP/s and the ratio pyhet / numpy.
-NumPy's threads are limited with threadpoolctl when it is installed. A shape may end in
-`:nt`, `:tn` or `:tt` to transpose A and/or B (stored transposed, handled by each library).
-For a fair reference run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, e.g.
+For each shape and thread count: a warm-up of each side, then `repeat` interleaved rounds (numpy,
+then each kernel, then the plain loop, again and again), each call after a short pause that lets
+the previous side's idle threads stop spinning. The sides: np.matmul; pyhet's packed GEMM with
+each micro-kernel (forced by the test hook, whatever the CPU's default); the plain loop, the
+i-k-j triple loop the compiler vectorises with the portable kernel's flags (`_core.sgemm_naive`),
+which the packed GEMM with the portable kernel must beat. The plain loop streams all of B once
+per row of C, so it runs only on shapes without transposes and of at most --plain-max-gflop
+GFLOP. The tables give median GFLOP/s and the same-run ratios avx512 / avx2, each kernel / numpy,
+portable / plain loop. NumPy's threads are limited with threadpoolctl when it is installed. A
+shape may end in `:nt`, `:tn` or `:tt` to transpose A and/or B (stored transposed, handled by
+each library). For a fair reference run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, e.g.
 `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/gemm.py`.
 """
 
@@ -27,7 +33,7 @@ except ImportError:  # run as a script: python bench/gemm.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import _util
 
-from pyhet import ops
+from pyhet import _core, ops
 from pyhet.cli import Parser, positive
 
 DEFAULT_SHAPES = "1024x1024x1024,1500x1600x12500"
@@ -64,36 +70,91 @@ def shape_name(m, n, k, ta, tb) -> str:
     return f"{m}x{n}x{k}" + ("" if trans == "nn" else f":{trans}")
 
 
-def measure(m, n, k, trans_a, trans_b, threads, repeat, pause, rng) -> dict:
-    """Median seconds of pyhet's sgemm and of np.matmul on one problem, interleaved."""
+KERNELS = ("avx512", "avx2-fma", "portable")  # the fastest first
+PLAIN = "plain loop"
+
+
+def runnable_kernels():
+    """The micro-kernels this CPU and build run, in KERNELS' order."""
+    out = []
+    for name in KERNELS:
+        try:
+            _core.set_gemm_kernel(name)
+        except ValueError:
+            continue
+        finally:
+            _core.set_gemm_kernel("auto")
+        out.append(name)
+    return out
+
+
+def parse_kernels(text: str):
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in KERNELS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected kernels among {', '.join(KERNELS)}, "
+                                         f"got {text!r}")
+    return names
+
+
+# (numerator, denominator) of each ratio in the table, where both sides ran.
+RATIOS = [("avx512", "avx2-fma"), ("avx512", "numpy"), ("avx2-fma", "numpy"),
+          ("portable", "numpy"), ("portable", PLAIN)]
+
+
+def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, rng) -> dict:
+    """Median seconds of np.matmul, of pyhet's sgemm with each kernel and (when `plain`) of the
+    plain loop on one problem, interleaved."""
     a = rng.standard_normal((k, m) if trans_a else (m, k), dtype=np.float32)
     b = rng.standard_normal((n, k) if trans_b else (k, n), dtype=np.float32)
     op_a, op_b = (a.T if trans_a else a), (b.T if trans_b else b)
-    c_pyhet = np.empty((m, n), np.float32)
-    c_numpy = np.empty((m, n), np.float32)
-
-    def run_pyhet():
-        ops.sgemm(a, b, c_pyhet, trans_a=trans_a, trans_b=trans_b, threads=threads)
+    out = {}
 
     def run_numpy():
-        np.matmul(op_a, op_b, out=c_numpy)
+        np.matmul(op_a, op_b, out=out["numpy"])
 
-    with _util.blas_threads(threads):
-        times = _util.interleaved_times({"pyhet": run_pyhet, "numpy": run_numpy}, repeat,
-                                        pause=pause)
-    # A benchmark of a wrong answer is worthless: check the two agree (float32 rounding only).
-    scale = float(np.abs(c_numpy).max()) or 1.0
-    max_rel_diff = float(np.abs(c_pyhet - c_numpy).max()) / scale
+    def run_kernel(name):
+        def run():
+            _core.set_gemm_kernel(name)  # an atomic store: nothing next to the product
+            ops.sgemm(a, b, out[name], trans_a=trans_a, trans_b=trans_b, threads=threads)
+        return run
+
+    def run_plain():
+        _core.sgemm_naive(a, b, out[PLAIN], threads=threads)
+
+    fns = {"numpy": run_numpy}
+    fns.update((name, run_kernel(name)) for name in kernels)
+    if plain:
+        fns[PLAIN] = run_plain
+    for name in fns:
+        out[name] = np.empty((m, n), np.float32)
+    try:
+        with _util.blas_threads(threads):
+            times = _util.interleaved_times(fns, repeat, pause=pause)
+    finally:
+        _core.set_gemm_kernel("auto")
+    # A benchmark of a wrong answer is worthless: check every side agrees with numpy (float32
+    # rounding only).
+    scale = float(np.abs(out["numpy"]).max()) or 1.0
+    max_rel_diff = max((float(np.abs(out[name] - out["numpy"]).max()) / scale
+                        for name in fns if name != "numpy"), default=0.0)
     flops = 2.0 * m * n * k
-    t_pyhet, t_numpy = _util.median(times["pyhet"]), _util.median(times["numpy"])
-    return {
+    median = {name: _util.median(t) for name, t in times.items()}
+    gflops = {name: flops / median[name] / 1e9 for name in fns}
+    ratios = {f"{x}/{y}": median[y] / median[x] for x, y in RATIOS if x in fns and y in fns}
+    auto = ops.gemm_kernel()
+    result = {
         "shape": shape_name(m, n, k, trans_a, trans_b), "M": m, "N": n, "K": k,
         "trans_a": trans_a, "trans_b": trans_b, "threads": threads,
-        "pyhet_gflops": flops / t_pyhet / 1e9, "numpy_gflops": flops / t_numpy / 1e9,
-        "ratio": t_numpy / t_pyhet,
-        "pyhet_seconds": times["pyhet"], "numpy_seconds": times["numpy"],
-        "max_rel_diff": max_rel_diff,
+        "gflops": gflops, "seconds": times, "ratios": ratios,
+        "max_rel_diff": max_rel_diff, "default_kernel": auto,
     }
+    if auto in fns:  # the figures of the kernel pyhet uses by default
+        result.update({
+            "pyhet_gflops": gflops[auto], "numpy_gflops": gflops["numpy"],
+            "ratio": median["numpy"] / median[auto],
+            "pyhet_seconds": times[auto], "numpy_seconds": times["numpy"]})
+    return result
 
 
 def main(argv=None) -> int:
@@ -102,11 +163,17 @@ def main(argv=None) -> int:
                         help=f"comma-separated MxNxK[:nt|tn|tt] (default {DEFAULT_SHAPES})")
     parser.add_argument("--threads", type=parse_threads, default=None,
                         help="comma-separated thread counts (default: 1 and all cores)")
+    parser.add_argument("--kernels", type=parse_kernels, default=None,
+                        help=f"comma-separated micro-kernels among {', '.join(KERNELS)} "
+                             f"(default: every one this CPU runs)")
+    parser.add_argument("--plain-max-gflop", type=float, default=4.0,
+                        help="run the plain loop on products of at most this many GFLOP, "
+                             "0 for never (default 4: 1024^3 and smaller)")
     parser.add_argument("--repeat", type=positive(int), default=7,
                         help="timed rounds of each side per problem (default 7)")
     parser.add_argument("--pause", type=float, default=0.3,
-                        help="seconds of sleep before each timed call, so that neither side "
-                             "runs beside the other's spinning idle threads (default 0.3)")
+                        help="seconds of sleep before each timed call, so that no side runs "
+                             "beside another's spinning idle threads (default 0.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = parser.parse_args(argv)
@@ -118,10 +185,19 @@ def main(argv=None) -> int:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     if args.pause < 0:
         parser.error(f"--pause must be >= 0, got {args.pause}")
+    if args.plain_max_gflop < 0:
+        parser.error(f"--plain-max-gflop must be >= 0, got {args.plain_max_gflop}")
+    runnable = runnable_kernels()
+    kernels = args.kernels or runnable
+    missing = [name for name in kernels if name not in runnable]
+    if missing:
+        parser.error(f"this CPU or build cannot run the {', '.join(missing)} kernel; "
+                     f"it runs {', '.join(runnable)}")
     threads = args.threads or sorted({1, ops.default_threads()})
 
     info = _util.system_info()
     print(_util.describe_system(info))
+    print(f"micro-kernels this CPU runs: {', '.join(runnable)}; measured: {', '.join(kernels)}")
     warnings = _util.env_warnings()
     if max(threads) > 1 and not ops.have_openmp():
         warnings.append("pyhet was built without OpenMP: it runs on one thread whatever "
@@ -129,27 +205,45 @@ def main(argv=None) -> int:
     for warning in warnings:
         print(f"WARNING: {warning}")
     print(f"median of {args.repeat} interleaved runs each, after a warm-up, "
-          f"{args.pause:g} s apart\n", flush=True)
+          f"{args.pause:g} s apart; the plain loop on untransposed products of at most "
+          f"{args.plain_max_gflop:g} GFLOP\n", flush=True)
 
     rng = np.random.default_rng(args.seed)
-    results, rows = [], []
+    results = []
     for m, n, k, ta, tb in shapes:
+        plain = not (ta or tb) and 2.0 * m * n * k <= args.plain_max_gflop * 1e9
         for t in threads:
-            r = measure(m, n, k, ta, tb, t, args.repeat, args.pause, rng)
+            r = measure(m, n, k, ta, tb, t, kernels, plain, args.repeat, args.pause, rng)
             results.append(r)
-            rows.append([r["shape"], t, r["pyhet_gflops"], r["numpy_gflops"], r["ratio"]])
             if r["max_rel_diff"] > 1e-3:
-                print(f"WARNING: {r['shape']} at {t} threads: pyhet and numpy differ by "
+                print(f"WARNING: {r['shape']} at {t} threads: a side differs from numpy by "
                       f"{r['max_rel_diff']:.2e} of the largest entry", flush=True)
-    print(_util.format_table(["shape (MxNxK)", "threads", "pyhet GFLOP/s", "numpy GFLOP/s",
-                              "pyhet/numpy"], rows))
+    print(format_tables(results, kernels))
     if args.json:
         _util.write_json(args.json, {"benchmark": "gemm", "system": info,
                                      "warnings": warnings, "repeat": args.repeat,
-                                     "pause": args.pause,
+                                     "pause": args.pause, "kernels": kernels,
                                      "results": results})
         print(f"\nwrote {args.json}")
     return 0
+
+
+def format_tables(results, kernels) -> str:
+    """GFLOP/s per side, then the ratios; "-" where a side did not run on a problem."""
+    sides = [s for s in ("numpy", *kernels, PLAIN) if any(s in r["gflops"] for r in results)]
+    ratios = [f"{x}/{y}" for x, y in RATIOS
+              if any(f"{x}/{y}" in r["ratios"] for r in results)]
+
+    def value(d, key):
+        return d[key] if key in d else "-"
+
+    speed = [[r["shape"], r["threads"], *(value(r["gflops"], s) for s in sides)]
+             for r in results]
+    ratio = [[r["shape"], r["threads"], *(value(r["ratios"], q) for q in ratios)]
+             for r in results]
+    head = ["shape (MxNxK)", "threads"]
+    return (_util.format_table(head + sides, speed) + "\n\nGFLOP/s above; same-run ratios "
+            "(speed of the first over the second):\n\n" + _util.format_table(head + ratios, ratio))
 
 
 if __name__ == "__main__":

@@ -177,8 +177,11 @@ const T* cptr(const py::array& a) { return static_cast<const T*>(a.data()); }
 // ---------------------------------------------------------------------------------------------
 // GEMM
 
+// Which loops compute the product: the packed GEMM, the reference, or the plain loop.
+enum class GemmPath { kPacked, kReference, kNaive };
+
 void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool trans_b,
-                float alpha, float beta, py::handle threads_, bool reference) {
+                float alpha, float beta, py::handle threads_, GemmPath path) {
   auto a = checked<float>(a_, "a", 2, false, true), b = checked<float>(b_, "b", 2, false, true);
   auto c = checked<float>(c_, "c", 2, true, true);
   const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
@@ -197,8 +200,10 @@ void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool 
   };
   const int64_t lda = ld(a), ldb = ld(b), ldc = ld(c);
   py::gil_scoped_release nogil;
-  if (reference)
+  if (path == GemmPath::kReference)
     pyhet::sgemm_ref(trans_a, trans_b, M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+  else if (path == GemmPath::kNaive)
+    pyhet::sgemm_naive(M, N, K, pa, lda, pb, ldb, pc, ldc, threads);
   else
     pyhet::sgemm(trans_a, trans_b, M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc, threads);
 }
@@ -471,24 +476,34 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "pyhet's C++ core: packed SGEMM, im2col/col2im, pooling. Use pyhet.ops instead.";
   m.def("sgemm",
         [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta,
-           py::handle threads) { bind_sgemm(a, b, c, ta, tb, alpha, beta, threads, false); },
+           py::handle threads) {
+          bind_sgemm(a, b, c, ta, tb, alpha, beta, threads, GemmPath::kPacked);
+        },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         py::arg("threads") = 1,
         "c = alpha * op(a) @ op(b) + beta * c on the packed kernel, in place.");
   m.def("sgemm_ref",
         [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta) {
-          bind_sgemm(a, b, c, ta, tb, alpha, beta, py::int_(1), true);
+          bind_sgemm(a, b, c, ta, tb, alpha, beta, py::int_(1), GemmPath::kReference);
         },
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         "The triple-loop reference of sgemm.");
+  m.def("sgemm_naive",
+        [](py::handle a, py::handle b, py::handle c, py::handle threads) {
+          bind_sgemm(a, b, c, false, false, 1.0f, 0.0f, threads, GemmPath::kNaive);
+        },
+        py::arg("a"), py::arg("b"), py::arg("c"), py::arg("threads") = 1,
+        "For the benchmark: c = a @ b by the plain i-k-j loop the compiler vectorises.");
   m.def("gemm_kernel", &pyhet::sgemm_kernel_name, "The micro-kernel sgemm uses on this CPU.");
   m.def("set_gemm_kernel",
         [](const std::string& name) {
           if (!pyhet::gemm::set_kernel(name.c_str()))
-            throw py::value_error("set_gemm_kernel: expected 'auto', 'portable' or 'avx2-fma' "
-                                  "(the last only on a CPU with AVX2 and FMA), got '" + name + "'");
+            throw py::value_error(
+                "set_gemm_kernel: expected 'auto', 'portable', 'avx2-fma' or 'avx512' (the last "
+                "two only where the CPU has AVX2 and FMA, or AVX-512F and VL), got '" + name +
+                "'");
         },
         py::arg("name"),
         "Test hook: force the GEMM micro-kernel for every later call, or go back to 'auto'.");

@@ -1,6 +1,8 @@
-// Packed, blocked SGEMM in the BLIS manner: the reference triple loop, the packing routines, the
+// Packed, blocked SGEMM in the BLIS manner: the reference triple loops, the packing routines, the
 // five loops around one MR x NR micro-kernel, the threading, the portable micro-kernel and the
-// run-time choice between it and the AVX2/FMA one (gemm_avx2.cpp).
+// run-time choice between it, the AVX2/FMA one (gemm_avx2.cpp) and the AVX-512 one
+// (gemm_avx512.cpp). MR x NR is the tile of the chosen kernel: the packing, the macro-kernel and
+// the five loops are templates instantiated once per tile, so each runs with constant MR and NR.
 //
 // Letters: C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C, all row-major.
 //
@@ -22,6 +24,10 @@
 #include "gemm_kernel.h"
 #include "parallel.h"
 
+#ifdef PYHET_HAVE_AVX512_KERNEL  // x86-64 with GCC or Clang: the CPU's family for prefer_avx512
+#include <cpuid.h>
+#endif
+
 namespace pyhet {
 
 // ---------------------------------------------------------------------------------------------
@@ -42,12 +48,31 @@ void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     }
 }
 
+// The loop a compiler vectorises by itself (i-k-j: the inner loop runs along rows of B and C),
+// compiled with the build's flags like the portable kernel; for the benchmark, which checks that
+// the packed GEMM with that kernel is no slower than this. Rows of C are split among threads.
+void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float* C, int64_t ldc, int threads) {
+  (void)threads;
+#pragma omp parallel for num_threads(clamp_threads(threads)) schedule(static)
+  for (int64_t i = 0; i < M; ++i) {
+    float* __restrict c = C + i * ldc;
+    std::memset(c, 0, sizeof(float) * N);
+    for (int64_t p = 0; p < K; ++p) {
+      const float a = A[i * lda + p];
+      const float* __restrict b = B + p * ldb;
+      for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+    }
+  }
+}
+
 namespace gemm {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Block sizes (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared), chosen by measuring
-// 1024^3 and the conv2 products on one core (override with -DPYHET_GEMM_KC=... to tune).
+// Block sizes of the 6 x 16 kernels (Zen 3: 32 KiB L1d, 512 KiB L2 per core, 32 MiB L3 shared),
+// chosen by measuring 1024^3 and the conv2 products on one core (override with
+// -DPYHET_GEMM_KC=... to tune).
 //
 // KC: the length of the dot products the micro-kernel sums in registers before it touches C.
 //     512 halves the C traffic of 256 and measured ~4% faster on 1024^3; the KC x NR sliver of
@@ -64,10 +89,29 @@ namespace {
 #ifndef PYHET_GEMM_NC
 #define PYHET_GEMM_NC 2048
 #endif
-constexpr int64_t KC = PYHET_GEMM_KC;
-constexpr int64_t MC = PYHET_GEMM_MC;
-constexpr int64_t NC = PYHET_GEMM_NC;
-static_assert(MC % MR == 0 && NC % NR == 0, "blocks must hold whole micro-tiles");
+
+// The blocks of one kernel. MC and NC must hold whole tiles of it (checked where the kernels are
+// listed, below the portable kernel).
+struct Blocks {
+  int64_t mc, kc, nc;
+};
+constexpr Blocks kBlocks6x16{PYHET_GEMM_MC, PYHET_GEMM_KC, PYHET_GEMM_NC};
+
+// The blocks of the 12 x 32 AVX-512 kernel (-DPYHET_GEMM_AVX512_KC=... to tune): the same. On
+// Zen 4 (32 KiB L1d, 1 MiB L2), 1024^3 on one core ran within noise (3%) of these with KC = 256
+// and with MC = 60 or 240. Its KC x NR sliver of packed B (64 KiB) overflows L1, but it
+// is read at 128 bytes per 24 FMAs, which L2 serves with room to spare.
+#ifndef PYHET_GEMM_AVX512_KC
+#define PYHET_GEMM_AVX512_KC 512
+#endif
+#ifndef PYHET_GEMM_AVX512_MC
+#define PYHET_GEMM_AVX512_MC 120
+#endif
+#ifndef PYHET_GEMM_AVX512_NC
+#define PYHET_GEMM_AVX512_NC 2048
+#endif
+constexpr Blocks kBlocksAvx512{PYHET_GEMM_AVX512_MC, PYHET_GEMM_AVX512_KC,
+                               PYHET_GEMM_AVX512_NC};
 
 // A product below this many FLOPs per thread (about 0.15 ms of one core) runs on fewer threads.
 // Splitting it would save at most that much, and waking an OpenMP team that has gone to sleep
@@ -90,6 +134,7 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // Packing: op() is applied here, edges are padded with zeros.
 
 // The rows [i0, i0 + mc) and columns [p0, p0 + kc) of op(A), as MR x kc slivers.
+template <int MR>
 void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
             int64_t kc, float* dst) {
   for (int64_t ir = 0; ir < mc; ir += MR, dst += kc * MR) {
@@ -118,11 +163,12 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
 
 // The NR slivers [s0, s1) of the block of op(B) with rows [p0, p0 + kc) and columns
 // [j0, j0 + nc); sliver s goes to dst + s * stride and holds columns j0 + s * NR ...
+template <int NR>
 void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
             int64_t nc, int64_t s0, int64_t s1, float* dst, int64_t stride) {
   if (!trans) {
     // op(B)[p][j] = B[p * ldb + j]: 8 rows at a time across all the slivers, so that B is read
-    // in runs along its rows and each sliver is written 512 bytes at a time (sliver by sliver
+    // in runs along its rows and each sliver is written 8 * NR floats at a time (sliver by sliver
     // would touch a new page every 64 bytes when B is wide: 2-3x slower).
     constexpr int64_t rows = 8;
     for (int64_t pb = 0; pb < kc; pb += rows) {
@@ -205,6 +251,7 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 // The macro-kernel: the packed mc x kc block of A times the NR slivers [s0, s1) of packed B
 // (sliver s at bpack + s * b_stride).
 
+template <int MR, int NR>
 void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_t s0,
                   int64_t s1, const float* apack, const float* bpack, int64_t b_stride,
                   float alpha, float beta, float* C, int64_t ldc) {
@@ -266,6 +313,7 @@ struct Plan {
   // Sliver s of packed B starts at s * b_stride, whatever the kc of the current block: a thread
   // that runs ahead into the next (shorter) K block then never writes over a neighbour's sliver.
   int64_t b_stride = 0;
+  int64_t mc = 0;  // the kernel's MC
 };
 
 // n split into blocks of at most `block`, all of the same size rounded up to a multiple of `unit`.
@@ -273,19 +321,20 @@ int64_t even_step(int64_t n, int64_t block, int64_t unit) {
   return round_up(ceil_div(n, std::max<int64_t>(1, ceil_div(n, block))), unit);
 }
 
-// Pick tm x tn = threads so that the busiest thread has the fewest micro-tiles. Splitting rows
-// gets a 5% head start while every band keeps at least 16 tiles of rows: it packs no block of A
-// twice and measured a few percent faster on the conv products at 2 threads. Thinner bands of
-// rows get a 5% handicap instead, so near-ties go to splitting columns, which needs no barriers
-// (M = 7 in bands of 6 and 1 rows does no less work than two bands of columns, and waits).
-void thread_grid(int64_t M, int64_t nc, int threads, int* tm, int* tn) {
-  const int64_t m_tiles = ceil_div(M, MR), n_tiles = ceil_div(nc, NR);
+// Pick tm x tn = threads so that the busiest thread has the fewest mr x nr micro-tiles.
+// Splitting rows gets a 5% head start while every band keeps at least 96 rows (16 tiles of 6):
+// it packs no block of A twice and measured a few percent faster on the conv products at 2
+// threads. Thinner bands of rows get a 5% handicap instead, so near-ties go to splitting
+// columns, which needs no barriers (M = 7 in bands of 6 and 1 rows does no less work than two
+// bands of columns, and waits).
+void thread_grid(int64_t M, int64_t nc, int mr, int nr, int threads, int* tm, int* tn) {
+  const int64_t m_tiles = ceil_div(M, mr), n_tiles = ceil_div(nc, nr);
   double best = -1;
   for (int r = 1; r <= threads; ++r) {
     if (threads % r) continue;
     const int c = threads / r;
     double cost = static_cast<double>(ceil_div(m_tiles, r) * ceil_div(n_tiles, c));
-    if (r > 1) cost *= ceil_div(m_tiles, r) >= 16 ? 0.95 : 1.05;
+    if (r > 1) cost *= ceil_div(m_tiles, r) * mr >= 96 ? 0.95 : 1.05;
     if (best < 0 || cost < best) {
       best = cost;
       *tm = r;
@@ -294,7 +343,8 @@ void thread_grid(int64_t M, int64_t nc, int threads, int* tm, int* tn) {
   }
 }
 
-Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
+Plan make_plan(int64_t M, int64_t N, int64_t K, int threads, int mr, int nr,
+               const Blocks& blocks) {
   Plan plan;
 #ifdef _OPENMP
   const double flops =
@@ -308,12 +358,13 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
 #else
   (void)threads;
 #endif
-  plan.nc_step = even_step(N, NC, NR);
-  plan.kc_step = even_step(K, KC, 1);
-  thread_grid(M, plan.nc_step, plan.team, &plan.tm, &plan.tn);
-  plan.b_stride = plan.kc_step * NR;
-  plan.b_floats = ceil_div(plan.nc_step, NR) * plan.b_stride;
-  plan.a_floats = std::min(MC, round_up(M, MR)) * plan.kc_step;
+  plan.nc_step = even_step(N, blocks.nc, nr);
+  plan.kc_step = even_step(K, blocks.kc, 1);
+  thread_grid(M, plan.nc_step, mr, nr, plan.team, &plan.tm, &plan.tn);
+  plan.b_stride = plan.kc_step * nr;
+  plan.b_floats = ceil_div(plan.nc_step, nr) * plan.b_stride;
+  plan.mc = blocks.mc;
+  plan.a_floats = std::min(blocks.mc, round_up(M, mr)) * plan.kc_step;
   plan.cooperative = plan.tm > 1 && plan.b_floats >= kMinSharedBFloats;
   plan.b_private = plan.tm > 1 && !plan.cooperative;
   return plan;
@@ -323,13 +374,14 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads) {
 // The five loops, as run by thread t of the plan's team (or alone: t = 0, tm = tn = 1).
 // `#pragma omp barrier` binds to the team of sgemm's parallel region.
 
+template <int MR, int NR>
 void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, float* bpack,
                 float* apack) {
   const int row = t / plan.tn, col = t % plan.tn;
   const int64_t m_tiles = ceil_div(P.M, MR);
   const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
   const int64_t m1 = std::min(P.M, m_tiles * (row + 1) / plan.tm * MR);
-  const int64_t mc_step = even_step(m1 - m0, MC, MR);
+  const int64_t mc_step = even_step(m1 - m0, plan.mc, MR);
   // The slivers this thread owns, the same in every NC block (cut off in a shorter last one):
   // when columns are split without barriers, a thread that moves on to the next block early
   // then only overwrites slivers that no one else is still reading.
@@ -346,21 +398,54 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
       if (plan.cooperative) {
         // Everyone packs an equal share of the whole block, then waits until all is packed.
         const int64_t q0 = slivers * t / plan.team, q1 = slivers * (t + 1) / plan.team;
-        pack_b(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+        pack_b<NR>(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
 #pragma omp barrier
       } else {
-        pack_b(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
+        pack_b<NR>(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
       }
 
       for (int64_t ic = m0; ic < m1; ic += mc_step) {
         const int64_t mc = std::min(mc_step, m1 - ic);
-        pack_a(P.trans_a, P.A, P.lda, ic, mc, pc, kc, apack);
-        macro_kernel(kernel, mc, nc, kc, s0, s1, apack, bpack, plan.b_stride, P.alpha, beta,
+        pack_a<MR>(P.trans_a, P.A, P.lda, ic, mc, pc, kc, apack);
+        macro_kernel<MR, NR>(kernel, mc, nc, kc, s0, s1, apack, bpack, plan.b_stride, P.alpha, beta,
                      P.C + ic * P.ldc + jc, P.ldc);
       }
       if (plan.cooperative) {
 #pragma omp barrier
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One call on a kernel with tile MR x NR: the plan, the work space, the team.
+
+template <int MR, int NR>
+void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads) {
+  const Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks);
+
+  // The work space: the packed B block (one per thread when b_private), one A block per thread.
+  const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
+  float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
+
+  // One thread runs inline (an inactive region). Barriers, reached only when cooperative, bind
+  // to this region's team, never to that of a caller who is itself inside a parallel region.
+#pragma omp parallel num_threads(plan.team) if (plan.team > 1)
+  {
+    int t = 0, got = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    got = omp_get_num_threads();
+#endif
+    float* apack = ws + b_total + plan.a_floats * t;
+    float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
+    if (got == plan.team) {
+      run_thread<MR, NR>(P, plan, kernel, t, bpack, apack);
+    } else if (t == 0) {  // the runtime gave fewer threads than asked for: thread 0 does it all
+      Plan alone = plan;
+      alone.team = alone.tm = alone.tn = 1;
+      alone.cooperative = alone.b_private = false;
+      run_thread<MR, NR>(P, alone, kernel, 0, bpack, apack);
     }
   }
 }
@@ -375,6 +460,7 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
 
 void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                            float alpha, float beta) {
+  constexpr int MR = PortableTile::MR, NR = PortableTile::NR;
   static_assert(MR % 2 == 0, "the portable kernel takes rows in pairs");
   for (int i = 0; i < MR; i += 2) {
     float acc0[NR] = {}, acc1[NR] = {};
@@ -401,7 +487,38 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
 
 namespace {
 
-enum Choice { kAuto, kPortable, kAvx2 };
+// A kernel, its tile and its blocks, and the five loops instantiated for its tile.
+struct Kernel {
+  const char* name;
+  MicroKernel micro;
+  Blocks blocks;
+  void (*run)(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads);
+};
+
+template <class Tile>
+constexpr Kernel make_kernel(const char* name, MicroKernel micro, const Blocks& blocks) {
+  return Kernel{name, micro, blocks, &run_tiled<Tile::MR, Tile::NR>};
+}
+
+template <class Tile>
+constexpr bool whole_tiles(const Blocks& b) {
+  return b.mc % Tile::MR == 0 && b.nc % Tile::NR == 0;
+}
+static_assert(whole_tiles<PortableTile>(kBlocks6x16), "MC, NC must hold whole 6 x 16 tiles");
+static_assert(whole_tiles<Avx2Tile>(kBlocks6x16), "MC, NC must hold whole 6 x 16 tiles");
+
+constexpr Kernel kPortableKernel =
+    make_kernel<PortableTile>("portable", micro_kernel_portable, kBlocks6x16);
+#ifdef PYHET_HAVE_AVX2_KERNEL
+constexpr Kernel kAvx2Kernel = make_kernel<Avx2Tile>("avx2-fma", micro_kernel_avx2, kBlocks6x16);
+#endif
+#ifdef PYHET_HAVE_AVX512_KERNEL
+static_assert(whole_tiles<Avx512Tile>(kBlocksAvx512), "MC, NC must hold whole 12 x 32 tiles");
+constexpr Kernel kAvx512Kernel =
+    make_kernel<Avx512Tile>("avx512", micro_kernel_avx512, kBlocksAvx512);
+#endif
+
+enum Choice { kAuto, kPortable, kAvx2, kAvx512 };
 std::atomic<int> forced_kernel{kAuto};
 
 bool cpu_has_avx2_fma() {
@@ -416,17 +533,58 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
-MicroKernel chosen_kernel(const char** name) {
+// gemm_avx512.cpp is compiled with -mavx512vl as well as -mavx512f (the compiler may use VL's
+// encodings anywhere in it), so both are required. GCC's check includes the OS saving the zmm
+// and mask registers (XCR0).
+bool cpu_has_avx512() {
+#ifdef PYHET_HAVE_AVX512_KERNEL
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           cpu_has_avx2_fma();
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// Whether "auto" takes the AVX-512 kernel where the CPU runs it: everywhere but on AMD's Zen 4
+// (family 0x19, the only one of that family with AVX-512). Zen 4 runs a 512-bit FMA on both of
+// its 256-bit FMA pipes at once, so the 12 x 32 kernel has the same peak as the 6 x 16 AVX2 one.
+// Measured there (`pyhet bench gemm`, interleaved runs at 1 and 2 threads), the two tie on the
+// big products (1024^3 and the three conv2 products: avx512 / avx2 from 0.81 to 1.13, 1.03 on
+// average, both near the core's peak), and the bigger tile loses where it pads the edges
+// further: 0.48x on the fc product (16 x 10 x 37500), 0.92x on 100^3, 0.98x on conv1
+// (500 x 12544 x 75). So Zen 4 keeps AVX2. CPUs with 512-bit FMA units (Intel's server cores,
+// Zen 5) do twice the work per FMA instruction with AVX-512; there it is the default (not
+// measured here).
+bool prefer_avx512() {
+#ifdef PYHET_HAVE_AVX512_KERNEL
+  static const bool yes = [] {
+    if (!cpu_has_avx512()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__builtin_cpu_is("amd") || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return true;
+    const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 20) & 0xff);  // base + extended
+    return family != 0x19;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+const Kernel& chosen_kernel() {
   const int choice = forced_kernel.load(std::memory_order_relaxed);
+#ifdef PYHET_HAVE_AVX512_KERNEL
+  if ((choice == kAvx512 && cpu_has_avx512()) || (choice == kAuto && prefer_avx512()))
+    return kAvx512Kernel;
+#endif
 #ifdef PYHET_HAVE_AVX2_KERNEL
-  if (choice != kPortable && cpu_has_avx2_fma()) {
-    if (name) *name = "avx2-fma";
-    return micro_kernel_avx2;
-  }
+  if ((choice == kAvx2 || choice == kAuto) && cpu_has_avx2_fma()) return kAvx2Kernel;
 #endif
   (void)choice;
-  if (name) *name = "portable";
-  return micro_kernel_portable;
+  return kPortableKernel;
 }
 
 }  // namespace
@@ -439,6 +597,9 @@ bool set_kernel(const char* name) {
   } else if (std::strcmp(name, "avx2-fma") == 0) {
     if (!cpu_has_avx2_fma()) return false;
     forced_kernel = kAvx2;
+  } else if (std::strcmp(name, "avx512") == 0) {
+    if (!cpu_has_avx512()) return false;
+    forced_kernel = kAvx512;
   } else {
     return false;
   }
@@ -451,11 +612,7 @@ double set_min_flops_per_thread(double flops) {
 
 }  // namespace gemm
 
-const char* sgemm_kernel_name() {
-  const char* name = nullptr;
-  gemm::chosen_kernel(&name);
-  return name;
-}
+const char* sgemm_kernel_name() { return gemm::chosen_kernel().name; }
 
 // ---------------------------------------------------------------------------------------------
 // The entry point
@@ -469,34 +626,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     scale_c(M, N, beta, C, ldc);
     return;
   }
-  const MicroKernel kernel = chosen_kernel(nullptr);
+  const Kernel& kernel = chosen_kernel();
   const Problem P{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
-  const Plan plan = make_plan(M, N, K, threads);
-
-  // The work space: the packed B block (one per thread when b_private), one A block per thread.
-  const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
-  float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
-
-  // One thread runs inline (an inactive region). Barriers, reached only when cooperative, bind
-  // to this region's team, never to that of a caller who is itself inside a parallel region.
-#pragma omp parallel num_threads(plan.team) if (plan.team > 1)
-  {
-    int t = 0, got = 1;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    got = omp_get_num_threads();
-#endif
-    float* apack = ws + b_total + plan.a_floats * t;
-    float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
-    if (got == plan.team) {
-      run_thread(P, plan, kernel, t, bpack, apack);
-    } else if (t == 0) {  // the runtime gave fewer threads than asked for: thread 0 does it all
-      Plan alone = plan;
-      alone.team = alone.tm = alone.tn = 1;
-      alone.cooperative = alone.b_private = false;
-      run_thread(P, alone, kernel, 0, bpack, apack);
-    }
-  }
+  kernel.run(P, kernel.micro, kernel.blocks, threads);
 }
 
 }  // namespace pyhet

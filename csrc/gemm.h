@@ -12,7 +12,7 @@
 namespace pyhet {
 
 // The fast path: packed panels, one MR x NR micro-kernel, OpenMP with `threads` threads
-// (threads <= 0 means one). Dispatches at run time to AVX2/FMA where the CPU has it.
+// (threads <= 0 means one). Picks the micro-kernel at run time for the CPU (see gemm.cpp).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
            int64_t ldc, int threads);
@@ -22,7 +22,12 @@ void sgemm_ref(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                int64_t ldc);
 
-// Which micro-kernel sgemm uses on this CPU: "avx2-fma" or "portable".
+// The plain i-k-j loop, C (M, N) = A (M, K) @ B (K, N) without transposes, left for the compiler
+// to vectorise; rows split among `threads`. For the benchmark: the bar the packed GEMM must clear.
+void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float* C, int64_t ldc, int threads);
+
+// Which micro-kernel sgemm uses on this CPU: "avx512", "avx2-fma" or "portable".
 const char* sgemm_kernel_name();
 
 }  // namespace pyhet

@@ -5,13 +5,15 @@
 // pipes, not the load ports, set the pace; 12 independent accumulators cover the FMA latency
 // (4 cycles x 2 pipes). This file is compiled with -mavx2 -mfma and only called after
 // __builtin_cpu_supports says the CPU has both (see gemm.cpp).
-#include <immintrin.h>
-
 #include "gemm_kernel.h"
+
+#ifdef PYHET_HAVE_AVX2_KERNEL  // set by CMakeLists.txt on x86-64 with GCC or Clang
+#include <immintrin.h>
 
 namespace pyhet {
 namespace gemm {
 
+constexpr int MR = Avx2Tile::MR, NR = Avx2Tile::NR;
 static_assert(MR == 6 && NR == 16, "the AVX2 kernel is written for 6 x 16 tiles");
 
 namespace {
@@ -101,3 +103,5 @@ void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int
 
 }  // namespace gemm
 }  // namespace pyhet
+
+#endif  // PYHET_HAVE_AVX2_KERNEL

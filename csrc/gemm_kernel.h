@@ -1,26 +1,38 @@
 // Internal to the GEMM: the micro-kernel contract shared by gemm.cpp (packing, blocking, threads,
-// the portable kernel) and gemm_avx2.cpp (the AVX2/FMA kernel, compiled with -mavx2 -mfma).
+// the portable kernel, the choice at run time) and the kernels compiled for one instruction set
+// each: gemm_avx2.cpp (-mavx2 -mfma) and gemm_avx512.cpp (-mavx512f -mavx512vl).
 //
-// Packed panels (made by gemm.cpp, zero-padded at the edges):
+// Every kernel has its own tile, MR x NR, given by its Tile below; gemm.cpp packs and blocks for
+// the tile of the kernel it runs. Packed panels (made by gemm.cpp, zero-padded at the edges):
 //   a: an MR x kc sliver of op(A), column after column: a[p * MR + i] = op(A)[i][p]
 //   b: a  kc x NR sliver of op(B), row after row:       b[p * NR + j] = op(B)[p][j]
+//      (64-byte aligned: every sliver starts at a multiple of kc * NR floats of an aligned buffer)
 // The micro-kernel computes the full MR x NR tile  c = alpha * a @ b + beta * c  (c row-major with
 // row stride ldc; beta == 0 writes c without reading it). Edge tiles go through a temporary, so
 // the kernel never needs to know about them.
 //
-// Keep this header free of inline functions with external linkage: gemm_avx2.cpp is compiled for
-// AVX2, and an inline function emitted there could be picked by the linker for every caller.
+// Keep this header free of inline functions with external linkage: the kernel files are compiled
+// for AVX2 or AVX-512, and an inline function emitted there could be picked by the linker for
+// every caller.
 #pragma once
 #include <cstdint>
 
 namespace pyhet {
 namespace gemm {
 
-constexpr int MR = 6;   // rows of a micro-tile: 6 broadcasts of a
-constexpr int NR = 16;  // columns: two 8-float ymm vectors of b; 6 x 2 = 12 ymm accumulators
-
 using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                              float alpha, float beta);
+
+// The tiles: MR rows of C (one broadcast of a each) x NR columns (vectors of b).
+struct PortableTile {  // compiled for the build's target; 2 rows at a time (see gemm.cpp)
+  static constexpr int MR = 6, NR = 16;
+};
+struct Avx2Tile {  // two 8-float ymm of b, 6 x 2 = 12 ymm accumulators of 16
+  static constexpr int MR = 6, NR = 16;
+};
+struct Avx512Tile {  // two 16-float zmm of b, 12 x 2 = 24 zmm accumulators of 32
+  static constexpr int MR = 12, NR = 32;
+};
 
 void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                            float alpha, float beta);
@@ -28,9 +40,14 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
 void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
                        float alpha, float beta);
 #endif
+#ifdef PYHET_HAVE_AVX512_KERNEL
+void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                         float alpha, float beta);
+#endif
 
-// Test hook: force "portable" or "avx2-fma", or go back to "auto" (the best this CPU runs).
-// Returns false, changing nothing, for an unknown name or a kernel this CPU cannot run.
+// Test hook: force "portable", "avx2-fma" or "avx512", or go back to "auto" (the kernel chosen
+// for this CPU). Returns false, changing nothing, for an unknown name or a kernel this CPU or
+// build cannot run.
 bool set_kernel(const char* name);
 
 // Test hook: split a product among its threads only when each gets at least `flops` FLOPs

@@ -42,7 +42,8 @@ def default_threads() -> int:
 
 
 def gemm_kernel() -> str:
-    """The GEMM micro-kernel chosen for this CPU: ``"avx2-fma"`` or ``"portable"``."""
+    """The GEMM micro-kernel chosen for this CPU: ``"avx512"``, ``"avx2-fma"`` or
+    ``"portable"``."""
     return _core.gemm_kernel()
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from pyhet import ops
 from pyhet.cli import main
 
 
@@ -15,12 +16,31 @@ def run(capsys, *argv):
 
 def test_bench_gemm(tmp_path, capsys):
     out = run(capsys, "gemm", "--shapes", "33x17x65,20x9x31:tn", "--threads", "1",
-              "--repeat", "1", "--json", str(tmp_path / "g.json"))
+              "--repeat", "1", "--pause", "0", "--json", str(tmp_path / "g.json"))
     res = json.loads((tmp_path / "g.json").read_text())
-    rows = res["results"] if isinstance(res, dict) and "results" in res else res
+    rows = res["results"]
     assert "33x17x65" in out and len(rows) == 2
+    kernels = res["kernels"]  # every kernel this CPU runs, side by side
+    assert "portable" in kernels and ops.gemm_kernel() in kernels
     for r in rows:
         assert r["pyhet_gflops"] > 0 and r["numpy_gflops"] > 0 and r["max_rel_diff"] < 1e-5
+        assert r["default_kernel"] == ops.gemm_kernel()
+        assert all(r["gflops"][name] > 0 for name in kernels)
+        if "avx512" in kernels and "avx2-fma" in kernels:
+            assert r["ratios"]["avx512/avx2-fma"] > 0
+    # The plain loop runs on the product without transposes only.
+    assert rows[0]["gflops"]["plain loop"] > 0 and rows[0]["ratios"]["portable/plain loop"] > 0
+    assert "plain loop" not in rows[1]["gflops"]
+    assert "portable/plain loop" in out
+
+
+def test_bench_gemm_chosen_kernels(capsys):
+    out = run(capsys, "gemm", "--shapes", "9x8x7", "--threads", "1", "--repeat", "1",
+              "--pause", "0", "--kernels", "portable", "--plain-max-gflop", "0")
+    assert "portable/numpy" in out and "avx2-fma" not in out.split("measured:")[1]
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "gemm", "--kernels", "sse9"])
+    assert e.value.code == 2 and "expected kernels among" in capsys.readouterr().err
 
 
 def test_bench_step(tmp_path, capsys):

@@ -72,6 +72,14 @@ def sgemm_ref_call(draw):
     return sgemm_call(draw, _core.sgemm_ref, threads=False)
 
 
+def sgemm_naive_call(draw):
+    """The plain loop (for the benchmark): c = a @ b, no transposes."""
+    m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args = dict(a=rand(rng, m, k), b=rand(rng, k, n), c=rand(rng, m, n), threads=draw(THREADS))
+    return Call(_core.sgemm_naive, args, outputs=("c",))
+
+
 def conv_sizes(draw):
     N, C = draw(st.integers(0, 3)), draw(st.integers(0, 3))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
@@ -163,7 +171,8 @@ def sgd_update_call(draw):
 
 
 CASES = {
-    "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "im2col": im2col_call,
+    "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
+    "im2col": im2col_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
     "bias_relu_maxpool_backward": bias_relu_maxpool_backward_call,

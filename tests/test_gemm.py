@@ -28,9 +28,9 @@ U = 2.0 ** -24
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
 
 
-def _avx2_available() -> bool:
+def _kernel_available(name) -> bool:
     try:
-        _core.set_gemm_kernel("avx2-fma")
+        _core.set_gemm_kernel(name)
     except ValueError:
         return False
     finally:
@@ -38,10 +38,15 @@ def _avx2_available() -> bool:
     return True
 
 
-HAVE_AVX2 = _avx2_available()
+HAVE_AVX2 = _kernel_available("avx2-fma")
+HAVE_AVX512 = _kernel_available("avx512")
+# Every micro-kernel this CPU and build run; the others are skipped, saying why.
+RUNNABLE = ["portable"] + ["avx2-fma"] * HAVE_AVX2 + ["avx512"] * HAVE_AVX512
 KERNELS = ["portable",
            pytest.param("avx2-fma", marks=pytest.mark.skipif(
-               not HAVE_AVX2, reason="this CPU or build has no AVX2/FMA kernel"))]
+               not HAVE_AVX2, reason="this CPU or build has no AVX2/FMA kernel")),
+           pytest.param("avx512", marks=pytest.mark.skipif(
+               not HAVE_AVX512, reason="this CPU or build has no AVX-512F/VL kernel"))]
 
 
 @contextlib.contextmanager
@@ -130,13 +135,15 @@ def run_ref(a, b, c0, trans_a, trans_b, alpha, beta):
 # ------------------------------------------------------------------------------------------------
 # Odd sizes, every transpose, both micro-kernels, one and two threads
 
-# (M, N, K): 1 and primes; not multiples of MR = 6, NR = 16 or KC = 512; exact tiles; several
-# K blocks; several MC = 120 blocks; N > NC = 2048; M, N or K far below a tile. Products of
-# more than 32 MFLOP (two threads' worth) are really split: by rows sharing one packed B
-# (255 x 300 x 513), by rows each packing its own small B (1500 x 10 x 1200), by columns
-# (7 x 4133 x 600, also across NC blocks).
+# (M, N, K): 1 and primes; not multiples of the tiles (MR x NR = 6 x 16, 12 x 32) or KC = 512;
+# exact tiles of each; one more or one less than a 12 x 32 tile; several K blocks; several
+# MC = 120 blocks; N > NC = 2048; M, N or K far below a tile. Products of more than 32 MFLOP
+# (two threads' worth) are really split: by rows sharing one packed B (255 x 300 x 513), by rows
+# each packing its own small B (1500 x 10 x 1200), by columns (7 x 4133 x 600, also across NC
+# blocks).
 SHAPES = [
     (1, 1, 1), (3, 7, 17), (17, 3, 7), (7, 17, 3), (6, 16, 64), (12, 32, 512), (5, 15, 257),
+    (11, 31, 9), (13, 33, 65), (24, 64, 3), (25, 63, 130), (121, 95, 40),
     (255, 17, 1), (1, 255, 300), (17, 255, 7), (97, 101, 103), (255, 300, 257), (300, 255, 513),
     (37, 41, 1537), (3, 4133, 5), (16, 10, 3001), (10, 3001, 16), (7, 4133, 600),
     (1500, 10, 1200),
@@ -204,7 +211,7 @@ def test_empty_output(m, n, trans_a, trans_b):
        trans=st.sampled_from(TRANS), alpha=st.sampled_from([1.0, -1.0, 0.375]),
        beta=st.sampled_from([0.0, 1.0, -0.5]), threads=st.sampled_from([1, 2, 3, 7]),
        split=st.booleans(), blocks=st.booleans(),
-       kernel_name=st.sampled_from(["portable", "avx2-fma"] if HAVE_AVX2 else ["portable"]),
+       kernel_name=st.sampled_from(RUNNABLE),
        seed=st.integers(0, 2**32 - 1))
 def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, split, blocks, kernel_name,
                            seed):
@@ -337,10 +344,63 @@ def test_ops_gemm_threads_must_be_positive(threads):
         ops.gemm(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), threads=threads)
 
 
+def _cpuinfo():
+    """(vendor_id, cpu family) of the first CPU in /proc/cpuinfo, or None off Linux."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, _, v in
+              (line.partition(":") for line in first.splitlines())}
+    return fields.get("vendor_id"), int(fields.get("cpu family", "-1"))
+
+
 def test_kernel_names():
-    assert ops.gemm_kernel() in ("avx2-fma", "portable")
+    chosen = ops.gemm_kernel()
+    assert chosen in RUNNABLE
     with pytest.raises(ValueError, match="set_gemm_kernel"):
         _core.set_gemm_kernel("sse9")
-    assert ops.gemm_kernel() in ("avx2-fma", "portable")
-    if HAVE_AVX2:
-        assert ops.gemm_kernel() == "avx2-fma"
+    assert ops.gemm_kernel() == chosen  # a refused name changes nothing
+
+
+def test_default_kernel_follows_the_rule():
+    # AVX-512 where the CPU runs it, but AVX2 on Zen 4 (AMD family 0x19; see gemm.cpp), then
+    # AVX2, then portable.
+    info = _cpuinfo()
+    if HAVE_AVX512 and info is None:
+        pytest.skip("no /proc/cpuinfo to tell Zen 4 from other AVX-512 CPUs")
+    if HAVE_AVX512:
+        expected = "avx2-fma" if info == ("AuthenticAMD", 0x19) else "avx512"
+    else:
+        expected = "avx2-fma" if HAVE_AVX2 else "portable"
+    assert ops.gemm_kernel() == expected
+
+
+@pytest.mark.parametrize("name", ["portable", "avx2-fma", "avx512"])
+def test_forcing_a_kernel_and_back(name):
+    if name not in RUNNABLE:
+        pytest.skip(f"this CPU or build has no {name} kernel")
+    chosen = ops.gemm_kernel()
+    with micro_kernel(name):
+        assert ops.gemm_kernel() == name
+    assert ops.gemm_kernel() == chosen
+
+
+# ------------------------------------------------------------------------------------------------
+# The plain loop that the benchmark measures the packed GEMM against
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 33, 5), (61, 3, 130), (130, 61, 17)])
+def test_naive_loop_matches(m, n, k, threads):
+    a, b, c0 = operands(np.random.default_rng(m + n + k), m, n, k, False, False)
+    c = np.full((m, n), np.nan, np.float32)
+    _core.sgemm_naive(a, b, c, threads=threads)
+    expect_close(c, a, b, c0)
+
+
+def test_naive_loop_checks_shapes():
+    with pytest.raises(ValueError, match="inner dimensions"):
+        _core.sgemm_naive(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32),
+                          np.empty((2, 5), np.float32))
