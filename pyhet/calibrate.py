@@ -71,15 +71,15 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each is kept, so that a drift of the machine hits all of them alike.
 
-    A device outside the host group (a GPU, a device on another rank) pays fixed costs whatever
-    its share (moving the layer's input and output, its own im2col and col2im): t(k) = overhead
-    + k / speed is fitted through two kernel counts. The devices of the host group share one
-    im2col and one input gradient, each doing a part in proportion to its kernels. Where every
-    device is of the host group, each one's time is proportional to its share, with no
-    overhead, and speed = k / t(k) at one count compares them alike. Beside other devices, the
-    group's fixed part (the trial's intercept: a whole im2col and col2im) is paid whatever the
-    group's share of the kernels, so it is fitted too, and each host device carries an equal
-    part of it as its overhead.
+    Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
+    through them; the intercept is its fixed work (its own im2col and col2im of the whole
+    layer). A device outside the host group (a GPU, a device on another rank) pays it whatever
+    its share: overhead = intercept. The devices of the host group share one im2col and one
+    input gradient, each doing a part in proportion to its kernels. Where every device is of the
+    host group, device i's time is then k_i / slope_i + intercept_i * k_i / K, proportional to
+    its share: no overhead, and speed = 1 / (1 / slope + intercept / K). Beside other devices,
+    the group's fixed part is paid whatever the group's share of the kernels, and each host
+    device carries an equal part of it as its overhead.
 
     The cpu devices of another rank are a group of their own (they share an im2col on their
     rank), fitted the same way. A device on another rank is timed by its rank (compute alone);
@@ -98,12 +98,12 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
-        mixed = len({d.shares_host_memory for d in devices}) > 1
+        one_group = len({d.group for d in devices}) == 1 and devices[0].group is not None
         trials = []  # (device index, kernels)
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
             trials.append((i, kb))
-            if (mixed or not d.shares_host_memory) and kb // 4 >= 1 and kb // 4 < kb:
+            if kb // 4 >= 1 and kb // 4 < kb:
                 trials.append((i, kb // 4))
         for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
             for _ in range(2):
@@ -121,7 +121,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -
                 ka, ta = kb // 4, best[(i, kb // 4)]
                 slope = (tb - ta) / (kb - ka)
                 if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
-                    speed, overhead = 1.0 / slope, (tb - kb * slope) / group_size(d)
+                    intercept = tb - kb * slope
+                    if one_group:   # the fixed work is shared in proportion to the kernels
+                        speed = 1.0 / (slope + intercept / g.K)
+                    else:
+                        speed, overhead = 1.0 / slope, intercept / group_size(d)
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))
