@@ -1,4 +1,5 @@
-"""The command line: ``pyhet train``, ``evaluate``, ``predict``, ``devices``, ``bench``.
+"""The command line: ``pyhet train``, ``evaluate``, ``predict``, ``devices``, ``plan``,
+``bench``.
 
 Errors in the user's input end the command with one line on stderr and exit status 2 for
 usage errors (argparse's own included), 1 for the rest; no traceback unless --debug.
@@ -20,14 +21,14 @@ import warnings
 
 import numpy as np
 
-from . import arch
+from . import arch, plan
 from .api import load
 from .data import input_shape_of, read_images
 from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted, OutputError,
                      PyhetError)
 from .images import channel_last_message, looks_channel_last
 from .model import read_weight_file, write_npz
-from .report import describe_devices
+from .report import calibrate_spec, describe_devices
 from .specs import check_ranks, cuda_device_count, parse_devices
 from .train import TrainConfig, train
 from .transport import launched_rank, launched_size
@@ -224,6 +225,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 
+    pl = sub.add_parser("plan", help="predict the partition and step time of a cluster, "
+                        "with devices that are not here described by their figures")
+    pl.set_defaults(command_parser=pl)
+    pl.add_argument("--devices", type=_device_spec, default=None, metavar="SPEC",
+                    help="devices of this machine, calibrated here (default: none)")
+    pl.add_argument("--describe", action="append", default=[], metavar="DEVICES",
+                    help="devices that are not here: 'NAME:gflops=G,mem=80G,overhead=1ms,"
+                         "bw=10gbit,lat=50us,count=N;NAME:like=d0,factor=2' (see README)")
+    pl.add_argument("--link", default=None, metavar="BW[@LAT],...",
+                    help="the link of described devices that give no bw= (e.g. 10gbit@50us); "
+                         "with --sweep, several: one column each, for every described device")
+    pl.add_argument("--sweep", default=None, metavar="devices=N,N,...",
+                    help="a table of predicted speedups over these counts of described devices")
+    pl.add_argument("--master-gflops", type=positive(float), default=None, metavar="G",
+                    help="the master's rate for its fc layers (default: its machine's devices)")
+    _network_options(pl)
+    pl.add_argument("--dataset", default="bundled", help="gives the input shape")
+    pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")
+    pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show tracebacks on errors")
+
     e = sub.add_parser("evaluate", help="the loss and accuracy of saved weights on a dataset's "
                        "test split")
     e.set_defaults(command_parser=e)
@@ -335,6 +358,91 @@ def cmd_devices(args, parser) -> int:
     return 0
 
 
+def _sweep_counts(text, parser):
+    name, eq, values = text.partition("=")
+    try:
+        counts = [int(v) for v in values.split(",")] if name.strip() == "devices" and eq else []
+    except ValueError:
+        counts = []
+    if not counts or any(n < 1 for n in counts):
+        parser.error(f"--sweep {text!r}: expected devices=N,N,... with counts >= 1, such as "
+                     f"devices=1,2,4,8")
+    return counts
+
+
+def cmd_plan(args, parser) -> int:
+    parser = args.command_parser
+    spec = network_spec(args, parser)
+    described = [d for text in args.describe for d in plan.parse_describe(text)]
+    links = [plan.parse_link(t) for t in args.link.split(",")] if args.link else [None]
+    if len(links) > 1 and args.sweep is None:
+        parser.error("several --link values need --sweep (one column each)")
+    if args.devices is None and not described:
+        parser.error("the cluster is empty: give --devices SPEC and/or --describe")
+    counts = _sweep_counts(args.sweep, parser) if args.sweep is not None else None
+    if counts is not None and not described:
+        parser.error("--sweep devices=... counts described devices: give --describe")
+    in_shape, classes = input_shape_of(args.dataset)
+    net = arch.build(spec, in_shape, classes)
+    calibrated = (calibrate_spec(args.devices, net, args.batch_size)
+                  if args.devices is not None else None)
+    if counts is not None:
+        rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
+                          args.master_gflops)
+        if args.json:
+            print(json.dumps({"network": net.arch, "batch_size": args.batch_size,
+                              "sweep": rows}))
+        else:
+            print(plan_sweep_table(rows, net.arch, args.batch_size))
+        return 0
+    cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0])
+    result = plan.plan(cluster, net, args.batch_size, args.master_gflops)
+    print(json.dumps(result) if args.json else plan_table(result))
+    return 0
+
+
+def plan_table(r: dict) -> str:
+    names = [d["name"] for d in r["devices"]]
+    lines = [f"plan of {r['network']}, batch {r['batch_size']}, on "
+             + ", ".join(f"{d['name']} ({d['gflops']:.1f} GFLOP/s, {d['link']})"
+                         for d in r["devices"]),
+             f"{'layer':<8}{'conv s':>11}  " + "".join(f"{n:>12}" for n in names)]
+    for layer, row in r["layers"].items():
+        lines.append(f"{layer:<8}{row['conv_s']:>11.5f}  " + "".join(
+            f"{row['devices'][n]['kernels']:>12}" for n in names))
+    best = r["best_single"]
+    lines += [f"master (fc layers at {r['master_gflops']:.1f} GFLOP/s): {r['master_s']:.5f} s",
+              f"predicted step: {r['predicted_step_s']:.5f} s, speedup "
+              + ("n/a (no device holds a layer alone)" if best is None else
+                 f"{r['speedup']:.2f}x over {best['device']} alone ({best['step_s']:.5f} s)")
+              + f", bottleneck: {r['bottleneck']}"]
+    d = r["ddp"]
+    lines.append(f"data parallel (DDP): {d['step_s']:.5f} s (compute {d['compute_s']:.5f} s on "
+                 f"{d['slowest_device']}, all-reduce {d['allreduce_s']:.5f} s), speedup "
+                 + ("n/a" if d["speedup"] is None else f"{d['speedup']:.2f}x")
+                 + f"; faster: {r['winner']}")
+    return "\n".join(lines)
+
+
+def plan_sweep_table(rows, network: str, batch: int) -> str:
+    links = list(dict.fromkeys(r["link"] for r in rows))
+    counts = list(dict.fromkeys(r["devices"] for r in rows))
+    cell = {(r["devices"], r["link"]): r for r in rows}
+    lines = [f"predicted speedup of {network}, batch {batch}: pyhet / DDP (the faster marked *)",
+             f"{'devices':>8}" + "".join(f"{lk:>22}" for lk in links)]
+    for n in counts:
+        line = f"{n:>8}"
+        for lk in links:
+            r = cell[(n, lk)]
+            a, b = r["speedup"], r["ddp_speedup"]
+            text = ("n/a" if a is None else f"{a:.2f}{'*' if r['winner'] == 'pyhet' else ''}"
+                    ) + " / " + ("n/a" if b is None else
+                                 f"{b:.2f}{'*' if r['winner'] == 'ddp' else ''}")
+            line += f"{text:>22}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _load_network(path, devices, input_shape):
     """pyhet.load for evaluate and predict (static balance: no step to re-measure). A weight
     file of an earlier version records no input shape: input_shape() gives it then."""
@@ -412,6 +520,8 @@ def main(argv=None) -> int:
             return cmd_bench(args)
         if args.command == "devices":
             return cmd_devices(args, parser)
+        if args.command == "plan":
+            return cmd_plan(args, parser)
         if args.command == "evaluate":
             return cmd_evaluate(args)
         if args.command == "predict":

@@ -8,7 +8,7 @@ from .backends.numpy_ref import host_available_memory
 from .calibrate import calibrate
 from .data import input_shape_of
 from .devices import make_devices
-from .errors import DeviceError
+from .errors import DeviceError, DeviceSpecError
 from .partition import balanced
 from .specs import check_threads, cuda_device_count, parse_devices
 from .train import check_memory
@@ -56,3 +56,21 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
         for d in devices:
             d.close()
     return report
+
+
+def calibrate_spec(spec: str, net, batch: int):
+    """(device names, Calibration) of the devices of a SPEC on the network `net`
+    (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here."""
+    specs = parse_devices(spec, gpu_count=cuda_device_count)
+    for s in specs:
+        if s.rank not in (None, 0):
+            raise DeviceSpecError(f"--devices {spec}: {s} is placed on rank {s.rank}; pyhet plan "
+                                  f"calibrates the devices of this machine only: describe the "
+                                  f"others with --describe (their speed and link)")
+    check_threads(specs)
+    devices = make_devices(specs)
+    try:
+        return [d.name for d in devices], calibrate(devices, net.blocks, batch)
+    finally:
+        for d in devices:
+            d.close()

@@ -1,0 +1,447 @@
+"""`pyhet plan`: the partition and predicted step time of a cluster, without training.
+
+The devices are those calibrated here (a Calibration, as `pyhet devices` gives it) and devices
+described by their figures (`--describe`), on this machine or behind a link. Every device
+gets, per conv layer, the cost model of pyhet.partition: t(k) = overhead + k / speed, plus its
+link's fixed and per-kernel time (pyhet.links). The master's non-conv work (the fc layers and
+the loss) is modelled by its FLOPs at the master's rate.
+
+The same cluster is also modelled under data parallelism (DDP): every device a full replica on
+batch / n images, the gradients of every weight all-reduced each step by a ring.
+
+Letters as in pyhet.geometry; N is the batch size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+from .calibrate import Calibration
+from .errors import DeviceError, UsageError
+from .geometry import NetGeometry
+from .links import Link, link_cost
+from .partition import balanced, predicted_time
+
+DEFAULT_LATENCY_S = 50e-6     # a link given by its bandwidth alone: one-way latency
+MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as calibrate does)
+
+# ================================================================================================
+# The description grammar: sizes, bandwidths, latencies, devices
+
+
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_BYTES = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+_MEMORY = {"": 1, "b": 1, **{p + s: 2 ** (10 * (i + 1)) for i, p in enumerate("kmgt")
+                            for s in ("", "b", "ib")}}
+_SECONDS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def _quantity(text: str, units: dict, what: str, example: str) -> float:
+    m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
+    if not m or m[3] not in units:
+        raise UsageError(f"{what} {text!r}: expected a number and a unit such as {example}")
+    value = float(m[1]) * 10 ** int(m[2] or 0) * units[m[3]]
+    if not math.isfinite(value):
+        raise UsageError(f"{what} {text!r}: expected a finite number")
+    return value
+
+
+def parse_bandwidth(text: str) -> float:
+    """'10gbit' (bits/s: bit, kbit, mbit, gbit, tbit) or '1.2GB' (bytes/s) -> bytes/s (> 0)."""
+    units = {**{k: v / 8 for k, v in _BITS.items()}, **_BYTES}
+    v = _quantity(text, units, "bandwidth", "10gbit or 1.2GB")
+    if v <= 0:
+        raise UsageError(f"bandwidth {text!r}: must be > 0")
+    return v
+
+
+def parse_latency(text: str) -> float:
+    """'50us', '1ms', '0.002' (seconds) -> s (>= 0)."""
+    return _quantity(text, _SECONDS, "latency", "50us, 1ms or 0.002")
+
+
+def parse_memory(text: str) -> float:
+    """'80G' (binary: K, M, G, T = 2**10 ...), '512M' -> bytes (> 0)."""
+    v = _quantity(text, _MEMORY, "memory", "80G or 512M")
+    if v <= 0:
+        raise UsageError(f"memory {text!r}: must be > 0")
+    return v
+
+
+def parse_link(text: str) -> Link:
+    """'BANDWIDTH[@LATENCY]', e.g. '10gbit@20us'; the latency defaults to 50 us."""
+    bw, _, lat = text.strip().partition("@")
+    return Link(parse_latency(lat) if lat else DEFAULT_LATENCY_S, parse_bandwidth(bw))
+
+
+def link_name(link: Link | None) -> str:
+    if link is None:
+        return "local"
+    bits = 8 * link.bandwidth_bytes_per_s
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:g}{unit}"
+    return f"{bits:g}bit"
+
+
+@dataclass(frozen=True)
+class Described:
+    """A device that is not here: its rate (GFLOP/s, or a factor of a calibrated device),
+    memory (bytes), fixed compute overhead per layer and step (s), link (None: on the master's
+    machine) and how many such devices there are."""
+    name: str
+    gflops: float | None = None
+    like: str | None = None
+    factor: float = 1.0
+    memory: float | None = None
+    overhead_s: float | None = None
+    link: Link | None = None
+    count: int = 1
+
+
+DESCRIBE_KEYS = ("gflops", "like", "factor", "mem", "overhead", "bw", "lat", "count")
+
+
+def parse_describe(text: str) -> list[Described]:
+    """'NAME:key=value,...;NAME:...' (keys in DESCRIBE_KEYS) -> [Described]."""
+    out = []
+    for entry in (e.strip() for e in text.split(";")):
+        if not entry:
+            continue
+        name, colon, body = entry.partition(":")
+        name = name.strip()
+        where = f"--describe {entry!r}"
+        if not colon or not re.fullmatch(r"[A-Za-z][\w.-]*", name):
+            raise UsageError(f"{where}: expected NAME:key=value,... with a NAME such as gpu-a")
+        fields = {}
+        for item in (i.strip() for i in body.split(",") if i.strip()):
+            key, eq, value = item.partition("=")
+            key = key.strip().lower()
+            if not eq or key not in DESCRIBE_KEYS:
+                raise UsageError(f"{where}: unknown field {item!r}; expected key=value with key "
+                                 f"one of {', '.join(DESCRIBE_KEYS)}")
+            if key in fields:
+                raise UsageError(f"{where}: {key!r} is given twice")
+            fields[key] = value.strip()
+        try:
+            d = Described(
+                name,
+                gflops=float(fields["gflops"]) if "gflops" in fields else None,
+                like=fields.get("like"),
+                factor=float(fields.get("factor", 1)),
+                memory=parse_memory(fields["mem"]) if "mem" in fields else None,
+                overhead_s=parse_latency(fields["overhead"]) if "overhead" in fields else None,
+                link=(Link(parse_latency(fields.get("lat", "50us")), parse_bandwidth(fields["bw"]))
+                      if "bw" in fields else None),
+                count=int(fields.get("count", 1)))
+        except ValueError as e:
+            raise UsageError(f"{where}: {e}") from None
+        if (d.gflops is None) == (d.like is None):
+            raise UsageError(f"{where}: give its speed as gflops=G, or as like=DEVICE "
+                             f"(a calibrated device) with an optional factor=F, not both")
+        if "lat" in fields and d.link is None:
+            raise UsageError(f"{where}: lat= needs bw= (the link's bandwidth)")
+        for label, v in (("gflops", d.gflops), ("factor", d.factor)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise UsageError(f"{where}: {label} must be > 0, got {v}")
+        if d.count < 1:
+            raise UsageError(f"{where}: count must be >= 1, got {d.count}")
+        out.append(d)
+    if not out:
+        raise UsageError(f"--describe {text!r}: no device described")
+    return out
+
+
+# ================================================================================================
+# A cluster: per layer and device, the cost model's figures
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One device on one layer: compute t(k) = overhead + k / speed, at most `cap` kernels, and
+    its link's fixed and per-kernel seconds (0 for a device on the master's machine)."""
+    speed: float
+    overhead: float
+    cap: int
+    link_fixed: float = 0.0
+    link_per_kernel: float = 0.0
+
+    @property
+    def total_speed(self) -> float:
+        return 1.0 / (1.0 / self.speed + self.link_per_kernel)
+
+    @property
+    def total_overhead(self) -> float:
+        return self.overhead + self.link_fixed
+
+    def compute_s(self, k: int) -> float:
+        return self.overhead + k / self.speed if k else 0.0
+
+    def link_s(self, k: int) -> float:
+        return self.link_fixed + k * self.link_per_kernel if k else 0.0
+
+
+@dataclass
+class Cluster:
+    names: list           # device names
+    links: list           # Link or None per device
+    costs: dict           # layer -> [Cost per device]
+    gflops: list          # each device's compute rate (GFLOP/s, on the network's largest layer)
+
+    def without_link(self, i: int) -> "Cluster":
+        """The same cluster with device i's link free."""
+        costs = {layer: [replace(c, link_fixed=0.0, link_per_kernel=0.0) if j == i else c
+                         for j, c in enumerate(cs)] for layer, cs in self.costs.items()}
+        links = [None if j == i else lk for j, lk in enumerate(self.links)]
+        return Cluster(self.names, links, costs, self.gflops)
+
+
+def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
+    """layer -> FLOPs of one kernel in one training step of the batch."""
+    return {g.name: g.flops_per_image(need_dx=i > 0) * batch / g.K
+            for i, g in enumerate(net.blocks)}
+
+
+def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
+                  default_link: Link | None = None, count: int | None = None) -> Cluster:
+    """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
+    machine) and the described ones. default_link: the link of described devices that give
+    none (None: they are on the master's machine). count: take this many described devices,
+    cycling through the described entries (their own count= ignored), as a sweep does."""
+    per_kernel = _flops_per_kernel(net, batch)
+    largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
+    names, links, gflops = [], [], []
+    costs = {g.name: [] for g in net.blocks}
+    known = {}   # calibrated name -> {layer: Cost}
+    if calibrated is not None:
+        cal_names, cal = calibrated
+        for i, name in enumerate(cal_names):
+            known[name] = {}
+            for g in net.blocks:
+                part = ((cal.parts or {}).get(g.name) or [None] * len(cal_names))[i]
+                speed = part["compute_kernels_per_s"] if part else cal.speeds[g.name][i]
+                overhead = part["compute_overhead_s"] if part else cal.overheads[g.name][i]
+                known[name][g.name] = Cost(speed, overhead, cal.caps[g.name][i])
+                costs[g.name].append(known[name][g.name])
+            names.append(name)
+            links.append(None)
+            gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
+    entries = list(described)
+    if count is not None:
+        if not entries:
+            raise UsageError("a sweep over the device count needs --describe")
+        entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
+    for d in entries:
+        if d.like is not None and d.like not in known:
+            raise UsageError(f"--describe {d.name}: like={d.like}: no calibrated device of that "
+                             f"name (the --devices SPEC gives "
+                             f"{', '.join(known) or 'none'})")
+        link = d.link if d.link is not None else default_link
+        for j in range(d.count):
+            names.append(d.name if d.count == 1 and count is None else
+                         f"{d.name}.{j if count is None else len(names)}")
+            links.append(link)
+            for g in net.blocks:
+                if d.like is not None:
+                    base = known[d.like][g.name]
+                    speed, overhead, cap = base.speed * d.factor, base.overhead, base.cap
+                else:
+                    speed = d.gflops * 1e9 / per_kernel[g.name]
+                    overhead, cap = 0.0, g.K
+                if d.overhead_s is not None:
+                    overhead = d.overhead_s
+                if d.memory is not None:
+                    cap = int(max(0, d.memory * MEMORY_SHARE - g.fixed_bytes(batch)) //
+                              g.bytes_per_kernel(batch))
+                fixed, per = (0.0, 0.0) if link is None else link_cost(link, g, batch,
+                                                                          need_dx=g is not net.blocks[0])
+                costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per))
+            gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
+    if not names:
+        raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
+    return Cluster(names, links, costs, gflops)
+
+
+# ================================================================================================
+# Predictions
+
+
+def master_seconds(net: NetGeometry, batch: int, gflops: float) -> float:
+    """The master's non-conv work per step (fc layers forward and backward) at `gflops`."""
+    conv = {g.name for g in net.blocks}
+    flops = sum(f for name, f in net.flops_per_image().items() if name not in conv)
+    return flops * batch / (gflops * 1e9)
+
+
+def default_master_gflops(cluster: Cluster) -> float:
+    """The master's rate: that of the devices on its machine (without a link) together, or
+    the first device's where every device is behind a link."""
+    local = [g for g, lk in zip(cluster.gflops, cluster.links) if lk is None]
+    return sum(local) if local else cluster.gflops[0]
+
+
+def partition_of(cluster: Cluster, net: NetGeometry) -> dict:
+    """layer -> kernels per device (pyhet.partition.balanced on the total cost model)."""
+    out = {}
+    for g in net.blocks:
+        cs = cluster.costs[g.name]
+        try:
+            out[g.name] = balanced(g.K, [c.total_speed for c in cs],
+                                   [c.total_overhead for c in cs], [c.cap for c in cs])
+        except ValueError as e:
+            raise DeviceError(f"{g.name}: {e}") from None
+    return out
+
+
+def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
+    """layer -> predicted seconds of the layer (the slowest device's time)."""
+    return {g.name: predicted_time(partition[g.name],
+                                   [c.total_speed for c in cluster.costs[g.name]],
+                                   [c.total_overhead for c in cluster.costs[g.name]])
+            for g in net.blocks}
+
+
+def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
+    return sum(conv_seconds(cluster, net, partition_of(cluster, net)).values()) + master_s
+
+
+def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
+    """Step time of device i alone with the master (its link included); None when its memory
+    cannot hold a whole layer."""
+    total = master_s
+    for g in net.blocks:
+        c = cluster.costs[g.name][i]
+        if c.cap < g.K:
+            return None
+        total += c.total_overhead + g.K / c.total_speed
+    return total
+
+
+def ddp(cluster: Cluster, net: NetGeometry, batch: int) -> dict:
+    """Data parallelism as PyTorch DDP: every device a full replica on batch / n images (conv
+    layers at its calibrated or described rate, fc layers at its GFLOP/s), then a ring
+    all-reduce of every weight's gradient: each device sends and receives 2 (n - 1) / n of the
+    weight bytes over the slowest link, in 2 (n - 1) messages. Communication does not overlap
+    the backward; devices on the master's machine exchange through memory (free); memory is
+    not checked."""
+    n = len(cluster.names)
+    conv = {g.name for g in net.blocks}
+    fc_flops = sum(f for name, f in net.flops_per_image().items() if name not in conv)
+    compute = []
+    for i in range(n):
+        t = sum(cluster.costs[g.name][i].overhead + g.K / (cluster.costs[g.name][i].speed * n)
+                for g in net.blocks)
+        compute.append(t + fc_flops * batch / n / (cluster.gflops[i] * 1e9))
+    weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
+    remote = [lk for lk in cluster.links if lk is not None]
+    allreduce = 0.0
+    if n > 1 and remote:
+        bw = min(lk.bandwidth_bytes_per_s for lk in remote)
+        allreduce = (2 * (n - 1) / n * weight_bytes / bw +
+                     2 * (n - 1) * max(lk.latency_s for lk in remote))
+    return {"step_s": max(compute) + allreduce, "compute_s": max(compute),
+            "allreduce_s": allreduce, "weight_bytes": weight_bytes,
+            "slowest_device": cluster.names[max(range(n), key=lambda i: compute[i])]}
+
+
+LINK_GAIN = 0.05   # a link is the bottleneck when freeing it would save at least this share
+
+
+def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: float,
+               master_s: float) -> str:
+    """'master' when the non-conv part is at least the conv part; else 'link D' for the link
+    of device D whose time dominates that device's (more than its compute), or that keeps it
+    out of a layer, and whose removal would shorten the step most (by LINK_GAIN or more);
+    else 'compute'."""
+    if master_s >= conv_s:
+        return "master"
+    step = conv_s + master_s
+    best, gain = None, 0.0
+    for i, lk in enumerate(cluster.links):
+        if lk is None:
+            continue
+        ks = [(g.name, partition[g.name][i]) for g in net.blocks]
+        link = sum(cluster.costs[layer][i].link_s(k) for layer, k in ks)
+        compute = sum(cluster.costs[layer][i].compute_s(k) for layer, k in ks)
+        if link > compute or any(k == 0 for _, k in ks):
+            saved = step - _step(cluster.without_link(i), net, master_s)
+            if saved >= LINK_GAIN * step and saved > gain:
+                best, gain = i, saved
+    return "compute" if best is None else f"link {cluster.names[best]}"
+
+
+def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | None = None
+         ) -> dict:
+    """The prediction of the cluster on the network at this batch size (pyhet plan --json)."""
+    master_gflops = master_gflops or default_master_gflops(cluster)
+    master_s = master_seconds(net, batch, master_gflops)
+    partition = partition_of(cluster, net)
+    layer_s = conv_seconds(cluster, net, partition)
+    conv_s = sum(layer_s.values())
+    step = conv_s + master_s
+    alone = [alone_seconds(cluster, net, i, master_s) for i in range(len(cluster.names))]
+    fits = [i for i, t in enumerate(alone) if t is not None]
+    best = min(fits, key=lambda i: alone[i]) if fits else None
+    base = alone[best] if best is not None else None
+    layers = {}
+    for g in net.blocks:
+        rows = {}
+        for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
+            k = partition[g.name][i]
+            rows[name] = {"kernels": k, "compute_s": round(c.compute_s(k), 9),
+                          "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
+                          "overhead_s": round(c.overhead, 9), "memory_cap": c.cap}
+        layers[g.name] = {"conv_s": round(layer_s[g.name], 9), "devices": rows}
+    d = ddp(cluster, net, batch)
+    return {
+        "network": net.arch, "batch_size": batch,
+        "devices": [{"name": n, "link": link_name(lk), "gflops": round(gf, 3),
+                     **({} if lk is None else {"latency_s": round(lk.latency_s, 9),
+                                               "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s})}
+                    for n, lk, gf in zip(cluster.names, cluster.links, cluster.gflops)],
+        "partition": {layer: dict(zip(cluster.names, counts))
+                      for layer, counts in partition.items()},
+        "layers": layers,
+        "predicted_conv_s": round(conv_s, 9), "master_s": round(master_s, 9),
+        "master_gflops": round(master_gflops, 3),
+        "predicted_step_s": round(step, 9),
+        "best_single": None if best is None else {"device": cluster.names[best],
+                                                  "step_s": round(base, 9)},
+        "speedup": None if base is None else round(base / step, 4),
+        "bottleneck": bottleneck(cluster, net, partition, conv_s, master_s),
+        "ddp": {"step_s": round(d["step_s"], 9), "compute_s": round(d["compute_s"], 9),
+                "allreduce_s": round(d["allreduce_s"], 9), "weight_bytes": d["weight_bytes"],
+                "slowest_device": d["slowest_device"],
+                "speedup": None if base is None else round(base / d["step_s"], 4)},
+        "winner": "pyhet" if step <= d["step_s"] else "ddp",
+    }
+
+
+def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, described=(),
+          master_gflops: float | None = None) -> list[dict]:
+    """plan() of the calibrated devices plus n described devices (cycling through the
+    described entries) for every n in counts and every link in links (None: the described
+    devices' own links)."""
+    rows = []
+    for lk in links:
+        for n in counts:
+            cluster = build_cluster(net, batch, calibrated,
+                                    [d if lk is None else replace(d, link=lk) for d in described],
+                                    count=n)
+            p = plan(cluster, net, batch, master_gflops)
+            rows.append({"devices": n, "link": "own" if lk is None else link_name(lk),
+                         "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
+                         "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],
+                         "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"]})
+    return rows
+
+
+def calibration_of(speeds: dict, overheads: dict | None = None, caps: dict | None = None
+                   ) -> Calibration:
+    """A Calibration from figures (layer -> [per device]), e.g. for tests and what-ifs."""
+    overheads = overheads or {k: [0.0] * len(v) for k, v in speeds.items()}
+    caps = caps or {k: [10**9] * len(v) for k, v in speeds.items()}
+    return Calibration(speeds, overheads, caps)

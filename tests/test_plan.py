@@ -1,0 +1,195 @@
+"""`pyhet plan`: the cost model of pyhet.partition applied to calibrated and described devices,
+the data-parallel model beside it, and the command line. No device is timed here: every
+cluster is made of hand-made calibrations and described devices.
+
+Letters as in pyhet.geometry; N is the batch size.
+"""
+
+import json
+import math
+
+import pytest
+
+from pyhet import arch, plan
+from pyhet.links import Link, link_cost
+from pyhet.partition import balanced, predicted_time
+
+NET = arch.build("8C3-P2-12C3-P2", (1, 12, 12), 10)   # conv1 (8 kernels), conv2 (12 kernels)
+N = 16
+
+
+def cal(speeds, overheads=None):
+    """(names, Calibration) of hand-made figures: speeds {layer: [kernels/s per device]}."""
+    names = [f"d{i}" for i in range(len(next(iter(speeds.values()))))]
+    return names, plan.calibration_of(speeds, overheads)
+
+
+def test_prediction_is_the_partition_cost_model():
+    speeds = {"conv1": [4000.0, 1500.0], "conv2": [900.0, 400.0]}
+    overheads = {"conv1": [0.0, 0.002], "conv2": [0.001, 0.0]}
+    cluster = plan.build_cluster(NET, N, cal(speeds, overheads))
+    r = plan.plan(cluster, NET, N, master_gflops=10.0)
+    conv = 0.0
+    for g in NET.blocks:
+        counts = balanced(g.K, speeds[g.name], overheads[g.name])
+        assert list(r["partition"][g.name].values()) == counts
+        t = predicted_time(counts, speeds[g.name], overheads[g.name])
+        assert r["layers"][g.name]["conv_s"] == pytest.approx(t, rel=1e-6)
+        conv += t
+    fc_flops = 3 * 2 * NET.features * 10          # the classifier, forward and backward
+    master = fc_flops * N / 10e9
+    assert r["master_s"] == pytest.approx(master, rel=1e-6)
+    assert r["predicted_step_s"] == pytest.approx(conv + master, rel=1e-6)
+    # d0 alone: every kernel on it, plus the master's work
+    alone = sum(o[0] + g.K / speeds[g.name][0]
+                for g, o in zip(NET.blocks, (overheads["conv1"], overheads["conv2"])))
+    assert r["best_single"]["device"] == "d0"
+    assert r["speedup"] == pytest.approx((alone + master) / (conv + master), rel=1e-4)
+
+
+def test_described_speed_is_gflops_over_flops_per_kernel():
+    slow = plan.plan(plan.build_cluster(NET, N, described=plan.parse_describe("a:gflops=2")),
+                     NET, N, master_gflops=1.0)
+    fast = plan.plan(plan.build_cluster(NET, N, described=plan.parse_describe("a:gflops=4")),
+                     NET, N, master_gflops=1.0)
+    g = NET.blocks[1]
+    per_kernel = g.flops_per_image(need_dx=True) * N / g.K
+    assert slow["layers"]["conv2"]["devices"]["a"]["kernels_per_s"] == pytest.approx(
+        2e9 / per_kernel, rel=1e-6)
+    assert slow["predicted_conv_s"] == pytest.approx(2 * fast["predicted_conv_s"], rel=1e-6)
+    # conv1 computes no input gradient: 2 GEMMs, not 3
+    g1 = NET.blocks[0]
+    assert slow["layers"]["conv1"]["conv_s"] == pytest.approx(
+        g1.flops_per_image(need_dx=False) * N / 2e9, rel=1e-6)
+
+
+def test_like_and_count_and_memory():
+    names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
+    cluster = plan.build_cluster(NET, N, (names, c), plan.parse_describe(
+        "twice:like=d0,factor=2,count=3"))
+    assert cluster.names == ["d0", "twice.0", "twice.1", "twice.2"]
+    assert [x.speed for x in cluster.costs["conv2"]] == [300.0, 600.0, 600.0, 600.0]
+    g = NET.blocks[1]
+    mem = (g.fixed_bytes(N) + 5 * g.bytes_per_kernel(N)) / plan.MEMORY_SHARE + 1
+    small = plan.build_cluster(NET, N, described=plan.parse_describe(f"s:gflops=1,mem={mem:.0f}"))
+    assert small.costs["conv2"][0].cap == 5
+
+
+def test_slow_link_leaves_the_device_out_and_is_the_bottleneck():
+    local = cal({"conv1": [2000.0], "conv2": [500.0]})
+    far = plan.parse_describe("far:gflops=1000,bw=1mbit,lat=1ms")
+    r = plan.plan(plan.build_cluster(NET, N, local, far), NET, N, master_gflops=100.0)
+    assert r["partition"]["conv2"]["far"] == 0 and r["partition"]["conv1"]["far"] == 0
+    assert r["bottleneck"] == "link far"
+    assert r["best_single"]["device"] == "d0" and r["speedup"] == pytest.approx(1.0)
+    # the same device over a fast link takes most of the kernels, and compute limits
+    near = plan.parse_describe("far:gflops=0.1,bw=100gbit,lat=1us")
+    r = plan.plan(plan.build_cluster(NET, N, local, near), NET, N, master_gflops=100.0)
+    assert r["partition"]["conv2"]["far"] > r["partition"]["conv2"]["d0"]
+    assert r["bottleneck"] == "compute" and r["speedup"] > 1
+
+
+def test_link_figures_are_those_of_pyhet_links():
+    link = plan.parse_link("8mbit@2ms")
+    assert link == Link(0.002, 1e6)
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe("a:gflops=1"),
+                                 default_link=link)
+    for i, g in enumerate(NET.blocks):
+        assert (cluster.costs[g.name][0].link_fixed, cluster.costs[g.name][0].link_per_kernel) \
+            == link_cost(link, g, N, need_dx=i > 0)
+
+
+def test_master_bottleneck():
+    huge = arch.build("2C3-P2-2C3-P2-4096N", (1, 12, 12), 10)
+    cluster = plan.build_cluster(huge, N, described=plan.parse_describe("a:gflops=100"))
+    assert plan.plan(cluster, huge, N, master_gflops=0.01)["bottleneck"] == "master"
+
+
+def test_ddp_arithmetic_by_hand():
+    # two described devices, 1 GFLOP/s and 3 GFLOP/s, behind links of 1e6 and 2e6 bytes/s
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe(
+        "a:gflops=1,bw=8mbit,lat=1ms;b:gflops=3,bw=16mbit,lat=3ms"))
+    d = plan.ddp(cluster, NET, N)
+    flops = sum(NET.flops_per_image().values()) * N / 2          # each replica: N / 2 images
+    params = sum(math.prod(s) for s in NET.param_shapes().values())
+    assert d["weight_bytes"] == 4 * params
+    assert d["compute_s"] == pytest.approx(flops / 1e9, rel=1e-9)   # the slower device, a
+    assert d["slowest_device"] == "a"
+    # ring of n = 2: 2 (n - 1) / n of the bytes over the slowest link, 2 (n - 1) latencies
+    assert d["allreduce_s"] == pytest.approx(4 * params / 1e6 + 2 * 0.003, rel=1e-9)
+    assert d["step_s"] == pytest.approx(d["compute_s"] + d["allreduce_s"], rel=1e-9)
+    # devices on the master's machine exchange through memory
+    local = plan.build_cluster(NET, N, described=plan.parse_describe("a:gflops=1;b:gflops=3"))
+    assert plan.ddp(local, NET, N)["allreduce_s"] == 0.0
+
+
+def test_sweep_rows():
+    rows = plan.sweep(NET, N, [1, 2, 4], [plan.parse_link("1gbit"), plan.parse_link("10gbit")],
+                      described=plan.parse_describe("g:gflops=5"), master_gflops=5.0)
+    assert [(r["devices"], r["link"]) for r in rows] == [
+        (1, "1gbit"), (2, "1gbit"), (4, "1gbit"), (1, "10gbit"), (2, "10gbit"), (4, "10gbit")]
+    assert all(r["winner"] in ("pyhet", "ddp") for r in rows)
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
+    ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit"]),
+    ("a:gflops=5,bw=10parsecs", ["bandwidth", "10parsecs"]),
+    ("a:gflops=0", ["gflops", "> 0"]),
+    ("a:like=d0,gflops=3", ["gflops", "like"]),
+    ("a:gflops=3,count=0", ["count"]),
+    ("gflops=3", ["NAME"]),
+    (" ; ", ["no device"]),
+])
+def test_bad_descriptions_are_usage_errors(cli, text, words):
+    res = cli("plan", "--describe", text, "--arch", "8C3-P2-12C3-P2", "--dataset", "synthetic")
+    from test_cli import assert_one_error_line
+    assert_one_error_line(res, *words, code=2)
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], ["empty"]),
+    (["--describe", "a:gflops=1", "--link", "1gbit,2gbit"], ["--sweep"]),
+    (["--describe", "a:gflops=1", "--sweep", "devices=0,2"], ["--sweep"]),
+    (["--describe", "a:gflops=1", "--link", "0gbit"], ["bandwidth"]),
+    (["--describe", "a:like=d7"], ["like=d7"]),
+])
+def test_bad_plans_are_usage_errors(cli, argv, words):
+    from test_cli import assert_one_error_line
+    res = cli("plan", *argv, "--kernels", "4,6", "--dataset", "synthetic")
+    assert_one_error_line(res, *words, code=2)
+
+
+def test_cli_json_keys(cli):
+    res = cli("plan", "--describe", "a:gflops=50;b:gflops=20,bw=1gbit", "--kernels", "4,6",
+              "--dataset", "synthetic", "--batch-size", "8", "--json")
+    assert res.code == 0, res.err
+    r = json.loads(res.out.strip().splitlines()[-1])
+    assert {"partition", "predicted_step_s", "speedup", "bottleneck", "ddp", "layers",
+            "winner"} <= set(r)
+    assert r["partition"]["conv1"] == {"a": r["partition"]["conv1"]["a"],
+                                       "b": 4 - r["partition"]["conv1"]["a"]}
+    assert {"step_s", "speedup", "allreduce_s"} <= set(r["ddp"])
+    res = cli("plan", "--describe", "a:gflops=50;b:gflops=20,bw=1gbit", "--kernels", "4,6",
+              "--dataset", "synthetic", "--batch-size", "8")
+    assert res.code == 0 and "predicted step" in res.out and "bottleneck" in res.out
+
+
+def test_cli_sweep(cli):
+    res = cli("plan", "--describe", "g:gflops=100", "--sweep", "devices=1,2,4",
+              "--link", "1gbit,10gbit", "--kernels", "4,6", "--dataset", "synthetic", "--json")
+    assert res.code == 0, res.err
+    rows = json.loads(res.out.strip().splitlines()[-1])["sweep"]
+    assert len(rows) == 6
+    res = cli("plan", "--describe", "g:gflops=100", "--sweep", "devices=1,2",
+              "--link", "1gbit,10gbit", "--kernels", "4,6", "--dataset", "synthetic")
+    assert res.code == 0 and "10gbit" in res.out
+
+
+def test_cli_calibrates_a_spec(cli):
+    res = cli("plan", "--devices", "numpy", "--describe", "twin:like=d0,factor=2",
+              "--kernels", "4,6", "--dataset", "synthetic", "--batch-size", "4", "--json")
+    assert res.code == 0, res.err
+    r = json.loads(res.out.strip().splitlines()[-1])
+    assert set(r["partition"]["conv2"]) == {"d0", "twin"}
