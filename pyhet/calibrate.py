@@ -42,9 +42,11 @@ class Calibration:
 
 
 def _trial_kernels(device: Device, K: int) -> int:
-    # enough kernels for the GEMMs to run at speed and to outweigh the fixed costs; more on a
-    # GPU, whose fixed costs are higher
-    return max(1, min(K, 256 if device.kind == "gpu" else 64))
+    # enough kernels for the GEMMs to run at speed and to outweigh the fixed costs (the slope of
+    # the two-count fit is a difference of two timings: at 128 and 32 kernels the timing noise of
+    # a shared machine, about 10% a trial, moves it by a few percent); more on a GPU, whose fixed
+    # costs are higher
+    return max(1, min(K, 256 if device.kind == "gpu" else 128))
 
 
 def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) -> float:
@@ -63,13 +65,14 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
     return took
 
 
-def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 3) -> Calibration:
+def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
     The devices are timed one at a time (so that devices sharing cores or memory bandwidth do
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
-    the best time of each is kept, so that a drift of the machine hits all of them alike.
+    the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
+    them alike.
 
     Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
     through them; the intercept is its fixed work (its own im2col and col2im of the whole
