@@ -64,9 +64,10 @@ class Config:
     def label(self):
         return self.spec if len(self.devices) == 1 else f"{self.spec} ({self.balance})"
 
-    def step(self, x, y, record=True):
+    def step(self, x, y, record=True, timer=None):
+        """One SGD step; timer: a pyhet.timing.PartTimer that receives the time of its parts."""
         t0 = time.perf_counter()
-        self.net.train_step(x, y, SGD)
+        self.net.train_step(x, y, SGD, timer)
         dt = time.perf_counter() - t0
         self.steps += 1
         if self.dynamic:

@@ -108,3 +108,69 @@ def test_bench_ranks(tmp_path, capsys):
         assert row[name]["step_s"] > 0 and 0 < row[name]["efficiency"]
         assert sum(row[name]["partition"]["conv2"].values()) == 8
     assert not list(ranks.CGROUP_CPU.glob("pyhet-bench-*"))
+
+
+def test_bench_paper(tmp_path, capsys):
+    """Every analysis on tiny networks: a section each in the JSON, the paper's figures beside
+    ours, the bandwidth section read from a bench bandwidth JSON, and a PNG per analysis where
+    matplotlib is installed."""
+    bw = {"kernels": "4,8", "batch_size": 4, "alone_step_s": 0.2,
+          "rates": [{"rate": "100mbit", "measured_bits_per_s": 9.5e7, "step_s": 0.4,
+                     "partition": {"conv1": {"d0": 2, "d1": 2}, "conv2": {"d0": 5, "d1": 3}}},
+                    {"rate": "none", "measured_bits_per_s": None, "step_s": 0.1,
+                     "partition": {"conv1": {"d0": 2, "d1": 2}, "conv2": {"d0": 4, "d1": 4}}}]}
+    (tmp_path / "bw.json").write_text(json.dumps(bw))
+    out = run(capsys, "paper", "--quick", "--kernels-list", "4,8/6,12", "--batch-sizes", "2,4",
+              "--network", "4,8", "--steps", "2", "--bandwidth-json", str(tmp_path / "bw.json"),
+              "--json", str(tmp_path / "p.json"), "--plot", str(tmp_path / "png"))
+    res = json.loads((tmp_path / "p.json").read_text())
+    assert res["conv_share"]["paper"]["conv_time_fraction"] == [0.6, 0.9]
+    shares = res["conv_share"]["rows"]
+    assert [(r["sweep"], r["kernels"], r["batch_size"]) for r in shares] == [
+        ("kernels", [4, 8], 16), ("kernels", [6, 12], 16), ("batch", [4, 8], 2),
+        ("batch", [4, 8], 4)]
+    assert all(0 < r["cpu1"] <= 1 for r in shares)
+    sp = res["speedup"]
+    assert sp["paper"] == {"speedup_4_cpus": 3.28, "speedup_3_gpus": 2.45}
+    assert sp["devices"][0]["devices"] == 1
+    assert sp["devices"][-1]["devices"] == ops.default_threads()
+    assert sp["devices"][0]["speedup"] == pytest.approx(1.0)
+    assert [r["batch_size"] for r in sp["batch"]] == [2, 4]
+    assert [r["kernels"] for r in sp["network"]] == [[4, 8], [6, 12]]
+    for r in sp["batch"] + sp["network"]:
+        assert r["speedup"] > 0 and 0 < r["efficiency"] and sum(r["partition"].values()) == \
+            r["kernels"][1]
+    mixes = [r for r in res["speed_mix"]["rows"] if r["balance"]]
+    assert {r["balance"] for r in mixes} == {"even", "static", "dynamic"}
+    assert all(r["ideal_speedup"] == pytest.approx(1.5) for r in mixes if len(r["speeds"]) == 2)
+    rates = res["bandwidth"]["rows"]
+    assert [r["rate"] for r in rates] == ["100mbit", "none"]
+    assert [r["speedup"] for r in rates] == pytest.approx([0.5, 2.0])
+    assert "3.28x on 4 CPUs" in out and "60%-90%" in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
+        "paper_bandwidth.png", "paper_conv_share.png", "paper_speed_mix.png",
+        "paper_speedup.png"]
+
+
+def test_bench_paper_quick_skips_bandwidth_and_bad_options(capsys):
+    out = run(capsys, "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
+              "--network", "4,8", "--steps", "2")
+    assert "--quick: no bandwidth run" in out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "paper", "--steps", "1"])
+    assert e.value.code == 2 and "expected at least 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "paper", "--kernels-list", "4"])
+    assert e.value.code == 2 and "expected two kernel counts" in capsys.readouterr().err
+
+
+def test_bench_paper_bad_bandwidth_json(tmp_path):
+    (tmp_path / "bw.json").write_text('{"rates": []}')
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
+              "--network", "4,8", "--steps", "2", "--bandwidth-json", str(tmp_path / "bw.json")])
+    assert "expected the JSON of `pyhet bench bandwidth" in str(e.value.code)
