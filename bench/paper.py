@@ -83,13 +83,13 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=16,
                    help="the batch of the network-size, device-count and speed-mix analyses")
     p.add_argument("--steps", type=positive(int),
-                   help="steps per configuration, the first warms up (default 4; quick 3)")
+                   help="steps per configuration, the first warms up (default 4)")
     p.add_argument("--bandwidth-json", metavar="FILE",
                    help="the JSON of a `pyhet bench bandwidth --json FILE` run for analysis 4")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="DIR", help="one PNG per analysis (needs matplotlib)")
     p.add_argument("--quick", action="store_true",
-                   help="fewer batch sizes, a smaller network, 3 steps, no bandwidth run")
+                   help="batch sizes to 64, a smaller network (100,300), no bandwidth run")
     args = p.parse_args(argv)
     if not args.kernels_list:
         p.error("argument --kernels-list: expected at least one A,B")
@@ -100,7 +100,7 @@ def parse_args(argv):
     if args.network is None:
         args.network = (100, 300) if args.quick else (250, 750)
     if args.steps is None:
-        args.steps = 3 if args.quick else 4
+        args.steps = 4
     if args.steps < 2:
         p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
     return args
