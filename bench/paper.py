@@ -356,8 +356,8 @@ def print_all(res):
     print(_util.format_table(
         ["devices", "balance", "step s", "img/s", "speedup", "ideal", "efficiency",
          "conv2 partition"],
-        [[r["config"], r["balance"] or "-", sec(r["step_s"]), r["images_per_s"], times(r["speedup"]),
-          times(r.get("ideal_speedup")), pct(r["efficiency"]),
+        [[r["config"], r["balance"] or "-", sec(r["step_s"]), r["images_per_s"],
+          times(r["speedup"]), times(r.get("ideal_speedup")), pct(r["efficiency"]),
           "/".join(map(str, r["partition"].values()))] for r in mix["rows"]]))
     if mix["note"]:
         print(mix["note"])
@@ -383,14 +383,18 @@ def plot(res, folder):
     plt = _util.pyplot()
     if plt is None:
         return
-    os.makedirs(folder, exist_ok=True)
     written = []
 
     def save(fig, name):
         path = os.path.join(folder, name)
         fig.tight_layout()
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fig.savefig(path, dpi=80)
+        except OSError as e:
+            sys.exit(f"pyhet: error: cannot write the plot {path}: {e.strerror or e}")
+        finally:
+            plt.close(fig)
         written.append(path)
 
     cs = res["conv_share"]
@@ -427,6 +431,9 @@ def plot(res, folder):
                        label="paper, 4 CPUs")
         ax.set_xlabel(xlabel)
         ax.set_ylim(bottom=0)
+        fixed = (f"kernels {kstr(rows[0]['kernels'])}" if sweep == "batch" else
+                 f"batch {rows[0]['batch_size']}")
+        ax.set_title(f"over one cpu:1, {fixed}", fontsize=8)
         ax.legend(fontsize=7)
     save(fig, "paper_speedup.png")
 

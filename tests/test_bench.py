@@ -173,3 +173,12 @@ def test_bench_paper_bad_bandwidth_json(tmp_path):
         main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
               "--network", "4,8", "--steps", "2", "--bandwidth-json", str(tmp_path / "bw.json")])
     assert "expected the JSON of `pyhet bench bandwidth" in str(e.value.code)
+
+
+def test_bench_paper_unwritable_plot_dir(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
+              "--network", "4,8", "--steps", "2", "--plot", str(tmp_path / "file" / "png")])
+    assert "cannot write the plot" in str(e.value.code)
