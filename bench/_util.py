@@ -208,3 +208,48 @@ def save_outputs(result: dict, args, plot) -> None:
     if args.plot:
         plot(result, args.plot)
 
+
+# ================================================================================================
+# Runs of `pyhet train --json` in processes, under mpiexec too (bench bandwidth, bench ranks)
+
+
+def mpiexec():
+    """The mpiexec beside this Python (the mpich wheel's), else the one on the PATH, or None."""
+    import shutil
+    from pathlib import Path
+
+    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+        "mpiexec")
+
+
+def missing_mpi():
+    """Why pyhet cannot run under mpiexec here, or None."""
+    if mpiexec() is None:
+        return "there is no mpiexec (pip install 'pyhet[mpi]')"
+    try:
+        import mpi4py  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
+    return None
+
+
+def train_argv(kernels: str, batch_size: int, steps: int, devices: str,
+               balance: str = "static") -> list:
+    """`python -m pyhet train` on synthetic data, the JSON summary on stdout."""
+    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
+            kernels, "--batch-size", str(batch_size), "--steps", str(steps), "--devices",
+            devices, "--balance", balance, "--quiet", "--json"]
+
+
+def run_json(cmd, timeout: float, cwd, env=None) -> dict:
+    """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
+    None); RuntimeError with its stderr's tail when it fails."""
+    import subprocess
+
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd[:8]))} ... failed ({p.returncode}): "
+                           f"{p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])

@@ -20,7 +20,6 @@ The namespaces and links are removed when it ends, also when interrupted. Withou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -70,18 +69,7 @@ def missing_tools() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"{tool!r} is not installed (iproute2)"
-    if mpiexec() is None:
-        return "there is no mpiexec (pip install 'pyhet[mpi]')"
-    try:
-        import mpi4py  # noqa: F401  (only whether it is there)
-    except ImportError:
-        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
-    return None
-
-
-def mpiexec():
-    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
-        "mpiexec")
+    return _util.missing_mpi()
 
 
 def sh(*args, check=True):
@@ -148,29 +136,19 @@ def rate_bits(rate: str):
 
 
 def train_argv(args, devices):
-    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
-            args.kernels, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-            "--devices", devices, "--balance", "static", "--quiet", "--json"]
-
-
-def run_json(cmd, env, timeout, cwd):
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({p.returncode}): "
-                           f"{p.stderr.strip()[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _util.train_argv(args.kernels, args.batch_size, args.steps, devices)
 
 
 def pyhet_over(link: Link, args, cwd):
     env = dict(os.environ, MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
     env.pop("PYTHONPATH", None)
-    cmd = [mpiexec()]
+    cmd = [_util.mpiexec()]
     for i, (ns, dev) in enumerate(zip(link.ns, link.dev)):
         if i:
             cmd.append(":")
         cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns,
                 *train_argv(args, "0/cpu:1,1/cpu:1")]
-    return run_json(cmd, env, args.timeout, cwd)
+    return _util.run_json(cmd, args.timeout, cwd, env)
 
 
 DDP = textwrap.dedent('''
@@ -260,7 +238,7 @@ def main(argv=None) -> int:
     old = signal.signal(signal.SIGTERM, _interrupt)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pyhet-bw-") as cwd:
-        alone = run_json(train_argv(args, "cpu:1"), dict(os.environ), args.timeout, cwd)
+        alone = _util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd)
         alone_s = alone["step_time_s"]["median"]
         print(f"master's device alone (cpu:1): {alone_s:.3f} s a step", flush=True)
         link = Link()

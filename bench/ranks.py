@@ -23,9 +23,7 @@ mpiexec it says so and does nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,21 +35,29 @@ try:
 except ImportError:  # run as a script: python bench/ranks.py
     import _util
 
+from pyhet.cli import Parser, kernel_counts, positive
+
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000   # a short period: throttling finer than any timing (calibration trials too)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="pyhet bench ranks", description=__doc__.split("\n")[0])
+    p = Parser(prog="pyhet bench ranks", description=__doc__.split("\n")[0])
     p.add_argument("--quotas", default="0.5,0.25",
                    help="rank 1's CPU quota as fractions of one core, comma-separated")
     p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=4, help="steps per run (the first warms up)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    p.add_argument("--batch-size", type=positive(int), default=16)
+    p.add_argument("--steps", type=positive(int), default=4,
+                   help="steps per run (the first warms up)")
+    p.add_argument("--timeout", type=positive(float), default=900,
+                   help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
     args = p.parse_args(argv)
+    try:
+        kernel_counts(args.kernels)
+    except argparse.ArgumentTypeError as e:
+        p.error(str(e))
     try:
         args.quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
     except ValueError:
@@ -61,24 +67,13 @@ def parse_args(argv):
     return args
 
 
-def mpiexec():
-    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
-        "mpiexec")
-
-
 def missing_tools() -> str | None:
     """Why the benchmark cannot run here, or None."""
     if os.geteuid() != 0:
         return "it needs root (a cgroup CPU quota)"
     if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
         return f"there is no cgroup v1 cpu controller at {CGROUP_CPU}"
-    if mpiexec() is None:
-        return "there is no mpiexec (pip install 'pyhet[mpi]')"
-    try:
-        import mpi4py  # noqa: F401  (only whether it is there)
-    except ImportError:
-        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
-    return None
+    return _util.missing_mpi()
 
 
 class Quota:
@@ -111,27 +106,15 @@ class Quota:
 
 
 def train_argv(args, devices, balance="static"):
-    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
-            args.kernels, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-            "--devices", devices, "--balance", balance, "--quiet", "--json"]
-
-
-def run_json(cmd, timeout, cwd):
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd[:8]))} ... failed ({p.returncode}): "
-                           f"{p.stderr.strip()[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _util.train_argv(args.kernels, args.batch_size, args.steps, devices, balance)
 
 
 def pair(args, quota: Quota | None, devices, balance, cwd):
     """`mpiexec -n 2 pyhet train`, rank 1 inside the quota's cgroup (if any)."""
     rank1 = train_argv(args, devices, balance)
-    cmd = [mpiexec(), "-n", "1", *train_argv(args, devices, balance), ":", "-n", "1",
+    cmd = [_util.mpiexec(), "-n", "1", *train_argv(args, devices, balance), ":", "-n", "1",
            *(quota.wrap(rank1) if quota else rank1)]
-    return run_json(cmd, args.timeout, cwd)
+    return _util.run_json(cmd, args.timeout, cwd)
 
 
 def step_s(summary) -> float:
@@ -154,12 +137,12 @@ def main(argv=None) -> int:
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="pyhet-ranks-") as cwd:
-            alone = step_s(run_json(train_argv(args, "cpu:1"), args.timeout, cwd))
+            alone = step_s(_util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd))
             print(f"master's device alone (cpu:1): {alone:.3f} s a step", flush=True)
             for fraction in args.quotas:
                 quota = Quota(fraction)
                 try:
-                    slow = step_s(run_json(quota.wrap(train_argv(args, "cpu:1")), args.timeout,
+                    slow = step_s(_util.run_json(quota.wrap(train_argv(args, "cpu:1")), args.timeout,
                                            cwd))
                     a, b = 1 / alone, 1 / slow
                     row = {"quota": fraction, "alone_step_s": alone, "slow_alone_step_s": slow,

@@ -127,6 +127,8 @@ BAD = [
     (["bench", "step", "--kernels", "a"], 2, ["pyhet bench step", "--kernels"]),
     (["bench", "scaling", "--steps", "0"], 2, ["pyhet bench scaling", "--steps"]),
     (["bench", "bandwidth", "--rates", "foo"], 2, ["pyhet bench bandwidth", "rate"]),
+    (["bench", "ranks", "--quotas", "2"], 2, ["pyhet bench ranks", "--quotas"]),
+    (["bench", "ranks", "--kernels", "a"], 2, ["pyhet bench ranks", "kernel counts"]),
     # --- no command, an unknown one
     ([], 2, ["COMMAND", "required"]),
     (["frob"], 2, ["invalid choice", "frob"]),
