@@ -10,7 +10,8 @@ im2col), forward, backward, input_gradient (the host group's shared input gradie
 A fault fires at the first work of that phase at the step or after it (a device without
 kernels of any layer at that step does no work), inside the device's worker, where it is
 turned into the DeviceError naming the device exactly as a real failure is; from then on
-every call to that device raises, as a device that is gone would. Steps count from 1 as in the
+all its step work raises too, while reading its shards back and closing it still work, as on
+a GPU that ran out of memory (whose memory is still there). Steps count from 1 as in the
 summary, also after --resume. From Python: Device.inject_fault(phase, step), or the variable
 set before the devices are made (pyhet.Network makes them at its first fit, predict or
 evaluate).
@@ -45,6 +46,8 @@ class Fault:
         for work that is not part of a training step, such as reading a shard back); step: the
         training step under way, or None outside training."""
         if not self.fired and (phase != self.phase or step is None or step < self.step):
+            return
+        if self.fired and phase is None:   # not step work: reading shards back, closing
             return
         if not self.fired:
             self.fired = True

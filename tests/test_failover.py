@@ -151,8 +151,9 @@ def test_an_injected_fault_raises_in_the_worker_like_a_real_failure():
                                               r"forward: InjectedFault") as e:
             d.call("conv1 forward", lambda: None, tag="conv1")
         assert e.value.device is d
-        with pytest.raises(DeviceError, match="failed earlier"):   # and it stays failed
-            d.call("get_shard", lambda: None)
+        with pytest.raises(DeviceError, match="failed earlier"):   # its step work stays failed
+            d.call("conv2 backward", lambda: None, tag="conv2")
+        assert d.call("salvage", lambda: "read") == "read"         # its memory stays readable
     finally:
         d.close()
     assert set(PHASES) == {"im2col", "forward", "backward", "input_gradient", "update"}
