@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
-from .model import arch_entry, load_weights, read_weight_file, write_npz
+from .model import arch_entry, check_finite, load_weights, read_weight_file, write_npz
 
 NAME = re.compile(r"^checkpoint-(\d+)\.npz$")
 TMP = re.compile(r"^\.checkpoint-\d+\.npz\.tmp$")
@@ -177,6 +177,10 @@ class CheckpointDir:
         newest. position: {"step", "epoch", "batch"} (the next batch to train); plan: see
         Plan.record."""
         arrays = dict(net.params())
+        # never a checkpoint of weights that diverged (the loss, computed before the update,
+        # may still have been finite)
+        check_finite(arrays, position["step"], self.settings.get("lr", float("nan")),
+                     "neither this checkpoint nor a weight file was written")
         for name, (vw, vb) in net.momentum().items():
             if vw is not None:
                 arrays[f"momentum/{name}.weight"], arrays[f"momentum/{name}.bias"] = vw, vb

@@ -28,7 +28,7 @@ import numpy as np
 from . import arch as arch_notation
 from . import npzfile
 from .images import Normalization
-from .errors import WeightsError
+from .errors import TrainingError, WeightsError
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
 from .optim import SGDConfig
@@ -386,3 +386,14 @@ class Net:
     def partition(self) -> dict:
         return {conv.name: {d.name: c for d, c in zip(self.devices, conv.counts)}
                 for conv in self.convs}
+
+
+def check_finite(params: dict, step: int, lr: float, consequence: "str | None") -> None:
+    """TrainingError if any weight is NaN or infinite (an update too large for float32: the
+    loss, computed before the update, may still have been finite)."""
+    for name, w in params.items():
+        if not np.isfinite(w).all():
+            raise TrainingError(f"{name} holds NaN or infinite values after step {step}: "
+                                f"training diverged"
+                                + (f"; {consequence}" if consequence else "")
+                                + f"; try a smaller --lr (now {lr:g})")

@@ -31,7 +31,7 @@ from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
 from .interrupt import Interruption
-from .model import Net, init_params, load_weights, save_weights
+from .model import Net, check_finite, init_params, load_weights, save_weights
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even, predicted_time
 from .progress import Progress
@@ -563,9 +563,6 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 if save_checkpoint is not None and (position["batch"] == 0 or
                                                     step == total_steps or
                                                     (every and step % every == 0)):
-                    check_finite(net.params(), step, cfg.lr,
-                                 "no checkpoint or weight file was written" if cfg.save
-                                 else "no checkpoint was written")
                     saved = {"step": step, "path": save_checkpoint(position)}
                 if stop is not None and stop.signum is not None:
                     bar.close()
@@ -606,17 +603,6 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                      phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
-
-
-def check_finite(params: dict, step: int, lr: float, consequence: "str | None") -> None:
-    """TrainingError if any weight is NaN or infinite (an update too large for float32: the
-    loss, computed before the update, may still have been finite)."""
-    for name, w in params.items():
-        if not np.isfinite(w).all():
-            raise TrainingError(f"{name} holds NaN or infinite values after step {step}: "
-                                f"training diverged"
-                                + (f"; {consequence}" if consequence else "")
-                                + f"; try a smaller --lr (now {lr:g})")
 
 
 def _stop(stop, step: int, position, saved: dict, save_checkpoint):
