@@ -205,24 +205,35 @@ class PartitionedConv:
                              f"{', '.join(map(str, g.in_shape))}), got {tuple(x.shape)}")
         x = np.ascontiguousarray(x, dtype=np.float32)
         self.x_shape = x.shape
+        # the devices that do their own im2col (another rank, a GPU) get the input first, so
+        # their im2col and transfers overlap the host group's im2col; a device without kernels
+        # of this layer is left out (a remote one costs messages); a group on another rank is
+        # one message, to its first device
+        futures = {}
+        for i in self.active:
+            d = self.devices[i]
+            if i in self.remote:
+                members, shares = self.remote[i]
+                futures[i] = d.submit(f"{self.name} forward", d.group_forward, self.name, x,
+                                      self._plan(members, shares), tag=self.name)
+            elif i not in self.in_remote and i not in self.group:
+                futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
+                                      None, tag=self.name)
         col = None
         if self.group:  # one im2col for the host group, filled by channel shares
             col = self._buffer("col", g.col_shape(x.shape[0]))
             with self.phases("im2col"):
-                shared_im2col(self.devices, self.channels, x, g, col, tag=self.name)
+                try:
+                    shared_im2col(self.devices, self.channels, x, g, col, tag=self.name)
+                except BaseException:
+                    for f in futures.values():   # no device left working on a failed step
+                        f.exception()
+                    raise
         with self.phases("forward"):
-            # a device without kernels of this layer is left out (a remote one costs messages);
-            # a group on another rank is one message, to its first device
-            futures = {}
-            for i in self.active:
+            for i in self.group:
                 d = self.devices[i]
-                if i in self.remote:
-                    members, shares = self.remote[i]
-                    futures[i] = d.submit(f"{self.name} forward", d.group_forward, self.name, x,
-                                          self._plan(members, shares), tag=self.name)
-                elif i not in self.in_remote:
-                    futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
-                                          col if i in self.group else None, tag=self.name)
+                futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x, col,
+                                      tag=self.name)
             parts = dict(zip(futures, gather(list(futures.values()))))
         with self.phases("join"):
             for first, (members, _) in self.remote.items():   # a group's slices, each in place
