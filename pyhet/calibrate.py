@@ -5,6 +5,7 @@ Letters as in pyhet.geometry; N is the batch size the devices are timed at.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ class Calibration:
     overheads: dict   # layer -> [s per device]
     caps: dict        # layer -> [max kernels per device]
     parts: dict | None = None  # layer -> [None, or {compute and link figures} per device]
+    contention: dict | None = None  # layer -> [compute time at once / alone, per device]
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -33,6 +35,8 @@ class Calibration:
                 row = {"kernels_per_s": round(self.speeds[layer][i], 3),
                        "overhead_s": round(self.overheads[layer][i], 6),
                        "memory_cap": self.caps[layer][i]}
+                if self.contention is not None:
+                    row["contention"] = round(self.contention[layer][i], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -65,14 +69,40 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
     return took
 
 
-def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -> Calibration:
+def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
+              rounds: int) -> list:
+    """Per device: the median, over `rounds` rounds in which every device runs its trial at
+    once, of its time then over its best time alone (at least 1). Devices that share a
+    machine slow each other when they compute together (memory bandwidth, the cache they
+    share, the cores a serving rank's messages take), as they do in every step; and the
+    median is a typical time where the best alone is the quickest."""
+    kernels = [_trial_kernels(d, g.K) for d in devices]
+    ratios = [[] for _ in devices]
+    with ThreadPoolExecutor(len(devices)) as pool:
+        for r in range(rounds):
+            rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
+            times = list(pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
+                                                        need_dx), range(len(devices))))
+            for i, t in enumerate(times):
+                ratios[i].append(t / best[(i, kernels[i])])
+    return [min(MAX_CONTENTION, max(1.0, float(np.median(r)))) for r in ratios]
+
+
+MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
+
+
+def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
+              together: int = 3) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
     The devices are timed one at a time (so that devices sharing cores or memory bandwidth do
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
-    them alike.
+    them alike. These best times alone give the devices' relative speeds. Then, in `together`
+    more rounds, all devices run their trial at once, and each device's compute time is scaled
+    by its median ratio of the two (`contention`): what the others cost it in a real step, and
+    a typical time rather than the best one, so the predicted step time is what a step takes.
 
     Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
     through them; the intercept is its fixed work (its own im2col and col2im of the whole
@@ -97,7 +127,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps, parts = {}, {}, {}, {}
+    speeds, overheads, caps, parts, contention = {}, {}, {}, {}, {}
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -115,6 +145,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -
         for _ in range(rounds):
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
+        slower = (_together(devices, g, x, need_dx, best, seed, together)
+                  if len(devices) > 1 and together > 0 else [1.0] * len(devices))
+        contention[g.name] = slower
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
@@ -129,6 +162,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -
                         speed = 1.0 / (slope + intercept / g.K)
                     else:
                         speed, overhead = 1.0 / slope, intercept / group_size(d)
+            speed, overhead = speed / slower[i], overhead * slower[i]
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))
@@ -143,4 +177,4 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5) -
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
             parts[g.name].append(part)
-    return Calibration(speeds, overheads, caps, parts)
+    return Calibration(speeds, overheads, caps, parts, contention)

@@ -219,6 +219,35 @@ def test_calibration_sees_the_emulated_speeds():
     assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
 
 
+def test_calibration_scales_each_device_by_its_time_with_the_others_at_once(monkeypatch):
+    """The devices are timed alone (their best time) and then all at once; each device's
+    compute time in the cost model is scaled by its median ratio of the two, at least 1."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    alone = {"d0": 0.010, "d1": 0.020}           # seconds per kernel, whatever the count
+    slower = {"d0": 1.5, "d1": 0.5}              # at once: d0 slower; d1 "faster" (noise)
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        # alone, the devices are timed from this thread; all at once, each from a thread of its own
+        at_once = threading.current_thread() is not threading.main_thread()
+        return alone[device.name] * k * (slower[device.name] if at_once else 1.0)
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+        single = calibrate(devices[:1], shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    for layer, s in cal.speeds.items():
+        assert cal.contention[layer] == [1.5, 1.0]          # never below 1
+        assert s[0] == pytest.approx(1 / 0.010 / 1.5) and s[1] == pytest.approx(1 / 0.020)
+        assert single.contention[layer] == [1.0]            # alone: nothing to share
+        assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
+
+
 def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
     """A device with a link (as on another rank) costs its compute plus its link: the layer
     input (and input gradient) once, each kernel's output slice and its gradient per kernel, and
