@@ -213,6 +213,9 @@ class Device:
 
     def drop_shard(self, layer: str):
         self._shards.pop(layer, None)
+        release = getattr(self.backend, "release", None)
+        if release is not None:   # its work arrays too (a calibration's trial layers)
+            release(layer)
 
     def im2col_part(self, x, g: ConvGeometry, col, channels):
         """Fill the rows of input channels [c0, c1) of a host im2col matrix shared by the
@@ -245,7 +248,7 @@ class Device:
         dout = be.asarray(dout)
         if dx_mode == "shared":
             dy = be.block_grad_output(dout, s.saved)
-            s.dw, s.db = be.block_grad_params(dy, s.col, s.w)
+            s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer)
             result = (s.w.reshape(s.k, -1), dy)
         else:
             dcol, s.dw, s.db = be.block_backward(dout, s.saved, s.col, s.w, dx_mode == "own")

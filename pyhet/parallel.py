@@ -278,7 +278,9 @@ class PartitionedConv:
                 np.empty(self.x_shape, np.float32)
             if self.group:
                 with self.phases("input_gradient"):
-                    dcol = self._buffer("dcol", self._buffers["col"].shape)
+                    # the group's backward has read the im2col matrix for the last time:
+                    # dcol takes its place (no second matrix of that size)
+                    dcol = self._buffers["col"]
                     shared_input_grad(self.devices, self.channels, group, dcol, dx, self.g,
                                       tag=self.name)
         finally:

@@ -36,6 +36,11 @@ class CpuBackend:
     def free_memory(self):
         return ref.host_available_memory()
 
+    def release(self, key):
+        """Drop the work arrays kept under `key` (a layer whose shard is dropped)."""
+        for k in [k for k in self._buffers if k[1] == key]:
+            del self._buffers[k]
+
     def buffer(self, key, shape, dtype=np.float32):
         """A work array kept between calls with the same key and shape (contents undefined)."""
         a = self._buffers.get(key)
@@ -70,11 +75,14 @@ class CpuBackend:
 
     def block_backward(self, dout, saved, col, w, need_dcol):
         """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
+        key = saved[3]
         dy = self.block_grad_output(dout, saved)
-        dw, db = self.block_grad_params(dy, col, w)
+        dw, db = self.block_grad_params(dy, col, w, key)
         dcol = None
         if need_dcol:
-            dcol = self.buffer(("dcol", saved[3]), col.shape) if saved[3] is not None else None
+            # col is read for the last time above; where it is this backend's own kept matrix
+            # (with a key), dcol takes its place: no second matrix of that size
+            dcol = col if key is not None else None
             dcol = ops.sgemm(w.reshape(w.shape[0], -1), dy, dcol, trans_a=True,
                              threads=self.threads)
         return dcol, dw, db
@@ -87,9 +95,12 @@ class CpuBackend:
                                             threads=self.threads)
         return dy.reshape(y_shape[0], -1)
 
-    def block_grad_params(self, dy, col, w):
-        """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,)."""
-        dw = ops.sgemm(dy, col, trans_b=True, threads=self.threads).reshape(w.shape)
+    def block_grad_params(self, dy, col, w, key=None):
+        """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,); with a key, dw is a kept
+        array (a fresh one of this size every step would cost its page faults every step)."""
+        K = w.shape[0]
+        dw = self.buffer(("dw", key), (K, col.shape[0])) if key is not None else None
+        dw = ops.sgemm(dy, col, dw, trans_b=True, threads=self.threads).reshape(w.shape)
         return dw, dy.sum(axis=1, dtype=np.float32)
 
     # --- work on a share of a matrix that several devices of one process fill together -----

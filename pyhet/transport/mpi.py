@@ -517,7 +517,8 @@ def _handle_group(by_index, buffers, op: str, a):
                         for n, d in members.items()])
         dx = None
         if need_dx:
-            dcol = buffer((layer, "dcol"), g.col_shape(dout.shape[0]))
+            # the forward's im2col matrix is read by no one now: dcol takes its place
+            dcol = buffer((layer, "col"), g.col_shape(dout.shape[0]))
             dx = np.empty(g.x_shape(dout.shape[0]), np.float32)
             shared_input_grad(members, shares, parts, dcol, dx, g, tag=layer)
         result = [dx]
