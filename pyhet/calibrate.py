@@ -25,7 +25,7 @@ class Calibration:
     overheads: dict   # layer -> [s per device]
     caps: dict        # layer -> [max kernels per device]
     parts: dict | None = None  # layer -> [None, or {compute and link figures} per device]
-    contention: dict | None = None  # layer -> [compute time at once / alone, per device]
+    contention: dict | None = None  # layer -> [compute time all at once / alone, per device]
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -70,22 +70,23 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
-              rounds: int) -> list:
-    """Per device: the median, over `rounds` rounds in which every device runs its trial at
-    once, of its time then over its best time alone (at least 1). Devices that share a
-    machine slow each other when they compute together (memory bandwidth, the cache they
-    share, the cores a serving rank's messages take), as they do in every step; and the
-    median is a typical time where the best alone is the quickest."""
+              rounds: int) -> float:
+    """How much slower the devices compute when they all run at once: over `rounds` rounds in
+    which every device runs its trial at the same time, the median of every device's time then
+    over its best time alone (at least 1). Devices that share a machine slow each other (memory
+    bandwidth, the cache they share, the cores a serving rank's messages take), as they do in
+    every step; and the median is a typical time where the best alone is the quickest. One
+    factor for all devices: a device's own ratio is as noisy as one trial (about 10%), which
+    would tilt the partition, while their relative speeds come from the best times alone."""
     kernels = [_trial_kernels(d, g.K) for d in devices]
-    ratios = [[] for _ in devices]
+    ratios = []
     with ThreadPoolExecutor(len(devices)) as pool:
         for r in range(rounds):
             rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
-            times = list(pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
-                                                        need_dx), range(len(devices))))
-            for i, t in enumerate(times):
-                ratios[i].append(t / best[(i, kernels[i])])
-    return [min(MAX_CONTENTION, max(1.0, float(np.median(r)))) for r in ratios]
+            times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
+                                                   need_dx), range(len(devices)))
+            ratios += [t / best[(i, kernels[i])] for i, t in enumerate(times)]
+    return min(MAX_CONTENTION, max(1.0, float(np.median(ratios))))
 
 
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
@@ -100,9 +101,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
     them alike. These best times alone give the devices' relative speeds. Then, in `together`
-    more rounds, all devices run their trial at once, and each device's compute time is scaled
-    by its median ratio of the two (`contention`): what the others cost it in a real step, and
-    a typical time rather than the best one, so the predicted step time is what a step takes.
+    more rounds, all devices run their trial at once, and every device's compute time is scaled
+    by the median ratio of the two (`contention`, see _together): what the devices cost each
+    other in a real step, and a typical time rather than the best one, so that the predicted
+    step time is what a step takes.
 
     Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
     through them; the intercept is its fixed work (its own im2col and col2im of the whole
@@ -146,8 +148,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
         slower = (_together(devices, g, x, need_dx, best, seed, together)
-                  if len(devices) > 1 and together > 0 else [1.0] * len(devices))
-        contention[g.name] = slower
+                  if len(devices) > 1 and together > 0 else 1.0)
+        contention[g.name] = [slower] * len(devices)
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
@@ -162,7 +164,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                         speed = 1.0 / (slope + intercept / g.K)
                     else:
                         speed, overhead = 1.0 / slope, intercept / group_size(d)
-            speed, overhead = speed / slower[i], overhead * slower[i]
+            speed, overhead = speed / slower, overhead * slower
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))

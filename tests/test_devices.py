@@ -219,15 +219,16 @@ def test_calibration_sees_the_emulated_speeds():
     assert sum(part) == 96 and part[2] < part[0] and part[2] < part[1]
 
 
-def test_calibration_scales_each_device_by_its_time_with_the_others_at_once(monkeypatch):
-    """The devices are timed alone (their best time) and then all at once; each device's
-    compute time in the cost model is scaled by its median ratio of the two, at least 1."""
+def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
+    """The devices are timed alone (their best time) and then all at once; every device's
+    compute time in the cost model is scaled by the median ratio of the two (at least 1), so
+    their relative speeds stay those timed alone."""
     import pyhet.calibrate as calibrate_module
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    devices = make_devices(parse_devices("cpu:1,cpu:1"))
-    alone = {"d0": 0.010, "d1": 0.020}           # seconds per kernel, whatever the count
-    slower = {"d0": 1.5, "d1": 0.5}              # at once: d0 slower; d1 "faster" (noise)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    alone = {"d0": 0.010, "d1": 0.020, "d2": 0.020}     # seconds per kernel, whatever the count
+    slower = {"d0": 1.2, "d1": 1.5, "d2": 2.0}          # at once: median 1.5
 
     def fake_time_block(device, g, k, x, rng, need_dx):
         # alone, the devices are timed from this thread; all at once, each from a thread of its own
@@ -237,13 +238,17 @@ def test_calibration_scales_each_device_by_its_time_with_the_others_at_once(monk
     monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
     try:
         cal = calibrate(devices, shape.blocks, 4)
+        slower.update(d0=0.5, d1=0.7, d2=0.9)           # "faster" at once: noise, not taken
+        quicker = calibrate(devices, shape.blocks, 4)
         single = calibrate(devices[:1], shape.blocks, 4)
     finally:
         for d in devices:
             d.close()
     for layer, s in cal.speeds.items():
-        assert cal.contention[layer] == [1.5, 1.0]          # never below 1
-        assert s[0] == pytest.approx(1 / 0.010 / 1.5) and s[1] == pytest.approx(1 / 0.020)
+        assert cal.contention[layer] == [1.5] * 3
+        assert s == pytest.approx([1 / 0.010 / 1.5, 1 / 0.020 / 1.5, 1 / 0.020 / 1.5])
+        assert quicker.contention[layer] == [1.0] * 3
+        assert quicker.speeds[layer] == pytest.approx([1 / 0.010, 1 / 0.020, 1 / 0.020])
         assert single.contention[layer] == [1.0]            # alone: nothing to share
         assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
 
