@@ -77,7 +77,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
     bandwidth, the cache they share, the cores a serving rank's messages take), as they do in
     every step; and the median is a typical time where the best alone is the quickest. One
     factor for all devices: a device's own ratio is as noisy as one trial (about 10%), which
-    would tilt the partition, while their relative speeds come from the best times alone."""
+    would tilt the partition, while their relative speeds come from the best times alone. A
+    single device gets its typical time over its best that way."""
     kernels = [_trial_kernels(d, g.K) for d in devices]
     ratios = []
     with ThreadPoolExecutor(len(devices)) as pool:
@@ -148,7 +149,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
         slower = (_together(devices, g, x, need_dx, best, seed, together)
-                  if len(devices) > 1 and together > 0 else 1.0)
+                  if together > 0 else 1.0)
         contention[g.name] = [slower] * len(devices)
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):

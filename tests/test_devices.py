@@ -240,6 +240,9 @@ def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
         cal = calibrate(devices, shape.blocks, 4)
         slower.update(d0=0.5, d1=0.7, d2=0.9)           # "faster" at once: noise, not taken
         quicker = calibrate(devices, shape.blocks, 4)
+        slower.update(d0=1.3)
+        alone_typical = calibrate(devices[:1], shape.blocks, 4)
+        slower.update(d0=0.9)
         single = calibrate(devices[:1], shape.blocks, 4)
     finally:
         for d in devices:
@@ -249,7 +252,8 @@ def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
         assert s == pytest.approx([1 / 0.010 / 1.5, 1 / 0.020 / 1.5, 1 / 0.020 / 1.5])
         assert quicker.contention[layer] == [1.0] * 3
         assert quicker.speeds[layer] == pytest.approx([1 / 0.010, 1 / 0.020, 1 / 0.020])
-        assert single.contention[layer] == [1.0]            # alone: nothing to share
+        assert alone_typical.contention[layer] == [1.3]     # one device: its typical time
+        assert single.contention[layer] == [1.0]            # ... never below its best
         assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
 
 
