@@ -139,7 +139,11 @@ def parse_describe(text: str) -> list[Described]:
                 count=int(fields.get("count", 1)))
         except ValueError as e:
             raise UsageError(f"{where}: {e}") from None
-        if (d.gflops is None) == (d.like is None):
+        moved = d.gflops is None and d.like is None and set(fields) <= {"bw", "lat"}
+        if moved and d.link is None:
+            raise UsageError(f"{where}: give its speed as gflops=G or like=DEVICE, or, for a "
+                             f"calibrated device of that name, its link as bw= (and lat=)")
+        if not moved and (d.gflops is None) == (d.like is None):
             raise UsageError(f"{where}: give its speed as gflops=G, or as like=DEVICE "
                              f"(a calibrated device) with an optional factor=F, not both")
         if "lat" in fields and d.link is None:
@@ -168,6 +172,7 @@ class Cost:
     cap: int
     link_fixed: float = 0.0
     link_per_kernel: float = 0.0
+    contention: float = 1.0   # its compute time among the others over alone (calibration's)
 
     @property
     def total_speed(self) -> float:
@@ -179,6 +184,11 @@ class Cost:
 
     def compute_s(self, k: int) -> float:
         return self.overhead + k / self.speed if k else 0.0
+
+    def alone(self) -> "Cost":
+        """The device with the machine to itself: its compute without the others' contention."""
+        return replace(self, speed=self.speed * self.contention,
+                       overhead=self.overhead / self.contention, contention=1.0)
 
     def link_s(self, k: int) -> float:
         return self.link_fixed + k * self.link_per_kernel if k else 0.0
@@ -224,12 +234,29 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 part = ((cal.parts or {}).get(g.name) or [None] * len(cal_names))[i]
                 speed = part["compute_kernels_per_s"] if part else cal.speeds[g.name][i]
                 overhead = part["compute_overhead_s"] if part else cal.overheads[g.name][i]
-                known[name][g.name] = Cost(speed, overhead, cal.caps[g.name][i])
+                slower = ((cal.contention or {}).get(g.name) or [1.0] * len(cal_names))[i]
+                known[name][g.name] = Cost(speed, overhead, cal.caps[g.name][i],
+                                           contention=slower)
                 costs[g.name].append(known[name][g.name])
             names.append(name)
             links.append(None)
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
-    entries = list(described)
+    entries = []
+    for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
+        if d.gflops is None and d.like is None:
+            if d.name not in known:
+                raise UsageError(f"--describe {d.name}: only a link (bw=, lat=) is given, so it "
+                                 f"must name a calibrated device (the --devices SPEC gives "
+                                 f"{', '.join(known) or 'none'}); a device that is not here "
+                                 f"needs gflops= or like=")
+            i = names.index(d.name)
+            links[i] = d.link
+            for g in net.blocks:
+                fixed, per = link_cost(d.link, g, batch, need_dx=g is not net.blocks[0])
+                costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
+                                           link_per_kernel=per)
+        else:
+            entries.append(d)
     if count is not None:
         if not entries:
             raise UsageError("a sweep over the device count needs --describe")
@@ -248,9 +275,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 if d.like is not None:
                     base = known[d.like][g.name]
                     speed, overhead, cap = base.speed * d.factor, base.overhead, base.cap
+                    slower = base.contention
                 else:
                     speed = d.gflops * 1e9 / per_kernel[g.name]
-                    overhead, cap = 0.0, g.K
+                    overhead, cap, slower = 0.0, g.K, 1.0
                 if d.overhead_s is not None:
                     overhead = d.overhead_s
                 if d.memory is not None:
@@ -258,7 +286,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                               g.bytes_per_kernel(batch))
                 fixed, per = (0.0, 0.0) if link is None else link_cost(link, g, batch,
                                                                           need_dx=g is not net.blocks[0])
-                costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per))
+                costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
+                                          slower))
             gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
@@ -310,10 +339,10 @@ def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
 
 def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     """Step time of device i alone with the master (its link included); None when its memory
-    cannot hold a whole layer."""
+    cannot hold a whole layer. Alone, it has its machine to itself: no contention."""
     total = master_s
     for g in net.blocks:
-        c = cluster.costs[g.name][i]
+        c = cluster.costs[g.name][i].alone()
         if c.cap < g.K:
             return None
         total += c.total_overhead + g.K / c.total_speed

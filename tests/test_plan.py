@@ -99,6 +99,33 @@ def test_link_figures_are_those_of_pyhet_links():
             == link_cost(link, g, N, need_dx=i > 0)
 
 
+def test_a_calibrated_device_behind_a_link():
+    """--describe NAME:bw=...,lat=... with NAME a calibrated device puts that device behind the
+    link (as a rank of this machine would be): its compute as calibrated, with the others, plus
+    its link's figures; like= of it takes its compute without the link."""
+    names, c = cal({"conv1": [1000.0, 1100.0], "conv2": [300.0, 320.0]})
+    link = Link(plan.parse_latency("100us"), 125e6)
+    cluster = plan.build_cluster(NET, N, (names, c), plan.parse_describe(
+        "d1:bw=1gbit,lat=100us;twin:like=d1"))
+    assert cluster.names == ["d0", "d1", "twin"] and cluster.links == [None, link, None]
+    for i, g in enumerate(NET.blocks):
+        d1, twin = cluster.costs[g.name][1], cluster.costs[g.name][2]
+        assert (d1.link_fixed, d1.link_per_kernel) == link_cost(link, g, N, need_dx=i > 0)
+        assert d1.speed == twin.speed == c.speeds[g.name][1]
+        assert (twin.link_fixed, twin.link_per_kernel) == (0.0, 0.0)
+
+
+def test_alone_a_device_has_no_contention():
+    """The calibrated speeds are those of the devices computing together (contention); the
+    best single device is taken alone, without it."""
+    names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
+    c.contention = {"conv1": [2.0], "conv2": [2.0]}
+    r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    conv = sum(g.K / c.speeds[g.name][0] for g in NET.blocks)
+    assert r["predicted_conv_s"] == pytest.approx(conv, rel=1e-6)
+    assert r["best_single"]["step_s"] == pytest.approx(conv / 2 + r["master_s"], rel=1e-6)
+
+
 def test_master_bottleneck():
     huge = arch.build("2C3-P2-2C3-P2-4096N", (1, 12, 12), 10)
     cluster = plan.build_cluster(huge, N, described=plan.parse_describe("a:gflops=100"))
@@ -154,6 +181,8 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
     (["--describe", "a:gflops=1", "--sweep", "devices=0,2"], ["--sweep"]),
     (["--describe", "a:gflops=1", "--link", "0gbit"], ["bandwidth"]),
     (["--describe", "a:like=d7"], ["like=d7"]),
+    (["--describe", "d3:bw=1gbit"], ["d3", "calibrated device"]),
+    (["--describe", "x:lat=1ms"], ["bw="]),
 ])
 def test_bad_plans_are_usage_errors(cli, argv, words):
     from test_cli import assert_one_error_line
