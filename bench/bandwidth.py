@@ -11,7 +11,9 @@ calibration chose (`--devices 0/cpu:1,1/cpu:1 --balance static`), the step time,
 the master's device alone (one process, `--devices cpu:1`), the cost model's step time beside the
 measured one (its conv time, compute plus link, and the measured rest of the step), and, where PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half
 the batch each) on the same link: the data-parallel alternative, which moves the gradients of
-every weight each step where pyhet moves activations.
+every weight each step where pyhet moves activations. Beside them, `pyhet plan`'s predictions
+of both for the measured link (`--devices cpu:1,cpu:1 --describe "d1:bw=...,lat=..."`, the
+pair calibrated together in this process before the runs).
 
 The namespaces and links are removed when it ends, also when interrupted. Without root, `ip`,
 `tc` or mpiexec it says so and does nothing.
@@ -35,6 +37,7 @@ except ImportError:  # run as a script: python bench/bandwidth.py
     import _util
 
 from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.links import Link as LinkFigures
 
 SUBNET = "10.201.{}.{}"
 
@@ -208,6 +211,28 @@ def ddp_over(link: Link, args, cwd):
 # ================================================================================================
 
 
+def calibrated_pair(args):
+    """(network, (names, Calibration)) of `--devices cpu:1,cpu:1` on this machine, as `pyhet
+    plan` calibrates them: the master's device and the device rank's, computing together."""
+    from pyhet import arch
+    from pyhet.report import calibrate_spec
+
+    net = arch.build(arch.shorthand(kernel_counts(args.kernels), 5), (3, 32, 32), 10)
+    return net, calibrate_spec("cpu:1,cpu:1", net, args.batch_size)
+
+
+def plan_of(planned, args, link: LinkFigures) -> dict:
+    """pyhet plan's step time for the pair with d1 behind the measured link, and DDP's."""
+    from pyhet import plan
+
+    net, calibrated = planned
+    cluster = plan.build_cluster(net, args.batch_size, calibrated,
+                                 [plan.Described("d1", link=link)])
+    r = plan.plan(cluster, net, args.batch_size)
+    return {"plan_step_s": r["predicted_step_s"], "plan_partition": r["partition"]["conv2"],
+            "plan_ddp_step_s": r["ddp"]["step_s"]}
+
+
 def mbit(bits_per_s) -> str:
     return "-" if bits_per_s is None else f"{bits_per_s / 1e6:.0f}"
 
@@ -237,6 +262,7 @@ def main(argv=None) -> int:
     # SIGTERM ends the run like Ctrl-C, so the namespaces are removed either way
     old = signal.signal(signal.SIGTERM, _interrupt)
     rows = []
+    planned = calibrated_pair(args)   # pyhet plan's view of the same two devices
     with tempfile.TemporaryDirectory(prefix="pyhet-bw-") as cwd:
         alone = _util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd)
         alone_s = alone["step_time_s"]["median"]
@@ -260,6 +286,8 @@ def main(argv=None) -> int:
                        "bytes_per_step": figures["bytes_sent_per_step"] +
                        figures["bytes_received_per_step"],
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
+                row.update(plan_of(planned, args, LinkFigures(
+                    figures["latency_s"], figures["bandwidth_bytes_per_s"])))
                 rows.append(row)
                 print(f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
                       f"{row['step_s']:.3f} s" + (f", DDP {row['ddp_step_s']:.3f} s"
@@ -283,10 +311,15 @@ def main(argv=None) -> int:
                       f"{r['predicted_step_s'] / r['step_s']:.2f}",
                       f"{r['bytes_per_step'] / 1e6:.1f}",
                       "-" if r["ddp_step_s"] is None else f"{r['ddp_step_s']:.3f}",
-                      "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}"])
+                      "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}",
+                      f"{r['plan_step_s']:.3f}", f"{r['plan_step_s'] / r['step_s']:.2f}",
+                      f"{r['plan_ddp_step_s']:.3f}",
+                      "-" if r["ddp_step_s"] is None else
+                      f"{r['plan_ddp_step_s'] / r['ddp_step_s']:.2f}"])
     print(_util.format_table(["rate", "Mbit/s measured", "conv2 partition", "step s", "speedup",
                               "model step s", "model/measured", "MB/step", "DDP step s",
-                              "pyhet/DDP"], table))
+                              "pyhet/DDP", "plan s", "plan/measured", "plan DDP s",
+                              "plan DDP/measured"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
               "batch_size": args.batch_size, "alone_step_s": alone_s, "rates": rows}
     _util.save_outputs(result, args, plot)
@@ -305,6 +338,9 @@ def plot(result, path):
     if any(r["ddp_step_s"] for r in rows):
         ax.bar([x + 0.2 for x in xs], [r["ddp_step_s"] or 0 for r in rows], 0.4,
                label="PyTorch DDP (2 processes)")
+    if all(r.get("plan_step_s") for r in rows):
+        ax.plot([x - 0.2 for x in xs], [r["plan_step_s"] for r in rows], "k_", ms=18, mew=2,
+                label="pyhet plan's prediction")
     ax.axhline(result["alone_step_s"], color="k", ls="--", lw=1, label="one device alone")
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("step time (s)")

@@ -422,7 +422,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
             k = partition[g.name][i]
             rows[name] = {"kernels": k, "compute_s": round(c.compute_s(k), 9),
                           "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
-                          "overhead_s": round(c.overhead, 9), "memory_cap": c.cap}
+                          "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,
+                          "contention": round(c.contention, 4)}
         layers[g.name] = {"conv_s": round(layer_s[g.name], 9), "devices": rows}
     d = ddp(cluster, net, batch)
     return {

@@ -85,6 +85,9 @@ def test_bench_bandwidth(tmp_path, capsys):
     for r in res["rates"]:
         assert r["step_s"] > 0 and r["measured_bits_per_s"] > 0
         assert sum(r["partition"]["conv2"].values()) == 8
+        assert r["plan_step_s"] > 0 and r["plan_ddp_step_s"] > 0
+        assert sum(r["plan_partition"].values()) == 8
+    assert "plan/measured" in out
     assert "pyhet-bw" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                             text=True).stdout
 
@@ -182,3 +185,19 @@ def test_bench_paper_unwritable_plot_dir(tmp_path):
         main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
               "--network", "4,8", "--steps", "2", "--plot", str(tmp_path / "file" / "png")])
     assert "cannot write the plot" in str(e.value.code)
+
+
+def test_bench_plan(tmp_path, capsys):
+    out = run(capsys, "plan", "--configs", "cpu:1;cpu:1,numpy", "--batch-sizes", "2",
+              "--kernels", "4,6", "--steps", "2", "--json", str(tmp_path / "p.json"))
+    rows = json.loads((tmp_path / "p.json").read_text())["rows"]
+    assert [(r["devices"], r["batch_size"]) for r in rows] == [("cpu:1", 2), ("cpu:1,numpy", 2)]
+    for r in rows:
+        assert r["plan_step_s"] > 0 and r["step_s"] > 0
+        assert sum(r["plan_partition"].values()) == sum(r["partition"].values()) == 6
+        assert all(v >= 1 for v in r["contention"].values())
+    assert rows[0]["train_model_step_s"] is None and rows[1]["train_model_step_s"] > 0
+    assert "plan/measured" in out and "largest difference" in out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "plan", "--configs", "cpu:x"])
+    assert e.value.code == 2

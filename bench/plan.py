@@ -1,0 +1,109 @@
+"""`pyhet plan`'s predictions against measured steps, on the configurations this machine runs.
+
+    pyhet bench plan [--configs "cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5"] [--batch-sizes 16,32]
+                     [--kernels 500,1500] [--steps 6] [--json FILE]
+
+For each configuration (a --devices SPEC of this machine) and batch size, one after the other:
+`pyhet plan --devices SPEC --json` (in its own process, calibrating as a user's run of it would),
+then `pyhet train --devices SPEC --balance static --json` on synthetic data. The table gives the
+plan's step time, the measured median step time and their ratio, both conv2 partitions, and the
+prediction the training run's own cost model made (its summary's `predicted_step_time_s`; a
+single device is not calibrated in training). Links are validated by `pyhet bench bandwidth`,
+whose table has the plan's columns for each measured link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+try:
+    from . import _util
+except ImportError:  # run as a script: python bench/plan.py
+    import _util
+
+from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.specs import parse_devices
+
+
+def parse_args(argv):
+    p = Parser(prog="pyhet bench plan", description=__doc__.split("\n")[0])
+    p.add_argument("--configs", default="cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5",
+                   help="--devices SPECs, separated by ';'")
+    p.add_argument("--batch-sizes", default="16,32", help="comma-separated")
+    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--steps", type=positive(int), default=6,
+                   help="training steps per run (the first warms up)")
+    p.add_argument("--timeout", type=positive(float), default=900,
+                   help="seconds one run may take")
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    try:
+        kernel_counts(args.kernels)
+        args.configs = [c.strip() for c in args.configs.split(";") if c.strip()]
+        for c in args.configs:
+            parse_devices(c)
+        args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        p.error(str(e))
+    if not args.configs:
+        p.error("argument --configs: no configuration given")
+    if args.steps < 2:
+        p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
+    return args
+
+
+def plan_argv(spec: str, kernels: str, batch: int) -> list:
+    return [sys.executable, "-m", "pyhet", "plan", "--devices", spec, "--dataset", "synthetic",
+            "--kernels", kernels, "--batch-size", str(batch), "--json"]
+
+
+def ratio(a, b) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = _util.system_info()
+    print(_util.describe_system(info))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pyhet-plan-") as cwd:
+        for batch in args.batch_sizes:
+            for spec in args.configs:
+                p = _util.run_json(plan_argv(spec, args.kernels, batch), args.timeout, cwd)
+                s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec),
+                                   args.timeout, cwd)
+                row = {"devices": spec, "batch_size": batch,
+                       "plan_step_s": p["predicted_step_s"],
+                       "plan_partition": p["partition"]["conv2"],
+                       "step_s": s["step_time_s"]["median"],
+                       "partition": s["partition"]["conv2"],
+                       "train_model_step_s": s.get("predicted_step_time_s"),
+                       "contention": {d: v["contention"] for d, v in
+                                      p["layers"]["conv2"]["devices"].items()}}
+                rows.append(row)
+                print(f"{spec}, batch {batch}: plan {row['plan_step_s']:.3f} s, measured "
+                      f"{row['step_s']:.3f} s", flush=True)
+    print(f"\nkernels {args.kernels}, synthetic 3x32x32 data, --balance static, "
+          f"{args.steps} steps a run")
+    table = [[r["devices"], r["batch_size"], f"{r['plan_step_s']:.3f}", f"{r['step_s']:.3f}",
+              ratio(r["plan_step_s"], r["step_s"]),
+              "-" if r["train_model_step_s"] is None else f"{r['train_model_step_s']:.3f}",
+              ratio(r["train_model_step_s"], r["step_s"]),
+              "/".join(map(str, r["plan_partition"].values())),
+              "/".join(map(str, r["partition"].values()))] for r in rows]
+    print(_util.format_table(["devices", "batch", "plan s", "measured s", "plan/measured",
+                              "train model s", "model/measured", "plan conv2", "trained conv2"],
+                             table))
+    worst = max(abs(r["plan_step_s"] / r["step_s"] - 1) for r in rows)
+    print(f"largest difference of the plan from the measured step: {100 * worst:.1f}%")
+    result = {"benchmark": "plan", "system": info, "kernels": args.kernels,
+              "steps": args.steps, "rows": rows}
+    if args.json:
+        _util.write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
