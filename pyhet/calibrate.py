@@ -70,31 +70,43 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
-              rounds: int) -> float:
-    """How much slower the devices compute when they all run at once: over `rounds` rounds in
-    which every device runs its trial at the same time, the median of every device's time then
-    over its best time alone (at least 1). Devices that share a machine slow each other (memory
-    bandwidth, the cache they share, the cores a serving rank's messages take), as they do in
-    every step; and the median is a typical time where the best alone is the quickest. One
-    factor for all devices: a device's own ratio is as noisy as one trial (about 10%), which
-    would tilt the partition, while their relative speeds come from the best times alone. A
-    single device gets its typical time over its best that way."""
+              rounds: int) -> list:
+    """How much slower each device computes when they all run at once: over `rounds` rounds
+    in which every device runs its trial at the same time, its median time then over its best
+    time alone (at least 1). Devices that share a machine slow each other (memory bandwidth,
+    the cache they share, the cores a serving rank's messages take), as they do in every step;
+    and the median is a typical time where the best alone is the quickest.
+
+    Alike devices are slowed alike, but a device's own median is still as noisy as a few trials
+    (several %), which would tilt the partition between them: unless the devices' factors
+    differ by more than SPREAD, every device takes the median of all of them. Unlike devices
+    can be slowed unlike: a device emulated at half speed (@0.5) idles half of its time, so the
+    others are slowed only while it computes, while it computes beside them all the time and
+    its idling, a multiple of its compute, grows with it. A single device gets its typical
+    time over its best."""
     kernels = [_trial_kernels(d, g.K) for d in devices]
-    ratios = []
+    ratios = [[] for _ in devices]
     with ThreadPoolExecutor(len(devices)) as pool:
         for r in range(rounds):
             rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
             times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
                                                    need_dx), range(len(devices)))
-            ratios += [t / best[(i, kernels[i])] for i, t in enumerate(times)]
-    return min(MAX_CONTENTION, max(1.0, float(np.median(ratios))))
+            for i, t in enumerate(times):
+                ratios[i].append(t / best[(i, kernels[i])])
+    own = [float(np.median(r)) for r in ratios]
+    if max(own) > SPREAD * min(own):
+        factors = own
+    else:
+        factors = [float(np.median(ratios))] * len(devices)
+    return [min(MAX_CONTENTION, max(1.0, f)) for f in factors]
 
 
+SPREAD = 1.1   # devices' contention factors within this ratio of each other are taken as one
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
-              together: int = 3) -> Calibration:
+              together: int = 5) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
@@ -102,8 +114,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
     them alike. These best times alone give the devices' relative speeds. Then, in `together`
-    more rounds, all devices run their trial at once, and every device's compute time is scaled
-    by the median ratio of the two (`contention`, see _together): what the devices cost each
+    more rounds, all devices run their trial at once, and each device's compute time is scaled
+    by its median ratio of the two (`contention`, see _together): what the devices cost each
     other in a real step, and a typical time rather than the best one, so that the predicted
     step time is what a step takes.
 
@@ -149,8 +161,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
         slower = (_together(devices, g, x, need_dx, best, seed, together)
-                  if together > 0 else 1.0)
-        contention[g.name] = [slower] * len(devices)
+                  if together > 0 else [1.0] * len(devices))
+        contention[g.name] = slower
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
@@ -165,7 +177,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                         speed = 1.0 / (slope + intercept / g.K)
                     else:
                         speed, overhead = 1.0 / slope, intercept / group_size(d)
-            speed, overhead = speed / slower, overhead * slower
+            speed, overhead = speed / slower[i], overhead * slower[i]
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
                                                g.bytes_per_kernel(batch))

@@ -220,40 +220,44 @@ def test_calibration_sees_the_emulated_speeds():
 
 
 def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
-    """The devices are timed alone (their best time) and then all at once; every device's
-    compute time in the cost model is scaled by the median ratio of the two (at least 1), so
-    their relative speeds stay those timed alone."""
+    """The devices are timed alone (their best time) and then all at once; each device's
+    compute time in the cost model is scaled by its median ratio of the two (at least 1), or by
+    the median of all of them where the devices' own ratios are alike (within the noise)."""
     import pyhet.calibrate as calibrate_module
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
     devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
     alone = {"d0": 0.010, "d1": 0.020, "d2": 0.020}     # seconds per kernel, whatever the count
-    slower = {"d0": 1.2, "d1": 1.5, "d2": 2.0}          # at once: median 1.5
+    slower = {}
 
     def fake_time_block(device, g, k, x, rng, need_dx):
         # alone, the devices are timed from this thread; all at once, each from a thread of its own
         at_once = threading.current_thread() is not threading.main_thread()
         return alone[device.name] * k * (slower[device.name] if at_once else 1.0)
 
+    def calibrated(**at_once):
+        slower.update(at_once)
+        return calibrate(devices[:len(at_once)], shape.blocks, 4)
+
     monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
     try:
-        cal = calibrate(devices, shape.blocks, 4)
-        slower.update(d0=0.5, d1=0.7, d2=0.9)           # "faster" at once: noise, not taken
-        quicker = calibrate(devices, shape.blocks, 4)
-        slower.update(d0=1.3)
-        alone_typical = calibrate(devices[:1], shape.blocks, 4)
-        slower.update(d0=0.9)
-        single = calibrate(devices[:1], shape.blocks, 4)
+        alike = calibrated(d0=1.20, d1=1.25, d2=1.28)    # within 10%: one factor, their median
+        unlike = calibrated(d0=1.0, d1=1.1, d2=2.0)      # each its own
+        quicker = calibrated(d0=0.5, d1=0.7, d2=0.9)     # "faster" at once: noise, not taken
+        alone_typical = calibrated(d0=1.3)               # one device: its typical time
+        single = calibrated(d0=0.9)                      # ... never below its best
     finally:
         for d in devices:
             d.close()
-    for layer, s in cal.speeds.items():
-        assert cal.contention[layer] == [1.5] * 3
-        assert s == pytest.approx([1 / 0.010 / 1.5, 1 / 0.020 / 1.5, 1 / 0.020 / 1.5])
+    for layer, s in alike.speeds.items():
+        assert alike.contention[layer] == [1.25] * 3
+        assert s == pytest.approx([1 / 0.010 / 1.25, 1 / 0.020 / 1.25, 1 / 0.020 / 1.25])
+        assert unlike.contention[layer] == [1.0, 1.1, 2.0]
+        assert unlike.speeds[layer] == pytest.approx([1 / 0.010, 1 / 0.022, 1 / 0.040])
         assert quicker.contention[layer] == [1.0] * 3
         assert quicker.speeds[layer] == pytest.approx([1 / 0.010, 1 / 0.020, 1 / 0.020])
-        assert alone_typical.contention[layer] == [1.3]     # one device: its typical time
-        assert single.contention[layer] == [1.0]            # ... never below its best
+        assert alone_typical.contention[layer] == [1.3]
+        assert single.contention[layer] == [1.0]
         assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
 
 
