@@ -74,16 +74,16 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
     """How much slower each device computes when they all run at once: over `rounds` rounds
     in which every device runs its trial at the same time, its median time then over its best
     time alone (at least 1). Devices that share a machine slow each other (memory bandwidth,
-    the cache they share, the cores a serving rank's messages take), as they do in every step;
-    and the median is a typical time where the best alone is the quickest.
+    the cache they share, a clock that drops when more cores run, the cores a serving rank's
+    messages take), as they do in every step; and the median is a typical time where the best
+    alone is the quickest.
 
-    Alike devices are slowed alike, but a device's own median is still as noisy as a few trials
-    (several %), which would tilt the partition between them: unless the devices' factors
-    differ by more than SPREAD, every device takes the median of all of them. Unlike devices
-    can be slowed unlike: a device emulated at half speed (@0.5) idles half of its time, so the
-    others are slowed only while it computes, while it computes beside them all the time and
-    its idling, a multiple of its compute, grows with it. A single device gets its typical
-    time over its best."""
+    Alike devices (the same SPEC, without its rank) are slowed alike, but a device's own median
+    is still as noisy as a few trials, which would tilt the partition between them: they take
+    the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at
+    half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
+    while it computes beside them all the time, and its idling, a multiple of its compute,
+    grows with it. A single device gets its typical time over its best."""
     kernels = [_trial_kernels(d, g.K) for d in devices]
     ratios = [[] for _ in devices]
     with ThreadPoolExecutor(len(devices)) as pool:
@@ -93,15 +93,17 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
                                                    need_dx), range(len(devices)))
             for i, t in enumerate(times):
                 ratios[i].append(t / best[(i, kernels[i])])
-    own = [float(np.median(r)) for r in ratios]
-    if max(own) > SPREAD * min(own):
-        factors = own
-    else:
-        factors = [float(np.median(ratios))] * len(devices)
-    return [min(MAX_CONTENTION, max(1.0, f)) for f in factors]
+
+    def alike(d):
+        return (d.spec.kind, d.spec.arg, d.spec.speed, d.link is None)
+
+    pooled = {}
+    for d, r in zip(devices, ratios):
+        pooled.setdefault(alike(d), []).extend(r)
+    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[alike(d)]))))
+            for d in devices]
 
 
-SPREAD = 1.1   # devices' contention factors within this ratio of each other are taken as one
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
 
 
