@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..devices import (Device, gather, make_devices, shared_im2col, shared_input_grad)
+from ..devices import (Device, SharedCol, gather, make_devices, shared_im2col,
+                       shared_input_grad)
 from ..errors import DeviceError
 from ..geometry import ConvGeometry
 from ..links import Link
@@ -241,7 +242,7 @@ class RemoteDevice(Device):
     def drop_shard(self, layer: str):
         self._call("drop", [text(layer)])
 
-    def conv_forward(self, layer: str, x, col=None):
+    def conv_forward(self, layer: str, x, shared=None):
         return self._call("forward", [text(layer), x])[0]
 
     def conv_backward(self, layer: str, dout, dx_mode: str):
@@ -503,9 +504,10 @@ def _handle_group(by_index, buffers, op: str, a):
 
     if op == "group_forward":
         x = a[1]
-        col = buffer((layer, "col"), g.col_shape(x.shape[0]))
-        shared_im2col(members, shares, x, g, col, tag=layer)
-        outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, col, tag=layer)
+        shared = buffers.setdefault((layer, "col"), SharedCol()).prepare(
+            g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()})
+        shared_im2col(members, shares, x, g, shared, tag=layer)
+        outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, shared, tag=layer)
                        for d in members.values()])
         result = [np.concatenate(outs, axis=1)]
     elif op == "group_backward":
