@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -116,6 +117,23 @@ int thread_count(py::handle threads) {
   return static_cast<int>(v);
 }
 
+// `name`: None for all of [0, n), or a pair (begin, end) of ints within it.
+std::pair<int64_t, int64_t> range_arg(py::handle range, const char* name, int64_t n) {
+  if (range.is_none()) return {0, n};
+  std::pair<int64_t, int64_t> r;
+  try {
+    r = range.cast<std::pair<int64_t, int64_t>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(name) + ": expected None or a pair (begin, end) of ints, "
+                         "got " + type_name(range));
+  }
+  if (r.first < 0 || r.second > n || r.first > r.second)
+    throw py::value_error(std::string(name) + ": expected a range (begin, end) with 0 <= begin "
+                          "<= end <= " + std::to_string(n) + ", got (" +
+                          std::to_string(r.first) + ", " + std::to_string(r.second) + ")");
+  return r;
+}
+
 // a * b and a + b for sizes, refused when they do not fit in int64 (absurd kernel sizes,
 // paddings or dimensions of an empty array) instead of overflowing.
 int64_t size_mul(int64_t a, int64_t b) {
@@ -209,6 +227,69 @@ void bind_sgemm(py::handle a_, py::handle b_, py::handle c_, bool trans_a, bool 
 }
 
 // ---------------------------------------------------------------------------------------------
+// GEMM with op(B) packed once (pyhet::PackedB)
+
+// The leading dimension of a checked matrix: its row stride in floats.
+int64_t leading_dim(const py::array& x) {
+  return x.shape(0) > 1 ? static_cast<int64_t>(x.strides(0) / x.itemsize()) : x.shape(1);
+}
+
+std::unique_ptr<pyhet::PackedB> make_packed_b(py::handle k_, py::handle n_, bool trans_b) {
+  const int64_t K = int_arg(k_, "k"), N = int_arg(n_, "n");
+  if (K < 0 || N < 0)
+    throw py::value_error("PackedB: k and n must be >= 0, got " + std::to_string(K) + " and " +
+                          std::to_string(N));
+  // its size, K and N rounded up to whole blocks and slivers, must fit in 64 bits of bytes
+  size_mul(size_mul(size_add(K, 4096), size_add(N, 64)), 4);
+  return std::make_unique<pyhet::PackedB>(trans_b, K, N);
+}
+
+// `packed`: a PackedB, taken as an object so that anything else gets one short message.
+pyhet::PackedB& packed_arg(py::handle packed) {
+  if (!py::isinstance<pyhet::PackedB>(packed))
+    throw py::type_error("packed: expected a PackedB (pyhet.ops.packed_b), got " +
+                         type_name(packed));
+  return packed.cast<pyhet::PackedB&>();
+}
+
+void bind_pack_b(py::handle b_, py::handle packed_, py::handle rows, py::handle slivers,
+                 py::handle threads_) {
+  pyhet::PackedB& packed = packed_arg(packed_);
+  auto b = checked<float>(b_, "b", 2, false, true);
+  const int64_t K = packed.K(), N = packed.N();
+  expect_shape(b, "b", packed.trans() ? Shape{N, K} : Shape{K, N});
+  const auto r = range_arg(rows, "rows", K), s = range_arg(slivers, "slivers", packed.slivers());
+  const int threads = thread_count(threads_);
+  const float* pb = cptr<float>(b);
+  const int64_t ldb = leading_dim(b);
+  py::gil_scoped_release nogil;
+  pyhet::sgemm_pack_b(pb, ldb, packed, r.first, r.second, s.first, s.second, threads);
+}
+
+void bind_sgemm_packed(py::handle a_, py::handle packed_, py::handle c_, bool trans_a,
+                       float alpha, float beta, py::handle threads_) {
+  const pyhet::PackedB& packed = packed_arg(packed_);
+  auto a = checked<float>(a_, "a", 2, false, true);
+  auto c = checked<float>(c_, "c", 2, true, true);
+  const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
+  if (K != packed.K())
+    throw py::value_error("sgemm_packed: inner dimensions differ: op(a) is " + shape_str({M, K}) +
+                          " and the packed op(b) is " + shape_str({packed.K(), packed.N()}));
+  expect_shape(c, "c", {M, packed.N()});
+  expect_disjoint(c, a, "c", "a");
+  if (std::string(packed.kernel()) != pyhet::sgemm_kernel_name())
+    throw py::value_error(std::string("packed: packed for the '") + packed.kernel() +
+                          "' micro-kernel, but the GEMM now uses '" +
+                          pyhet::sgemm_kernel_name() + "'; pack it again");
+  const int threads = thread_count(threads_);
+  const float* pa = cptr<float>(a);
+  float* pc = ptr<float>(c);
+  const int64_t lda = leading_dim(a), ldc = leading_dim(c);
+  py::gil_scoped_release nogil;
+  pyhet::sgemm_packed(trans_a, M, alpha, pa, lda, packed, beta, pc, ldc, threads);
+}
+
+// ---------------------------------------------------------------------------------------------
 // im2col / col2im
 
 struct ConvGeom {
@@ -242,19 +323,7 @@ Shape col_shape(const ConvGeom& g) {
 
 // channels: None for all, or (begin, end) to touch only those input channels.
 std::pair<int64_t, int64_t> channel_range(py::handle channels, int64_t C) {
-  if (channels.is_none()) return {0, C};
-  std::pair<int64_t, int64_t> r;
-  try {
-    r = channels.cast<std::pair<int64_t, int64_t>>();
-  } catch (const py::cast_error&) {
-    throw py::type_error("channels: expected None or a pair (begin, end) of ints, got " +
-                         type_name(channels));
-  }
-  if (r.first < 0 || r.second > C || r.first > r.second)
-    throw py::value_error("channels: expected a range (begin, end) with 0 <= begin <= end <= " +
-                          std::to_string(C) + ", got (" + std::to_string(r.first) + ", " +
-                          std::to_string(r.second) + ")");
-  return r;
+  return range_arg(channels, "channels", C);
 }
 
 void bind_im2col(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
@@ -516,6 +585,31 @@ PYBIND11_MODULE(_core, m) {
         py::arg("flops"),
         "Test hook: split a GEMM among its threads only when each gets at least `flops` FLOPs "
         "(0: always; < 0: the default again). Returns the previous threshold.");
+  py::class_<pyhet::PackedB>(m, "PackedB",
+                             "op(b) (k, n) packed once into the GEMM's panels, for several "
+                             "products that share it (sgemm_packed); filled by pack_b.")
+      .def(py::init(&make_packed_b), py::arg("k"), py::arg("n"), py::arg("trans_b") = false,
+           "Room for op(b) (k, n), packed for the micro-kernel in use now; b is stored (n, k) "
+           "when trans_b.")
+      .def_property_readonly("k", &pyhet::PackedB::K)
+      .def_property_readonly("n", &pyhet::PackedB::N)
+      .def_property_readonly("trans_b", &pyhet::PackedB::trans)
+      .def_property_readonly("slivers", &pyhet::PackedB::slivers,
+                             "Column panels of op(b); pack_b packs ranges of them.")
+      .def_property_readonly("kernel", [](const pyhet::PackedB& p) {
+        return std::string(p.kernel());
+      })
+      .def_property_readonly("nbytes", [](const pyhet::PackedB& p) {
+        return p.floats() * static_cast<int64_t>(sizeof(float));
+      });
+  m.def("pack_b", &bind_pack_b, py::arg("b"), py::arg("packed"), py::arg("rows") = py::none(),
+        py::arg("slivers") = py::none(), py::arg("threads") = 1,
+        "Pack rows (begin, end) of op(b), in its slivers (begin, end) (None: all), into packed. "
+        "Disjoint parts may be packed at once from different threads.");
+  m.def("sgemm_packed", &bind_sgemm_packed, py::arg("a"), py::arg("packed"), py::arg("c"),
+        py::arg("trans_a") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
+        py::arg("threads") = 1,
+        "c = alpha * op(a) @ op(b) + beta * c in place, op(b) packed whole by pack_b.");
   m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),

@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
 
 #include "gemm.h"
 #include "gemm_kernel.h"
@@ -26,6 +28,9 @@
 
 #ifdef PYHET_HAVE_AVX512_KERNEL  // x86-64 with GCC or Clang: the CPU's family for prefer_avx512
 #include <cpuid.h>
+#endif
+#ifdef __SSE2__  // every x86-64: transposing op(B) while packing it, 4 x 4 at a time
+#include <emmintrin.h>
 #endif
 
 namespace pyhet {
@@ -194,7 +199,23 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
     const float* src = B + (j0 + s * NR) * ldb + p0;
     float* d = dst + s * stride;
     if (n == NR) {
-      for (int64_t p = 0; p < kc; ++p)
+      int64_t p = 0;
+#ifdef __SSE2__
+      // 4 x 4 blocks transposed in registers: 4 floats of 4 rows read at once, not 16 scalars
+      for (; p + 4 <= kc; p += 4)
+        for (int j = 0; j < NR; j += 4) {
+          __m128 r0 = _mm_loadu_ps(src + (j + 0) * ldb + p);
+          __m128 r1 = _mm_loadu_ps(src + (j + 1) * ldb + p);
+          __m128 r2 = _mm_loadu_ps(src + (j + 2) * ldb + p);
+          __m128 r3 = _mm_loadu_ps(src + (j + 3) * ldb + p);
+          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+          _mm_store_ps(d + (p + 0) * NR + j, r0);
+          _mm_store_ps(d + (p + 1) * NR + j, r1);
+          _mm_store_ps(d + (p + 2) * NR + j, r2);
+          _mm_store_ps(d + (p + 3) * NR + j, r3);
+        }
+#endif
+      for (; p < kc; ++p)
         for (int j = 0; j < NR; ++j) d[p * NR + j] = src[j * ldb + p];
     } else {
       for (int64_t p = 0; p < kc; ++p)
@@ -376,7 +397,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads, int mr, int nr,
 
 template <int MR, int NR>
 void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, float* bpack,
-                float* apack) {
+                float* apack, const PackedB* packed) {
   const int row = t / plan.tn, col = t % plan.tn;
   const int64_t m_tiles = ceil_div(P.M, MR);
   const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
@@ -395,7 +416,10 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
     for (int64_t pc = 0; pc < P.K; pc += plan.kc_step) {
       const int64_t kc = std::min(plan.kc_step, P.K - pc);
       const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
-      if (plan.cooperative) {
+      const float* b = bpack;
+      if (packed) {  // op(B) packed whole beforehand: nothing to pack, nothing to wait for
+        b = packed->block(pc, jc);
+      } else if (plan.cooperative) {
         // Everyone packs an equal share of the whole block, then waits until all is packed.
         const int64_t q0 = slivers * t / plan.team, q1 = slivers * (t + 1) / plan.team;
         pack_b<NR>(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
@@ -407,8 +431,8 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
       for (int64_t ic = m0; ic < m1; ic += mc_step) {
         const int64_t mc = std::min(mc_step, m1 - ic);
         pack_a<MR>(P.trans_a, P.A, P.lda, ic, mc, pc, kc, apack);
-        macro_kernel<MR, NR>(kernel, mc, nc, kc, s0, s1, apack, bpack, plan.b_stride, P.alpha, beta,
-                     P.C + ic * P.ldc + jc, P.ldc);
+        macro_kernel<MR, NR>(kernel, mc, nc, kc, s0, s1, apack, b, plan.b_stride, P.alpha, beta,
+                             P.C + ic * P.ldc + jc, P.ldc);
       }
       if (plan.cooperative) {
 #pragma omp barrier
@@ -418,11 +442,19 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
 }
 
 // ---------------------------------------------------------------------------------------------
-// One call on a kernel with tile MR x NR: the plan, the work space, the team.
+// One call on a kernel with tile MR x NR: the plan, the work space, the team. `packed`: op(B)
+// packed whole beforehand (PackedB), or null to pack it here block by block.
 
 template <int MR, int NR>
-void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads) {
-  const Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks);
+void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads,
+               const PackedB* packed) {
+  Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks);
+  if (packed) {  // every thread reads the shared packed B: no B work space, no barriers
+    if (packed->kc_step() != plan.kc_step || packed->nr() != NR)
+      throw std::logic_error("sgemm_packed: B packed with other blocks than this kernel's");
+    plan.cooperative = plan.b_private = false;
+    plan.b_floats = 0;
+  }
 
   // The work space: the packed B block (one per thread when b_private), one A block per thread.
   const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
@@ -440,12 +472,35 @@ void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int t
     float* apack = ws + b_total + plan.a_floats * t;
     float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
     if (got == plan.team) {
-      run_thread<MR, NR>(P, plan, kernel, t, bpack, apack);
+      run_thread<MR, NR>(P, plan, kernel, t, bpack, apack, packed);
     } else if (t == 0) {  // the runtime gave fewer threads than asked for: thread 0 does it all
       Plan alone = plan;
       alone.team = alone.tm = alone.tn = 1;
       alone.cooperative = alone.b_private = false;
-      run_thread<MR, NR>(P, alone, kernel, 0, bpack, apack);
+      run_thread<MR, NR>(P, alone, kernel, 0, bpack, apack, packed);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing a part of op(B) whole (PackedB): rows [p0, p1) x slivers [s0, s1), K block by K block,
+// the slivers split among the threads.
+
+template <int NR>
+void pack_part(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t p1, int64_t s0,
+               int64_t s1, int threads) {
+  const int64_t kcs = packed.kc_step(), stride = kcs * NR;
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(
+      clamp_threads(threads), s1 - s0)));
+  (void)team;
+#pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
+  for (int t = 0; t < team; ++t) {
+    const int64_t q0 = s0 + (s1 - s0) * t / team, q1 = s0 + (s1 - s0) * (t + 1) / team;
+    for (int64_t r0 = p0; r0 < p1;) {  // the rows of one K block at a time
+      const int64_t start = r0 / kcs * kcs, r1 = std::min(p1, start + kcs);
+      float* dst = packed.block(start, 0) + (r0 - start) * NR;
+      pack_b<NR>(packed.trans(), B, ldb, r0, r1 - r0, 0, packed.N(), q0, q1, dst, stride);
+      r0 = r1;
     }
   }
 }
@@ -487,17 +542,23 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
 
 namespace {
 
-// A kernel, its tile and its blocks, and the five loops instantiated for its tile.
+// A kernel, its tile and its blocks, and the five loops and the packing of a whole op(B)
+// instantiated for its tile.
 struct Kernel {
   const char* name;
   MicroKernel micro;
   Blocks blocks;
-  void (*run)(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads);
+  int nr;
+  void (*run)(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads,
+              const PackedB* packed);
+  void (*pack)(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t p1, int64_t s0,
+               int64_t s1, int threads);
 };
 
 template <class Tile>
 constexpr Kernel make_kernel(const char* name, MicroKernel micro, const Blocks& blocks) {
-  return Kernel{name, micro, blocks, &run_tiled<Tile::MR, Tile::NR>};
+  return Kernel{name, micro, blocks, Tile::NR, &run_tiled<Tile::MR, Tile::NR>,
+                &pack_part<Tile::NR>};
 }
 
 template <class Tile>
@@ -587,6 +648,17 @@ const Kernel& chosen_kernel() {
   return kPortableKernel;
 }
 
+// The kernel called `name` (a PackedB's): one of those compiled in.
+const Kernel& kernel_named(const char* name) {
+#ifdef PYHET_HAVE_AVX512_KERNEL
+  if (std::strcmp(name, kAvx512Kernel.name) == 0) return kAvx512Kernel;
+#endif
+#ifdef PYHET_HAVE_AVX2_KERNEL
+  if (std::strcmp(name, kAvx2Kernel.name) == 0) return kAvx2Kernel;
+#endif
+  return kPortableKernel;
+}
+
 }  // namespace
 
 bool set_kernel(const char* name) {
@@ -628,7 +700,51 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   const Kernel& kernel = chosen_kernel();
   const Problem P{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
-  kernel.run(P, kernel.micro, kernel.blocks, threads);
+  kernel.run(P, kernel.micro, kernel.blocks, threads, nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// op(B) packed once, shared by several products
+
+void PackedB::Free::operator()(float* p) const { std::free(p); }
+
+PackedB::PackedB(bool trans, int64_t K, int64_t N) : trans_(trans), K_(K), N_(N) {
+  using namespace gemm;
+  const Kernel& kernel = chosen_kernel();
+  kernel_ = kernel.name;
+  nr_ = kernel.nr;
+  kc_step_ = std::max<int64_t>(1, even_step(K, kernel.blocks.kc, 1));  // as sgemm blocks K
+  slivers_ = ceil_div(N, nr_);
+  floats_ = ceil_div(K, kc_step_) * slivers_ * kc_step_ * nr_;  // whole K blocks
+  if (floats_ > 0) {
+    const size_t bytes = round_up(floats_ * static_cast<int64_t>(sizeof(float)), 64);
+    data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!data_) throw std::bad_alloc();
+  }
+}
+
+void sgemm_pack_b(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t p1,
+                  int64_t s0, int64_t s1, int threads) {
+  if (p1 <= p0 || s1 <= s0) return;
+  gemm::kernel_named(packed.kernel()).pack(B, ldb, packed, p0, p1, s0, s1, threads);
+}
+
+void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
+                  const PackedB& packed, float beta, float* C, int64_t ldc, int threads) {
+  using namespace gemm;
+  const int64_t N = packed.N(), K = packed.K();
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) {  // as sgemm: B is not read
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  const Kernel& kernel = chosen_kernel();
+  if (std::strcmp(kernel.name, packed.kernel()) != 0)
+    throw std::invalid_argument(std::string("sgemm_packed: B was packed for the '") +
+                                packed.kernel() + "' micro-kernel, the GEMM now uses '" +
+                                kernel.name + "'; pack it again");
+  const Problem P{trans_a, packed.trans(), M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
+  kernel.run(P, kernel.micro, kernel.blocks, threads, &packed);
 }
 
 }  // namespace pyhet

@@ -8,6 +8,7 @@
 // packing, never by copying the matrix.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 namespace pyhet {
 
@@ -29,5 +30,56 @@ void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 
 // Which micro-kernel sgemm uses on this CPU: "avx512", "avx2-fma" or "portable".
 const char* sgemm_kernel_name();
+
+// ---------------------------------------------------------------------------------------------
+// op(B) packed once for several products that share it: the devices of one process multiply
+// their own rows of weights by one im2col matrix, and each would otherwise pack all of it again
+// for its few rows (and the packings would compete for memory bandwidth).
+
+// op(B) (K, N) in the packed panels of the micro-kernel in use when it was made (see
+// gemm_kernel.h): K blocks of kc_step rows (the last one shorter, as in sgemm), each a run of
+// `slivers` kc_step x NR slivers, zero-padded past column N. Filled in parts by sgemm_pack_b,
+// which several threads may call at once on disjoint parts; read by sgemm_packed.
+class PackedB {
+ public:
+  PackedB(bool trans, int64_t K, int64_t N);  // sized for the kernel in use now
+  PackedB(const PackedB&) = delete;
+  PackedB& operator=(const PackedB&) = delete;
+
+  bool trans() const { return trans_; }      // whether B is stored N x K (op(B) = B^T)
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  int64_t nr() const { return nr_; }         // columns per sliver
+  int64_t slivers() const { return slivers_; }
+  int64_t kc_step() const { return kc_step_; }
+  int64_t floats() const { return floats_; }
+  const char* kernel() const { return kernel_; }  // the micro-kernel it was packed for
+  // The K block starting at row p0 (a multiple of kc_step), from the sliver holding column j0
+  // (a multiple of NR); its slivers are kc_step * NR floats apart.
+  float* block(int64_t p0, int64_t j0) const {
+    return data_.get() + ((p0 / kc_step_) * slivers_ + j0 / nr_) * kc_step_ * nr_;
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  bool trans_;
+  int64_t K_, N_, nr_, slivers_, kc_step_, floats_;
+  const char* kernel_;
+  std::unique_ptr<float, Free> data_;
+};
+
+// Pack rows [p0, p1) of op(B), in its slivers [s0, s1), into `packed` (B stored as packed.trans()
+// says, row stride ldb), on `threads` threads. Parts that do not overlap may be packed at once by
+// different callers. Requires 0 <= p0 <= p1 <= K, 0 <= s0 <= s1 <= slivers.
+void sgemm_pack_b(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t p1,
+                  int64_t s0, int64_t s1, int threads);
+
+// C (M, N) = alpha * op(A) (M, K) @ op(B) (K, N) + beta * C as sgemm, with op(B) packed whole
+// (K, N and the micro-kernel are packed's; the kernel must still be the one in use, or this
+// throws std::invalid_argument): only A is packed here.
+void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
+                  const PackedB& packed, float beta, float* C, int64_t ldc, int threads);
 
 }  // namespace pyhet

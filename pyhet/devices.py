@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from . import ops
 from .errors import DeviceError
 from .faults import Fault, from_environment
 from .geometry import ConvGeometry
@@ -57,6 +58,7 @@ class _Shard:
         self.g, self.w, self.b, self.vw, self.vb = g, w, b, vw, vb
         self.dw = self.db = None
         self.saved = self.col = self.x_shape = None
+        self.packed_col_t = None  # col^T packed whole by the host group, for dw; or None
         self.staged = None     # (w, b, vw, vb) after an update not yet committed
         self.spare = None      # the buffers of the state before the last commit, reused
 
@@ -217,22 +219,28 @@ class Device:
         if release is not None:   # its work arrays too (a calibration's trial layers)
             release(layer)
 
-    def im2col_part(self, x, g: ConvGeometry, col, channels):
+    def im2col_part(self, x, g: ConvGeometry, shared, channels):
         """Fill the rows of input channels [c0, c1) of a host im2col matrix shared by the
-        devices of this process."""
-        self.backend.im2col_part(x, g, col, channels)
+        devices of this process (a SharedCol), and pack them for the forward product."""
+        self.backend.im2col_part(x, g, shared.col, channels, shared.fwd)
 
-    def conv_forward(self, layer: str, x, col=None):
-        """x (N, C, H, W) host -> out (N, k, PH, PW) host. col: x's im2col matrix, if shared."""
+    def conv_forward(self, layer: str, x, shared=None):
+        """x (N, C, H, W) host -> out (N, k, PH, PW) host. shared: x's im2col matrix shared by
+        the devices of this process (a SharedCol, whole by now), or None."""
         s, be = self._shards[layer], self.backend
         s.x_shape = x.shape
         if s.k == 0:
-            s.saved = s.col = None
+            s.saved = s.col = s.packed_col_t = None
             return np.zeros(s.g.out_batch_shape(0, x.shape[0]), np.float32)
-        if col is None:
-            col = be.im2col(be.asarray(x), s.g, key=layer)
-        s.col = col
-        out, s.saved = be.block_forward(col, x.shape, s.w, s.b, s.g, key=layer)
+        if shared is None:
+            s.col, s.packed_col_t = be.im2col(be.asarray(x), s.g, key=layer), None
+            out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer)
+            return be.to_host(out)
+        s.col, s.packed_col_t = shared.col, shared.col_t
+        out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer,
+                                        packed=shared.fwd)
+        if shared.col_t is not None:   # this device's share of col^T, for every device's dw
+            be.pack_part(s.col, shared.col_t, shared.slivers[self])
         return be.to_host(out)
 
     def conv_backward(self, layer: str, dout, dx_mode: str):
@@ -246,16 +254,18 @@ class Device:
                 np.zeros(0, np.float32))
             return None
         dout = be.asarray(dout)
-        if dx_mode == "shared":
+        if dx_mode == "shared" or s.packed_col_t is not None:   # a member of a host group
+            # packed_col_t is whole: every device of the group finished its forward (each
+            # packed its share there) before any backward started
             dy = be.block_grad_output(dout, s.saved)
-            s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer)
-            result = (s.w.reshape(s.k, -1), dy)
+            s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
+            result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
         else:
             dcol, s.dw, s.db = be.block_backward(dout, s.saved, s.col, s.w, dx_mode == "own")
             result = None
             if dx_mode == "own":
                 result = be.to_host(be.col2im(dcol, s.x_shape, s.g))
-        s.saved = s.col = None
+        s.saved = s.col = s.packed_col_t = None
         return result
 
     def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels):
@@ -296,11 +306,55 @@ class Device:
 # for its own cpu devices, and a serving rank for the cpu devices placed on it.
 
 
-def shared_im2col(devices, channels: dict, x, g: ConvGeometry, col, tag=None):
-    """Fill col (C*R*S, N*OH*OW), the im2col matrix of x (N, C, H, W), with device i filling
+class SharedCol:
+    """The im2col matrix col (C*R*S, N*OH*OW) of a layer's input, shared by the devices of one
+    process that compute on host memory (a group), and for a group of two or more, both
+    products' op(B) packed once for all of them. Each device would otherwise pack all of col
+    again for its few rows of weights, and the packings would compete for memory bandwidth.
+      fwd:   col packed for y_i = w_i @ col; each device packs the rows it fills (shared_im2col)
+      col_t: col^T packed for dw_i = dy_i @ col^T; each device packs its slivers[device] after
+             its forward product (col is whole by then), all of it done before any backward
+    With one device, fwd and col_t are None: its GEMM shares the packing among its threads.
+    The buffers are kept from step to step (first-touch page faults cost more than a copy);
+    the input gradient's dcol takes col's place once the backward is done, so they stay within
+    the two col-sized arrays per device that ConvGeometry.fixed_bytes counts."""
+
+    def __init__(self):
+        self.col = self.fwd = self.col_t = None
+        self.slivers: dict = {}
+
+    def prepare(self, shape, members: dict):
+        """Size the buffers for a col of `shape` and the members {device: kernels}."""
+        if self.col is None or self.col.shape != tuple(shape):
+            self.col = np.empty(shape, np.float32)
+        if len(members) < 2:
+            self.fwd = self.col_t = None
+            self.slivers = {}
+            return self
+        rows, cols = shape
+        if not _packed_fits(self.fwd, rows, cols):
+            self.fwd = None   # freed before the next one is made
+            self.fwd = ops.packed_b(rows, cols)
+        if not _packed_fits(self.col_t, cols, rows):
+            self.col_t = None
+            self.col_t = ops.packed_b(cols, rows, trans_b=True)
+        split = proportional(self.col_t.slivers, list(members.values()))
+        edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
+        self.slivers = {d: (int(edges[n]), int(edges[n + 1])) for n, d in enumerate(members)}
+        return self
+
+
+def _packed_fits(packed, k: int, n: int) -> bool:
+    """Whether `packed` holds an op(B) (k, n) for the micro-kernel in use now."""
+    return packed is not None and (packed.k, packed.n) == (k, n) and (
+        packed.kernel == ops.gemm_kernel())
+
+
+def shared_im2col(devices, channels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
+    """Fill shared.col, the im2col matrix of x (N, C, H, W), with device i filling (and packing)
     the rows of input channels channels[i] = (c0, c1)."""
-    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, col, ch, tag=tag)
-            for i, ch in channels.items()])
+    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, ch,
+                              tag=tag) for i, ch in channels.items()])
 
 
 def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):

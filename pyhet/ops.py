@@ -27,7 +27,7 @@ except ImportError as e:  # a source tree without the built extension, usually
         f"no built core") from e
 
 __all__ = [
-    "gemm", "sgemm", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",
+    "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -186,6 +186,69 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
         c = _out(c, (m, n), "c")  # raises the right error
     _core_call("sgemm", _GEMM_ARGS, _core.sgemm, a, b, c, trans_a=trans_a, trans_b=trans_b,
                alpha=alpha, beta=beta, threads=_threads(threads))
+    return c
+
+
+# ------------------------------------------------------------------------------------------------
+# GEMM with op(B) packed once, for several products that share B (the devices of one process
+# multiplying their own rows of weights by one im2col matrix): made empty by packed_b, filled in
+# parts by pack_b (parts that do not overlap may be packed at once from different threads), used
+# by sgemm_packed, which then packs only its A.
+
+
+def packed_b(k, n, *, trans_b=False):
+    """Room for op(b) (k, n) packed for the GEMM's micro-kernel in use now (b is stored (n, k)
+    when trans_b). Its ``slivers`` are its panels of columns, the unit of pack_b's parts."""
+    k, n = _size(k, "k", "packed_b"), _size(n, "n", "packed_b")
+    return _core_call("packed_b", "ints k and n and a bool trans_b", _core.PackedB, k, n,
+                      trans_b=bool(trans_b))
+
+
+def _packed(packed, what: str):
+    if not isinstance(packed, _core.PackedB):
+        raise TypeError(f"{what}: packed must be made by pyhet.ops.packed_b, got "
+                        f"{type(packed).__name__}")
+    return packed
+
+
+def _range(r, name: str, what: str):
+    """None, or (begin, end) of ints."""
+    if r is None:
+        return None
+    try:
+        r0, r1 = r
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: {name} must be None or a pair (begin, end), got "
+                        f"{type(r).__name__}") from None
+    return _size(r0, name, what), _size(r1, name, what)
+
+
+def pack_b(b, packed, *, rows=None, slivers=None, threads=None):
+    """Pack rows (r0, r1) of op(b), in its slivers (s0, s1), into `packed` (None: all of them);
+    b is (k, n), or (n, k) when packed.trans_b, and may be a block of a bigger matrix whose rows
+    are contiguous."""
+    packed = _packed(packed, "pack_b")
+    b = _matrix(b, "b")
+    _core_call("pack_b", "a float32 matrix b, a PackedB, pairs of ints and an int threads",
+               _core.pack_b, b, packed, rows=_range(rows, "rows", "pack_b"),
+               slivers=_range(slivers, "slivers", "pack_b"), threads=_threads(threads))
+    return packed
+
+
+def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, threads=None):
+    """``c = alpha * op(a) @ op(b) + beta * c`` as sgemm, op(b) (k, n) packed whole by pack_b
+    for the micro-kernel still in use (c is allocated when None and beta == 0)."""
+    packed = _packed(packed, "sgemm_packed")
+    a = _matrix(a, "a")
+    if c is None:
+        if beta != 0:
+            raise ValueError("sgemm_packed: beta != 0 needs an existing c")
+        c = np.empty((a.shape[1] if trans_a else a.shape[0], packed.n), np.float32)
+    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+        c = _out(c, (a.shape[1] if trans_a else a.shape[0], packed.n), "c")  # the right error
+    _core_call("sgemm_packed", "float32 matrices a and c, a PackedB, a bool trans_a, numbers "
+               "alpha and beta, an int threads", _core.sgemm_packed, a, packed, c,
+               trans_a=trans_a, alpha=alpha, beta=beta, threads=_threads(threads))
     return c
 
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .devices import channel_shares, gather, join_states, shared_im2col, shared_input_grad
+from .devices import (SharedCol, channel_shares, gather, join_states, shared_im2col,
+                      shared_input_grad)
 from .errors import DeviceError
 from .geometry import ConvGeometry
 from .timing import PartTimer
@@ -55,6 +56,7 @@ class PartitionedConv:
         self.g, self.name, self.need_dx = g, g.name, need_dx
         self.devices = list(devices)
         self._buffers: dict = {}
+        self._shared = SharedCol()  # the host group's im2col matrix, packed for both products
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
         self.dead: set = set()    # devices that failed: no kernels, no calls
@@ -219,12 +221,13 @@ class PartitionedConv:
             elif i not in self.in_remote and i not in self.group:
                 futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
                                       None, tag=self.name)
-        col = None
-        if self.group:  # one im2col for the host group, filled by channel shares
-            col = self._buffer("col", g.col_shape(x.shape[0]))
+        shared = None
+        if self.group:  # one im2col for the host group, filled (and packed) by channel shares
+            shared = self._shared.prepare(g.col_shape(x.shape[0]),
+                                          {self.devices[i]: self.counts[i] for i in self.group})
             with self.phases("im2col"):
                 try:
-                    shared_im2col(self.devices, self.channels, x, g, col, tag=self.name)
+                    shared_im2col(self.devices, self.channels, x, g, shared, tag=self.name)
                 except BaseException:
                     for f in futures.values():   # no device left working on a failed step
                         f.exception()
@@ -232,8 +235,8 @@ class PartitionedConv:
         with self.phases("forward"):
             for i in self.group:
                 d = self.devices[i]
-                futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x, col,
-                                      tag=self.name)
+                futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
+                                      shared, tag=self.name)
             parts = dict(zip(futures, gather(list(futures.values()))))
         with self.phases("join"):
             for first, (members, _) in self.remote.items():   # a group's slices, each in place
@@ -280,7 +283,7 @@ class PartitionedConv:
                 with self.phases("input_gradient"):
                     # the group's backward has read the im2col matrix for the last time:
                     # dcol takes its place (no second matrix of that size)
-                    dcol = self._buffers["col"]
+                    dcol = self._shared.col
                     shared_input_grad(self.devices, self.channels, group, dcol, dx, self.g,
                                       tag=self.name)
         finally:

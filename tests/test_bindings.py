@@ -44,6 +44,8 @@ class Call:
     ints: tuple = ()
     indices: tuple = ()
     channels: bool = False
+    ranges: tuple = ()     # (begin, end) arguments other than channels (pack_b's rows, slivers)
+    packed: bool = False   # takes a PackedB
     threads: bool = True
     spoiled: list = field(default_factory=list)  # (argument, how, must raise)
 
@@ -78,6 +80,39 @@ def sgemm_naive_call(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     args = dict(a=rand(rng, m, k), b=rand(rng, k, n), c=rand(rng, m, n), threads=draw(THREADS))
     return Call(_core.sgemm_naive, args, outputs=("c",))
+
+
+def packed_b_call(draw):
+    """The room for a packed op(b): PackedB(k, n, trans_b)."""
+    args = dict(k=draw(st.integers(0, 40)), n=draw(st.integers(0, 40)),
+                trans_b=draw(st.booleans()))
+    return Call(_core.PackedB, args, ints=("k", "n"), threads=False)
+
+
+def pack_b_call(draw):
+    """Pack a part of op(b) (k, n): rows (r0, r1) x slivers (s0, s1), or all of it."""
+    k, n, tb = draw(st.integers(0, 40)), draw(st.integers(0, 70)), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    packed = _core.PackedB(k, n, tb)
+    args = dict(b=rand(rng, *((n, k) if tb else (k, n))), packed=packed, threads=draw(THREADS))
+    for name, end in (("rows", k), ("slivers", packed.slivers)):
+        if draw(st.booleans()):
+            r0 = draw(st.integers(0, end))
+            args[name] = (r0, draw(st.integers(r0, end)))
+    return Call(_core.pack_b, args, ranges=("rows", "slivers"), packed=True)
+
+
+def sgemm_packed_call(draw):
+    """c = alpha * op(a) @ op(b) + beta * c, op(b) (k, n) packed whole."""
+    m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    packed = _core.PackedB(k, n, tb)
+    _core.pack_b(rand(rng, *((n, k) if tb else (k, n))), packed)
+    args = dict(a=rand(rng, *((k, m) if ta else (m, k))), packed=packed, c=rand(rng, m, n),
+                trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
+                beta=draw(st.sampled_from([0.0, 0.5])), threads=draw(THREADS))
+    return Call(_core.sgemm_packed, args, outputs=("c",), packed=True)
 
 
 def conv_sizes(draw):
@@ -172,6 +207,7 @@ def sgd_update_call(draw):
 
 CASES = {
     "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
+    "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
     "im2col": im2col_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
@@ -219,6 +255,9 @@ def spoiled_calls(draw, make):
         names.append("threads")
     if call.channels:
         names.append("channels")
+    names += list(call.ranges)
+    if call.packed:
+        names.append("packed")
     names += [f"{k} values" for k in call.indices if call.args[k].size]
     chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
     for name in chosen:
@@ -226,7 +265,16 @@ def spoiled_calls(draw, make):
             value = draw(st.sampled_from(BAD_THREADS))
             call.args[name] = value
             call.spoiled.append((name, repr(value), True))
-        elif name == "channels":
+        elif name == "packed":
+            # another size (a k or n one more: op(b), a or c cannot match it), or no PackedB
+            p = call.args[name]
+            how = draw(st.sampled_from(["k", "n", "array", "None"]))
+            value = (_core.PackedB(p.k + 1, p.n, p.trans_b) if how == "k" else
+                     _core.PackedB(p.k, p.n + 1, p.trans_b) if how == "n" else
+                     np.zeros(4, np.float32) if how == "array" else None)
+            call.args[name] = value
+            call.spoiled.append((name, f"packed: {how}", True))
+        elif name == "channels" or name in call.ranges:
             value = draw(st.sampled_from(BAD_CHANNELS))
             call.args[name] = value
             call.spoiled.append((name, repr(value), True))

@@ -298,6 +298,164 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
+# op(B) packed once (PackedB, pack_b), then products that pack only their A (sgemm_packed)
+
+
+def packed_parts(b, k, n, trans_b, how, parts, threads=1):
+    """op(b) (k, n) packed into a new PackedB in `parts` pieces: by rows of op(b) ("rows", as
+    the devices pack the im2col rows they fill), by slivers ("slivers"), or in a row x sliver
+    grid ("grid"); the pieces are packed in a shuffled order."""
+    packed = ops.packed_b(k, n, trans_b=trans_b)
+    S = packed.slivers
+    row_edges = [k * i // parts for i in range(parts + 1)]
+    sliver_edges = [S * i // parts for i in range(parts + 1)]
+    if how == "rows":
+        pieces = [((row_edges[i], row_edges[i + 1]), None) for i in range(parts)]
+    elif how == "slivers":
+        pieces = [(None, (sliver_edges[i], sliver_edges[i + 1])) for i in range(parts)]
+    else:
+        pieces = [((row_edges[i], row_edges[i + 1]), (sliver_edges[j], sliver_edges[j + 1]))
+                  for i in range(parts) for j in range(parts)]
+    for i in np.random.default_rng(k + n).permutation(len(pieces)):
+        ops.pack_b(b, packed, rows=pieces[i][0], slivers=pieces[i][1], threads=threads)
+    return packed
+
+
+# The conv products are among them: conv1's and conv2's forward (M rows of weights by the
+# im2col matrix) and weight gradient (by its transpose), at the sizes of a pair's half.
+PACKED_SHAPES = [
+    (1, 1, 1), (3, 7, 17), (7, 17, 3), (6, 16, 64), (13, 33, 65), (12, 32, 512), (5, 15, 257),
+    (97, 101, 103), (37, 41, 1537), (3, 4133, 5), (16, 10, 3001), (7, 4133, 600),
+    (32, 4096, 800), (32, 800, 4096), (16, 2304, 25), (16, 25, 2304),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", PACKED_SHAPES)
+def test_packed_b_sizes(kernel, m, n, k, trans_a, trans_b, threads):
+    # packed in a 3 x 3 grid of parts (rows alone and slivers alone: the hypothesis test)
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    packed = packed_parts(b, k, n, trans_b, "grid", 3, threads)
+    assert packed.kernel == kernel and (packed.k, packed.n, packed.trans_b) == (k, n, trans_b)
+    c = np.full((m, n), np.nan, np.float32)
+    with split_every_product():
+        ops.sgemm_packed(a, packed, c, trans_a=trans_a, threads=threads)
+    expect_close(c, a, b, c0, trans_a, trans_b)
+    if m * n * k <= 2_000_000:
+        expect_close(run_ref(a, b, c0, trans_a, trans_b, 1.0, 0.0), a, b, c0, trans_a, trans_b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (0.0, 0.5),
+                                        (0.0, 0.0)])
+def test_packed_b_alpha_beta_and_blocks(kernel, alpha, beta, threads):
+    # several K blocks, edge tiles, and a, b, c as blocks of bigger matrices
+    rng = np.random.default_rng(9)
+    m, n, k = 131, 197, 700
+    for trans_a, trans_b in TRANS:
+        a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+        a_block, b_block = as_block(a, rng)[0], as_block(b, rng)[0]
+        packed = packed_parts(b_block, k, n, trans_b, "grid", 2)
+        c, big_c = as_block(c0.copy(), rng)
+        ops.sgemm_packed(a_block, packed, c, trans_a=trans_a, alpha=alpha, beta=beta,
+                         threads=threads)
+        expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta)
+        left = (c.ctypes.data - big_c.ctypes.data) // 4
+        assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + n:]).all()
+
+
+@settings(max_examples=settings.default.max_examples)
+@given(m=st.integers(1, 100), n=st.integers(1, 150), k=st.integers(0, 1100),
+       trans=st.sampled_from(TRANS), how=st.sampled_from(["rows", "slivers", "grid"]),
+       parts=st.integers(1, 4), threads=st.sampled_from([1, 2, 3]),
+       kernel_name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**32 - 1))
+def test_packed_b_hypothesis(m, n, k, trans, how, parts, threads, kernel_name, seed):
+    trans_a, trans_b = trans
+    rng = np.random.default_rng(seed)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    with micro_kernel(kernel_name), split_every_product():
+        packed = packed_parts(b, k, n, trans_b, how, parts, threads)
+        c = ops.sgemm_packed(a, packed, trans_a=trans_a, threads=threads)
+    expect_close(c, a, b, c0, trans_a, trans_b)
+
+
+def test_packed_b_shared_by_concurrent_products():
+    # Two Python threads pack halves of one B at once (by rows, then by slivers for B^T), then
+    # each multiplies its own rows of A by all of it, as the devices of one process do.
+    rng = np.random.default_rng(12)
+    m, n, k = 64, 1000, 300
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    fwd, bwd = ops.packed_b(k, n), ops.packed_b(n, k, trans_b=True)
+    out = np.full((m, n), np.nan, np.float32)
+    dw = np.full((m, k), np.nan, np.float32)
+    dy = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+    step = threading.Barrier(2)
+
+    def device(i):
+        ops.pack_b(b, fwd, rows=(k * i // 2, k * (i + 1) // 2))
+        ops.pack_b(b, bwd, slivers=(bwd.slivers * i // 2, bwd.slivers * (i + 1) // 2))
+        step.wait(timeout=60)
+        rows = slice(m * i // 2, m * (i + 1) // 2)
+        ops.sgemm_packed(a[rows], fwd, out[rows])
+        ops.sgemm_packed(dy[rows], bwd, dw[rows])
+
+    workers = [threading.Thread(target=device, args=(i,)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    expect_close(out, a, b, out)
+    expect_close(dw, dy, b, dw, trans_b=True)
+
+
+@pytest.mark.parametrize("beta", [0.0, 2.0])
+def test_packed_b_k_zero_scales_c(beta):
+    packed = ops.packed_b(0, 4)
+    c0 = np.arange(12, dtype=np.float32).reshape(3, 4)
+    c = ops.sgemm_packed(np.zeros((3, 0), np.float32), packed, c0.copy(), beta=beta)
+    np.testing.assert_array_equal(c, beta * c0)
+
+
+def test_packed_b_of_another_kernel_is_refused():
+    others = [name for name in RUNNABLE if name != ops.gemm_kernel()]
+    if not others:
+        pytest.skip("this CPU or build runs one micro-kernel only")
+    b = np.ones((20, 30), np.float32)
+    with micro_kernel(others[0]):
+        packed = ops.pack_b(b, ops.packed_b(20, 30))
+    with pytest.raises(ValueError, match=f"packed for the '{others[0]}' micro-kernel"):
+        ops.sgemm_packed(np.ones((2, 20), np.float32), packed)
+
+
+def test_ops_packed_b_errors_say_what_was_expected():
+    b = np.ones((20, 30), np.float32)
+    packed = ops.pack_b(b, ops.packed_b(20, 30))
+    cases = [
+        (lambda: ops.packed_b(-1, 3), ValueError, "k must be >= 0"),
+        (lambda: ops.packed_b(2.5, 3), TypeError, "k must be an int"),
+        (lambda: ops.pack_b(b, "packed"), TypeError, "made by pyhet.ops.packed_b"),
+        (lambda: ops.pack_b(b.T.copy(), packed), ValueError, r"expected shape \(20, 30\)"),
+        (lambda: ops.pack_b(b, packed, rows=(5, 21)), ValueError, "0 <= begin <= end <= 20"),
+        (lambda: ops.pack_b(b, packed, slivers=(1, 0)), ValueError, "slivers"),
+        (lambda: ops.pack_b(b, packed, rows=3), TypeError, "pair"),
+        (lambda: ops.sgemm_packed(np.ones((2, 21), np.float32), packed), ValueError,
+         "inner dimensions differ"),
+        (lambda: ops.sgemm_packed(np.ones((2, 20), np.float32), packed,
+                                  np.ones((2, 31), np.float32)), ValueError, "expected shape"),
+        (lambda: ops.sgemm_packed(np.ones((2, 20), np.float64), packed), TypeError, "float32"),
+        (lambda: ops.sgemm_packed(np.ones((2, 20), np.float32), packed, beta=1.0), ValueError,
+         "existing c"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
 # pyhet.ops.gemm: the Python face
 
 

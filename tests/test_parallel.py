@@ -98,3 +98,37 @@ def test_repartitions_move_kernels_exactly(started):
     finally:
         for d in devices:
             d.close()
+
+
+def test_host_group_packs_its_shared_operands_once(reference):
+    """Two cpu devices pack the shared im2col matrix once for both products (one device alone
+    does not); the packed operands follow the GEMM's micro-kernel when it changes between
+    steps, and the weights stay those of one reference device."""
+    from pyhet import _core, ops
+
+    devices = make_devices(parse_devices("cpu:1,cpu:2,numpy"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4, 0], "conv2": [0, 4, 5]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        pair, alone = net.convs[0]._shared, net.convs[1]._shared
+        assert pair.fwd is not None and pair.col_t is not None
+        assert (pair.fwd.k, pair.fwd.n) == pair.col.shape
+        assert (pair.col_t.k, pair.col_t.n) == pair.col.shape[::-1]
+        # the slivers of col^T go to the two devices in proportion to their kernels, all of them
+        shares = [pair.slivers[devices[0]], pair.slivers[devices[1]]]
+        assert shares[0][0] == 0 and shares[0][1] == shares[1][0]
+        assert shares[1][1] == pair.col_t.slivers
+        assert alone.fwd is None and alone.col_t is None and alone.slivers == {}
+        _core.set_gemm_kernel("portable")
+        try:
+            net.train_step(*batch(1), CFG)
+            assert pair.fwd.kernel == pair.col_t.kernel == "portable" == ops.gemm_kernel()
+        finally:
+            _core.set_gemm_kernel("auto")
+        net.train_step(*batch(2), CFG)
+        assert pair.fwd.kernel == ops.gemm_kernel()
+        assert_same_weights(net.params(), reference[0])
+    finally:
+        for d in devices:
+            d.close()

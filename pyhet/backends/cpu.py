@@ -62,13 +62,17 @@ class CpuBackend:
 
     # --- conv block: GEMM, then bias + ReLU + max-pool in one pass --------------------------
 
-    def block_forward(self, col, x_shape, w, b, g, key=None):
+    def block_forward(self, col, x_shape, w, b, g, key=None, packed=None):
         """col (C*R*S, N*OH*OW), w (K, C, R, S), b (K,) -> out (N, K, PH, PW), saved.
-        The epilogue also puts the output in NCHW order; without a pool it is bias + ReLU."""
+        The epilogue also puts the output in NCHW order; without a pool it is bias + ReLU.
+        packed: col already packed whole (ops.packed_b), or None."""
         K = w.shape[0]
         y_shape = g.y_shape(K, x_shape[0])                                # (K, N, OH, OW)
         y = self.buffer(("y", key), y_shape[:1] + (col.shape[1],)) if key is not None else None
-        y = ops.sgemm(w.reshape(K, -1), col, y, threads=self.threads)     # (K, N*OH*OW)
+        if packed is not None:
+            y = ops.sgemm_packed(w.reshape(K, -1), packed, y, threads=self.threads)
+        else:
+            y = ops.sgemm(w.reshape(K, -1), col, y, threads=self.threads)  # (K, N*OH*OW)
         out, arg = ops.bias_relu_maxpool(y.reshape(y_shape), b, g.pool, g.pool_stride,
                                          threads=self.threads)
         return out, (arg, y_shape, g, key)
@@ -95,20 +99,33 @@ class CpuBackend:
                                             threads=self.threads)
         return dy.reshape(y_shape[0], -1)
 
-    def block_grad_params(self, dy, col, w, key=None):
-        """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,); with a key, dw is a kept
-        array (a fresh one of this size every step would cost its page faults every step)."""
+    def block_grad_params(self, dy, col, w, key=None, packed=None):
+        """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,); packed: col^T already
+        packed whole, or None. With a key, dw is a kept array (a fresh one of this size every
+        step would cost its page faults every step)."""
         K = w.shape[0]
         dw = self.buffer(("dw", key), (K, col.shape[0])) if key is not None else None
-        dw = ops.sgemm(dy, col, dw, trans_b=True, threads=self.threads).reshape(w.shape)
-        return dw, dy.sum(axis=1, dtype=np.float32)
+        if packed is not None:
+            dw = ops.sgemm_packed(dy, packed, dw, threads=self.threads)
+        else:
+            dw = ops.sgemm(dy, col, dw, trans_b=True, threads=self.threads)
+        return dw.reshape(w.shape), dy.sum(axis=1, dtype=np.float32)
 
     # --- work on a share of a matrix that several devices of one process fill together -----
 
-    def im2col_part(self, x, g, col, channels):
-        """Fill the rows of input channels [c0, c1) of the shared im2col matrix col."""
+    def im2col_part(self, x, g, col, channels, packed=None):
+        """Fill the rows of input channels [c0, c1) of the shared im2col matrix col, and pack
+        them into `packed` (col packed whole for the forward product), if given."""
         ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, channels=channels,
                    threads=self.threads)
+        if packed is not None:
+            ops.pack_b(col, packed, rows=(channels[0] * g.R * g.S, channels[1] * g.R * g.S),
+                       threads=self.threads)
+
+    def pack_part(self, b, packed, slivers):
+        """Pack the slivers (s0, s1) of op(b) into `packed`: this device's share of an operand
+        that several devices use."""
+        ops.pack_b(b, packed, slivers=slivers, threads=self.threads)
 
     def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:

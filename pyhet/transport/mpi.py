@@ -32,7 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..devices import (Device, gather, make_devices, shared_im2col, shared_input_grad)
+from ..devices import (Device, SharedCol, gather, make_devices, shared_im2col,
+                       shared_input_grad)
 from ..errors import DeviceError
 from ..geometry import ConvGeometry
 from ..links import Link
@@ -241,7 +242,7 @@ class RemoteDevice(Device):
     def drop_shard(self, layer: str):
         self._call("drop", [text(layer)])
 
-    def conv_forward(self, layer: str, x, col=None):
+    def conv_forward(self, layer: str, x, shared=None):
         return self._call("forward", [text(layer), x])[0]
 
     def conv_backward(self, layer: str, dout, dx_mode: str):
@@ -427,7 +428,7 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     open_ = set(by_index)
     # a group's request waits on its members' workers, so it runs on a thread of its own
     groups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyhet-group")
-    buffers: dict = {}    # the group's im2col matrix and its gradient, per layer
+    buffers: dict = {}    # the group's shared im2col matrix (a SharedCol), per layer
     try:
         while open_:
             op, arrays, tag = master.receive(MPI.ANY_TAG)
@@ -496,16 +497,12 @@ def _handle_group(by_index, buffers, op: str, a):
     g = members[0].geometry(layer)
     before = {n: d.busy_s for n, d in members.items()}
 
-    def buffer(key, shape):
-        if key not in buffers or buffers[key].shape != shape:
-            buffers[key] = np.empty(shape, np.float32)
-        return buffers[key]
-
     if op == "group_forward":
         x = a[1]
-        col = buffer((layer, "col"), g.col_shape(x.shape[0]))
-        shared_im2col(members, shares, x, g, col, tag=layer)
-        outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, col, tag=layer)
+        shared = buffers.setdefault((layer, "col"), SharedCol()).prepare(
+            g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()})
+        shared_im2col(members, shares, x, g, shared, tag=layer)
+        outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, shared, tag=layer)
                        for d in members.values()])
         result = [np.concatenate(outs, axis=1)]
     elif op == "group_backward":
@@ -518,7 +515,7 @@ def _handle_group(by_index, buffers, op: str, a):
         dx = None
         if need_dx:
             # the forward's im2col matrix is read by no one now: dcol takes its place
-            dcol = buffer((layer, "col"), g.col_shape(dout.shape[0]))
+            dcol = buffers[(layer, "col")].col
             dx = np.empty(g.x_shape(dout.shape[0]), np.float32)
             shared_input_grad(members, shares, parts, dcol, dx, g, tag=layer)
         result = [dx]
