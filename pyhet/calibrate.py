@@ -64,9 +64,9 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
     t0 = device.compute_s
     device.call("calibration", device.conv_forward, layer, x)
     device.call("calibration", device.conv_backward, layer, dout, "own" if need_dx else "none")
-    took = device.compute_s - t0
-    device.call("calibration", device.drop_shard, layer)
-    return took
+    # the trial layer stays until the layer's calibration ends (calibrate drops it), and with it
+    # the device's work arrays: a trial that made them afresh would time their page faults
+    return device.compute_s - t0
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
@@ -164,6 +164,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
         slower = (_together(devices, g, x, need_dx, best, seed, together)
                   if together > 0 else [1.0] * len(devices))
+        for d in devices:   # the trial layer, and the work arrays it kept
+            d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
