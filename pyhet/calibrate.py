@@ -69,22 +69,28 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
     return device.compute_s - t0
 
 
-def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
+def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, seed: int,
               rounds: int) -> list:
-    """How much slower each device computes when they all run at once: over `rounds` rounds
-    in which every device runs its trial at the same time, its median time then over its best
-    time alone (at least 1). Devices that share a machine slow each other (memory bandwidth,
-    the cache they share, a clock that drops when more cores run, the cores a serving rank's
-    messages take), as they do in every step; and the median is a typical time where the best
-    alone is the quickest.
+    """How much slower each device computes when they all run at once on their shares: over
+    `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
+    the partition will give it, its median time then over its time alone as fitted (at least
+    1). Devices that share a machine slow each other (memory bandwidth, the cache they share, a
+    clock that drops when more cores run, the cores a serving rank's messages take), as they do
+    in every step, and more so at the sizes of a real share than of a short trial; the median
+    is a typical time where the fit is of the best ones alone. A single device runs its trial
+    size: its typical time over its best.
 
     Alike devices (the same SPEC, without its rank) are slowed alike, but a device's own median
     is still as noisy as a few trials, which would tilt the partition between them: they take
     the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at
     half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
     while it computes beside them all the time, and its idling, a multiple of its compute,
-    grows with it. A single device gets its typical time over its best."""
-    kernels = [_trial_kernels(d, g.K) for d in devices]
+    grows with it. fits: (seconds per kernel, fixed seconds) of each device alone."""
+    if len(devices) == 1:
+        kernels = [_trial_kernels(devices[0], g.K)]
+    else:   # about each device's share: kernels in proportion to its speed alone
+        rates = [1.0 / slope for slope, _ in fits]
+        kernels = [max(1, min(g.K, round(g.K * r / sum(rates)))) for r in rates]
     ratios = [[] for _ in devices]
     with ThreadPoolExecutor(len(devices)) as pool:
         for r in range(rounds):
@@ -92,7 +98,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, best: dict, seed: int,
             times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
                                                    need_dx), range(len(devices)))
             for i, t in enumerate(times):
-                ratios[i].append(t / best[(i, kernels[i])])
+                slope, intercept = fits[i]
+                ratios[i].append(t / (intercept + kernels[i] * slope))
 
     def alike(d):
         return (d.spec.kind, d.spec.arg, d.spec.speed, d.link is None)
@@ -108,7 +115,7 @@ MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, no
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
-              together: int = 5) -> Calibration:
+              together: int = 3) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
@@ -116,10 +123,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
     them alike. These best times alone give the devices' relative speeds. Then, in `together`
-    more rounds, all devices run their trial at once, and each device's compute time is scaled
-    by its median ratio of the two (`contention`, see _together): what the devices cost each
-    other in a real step, and a typical time rather than the best one, so that the predicted
-    step time is what a step takes.
+    more rounds, all devices run a trial of about their share at once, and each device's
+    compute time is scaled by its median ratio of that to its fitted time alone (`contention`,
+    see _together): what the devices cost each other in a real step, and a typical time rather
+    than the best one, so that the predicted step time is what a step takes.
 
     Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
     through them; the intercept is its fixed work (its own im2col and col2im of the whole
@@ -162,25 +169,29 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for _ in range(rounds):
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
-        slower = (_together(devices, g, x, need_dx, best, seed, together)
+        fits = []   # (seconds per kernel, fixed seconds) of each device alone
+        for i, d in enumerate(devices):
+            kb = _trial_kernels(d, g.K)
+            tb = best[(i, kb)]
+            fit = (tb / kb, 0.0)
+            if (i, kb // 4) in best and kb // 4 < kb:
+                ka, ta = kb // 4, best[(i, kb // 4)]
+                slope = (tb - ta) / (kb - ka)
+                if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
+                    fit = (slope, tb - kb * slope)
+            fits.append(fit)
+        slower = (_together(devices, g, x, need_dx, fits, seed, together)
                   if together > 0 else [1.0] * len(devices))
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
-            kb = _trial_kernels(d, g.K)
-            tb = best[(i, kb)]
-            speed, overhead = kb / tb, 0.0
-            if (i, kb // 4) in best and kb // 4 < kb:
-                ka, ta = kb // 4, best[(i, kb // 4)]
-                slope = (tb - ta) / (kb - ka)
-                if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
-                    intercept = tb - kb * slope
-                    if one_group:   # the fixed work is shared in proportion to the kernels
-                        speed = 1.0 / (slope + intercept / g.K)
-                    else:
-                        speed, overhead = 1.0 / slope, intercept / group_size(d)
+            slope, intercept = fits[i]
+            if one_group:   # the fixed work is shared in proportion to the kernels
+                speed, overhead = 1.0 / (slope + intercept / g.K), 0.0
+            else:
+                speed, overhead = 1.0 / slope, intercept / group_size(d)
             speed, overhead = speed / slower[i], overhead * slower[i]
             free = d.free_memory()
             cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //

@@ -206,7 +206,8 @@ def test_calibration_sees_the_emulated_speeds():
     shape = net_shape((3, 32, 32), (32, 96), 5, 10)
     devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
     try:
-        cal = calibrate(devices, shape.blocks, 16)
+        # the speeds alone (three devices at once on two cores slow each other unlike)
+        cal = calibrate(devices, shape.blocks, 16, together=0)
     finally:
         for d in devices:
             d.close()
