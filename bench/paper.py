@@ -18,7 +18,7 @@ speedup depends on the devices, the network and the link. Here, on synthetic 3x3
   4. speedup against the bandwidth: from a `pyhet bench bandwidth --json` file, or by running
      that benchmark at two rates (root and its tools needed; not in --quick).
 
-Every configuration of a measurement point is built once; after a warm-up step each, they are
+Every configuration of a measurement point is built once; after two warm-up steps each, they are
 stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike. Speedup is
 the throughput over the baseline's; efficiency is the throughput over the sum of the devices'
 solo throughputs. The paper's own figures are printed beside ours, labelled as the paper's.
@@ -83,7 +83,7 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=16,
                    help="the batch of the network-size, device-count and speed-mix analyses")
     p.add_argument("--steps", type=positive(int),
-                   help="steps per configuration, the first warms up (default 4)")
+                   help="N: N - 1 steps of each configuration are timed, after two warm-up steps (default 4)")
     p.add_argument("--bandwidth-json", metavar="FILE",
                    help="the JSON of a `pyhet bench bandwidth --json FILE` run for analysis 4")
     p.add_argument("--json", metavar="FILE")
@@ -123,7 +123,8 @@ def measure(kernels, batch, configs, steps):
         for spec, balance in configs:
             built.append(scaling.Config(spec, balance, shape, params, batch))
         for c in built:
-            c.step(x, y, record=False)              # warm-up (and dynamic's first measures)
+            for _ in range(scaling.WARMUP):         # warm-up (and dynamic's first measures)
+                c.step(x, y, record=False)
             conv[c.label] = []
         for _ in range(steps - 1):
             for c in built:
@@ -473,7 +474,7 @@ def main(argv=None) -> int:
            "settings": {"kernels_list": [list(k) for k in args.kernels_list],
                         "batch_sizes": args.batch_sizes, "network": list(args.network),
                         "batch_size": args.batch_size, "steps": args.steps,
-                        "warmup_steps": 1, "dataset": "synthetic 3x32x32, 10 classes"},
+                        "warmup_steps": scaling.WARMUP, "dataset": "synthetic 3x32x32, 10 classes"},
            "paper": PAPER}
     res["speedup"] = speedup(args, points)          # measures the points analysis 1 reads too
     res["conv_share"] = conv_share(args, points)

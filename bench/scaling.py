@@ -81,6 +81,9 @@ class Config:
             d.close()
 
 
+WARMUP = 2   # untimed steps per configuration: the two-phase update allocates in its first two
+
+
 def parse_args(argv):
     p = Parser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
     p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
@@ -129,8 +132,9 @@ def part1(args, shape, params, x, y):
     configs = [Config(s, "static", shape, params, args.batch_size) for s in solo]
     configs += [Config(s, m, shape, params, args.batch_size) for s, m in mixes]
     try:
-        for c in configs:  # warm-up step (and the first dynamic measurements)
-            c.step(x, y, record=False)
+        for c in configs:  # warm-up (the first two updates allocate the staged state; and
+            for _ in range(WARMUP):   # the first dynamic measurements)
+                c.step(x, y, record=False)
         for r in range(args.rounds):
             for c in configs:
                 for _ in range(args.steps):
