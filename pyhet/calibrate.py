@@ -26,6 +26,9 @@ class Calibration:
     caps: dict        # layer -> [max kernels per device]
     parts: dict | None = None  # layer -> [None, or {compute and link figures} per device]
     contention: dict | None = None  # layer -> [compute time all at once / alone, per device]
+    # layer -> [[seconds per kernel, fixed seconds, 1 if the fixed part was shared with the
+    # host group else 0] alone, per device]: what pyhet plan needs to place a device elsewhere
+    fits: dict | None = None
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -151,7 +154,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps, parts, contention = {}, {}, {}, {}, {}
+    speeds, overheads, caps, parts, contention, fitted = {}, {}, {}, {}, {}, {}
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -185,6 +188,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
+        fitted[g.name] = [[slope, intercept, int(d.group == "host")]
+                          for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         for i, d in enumerate(devices):
             slope, intercept = fits[i]
@@ -207,4 +212,4 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
             parts[g.name].append(part)
-    return Calibration(speeds, overheads, caps, parts, contention)
+    return Calibration(speeds, overheads, caps, parts, contention, fitted)

@@ -215,6 +215,24 @@ def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
             for i, g in enumerate(net.blocks)}
 
 
+def placed(cal: Calibration, names: list, moved: set) -> Calibration:
+    """The calibration of devices timed on this machine, with the devices `moved` placed behind
+    links and other devices beside them, by the rule calibration uses (pyhet.calibrate): a
+    device alone in its process pays its whole fixed work (its own im2col and col2im); the host
+    group's devices that stay share theirs, each carrying an equal part; and the scales of
+    contention stay as measured."""
+    speeds, overheads = {}, {}
+    for layer, rows in cal.fits.items():
+        slower = (cal.contention or {}).get(layer) or [1.0] * len(names)
+        group = [n for n, (_, _, shared) in zip(names, rows) if shared and n not in moved]
+        speeds[layer], overheads[layer] = [], []
+        for name, (slope, intercept, shared), c in zip(names, rows, slower):
+            share = len(group) if shared and name not in moved else 1
+            speeds[layer].append(1.0 / (slope * c))
+            overheads[layer].append(intercept * c / share)
+    return replace(cal, speeds=speeds, overheads=overheads, parts=None)
+
+
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                   default_link: Link | None = None, count: int | None = None) -> Cluster:
     """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
@@ -226,6 +244,12 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     names, links, gflops = [], [], []
     costs = {g.name: [] for g in net.blocks}
     known = {}   # calibrated name -> {layer: Cost}
+    described = list(described)
+    moved = {d.name for d in described if d.gflops is None and d.like is None}
+    if calibrated is not None and calibrated[1].fits and described:
+        # other devices beside the calibrated ones: the host group's fixed work is no longer
+        # shared by every device
+        calibrated = calibrated[0], placed(calibrated[1], calibrated[0], moved)
     if calibrated is not None:
         cal_names, cal = calibrated
         for i, name in enumerate(cal_names):

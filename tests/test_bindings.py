@@ -266,11 +266,12 @@ def spoiled_calls(draw, make):
             call.args[name] = value
             call.spoiled.append((name, repr(value), True))
         elif name == "packed":
-            # another size (a k or n one more: op(b), a or c cannot match it), or no PackedB
+            # another size (a k or n two more: op(b), a or c cannot match it, even spoiled
+            # themselves, by one), or no PackedB
             p = call.args[name]
             how = draw(st.sampled_from(["k", "n", "array", "None"]))
-            value = (_core.PackedB(p.k + 1, p.n, p.trans_b) if how == "k" else
-                     _core.PackedB(p.k, p.n + 1, p.trans_b) if how == "n" else
+            value = (_core.PackedB(p.k + 2, p.n, p.trans_b) if how == "k" else
+                     _core.PackedB(p.k, p.n + 2, p.trans_b) if how == "n" else
                      np.zeros(4, np.float32) if how == "array" else None)
             call.args[name] = value
             call.spoiled.append((name, f"packed: {how}", True))

@@ -115,6 +115,33 @@ def test_a_calibrated_device_behind_a_link():
         assert (twin.link_fixed, twin.link_per_kernel) == (0.0, 0.0)
 
 
+def test_a_moved_device_pays_its_own_fixed_work():
+    """Calibrated as one host group, two devices share their im2col (its fixed time folded into
+    their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
+    that stays; with a described device beside them, the two share it, half each."""
+    from pyhet.calibrate import Calibration
+
+    fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.004, 1]],
+            "conv2": [[0.003, 0.010, 1], [0.003, 0.010, 1]]}
+    contention = {"conv1": [1.0, 1.0], "conv2": [1.5, 1.5]}
+    speeds = {g.name: [1.0 / (f[0] + f[1] / g.K) for f in fits[g.name]] for g in NET.blocks}
+    c = Calibration(speeds, {k: [0.0, 0.0] for k in speeds}, {k: [99, 99] for k in speeds},
+                    None, contention, fits)
+    alone = plan.build_cluster(NET, N, (["d0", "d1"], c))
+    assert [x.speed for x in alone.costs["conv2"]] == speeds["conv2"]      # as calibrated
+    moved = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("d1:bw=1gbit"))
+    beside = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("x:gflops=1"))
+    for g in NET.blocks:
+        (s0, f0, _), (s1, f1, _) = fits[g.name]
+        k = contention[g.name][0]
+        d0, d1 = moved.costs[g.name]
+        assert (d0.speed, d0.overhead) == pytest.approx((1 / (s0 * k), f0 * k))
+        assert (d1.speed, d1.overhead) == pytest.approx((1 / (s1 * k), f1 * k))
+        assert d1.link_fixed > 0 and d0.link_fixed == 0
+        b0, b1, _ = beside.costs[g.name]
+        assert (b0.overhead, b1.overhead) == pytest.approx((f0 * k / 2, f1 * k / 2))
+
+
 def test_alone_a_device_has_no_contention():
     """The calibrated speeds are those of the devices computing together (contention); the
     best single device is taken alone, without it."""
