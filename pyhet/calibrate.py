@@ -72,7 +72,7 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
     return device.compute_s - t0
 
 
-def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, seed: int,
+def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list, seed: int,
               rounds: int) -> list:
     """How much slower each device computes when they all run at once on their shares: over
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
@@ -88,12 +88,14 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, seed: int,
     the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at
     half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
     while it computes beside them all the time, and its idling, a multiple of its compute,
-    grows with it. fits: (seconds per kernel, fixed seconds) of each device alone."""
+    grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
+    kernels each device's memory holds."""
     if len(devices) == 1:
         kernels = [_trial_kernels(devices[0], g.K)]
     else:   # about each device's share: kernels in proportion to its speed alone
         rates = [1.0 / slope for slope, _ in fits]
-        kernels = [max(1, min(g.K, round(g.K * r / sum(rates)))) for r in rates]
+        kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
+                   for r, cap in zip(rates, caps)]
     ratios = [[] for _ in devices]
     with ThreadPoolExecutor(len(devices)) as pool:
         for r in range(rounds):
@@ -158,6 +160,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
+        memory = []   # the kernels each device's memory holds (before the trials take some)
+        for d in devices:
+            free = d.free_memory()
+            memory.append(g.K if free is None else int(
+                max(0, free * 0.8 - g.fixed_bytes(batch)) // g.bytes_per_kernel(batch)))
         one_group = len({d.group for d in devices}) == 1 and devices[0].group is not None
         trials = []  # (device index, kernels)
         for i, d in enumerate(devices):
@@ -183,7 +190,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 if slope > 0 and 0 <= tb - kb * slope < 0.9 * tb:  # else noise: keep k / t
                     fit = (slope, tb - kb * slope)
             fits.append(fit)
-        slower = (_together(devices, g, x, need_dx, fits, seed, together)
+        slower = (_together(devices, g, x, need_dx, fits, memory, seed, together)
                   if together > 0 else [1.0] * len(devices))
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
@@ -198,9 +205,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             else:
                 speed, overhead = 1.0 / slope, intercept / group_size(d)
             speed, overhead = speed / slower[i], overhead * slower[i]
-            free = d.free_memory()
-            cap = g.K if free is None else int(max(0, free * 0.8 - g.fixed_bytes(batch)) //
-                                               g.bytes_per_kernel(batch))
+            cap = memory[i]
             part = None
             if d.link is not None:   # compute plus communication
                 fixed_s, per_kernel_s = link_cost(d.link, g, batch, need_dx)
