@@ -124,13 +124,15 @@ class ConvGeometry:
     # --- cost ---------------------------------------------------------------------------------
 
     def bytes_per_kernel(self, N: int) -> int:
-        """Memory a kernel costs a device: its weights, gradient and momentum, and its conv
-        output and that output's gradient."""
-        return 4 * (3 * self.col_rows + 2 * self.positions(N))
+        """Memory a kernel costs a device: its weights, gradient and momentum, the update's
+        staged weights and momentum (pyhet.failover's two-phase update), and its conv output
+        and that output's gradient."""
+        return 4 * (5 * self.col_rows + 2 * self.positions(N))
 
     def fixed_bytes(self, N: int) -> int:
-        """Memory a device needs whatever its share: the input, its im2col matrix and that
-        matrix's gradient."""
+        """Memory a device needs whatever its share: the input and its gradient, and two
+        matrices of the im2col matrix's size (the im2col matrix, whose place its gradient
+        takes; in a host group, col packed for the two products, shared by the group)."""
         return 4 * (2 * self.col_rows * self.positions(N) + 2 * N * self.C * self.H * self.W)
 
     def link_bytes(self, N: int, need_dx: bool) -> tuple:
