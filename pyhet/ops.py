@@ -94,18 +94,6 @@ def _shape(shape, name: str, what: str) -> tuple:
     return tuple(_size(d, name, what, 0) for d in dims)
 
 
-def _channels(channels, what: str):
-    """None, or (c0, c1): a range of input channels."""
-    if channels is None:
-        return None
-    try:
-        c0, c1 = channels
-    except (TypeError, ValueError):
-        raise TypeError(f"{what}: channels must be None or a pair (c0, c1), got "
-                        f"{type(channels).__name__}") from None
-    return _size(c0, "channels", what), _size(c1, "channels", what)
-
-
 def _core_call(what: str, expected: str, fn, *args, **kwargs):
     """fn(*args, **kwargs) of the core. pybind11 answers arguments it cannot convert with a
     TypeError that prints every argument, whole arrays included: say instead, in one line, what
@@ -212,7 +200,7 @@ def _packed(packed, what: str):
 
 
 def _range(r, name: str, what: str):
-    """None, or (begin, end) of ints."""
+    """None, or (begin, end) of ints: a range of input channels, rows or slivers."""
     if r is None:
         return None
     try:
@@ -274,7 +262,7 @@ def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None)
                          f"input with padding {pad}")
     col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
     _core_call("im2col", "float32 arrays and ints", _core.im2col, x, kh, kw, stride, pad, col,
-               threads=_threads(threads), channels=_channels(channels, "im2col"))
+               threads=_threads(threads), channels=_range(channels, "channels", "im2col"))
     return col
 
 
@@ -287,7 +275,7 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
     stride, pad = _size(stride, "stride", "col2im", 1), _size(pad, "pad", "col2im")
     x = _out(out, _shape(x_shape, "x_shape", "col2im"), "out")
     _core_call("col2im", "float32 arrays and ints", _core.col2im, col, kh, kw, stride, pad, x,
-               threads=_threads(threads), channels=_channels(channels, "col2im"))
+               threads=_threads(threads), channels=_range(channels, "channels", "col2im"))
     return x
 
 
