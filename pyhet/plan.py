@@ -215,19 +215,20 @@ def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
             for i, g in enumerate(net.blocks)}
 
 
-def placed(cal: Calibration, names: list, moved: set) -> Calibration:
+def placed(cal: Calibration, names: list, moved: set, joining: int = 0) -> Calibration:
     """The calibration of devices timed on this machine, with the devices `moved` placed behind
     links and other devices beside them, by the rule calibration uses (pyhet.calibrate): a
     device alone in its process pays its whole fixed work (its own im2col and col2im); the host
-    group's devices that stay share theirs, each carrying an equal part; and the scales of
-    contention stay as measured."""
+    group's devices that stay share theirs, each carrying an equal part, with `joining` more
+    members (described devices on this machine like one of them); and the scales of contention
+    stay as measured."""
     speeds, overheads = {}, {}
     for layer, rows in cal.fits.items():
         slower = (cal.contention or {}).get(layer) or [1.0] * len(names)
         group = [n for n, (_, _, shared) in zip(names, rows) if shared and n not in moved]
         speeds[layer], overheads[layer] = [], []
         for name, (slope, intercept, shared), c in zip(names, rows, slower):
-            share = len(group) if shared and name not in moved else 1
+            share = len(group) + joining if shared and name not in moved else 1
             speeds[layer].append(1.0 / (slope * c))
             overheads[layer].append(intercept * c / share)
     return replace(cal, speeds=speeds, overheads=overheads, parts=None)
@@ -244,12 +245,27 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     names, links, gflops = [], [], []
     costs = {g.name: [] for g in net.blocks}
     known = {}   # calibrated name -> {layer: Cost}
+    own = {}     # calibrated name -> {layer: Cost} of a copy on another machine
     described = list(described)
     moved = {d.name for d in described if d.gflops is None and d.like is None}
+    entries = [d for d in described if d.gflops is not None or d.like is not None]
+    if count is not None:
+        if not entries:
+            raise UsageError("a sweep over the device count needs --describe")
+        entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     if calibrated is not None and calibrated[1].fits and described:
         # other devices beside the calibrated ones: the host group's fixed work is no longer
-        # shared by every device
-        calibrated = calibrated[0], placed(calibrated[1], calibrated[0], moved)
+        # shared by every device; described devices on this machine like a member join it
+        cal_names, cal = calibrated
+        shared = {n for n, row in zip(cal_names, next(iter(cal.fits.values()))) if row[2]}
+        joining = sum(d.count for d in entries if d.like in shared and
+                      (d.link if d.link is not None else default_link) is None)
+        for layer, rows in cal.fits.items():
+            slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
+            for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
+                own.setdefault(n, {})[layer] = Cost(1.0 / (slope * c), intercept * c,
+                                                    cal.caps[layer][i], contention=c)
+        calibrated = cal_names, placed(cal, cal_names, moved, joining)
     if calibrated is not None:
         cal_names, cal = calibrated
         for i, name in enumerate(cal_names):
@@ -265,7 +281,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             names.append(name)
             links.append(None)
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
-    entries = []
     for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
         if d.gflops is None and d.like is None:
             if d.name not in known:
@@ -279,12 +294,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 fixed, per = link_cost(d.link, g, batch, need_dx=g is not net.blocks[0])
                 costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
                                            link_per_kernel=per)
-        else:
-            entries.append(d)
-    if count is not None:
-        if not entries:
-            raise UsageError("a sweep over the device count needs --describe")
-        entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     for d in entries:
         if d.like is not None and d.like not in known:
             raise UsageError(f"--describe {d.name}: like={d.like}: no calibrated device of that "
@@ -297,7 +306,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             links.append(link)
             for g in net.blocks:
                 if d.like is not None:
-                    base = known[d.like][g.name]
+                    # on another machine, a copy of a calibrated device does its own im2col
+                    base = (own[d.like][g.name] if link is not None and d.like in own
+                            else known[d.like][g.name])
                     speed, overhead, cap = base.speed * d.factor, base.overhead, base.cap
                     slower = base.contention
                 else:

@@ -118,7 +118,9 @@ def test_a_calibrated_device_behind_a_link():
 def test_a_moved_device_pays_its_own_fixed_work():
     """Calibrated as one host group, two devices share their im2col (its fixed time folded into
     their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
-    that stays; with a described device beside them, the two share it, half each."""
+    that stays; with a described device beside them, the two share it, half each, and described
+    copies of a member on this machine share it too, while those on another machine pay all of
+    it."""
     from pyhet.calibrate import Calibration
 
     fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.004, 1]],
@@ -140,6 +142,13 @@ def test_a_moved_device_pays_its_own_fixed_work():
         assert d1.link_fixed > 0 and d0.link_fixed == 0
         b0, b1, _ = beside.costs[g.name]
         assert (b0.overhead, b1.overhead) == pytest.approx((f0 * k / 2, f1 * k / 2))
+        # copies of d0: on this machine they join the group; on another, each does its own
+        local, far = (plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe(
+            f"x:like=d0,count=2{link}")).costs[g.name] for link in ("", ",bw=1gbit"))
+        assert [x.overhead for x in local] == pytest.approx([f0 * k / 4, f1 * k / 4,
+                                                             f0 * k / 4, f0 * k / 4])
+        assert [x.overhead for x in far] == pytest.approx([f0 * k / 2, f1 * k / 2,
+                                                           f0 * k, f0 * k])
 
 
 def test_alone_a_device_has_no_contention():
