@@ -80,6 +80,8 @@ def parse_link(text: str) -> Link:
 def link_name(link: Link | None) -> str:
     if link is None:
         return "local"
+    if link.bandwidth_bytes_per_s is None:   # as measured: too fast to time
+        return "untimed bandwidth"
     bits = 8 * link.bandwidth_bytes_per_s
     for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bits >= scale:
@@ -403,8 +405,9 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int) -> dict:
     remote = [lk for lk in cluster.links if lk is not None]
     allreduce = 0.0
     if n > 1 and remote:
-        bw = min(lk.bandwidth_bytes_per_s for lk in remote)
-        allreduce = (2 * (n - 1) / n * weight_bytes / bw +
+        # the slowest link; one too fast to time (bandwidth None) moves its bytes for free
+        slowest = max(remote, key=lambda lk: lk.seconds(weight_bytes))
+        allreduce = (slowest.seconds(2 * (n - 1) / n * weight_bytes) +
                      2 * (n - 1) * max(lk.latency_s for lk in remote))
     return {"step_s": max(compute) + allreduce, "compute_s": max(compute),
             "allreduce_s": allreduce, "weight_bytes": weight_bytes,

@@ -184,6 +184,12 @@ def test_ddp_arithmetic_by_hand():
     # devices on the master's machine exchange through memory
     local = plan.build_cluster(NET, N, described=plan.parse_describe("a:gflops=1;b:gflops=3"))
     assert plan.ddp(local, NET, N)["allreduce_s"] == 0.0
+    # a link too fast to time (as measured: bandwidth None) pays only its latencies
+    fast = plan.build_cluster(NET, N, described=[plan.Described("a", gflops=1.0),
+                                                 plan.Described("b", gflops=3.0,
+                                                                link=Link(0.003, None))])
+    assert plan.ddp(fast, NET, N)["allreduce_s"] == pytest.approx(2 * 0.003, rel=1e-9)
+    assert plan.plan(fast, NET, N, master_gflops=1.0)["predicted_step_s"] > 0
 
 
 def test_sweep_rows():
