@@ -18,6 +18,15 @@ import numpy as np
 
 from .geometry import conv_out_size, pool_out_size
 
+# OpenMP threads that finish a parallel region wait for the next one. By default they spin for a
+# while (libgomp: about a millisecond or more), on a core that another device's thread, or another
+# rank, needs then: on the default network that made two one-thread devices 30% slower a step.
+# The core is loaded with passive waiting unless the user chose a policy; the setting is put back
+# at once, so that other OpenMP libraries loaded later, and child processes, keep their defaults.
+_POLICY = "OMP_WAIT_POLICY"
+_chosen = _POLICY in os.environ
+if not _chosen:
+    os.environ[_POLICY] = "PASSIVE"
 try:
     from . import _core
 except ImportError as e:  # a source tree without the built extension, usually
@@ -25,6 +34,9 @@ except ImportError as e:  # a source tree without the built extension, usually
         f"pyhet's compiled core (pyhet._core) cannot be imported ({e}). Install the package "
         f"with `pip install .`, and run it from outside the source folder, whose pyhet/ has "
         f"no built core") from e
+finally:
+    if not _chosen:
+        del os.environ[_POLICY]
 
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",

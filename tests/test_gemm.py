@@ -297,6 +297,24 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
+@pytest.mark.parametrize("chosen", [None, "ACTIVE"])
+def test_core_waits_passively_unless_the_user_chose(tmp_path, chosen):
+    # idle OpenMP threads must not spin on cores that other devices need; the runtime prints
+    # the policy it read at load (OMP_DISPLAY_ENV), and the variable is put back as it was
+    env = dict(os.environ, OMP_DISPLAY_ENV="TRUE")
+    env.pop("OMP_WAIT_POLICY", None)
+    if chosen:
+        env["OMP_WAIT_POLICY"] = chosen
+    code = "import os, pyhet; print('after import:', os.environ.get('OMP_WAIT_POLICY'))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout + done.stderr
+    assert f"OMP_WAIT_POLICY = '{chosen or 'PASSIVE'}'" in out, out
+    assert f"after import: {chosen}" in out, out
+
+
 # ------------------------------------------------------------------------------------------------
 # op(B) packed once (PackedB, pack_b), then products that pack only their A (sgemm_packed)
 
