@@ -10,10 +10,10 @@
 namespace pyhet {
 
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t stride, int64_t pad, float* col, int threads, int64_t c_begin,
-            int64_t c_end) {
+            int64_t stride, int64_t pad, float* col, int threads, int64_t r_begin,
+            int64_t r_end) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
-  const int64_t P = OH * OW, r_begin = c_begin * KH * KW, r_end = c_end * KH * KW;
+  const int64_t P = OH * OW;
 #pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
   for (int64_t r = r_begin; r < r_end; ++r) {
     const int64_t c = r / (KH * KW), i = (r / KW) % KH, j = r % KW;

@@ -13,11 +13,12 @@ inline int64_t conv_out_size(int64_t size, int64_t k, int64_t stride, int64_t pa
   return (size + 2 * pad - k) / stride + 1;
 }
 
-// col = im2col(x); padding rows and columns come out as zeros. Only the rows of input channels
-// [c_begin, c_end) are written, so that several devices can fill one shared matrix at once.
+// col = im2col(x); padding rows and columns come out as zeros. Only rows [r_begin, r_end) of
+// col are written (the rows of input channels [c0, c1) are [c0 * KH * KW, c1 * KH * KW)), so that
+// several devices can fill one shared matrix at once, whatever the number of channels.
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t stride, int64_t pad, float* col, int threads, int64_t c_begin,
-            int64_t c_end);
+            int64_t stride, int64_t pad, float* col, int threads, int64_t r_begin,
+            int64_t r_end);
 
 // x = col2im(col): x is overwritten with the sum of every col entry that im2col copied from it.
 // Only channels [c_begin, c_end) of x are read from col and written.

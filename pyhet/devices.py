@@ -219,10 +219,10 @@ class Device:
         if release is not None:   # its work arrays too (a calibration's trial layers)
             release(layer)
 
-    def im2col_part(self, x, g: ConvGeometry, shared, channels):
-        """Fill the rows of input channels [c0, c1) of a host im2col matrix shared by the
-        devices of this process (a SharedCol), and pack them for the forward product."""
-        self.backend.im2col_part(x, g, shared.col, channels, shared.fwd)
+    def im2col_part(self, x, g: ConvGeometry, shared, rows):
+        """Fill rows [r0, r1) of a host im2col matrix shared by the devices of this process (a
+        SharedCol), and pack them for the forward product."""
+        self.backend.im2col_part(x, g, shared.col, rows, shared.fwd)
 
     def conv_forward(self, layer: str, x, shared=None):
         """x (N, C, H, W) host -> out (N, k, PH, PW) host. shared: x's im2col matrix shared by
@@ -302,7 +302,7 @@ class Device:
 
 # ================================================================================================
 # Devices that share host memory (the cpu devices of one process): one im2col of the layer input,
-# filled by channel shares, and the input gradient split by input channels. The master runs this
+# filled by row shares, and the input gradient split by input channels. The master runs this
 # for its own cpu devices, and a serving rank for the cpu devices placed on it.
 
 
@@ -350,11 +350,13 @@ def _packed_fits(packed, k: int, n: int) -> bool:
         packed.kernel == ops.gemm_kernel())
 
 
-def shared_im2col(devices, channels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
-    """Fill shared.col, the im2col matrix of x (N, C, H, W), with device i filling (and packing)
-    the rows of input channels channels[i] = (c0, c1)."""
-    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, ch,
-                              tag=tag) for i, ch in channels.items()])
+def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
+    """Fill shared.col, the im2col matrix of x (N, C, H, W), each device i filling (and
+    packing) a share of its rows in proportion to its kernels[i]. Rows, not input channels:
+    a layer with fewer input channels than devices (an RGB or grey image) is shared too."""
+    shares = channel_shares(g.col_shape(x.shape[0])[0], list(kernels.values()))
+    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, rows,
+                              tag=tag) for i, rows in zip(kernels, shares) if rows[1] > rows[0]])
 
 
 def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):
@@ -365,8 +367,9 @@ def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry,
 
 
 def channel_shares(C: int, counts) -> list:
-    """[(c0, c1)] of each device of a group: the input channels in proportion to its kernels
-    (devices without kernels, and shares that round to nothing, get an empty range)."""
+    """[(c0, c1)] of each device of a group: the input channels (or im2col rows, for C their
+    number) in proportion to its kernels (devices without kernels, and shares that round to
+    nothing, get an empty range)."""
     split = proportional(C, counts) if any(counts) else [0] * len(counts)
     edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
     return [(int(edges[n]), int(edges[n + 1])) for n in range(len(counts))]

@@ -262,10 +262,11 @@ def _col_shape(x_shape, kh, kw, stride, pad):
     return (c * kh * kw, n * oh * ow)
 
 
-def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):
+def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, rows=None, threads=None):
     """x (N, C, H, W) -> col (C*KH*KW, N*OH*OW): row (c, i, j), column (n, oh, ow).
 
-    channels=(c0, c1) fills only the rows of those input channels (of `out`)."""
+    channels=(c0, c1) fills only the rows of those input channels (of `out`); rows=(r0, r1)
+    only those rows (not both)."""
     x = _array(x, "x", 4)
     kh, kw = _size(kh, "kh", "im2col", 1), _size(kw, "kw", "im2col", 1)
     stride, pad = _size(stride, "stride", "im2col", 1), _size(pad, "pad", "im2col")
@@ -274,7 +275,8 @@ def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None)
                          f"input with padding {pad}")
     col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
     _core_call("im2col", "float32 arrays and ints", _core.im2col, x, kh, kw, stride, pad, col,
-               threads=_threads(threads), channels=_range(channels, "channels", "im2col"))
+               threads=_threads(threads), channels=_range(channels, "channels", "im2col"),
+               rows=_range(rows, "rows", "im2col"))
     return col
 
 

@@ -9,7 +9,7 @@ the parameters live.
 
 Work that one shared step can do is not repeated per device. The devices that compute on host
 memory in this process (kind cpu, the "host group") share one im2col matrix of the input, each
-filling the rows of its share of the input channels; and they split the input gradient by input
+filling its share of the rows (in proportion to its kernels); and they split the input gradient by input
 channels rather than each computing a part of all of it: device i computes the rows of dcol of
 its channels from every host shard (w_j, dy_j), then col2im of those channels. So the input
 gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
@@ -222,12 +222,13 @@ class PartitionedConv:
                 futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
                                       None, tag=self.name)
         shared = None
-        if self.group:  # one im2col for the host group, filled (and packed) by channel shares
+        if self.group:  # one im2col for the host group, filled (and packed) by row shares
             shared = self._shared.prepare(g.col_shape(x.shape[0]),
                                           {self.devices[i]: self.counts[i] for i in self.group})
             with self.phases("im2col"):
                 try:
-                    shared_im2col(self.devices, self.channels, x, g, shared, tag=self.name)
+                    shared_im2col(self.devices, {i: self.counts[i] for i in self.group}, x, g,
+                                  shared, tag=self.name)
                 except BaseException:
                     for f in futures.values():   # no device left working on a failed step
                         f.exception()

@@ -71,6 +71,30 @@ def test_im2col_matches_reference(geom, threads, data, seed):
 
 
 @given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
+def test_im2col_rows_match_reference(geom, threads, data, seed):
+    """With rows=(r0, r1), only those rows are written, whatever channels they fall in."""
+    N, C, H, W, R, S, stride, pad = geom
+    r0 = data.draw(st.integers(0, C * R * S), "r0")
+    r1 = data.draw(st.integers(r0, C * R * S), "r1")
+    x = rand(np.random.default_rng(seed), N, C, H, W)
+    want = ref.im2col(x, R, S, stride, pad)
+    out = np.full(want.shape, np.nan, np.float32)
+    got = ops.im2col(x, R, S, stride, pad, out=out, rows=(r0, r1), threads=threads)
+    assert got is out
+    want[:r0] = np.nan
+    want[r1:] = np.nan
+    np.testing.assert_array_equal(got, want)
+
+
+def test_im2col_takes_channels_or_rows_not_both():
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="channels and rows: expected at most one"):
+        ops.im2col(x, 3, 3, channels=(0, 1), rows=(0, 9))
+    with pytest.raises(ValueError, match=r"rows: expected a range .* <= 18, got \(0, 19\)"):
+        ops.im2col(x, 3, 3, rows=(0, 19))
+
+
+@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
 def test_col2im_matches_reference(geom, threads, data, seed):
     """With channels, only those channels of the output are written (from their rows of col)."""
     N, C, H, W, R, S, stride, pad = geom

@@ -113,14 +113,12 @@ class CpuBackend:
 
     # --- work on a share of a matrix that several devices of one process fill together -----
 
-    def im2col_part(self, x, g, col, channels, packed=None):
-        """Fill the rows of input channels [c0, c1) of the shared im2col matrix col, and pack
-        them into `packed` (col packed whole for the forward product), if given."""
-        ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, channels=channels,
-                   threads=self.threads)
+    def im2col_part(self, x, g, col, rows, packed=None):
+        """Fill rows [r0, r1) of the shared im2col matrix col, and pack them into `packed` (col
+        packed whole for the forward product), if given."""
+        ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, rows=rows, threads=self.threads)
         if packed is not None:
-            ops.pack_b(col, packed, rows=(channels[0] * g.R * g.S, channels[1] * g.R * g.S),
-                       threads=self.threads)
+            ops.pack_b(col, packed, rows=rows, threads=self.threads)
 
     def pack_part(self, b, packed, slivers):
         """Pack the slivers (s0, s1) of op(b) into `packed`: this device's share of an operand

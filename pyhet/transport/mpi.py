@@ -489,7 +489,7 @@ def _handle(device: Device, op: str, a):
 
 def _handle_group(by_index, buffers, op: str, a):
     """Run a group's request on its members (this rank's cpu devices) as the master's own cpu
-    devices run theirs: one im2col filled by channel shares, a channel-split input gradient.
+    devices run theirs: one im2col filled by row shares, a channel-split input gradient.
     Returns (reply arrays, seconds each member computed)."""
     layer, plan = untext(a[0]), a[2]
     members = {n: by_index[int(row[0])] for n, row in enumerate(plan)}
@@ -501,7 +501,7 @@ def _handle_group(by_index, buffers, op: str, a):
         x = a[1]
         shared = buffers.setdefault((layer, "col"), SharedCol()).prepare(
             g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()})
-        shared_im2col(members, shares, x, g, shared, tag=layer)
+        shared_im2col(members, {n: int(plan[n, 1]) for n in members}, x, g, shared, tag=layer)
         outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, shared, tag=layer)
                        for d in members.values()])
         result = [np.concatenate(outs, axis=1)]
