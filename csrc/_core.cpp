@@ -353,6 +353,43 @@ void bind_im2col(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
                 c.second);
 }
 
+// A PackedB of op(b) = col (transposed false) or col^T (true) for this geometry, or None.
+pyhet::PackedB* packed_col_arg(py::handle packed_, const char* name, bool transposed,
+                               const Shape& col) {
+  if (packed_.is_none()) return nullptr;
+  if (!py::isinstance<pyhet::PackedB>(packed_))
+    throw py::type_error(std::string(name) + ": expected None or a PackedB (pyhet.ops.packed_b), "
+                         "got " + type_name(packed_));
+  pyhet::PackedB& packed = packed_.cast<pyhet::PackedB&>();
+  const Shape want = transposed ? Shape{col[1], col[0]} : col;
+  if (packed.trans() != transposed || packed.K() != want[0] || packed.N() != want[1])
+    throw py::value_error(std::string(name) + ": expected a PackedB of op(b) = " +
+                          (transposed ? "col^T " : "col ") + shape_str(want) + " (trans_b=" +
+                          (transposed ? "True" : "False") + "), got one of " +
+                          shape_str({packed.K(), packed.N()}) + " (trans_b=" +
+                          (packed.trans() ? "True" : "False") + ")");
+  return &packed;
+}
+
+void bind_im2col_pack(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
+                      py::handle pad, py::handle fwd_, py::handle t_, py::handle images,
+                      py::handle threads_) {
+  auto x = checked<float>(x_, "x", 4, false);
+  const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
+  const Shape col = col_shape(g);
+  pyhet::PackedB* fwd = packed_col_arg(fwd_, "fwd", false, col);
+  pyhet::PackedB* t = packed_col_arg(t_, "t", true, col);
+  if (fwd != nullptr && t != nullptr && fwd->nr() != t->nr())
+    throw py::value_error(std::string("fwd and t: packed for different micro-kernels ('") +
+                          fwd->kernel() + "' and '" + t->kernel() + "'); pack them again");
+  const auto n = range_arg(images, "images", g.N);
+  const int threads = thread_count(threads_);
+  const float* px = cptr<float>(x);
+  py::gil_scoped_release nogil;
+  pyhet::im2col_pack(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, fwd, t, n.first,
+                     n.second, threads);
+}
+
 void bind_col2im(py::handle col_, py::handle kh, py::handle kw, py::handle stride,
                  py::handle pad, py::handle x_, py::handle threads_, py::handle channels) {
   auto col = checked<float>(col_, "col", 2, false);
@@ -625,6 +662,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
         py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none(),
         py::arg("rows") = py::none());
+  m.def("im2col_pack", &bind_im2col_pack, py::arg("x"), py::arg("kh"), py::arg("kw"),
+        py::arg("stride"), py::arg("pad"), py::arg("fwd") = py::none(), py::arg("t") = py::none(),
+        py::arg("images") = py::none(), py::arg("threads") = 1,
+        "im2col(x) of the images (begin, end) straight into PackedBs of col (fwd) and col^T (t).");
   m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
         py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
         py::arg("channels") = py::none());

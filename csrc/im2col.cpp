@@ -3,43 +3,133 @@
 // no two threads ever write the same element.
 #include "im2col.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
+#ifdef __SSE2__
+#include <xmmintrin.h>
+#endif
 
 #include "parallel.h"
 
 namespace pyhet {
 
+namespace {
+
+// Row r = (c, i, j) of col for images [n0, n1): for each image and output pixel (oh, ow), the
+// input pixel the kernel's (i, j) tap sees there, or 0 in the padding. dst: (n1 - n0) * OH * OW.
+inline void im2col_row(const float* x, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                       int64_t stride, int64_t pad, int64_t OH, int64_t OW, int64_t r,
+                       int64_t n0, int64_t n1, float* dst) {
+  const int64_t c = r / (KH * KW), i = (r / KW) % KH, j = r % KW;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* plane = x + (n * C + c) * H * W;
+    for (int64_t oh = 0; oh < OH; ++oh, dst += OW) {
+      const int64_t ih = oh * stride - pad + i;
+      if (ih < 0 || ih >= H) {
+        std::memset(dst, 0, sizeof(float) * OW);
+        continue;
+      }
+      const float* src = plane + ih * W;
+      if (stride == 1) {
+        // Columns ow with 0 <= ow - pad + j < W are one contiguous run; zeros around it.
+        int64_t lo = pad - j, hi = W + pad - j;  // valid ow in [lo, hi)
+        if (lo < 0) lo = 0;
+        if (hi > OW) hi = OW;
+        if (hi < lo) hi = lo;
+        for (int64_t ow = 0; ow < lo; ++ow) dst[ow] = 0.f;
+        if (hi > lo) std::memcpy(dst + lo, src + lo - pad + j, sizeof(float) * (hi - lo));
+        for (int64_t ow = hi; ow < OW; ++ow) dst[ow] = 0.f;
+      } else {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int64_t iw = ow * stride - pad + j;
+          dst[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.f;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
             int64_t stride, int64_t pad, float* col, int threads, int64_t r_begin,
             int64_t r_end) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
-  const int64_t P = OH * OW;
+  const int64_t NP = N * OH * OW;
 #pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
-  for (int64_t r = r_begin; r < r_end; ++r) {
-    const int64_t c = r / (KH * KW), i = (r / KW) % KH, j = r % KW;
-    float* dst = col + r * N * P;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* plane = x + (n * C + c) * H * W;
-      for (int64_t oh = 0; oh < OH; ++oh, dst += OW) {
-        const int64_t ih = oh * stride - pad + i;
-        if (ih < 0 || ih >= H) {
-          std::memset(dst, 0, sizeof(float) * OW);
-          continue;
+  for (int64_t r = r_begin; r < r_end; ++r)
+    im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r, 0, N, col + r * NP);
+}
+
+// Image by image, NR rows at a time: the rows are made in a small buffer (NR x OH*OW floats, in
+// L1 or L2), then copied to fwd in runs of a sliver's width and written to t transposed, NR rows
+// of one pixel in a row. The im2col matrix never goes to memory, nor is it read back to pack.
+void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH,
+                 int64_t KW, int64_t stride, int64_t pad, PackedB* fwd, PackedB* t,
+                 int64_t n_begin, int64_t n_end, int threads) {
+  const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
+  const int64_t P = OH * OW, NP = N * P, R = C * KH * KW;
+  if (n_end <= n_begin || P == 0 || R == 0 || (fwd == nullptr && t == nullptr)) return;
+  // both packings share the micro-kernel's NR (gemm.h): the rows go in groups of NR
+  const int64_t nr = fwd != nullptr ? fwd->nr() : t->nr();
+  const int team = clamp_threads(threads);
+  std::vector<float> bufs(static_cast<size_t>(team) * nr * P);  // before the team starts
+#pragma omp parallel num_threads(team)
+  {
+    float* buf = bufs.data() + thread_id() * nr * P;
+#pragma omp for schedule(static)
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      const int64_t q0 = n * P;  // this image's first column of col
+      for (int64_t r0 = 0; r0 < R; r0 += nr) {
+        const int64_t rows = std::min(nr, R - r0);
+        for (int64_t u = 0; u < rows; ++u)
+          im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r0 + u, n, n + 1, buf + u * P);
+        if (fwd != nullptr) {
+          // op(B) = col: row r of the sliver holding column q is NR floats at (r % kc) * NR
+          const int64_t kc = fwd->kc_step();
+          for (int64_t u = 0; u < rows; ++u) {
+            const int64_t r = r0 + u;
+            for (int64_t q = q0; q < q0 + P;) {
+              const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
+              float* d = fwd->block(r / kc * kc, s * nr) + (r % kc) * nr + (q - s * nr);
+              std::memcpy(d, buf + u * P + (q - q0), sizeof(float) * (end - q));
+              if (end == NP && end % nr != 0)  // the last sliver: zeros past the last column
+                std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
+              q = end;
+            }
+          }
         }
-        const float* src = plane + ih * W;
-        if (stride == 1) {
-          // Columns ow with 0 <= ow - pad + j < W are one contiguous run; zeros around it.
-          int64_t lo = pad - j, hi = W + pad - j;  // valid ow in [lo, hi)
-          if (lo < 0) lo = 0;
-          if (hi > OW) hi = OW;
-          if (hi < lo) hi = lo;
-          for (int64_t ow = 0; ow < lo; ++ow) dst[ow] = 0.f;
-          if (hi > lo) std::memcpy(dst + lo, src + lo - pad + j, sizeof(float) * (hi - lo));
-          for (int64_t ow = hi; ow < OW; ++ow) dst[ow] = 0.f;
-        } else {
-          for (int64_t ow = 0; ow < OW; ++ow) {
-            const int64_t iw = ow * stride - pad + j;
-            dst[ow] = (iw >= 0 && iw < W) ? src[iw] : 0.f;
+        if (t != nullptr) {
+          // op(B) = col^T: pixel q's NR rows r0.. are NR floats at (q % kc) * NR of sliver r0/NR
+          const int64_t kc = t->kc_step();
+          int64_t p = 0;
+#ifdef __SSE2__
+          if (rows == nr && nr % 4 == 0) {
+            // 4 pixels x 4 rows at a time, transposed in registers; a run of 4 pixels must not
+            // cross a K block
+            for (; p + 4 <= P; p += 4) {
+              const int64_t q = q0 + p;
+              if (q / kc != (q + 3) / kc) break;
+              float* d = t->block(q / kc * kc, r0) + (q % kc) * nr;
+              for (int64_t u = 0; u < nr; u += 4) {
+                const float* src = buf + u * P + p;
+                __m128 a0 = _mm_loadu_ps(src), a1 = _mm_loadu_ps(src + P);
+                __m128 a2 = _mm_loadu_ps(src + 2 * P), a3 = _mm_loadu_ps(src + 3 * P);
+                _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+                _mm_storeu_ps(d + u, a0);
+                _mm_storeu_ps(d + nr + u, a1);
+                _mm_storeu_ps(d + 2 * nr + u, a2);
+                _mm_storeu_ps(d + 3 * nr + u, a3);
+              }
+            }
+          }
+#endif
+          for (; p < P; ++p) {
+            const int64_t q = q0 + p;
+            float* d = t->block(q / kc * kc, r0) + (q % kc) * nr;
+            for (int64_t u = 0; u < rows; ++u) d[u] = buf[u * P + p];
+            for (int64_t u = rows; u < nr; ++u) d[u] = 0.f;  // past the last row of col
           }
         }
       }

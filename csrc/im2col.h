@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include "gemm.h"
+
 namespace pyhet {
 
 inline int64_t conv_out_size(int64_t size, int64_t k, int64_t stride, int64_t pad) {
@@ -19,6 +21,15 @@ inline int64_t conv_out_size(int64_t size, int64_t k, int64_t stride, int64_t pa
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
             int64_t stride, int64_t pad, float* col, int threads, int64_t r_begin,
             int64_t r_end);
+
+// im2col(x) straight into the GEMM's packed panels (gemm.h), without the matrix itself, for the
+// images [n_begin, n_end) (their columns of col): into fwd, op(B) = col packed for W @ col (made
+// with trans false, K = C*KH*KW, N = N*OH*OW), and into t, op(B) = col^T packed for dY @ col^T
+// (made with trans true, K = N*OH*OW, N = C*KH*KW); either may be null. The same values as
+// sgemm_pack_b of the matrix, padding included. Disjoint ranges of images may be filled at once.
+void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH,
+                 int64_t KW, int64_t stride, int64_t pad, PackedB* fwd, PackedB* t,
+                 int64_t n_begin, int64_t n_end, int threads);
 
 // x = col2im(col): x is overwritten with the sum of every col entry that im2col copied from it.
 // Only channels [c_begin, c_end) of x are read from col and written.

@@ -219,10 +219,14 @@ class Device:
         if release is not None:   # its work arrays too (a calibration's trial layers)
             release(layer)
 
-    def im2col_part(self, x, g: ConvGeometry, shared, rows):
-        """Fill rows [r0, r1) of a host im2col matrix shared by the devices of this process (a
-        SharedCol), and pack them for the forward product."""
-        self.backend.im2col_part(x, g, shared.col, rows, shared.fwd)
+    def im2col_part(self, x, g: ConvGeometry, shared, part):
+        """This device's part of the im2col operands shared by the devices of this process (a
+        SharedCol): the columns of images [n0, n1) of both packed operands, or, without them
+        (a group of one), rows [r0, r1) of col."""
+        if shared.fwd is None:
+            self.backend.im2col_part(x, g, shared.col, part)
+        else:
+            self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, part)
 
     def conv_forward(self, layer: str, x, shared=None):
         """x (N, C, H, W) host -> out (N, k, PH, PW) host. shared: x's im2col matrix shared by
@@ -239,8 +243,6 @@ class Device:
         s.col, s.packed_col_t = shared.col, shared.col_t
         out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer,
                                         packed=shared.fwd)
-        if shared.col_t is not None:   # this device's share of col^T, for every device's dw
-            be.pack_part(s.col, shared.col_t, shared.slivers[self])
         return be.to_host(out)
 
     def conv_backward(self, layer: str, dout, dx_mode: str):
@@ -255,8 +257,7 @@ class Device:
             return None
         dout = be.asarray(dout)
         if dx_mode == "shared" or s.packed_col_t is not None:   # a member of a host group
-            # packed_col_t is whole: every device of the group finished its forward (each
-            # packed its share there) before any backward started
+            # packed_col_t is whole: the group's im2col filled it before any forward started
             dy = be.block_grad_output(dout, s.saved)
             s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
             result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
@@ -302,26 +303,27 @@ class Device:
 
 # ================================================================================================
 # Devices that share host memory (the cpu devices of one process): one im2col of the layer input,
-# filled by row shares, and the input gradient split by input channels. The master runs this
+# (packed) filled by all of them, and the input gradient split by input channels. The master runs this
 # for its own cpu devices, and a serving rank for the cpu devices placed on it.
 
 
 class SharedCol:
     """The im2col matrix col (C*R*S, N*OH*OW) of a layer's input, shared by the devices of one
-    process that compute on host memory (a group), and for a group of two or more, both
-    products' op(B) packed once for all of them. Each device would otherwise pack all of col
-    again for its few rows of weights, and the packings would compete for memory bandwidth.
-      fwd:   col packed for y_i = w_i @ col; each device packs the rows it fills (shared_im2col)
-      col_t: col^T packed for dw_i = dy_i @ col^T; each device packs its slivers[device] after
-             its forward product (col is whole by then), all of it done before any backward
-    With one device, fwd and col_t are None: its GEMM shares the packing among its threads.
-    The buffers are kept from step to step (first-touch page faults cost more than a copy);
-    the input gradient's dcol takes col's place once the backward is done, so they stay within
-    the two col-sized arrays per device that ConvGeometry.fixed_bytes counts."""
+    process that compute on host memory (a group). For a group of two or more, both products'
+    op(B) instead, packed once for all of them (each device would otherwise pack all of col
+    again for its few rows of weights, and the packings would compete for memory bandwidth),
+    and made straight from the input, without col (ops.im2col_pack: col would be written, then
+    read back twice to pack):
+      fwd:   col packed for y_i = w_i @ col
+      col_t: col^T packed for dw_i = dy_i @ col^T
+    each device filling the columns of its share of the images (shared_im2col). With one
+    device, fwd and col_t are None: col is made, and its GEMM shares the packing among its
+    threads. The buffers are kept from step to step (first-touch page faults cost more than a
+    copy); the input gradient's dcol takes col's place once the backward is done, so they stay
+    within the two col-sized arrays per device that ConvGeometry.fixed_bytes counts."""
 
     def __init__(self):
         self.col = self.fwd = self.col_t = None
-        self.slivers: dict = {}
 
     def prepare(self, shape, members: dict):
         """Size the buffers for a col of `shape` and the members {device: kernels}."""
@@ -329,7 +331,6 @@ class SharedCol:
             self.col = np.empty(shape, np.float32)
         if len(members) < 2:
             self.fwd = self.col_t = None
-            self.slivers = {}
             return self
         rows, cols = shape
         if not _packed_fits(self.fwd, rows, cols):
@@ -338,9 +339,6 @@ class SharedCol:
         if not _packed_fits(self.col_t, cols, rows):
             self.col_t = None
             self.col_t = ops.packed_b(cols, rows, trans_b=True)
-        split = proportional(self.col_t.slivers, list(members.values()))
-        edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
-        self.slivers = {d: (int(edges[n]), int(edges[n + 1])) for n, d in enumerate(members)}
         return self
 
 
@@ -351,12 +349,13 @@ def _packed_fits(packed, k: int, n: int) -> bool:
 
 
 def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
-    """Fill shared.col, the im2col matrix of x (N, C, H, W), each device i filling (and
-    packing) a share of its rows in proportion to its kernels[i]. Rows, not input channels:
-    a layer with fewer input channels than devices (an RGB or grey image) is shared too."""
-    shares = channel_shares(g.col_shape(x.shape[0])[0], list(kernels.values()))
-    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, rows,
-                              tag=tag) for i, rows in zip(kernels, shares) if rows[1] > rows[0]])
+    """Fill the im2col operands of x (N, C, H, W) in `shared` (SharedCol.prepare'd for these
+    devices), each device i a share in proportion to its kernels[i]: of the images (their
+    columns of both packed operands) for a group, of col's rows for one device."""
+    n = x.shape[0] if shared.fwd is not None else g.col_shape(x.shape[0])[0]
+    shares = channel_shares(n, list(kernels.values()))
+    gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, part,
+                              tag=tag) for i, part in zip(kernels, shares) if part[1] > part[0]])
 
 
 def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):

@@ -39,7 +39,7 @@ finally:
         del os.environ[_POLICY]
 
 __all__ = [
-    "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp", "default_threads", "im2col", "col2im",
+    "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp", "default_threads", "im2col", "im2col_pack", "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -278,6 +278,23 @@ def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, rows=None, th
                threads=_threads(threads), channels=_range(channels, "channels", "im2col"),
                rows=_range(rows, "rows", "im2col"))
     return col
+
+
+def im2col_pack(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None, threads=None):
+    """im2col(x) straight into packed operands, without the im2col matrix: into `fwd`, col
+    packed for w @ col (packed_b(C*KH*KW, N*OH*OW)), and into `t`, col^T packed for
+    dy @ col^T (packed_b(N*OH*OW, C*KH*KW, trans_b=True)); either may be None. They hold what
+    pack_b(im2col(x), ...) would put there. images=(n0, n1) fills only those images' columns
+    (several callers may fill disjoint ranges at once); None: all of them."""
+    x = _array(x, "x", 4)
+    kh, kw = _size(kh, "kh", "im2col_pack", 1), _size(kw, "kw", "im2col_pack", 1)
+    stride, pad = _size(stride, "stride", "im2col_pack", 1), _size(pad, "pad", "im2col_pack")
+    if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
+        raise ValueError(f"im2col_pack: a {kh}x{kw} kernel does not fit a {x.shape[2]}x"
+                         f"{x.shape[3]} input with padding {pad}")
+    _core_call("im2col_pack", "a float32 array x, ints, PackedBs or None, a pair of ints and "
+               "an int threads", _core.im2col_pack, x, kh, kw, stride, pad, fwd=fwd, t=t,
+               images=_range(images, "images", "im2col_pack"), threads=_threads(threads))
 
 
 def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):

@@ -8,8 +8,9 @@ dx = col2im(sum_j w_j^T dy_j) is the sum of every shard's part. The parameter up
 the parameters live.
 
 Work that one shared step can do is not repeated per device. The devices that compute on host
-memory in this process (kind cpu, the "host group") share one im2col matrix of the input, each
-filling its share of the rows (in proportion to its kernels); and they split the input gradient by input
+memory in this process (kind cpu, the "host group") share one im2col of the input (for two or
+more, both products' operands packed straight from the input, each device filling the columns of
+its share of the images, in proportion to its kernels: SharedCol); and they split the input gradient by input
 channels rather than each computing a part of all of it: device i computes the rows of dcol of
 its channels from every host shard (w_j, dy_j), then col2im of those channels. So the input
 gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
@@ -222,7 +223,7 @@ class PartitionedConv:
                 futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
                                       None, tag=self.name)
         shared = None
-        if self.group:  # one im2col for the host group, filled (and packed) by row shares
+        if self.group:  # one im2col for the host group, its parts filled by every member
             shared = self._shared.prepare(g.col_shape(x.shape[0]),
                                           {self.devices[i]: self.counts[i] for i in self.group})
             with self.phases("im2col"):

@@ -46,6 +46,7 @@ class Call:
     channels: bool = False
     ranges: tuple = ()     # (begin, end) arguments other than channels (pack_b's rows, slivers)
     packed: bool = False   # takes a PackedB
+    packs: tuple = ()      # PackedB arguments other than packed (None where not given)
     threads: bool = True
     spoiled: list = field(default_factory=list)  # (argument, how, must raise)
 
@@ -143,6 +144,22 @@ def im2col_call(draw):
                 channels=True, ranges=("rows",))
 
 
+def im2col_pack_call(draw):
+    """im2col of some images straight into col packed (fwd), col^T packed (t), both or none."""
+    N, C, H, W, kh, kw, stride, pad, OH, OW, _ = conv_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    K, NP = C * kh * kw, N * OH * OW
+    args = dict(x=rand(rng, N, C, H, W), kh=kh, kw=kw, stride=stride, pad=pad,
+                fwd=_core.PackedB(K, NP, False) if draw(st.booleans()) else None,
+                t=_core.PackedB(NP, K, True) if draw(st.booleans()) else None,
+                threads=draw(THREADS))
+    if draw(st.booleans()):
+        n0 = draw(st.integers(0, N))
+        args["images"] = (n0, draw(st.integers(n0, N)))
+    return Call(_core.im2col_pack, args, ints=("kh", "kw", "stride", "pad"), ranges=("images",),
+                packs=("fwd", "t"))
+
+
 def col2im_call(draw):
     N, C, H, W, kh, kw, stride, pad, OH, OW, channels = conv_sizes(draw)
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
@@ -212,7 +229,7 @@ def sgd_update_call(draw):
 CASES = {
     "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
     "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
-    "im2col": im2col_call,
+    "im2col": im2col_call, "im2col_pack": im2col_pack_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
     "bias_relu_maxpool_backward": bias_relu_maxpool_backward_call,
@@ -262,6 +279,7 @@ def spoiled_calls(draw, make):
     names += list(call.ranges)
     if call.packed:
         names.append("packed")
+    names += list(call.packs)
     names += [f"{k} values" for k in call.indices if call.args[k].size]
     chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
     for name in chosen:
@@ -269,11 +287,16 @@ def spoiled_calls(draw, make):
             value = draw(st.sampled_from(BAD_THREADS))
             call.args[name] = value
             call.spoiled.append((name, repr(value), True))
-        elif name == "packed":
+        elif name == "packed" or name in call.packs:
             # another size (a k or n two more: op(b), a or c cannot match it, even spoiled
-            # themselves, by one), or no PackedB
+            # themselves, by one), or no PackedB (where one must be given)
             p = call.args[name]
-            how = draw(st.sampled_from(["k", "n", "array", "None"]))
+            how = draw(st.sampled_from(["array", "list"] if p is None else ["k", "n", "array"]
+                                       + (["None"] if name == "packed" else [])))
+            if how == "list":
+                call.args[name] = [1.0]
+                call.spoiled.append((name, f"{name}: a list", True))
+                continue
             value = (_core.PackedB(p.k + 2, p.n, p.trans_b) if how == "k" else
                      _core.PackedB(p.k, p.n + 2, p.trans_b) if how == "n" else
                      np.zeros(4, np.float32) if how == "array" else None)

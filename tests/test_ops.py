@@ -86,6 +86,49 @@ def test_im2col_rows_match_reference(geom, threads, data, seed):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("kernel", ["portable", "avx2-fma", "avx512"])
+@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
+def test_im2col_pack_holds_the_packed_im2col(kernel, geom, threads, data, seed):
+    """im2col_pack fills col packed (fwd) and col^T packed (t) as pack_b of the matrix would,
+    in pieces of images filled in any order: multiplying by the identity gives the matrix back
+    exactly, padding zeros included, for each micro-kernel's panel width."""
+    N, C, H, W, R, S, stride, pad = geom
+    try:
+        _core.set_gemm_kernel(kernel)
+    except ValueError:
+        pytest.skip(f"no {kernel} kernel on this CPU or build")
+    try:
+        x = rand(np.random.default_rng(seed), N, C, H, W)
+        col = ref.im2col(x, R, S, stride, pad)
+        K, NP = col.shape
+        fwd, t = ops.packed_b(K, NP), ops.packed_b(NP, K, trans_b=True)
+        cuts = sorted(data.draw(st.lists(st.integers(0, N), max_size=3), "cuts"))
+        pieces = list(zip([0] + cuts, cuts + [N]))
+        order = data.draw(st.permutations(pieces), "order")
+        for n0, n1 in order:
+            ops.im2col_pack(x, R, S, stride, pad, fwd=fwd, t=t, images=(n0, n1), threads=threads)
+        np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), fwd), col)
+        np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), t), col.T)
+        # one of them alone, all images at once
+        only = ops.packed_b(NP, K, trans_b=True)
+        ops.im2col_pack(x, R, S, stride, pad, t=only, threads=threads)
+        np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), only), col.T)
+    finally:
+        _core.set_gemm_kernel("auto")
+
+
+def test_im2col_pack_says_what_it_expected():
+    x = np.zeros((2, 3, 6, 6), np.float32)             # col (27, 32) for a 3x3 kernel
+    with pytest.raises(ValueError, match=r"fwd: expected a PackedB of op\(b\) = col \(27, 32\)"):
+        ops.im2col_pack(x, 3, 3, fwd=ops.packed_b(32, 27))
+    with pytest.raises(ValueError, match=r"t: expected a PackedB of op\(b\) = col\^T \(32, 27\)"):
+        ops.im2col_pack(x, 3, 3, t=ops.packed_b(32, 27))
+    with pytest.raises(TypeError, match="fwd: expected None or a PackedB"):
+        ops.im2col_pack(x, 3, 3, fwd=np.zeros((27, 32), np.float32))
+    with pytest.raises(ValueError, match=r"images: expected a range .* <= 2, got \(1, 3\)"):
+        ops.im2col_pack(x, 3, 3, t=ops.packed_b(32, 27, trans_b=True), images=(1, 3))
+
+
 def test_im2col_takes_channels_or_rows_not_both():
     x = np.zeros((1, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="channels and rows: expected at most one"):

@@ -101,25 +101,35 @@ def test_repartitions_move_kernels_exactly(started):
 
 
 def test_host_group_packs_its_shared_operands_once(reference):
-    """Two cpu devices pack the shared im2col matrix once for both products (one device alone
-    does not); the packed operands follow the GEMM's micro-kernel when it changes between
-    steps, and the weights stay those of one reference device."""
+    """Two cpu devices pack the shared im2col once for both products, straight from the input,
+    each the columns of its share of the images (one device alone makes col); the packed
+    operands follow the GEMM's micro-kernel when it changes between steps, and the weights stay
+    those of one reference device."""
     from pyhet import _core, ops
 
     devices = make_devices(parse_devices("cpu:1,cpu:2,numpy"))
+    packed_images, col_rows = [], []
+    for d in devices[:2]:
+        be = d.backend
+        be.im2col_pack_part = (lambda x, g, fwd, t, images, f=be.im2col_pack_part:
+                               (packed_images.append(images), f(x, g, fwd, t, images))[1])
+        be.im2col_part = (lambda x, g, col, rows, f=be.im2col_part:
+                          (col_rows.append(rows), f(x, g, col, rows))[1])
     try:
         net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4, 0], "conv2": [0, 4, 5]},
                   CpuBackend(1))
-        net.train_step(*batch(0), CFG)
+        x, y = batch(0)
+        net.train_step(x, y, CFG)
         pair, alone = net.convs[0]._shared, net.convs[1]._shared
         assert pair.fwd is not None and pair.col_t is not None
         assert (pair.fwd.k, pair.fwd.n) == pair.col.shape
         assert (pair.col_t.k, pair.col_t.n) == pair.col.shape[::-1]
-        # the slivers of col^T go to the two devices in proportion to their kernels, all of them
-        shares = [pair.slivers[devices[0]], pair.slivers[devices[1]]]
-        assert shares[0][0] == 0 and shares[0][1] == shares[1][0]
-        assert shares[1][1] == pair.col_t.slivers
-        assert alone.fwd is None and alone.col_t is None and alone.slivers == {}
+        # the images go to the pair in proportion to their kernels (3 : 4), all of them
+        n = len(x)
+        assert sorted(packed_images) == [(0, round(n * 3 / 7)), (round(n * 3 / 7), n)]
+        # conv2's only cpu device makes col, all its rows
+        assert col_rows == [(0, alone.col.shape[0])]
+        assert alone.fwd is None and alone.col_t is None
         _core.set_gemm_kernel("portable")
         try:
             net.train_step(*batch(1), CFG)

@@ -17,6 +17,12 @@ from ..optim import sgd_update, sgd_update_into
 from . import numpy_ref as ref
 
 
+# The input gradient's parts are joined into one product up to this many kernels in all: the
+# core's GEMM takes K in blocks of 512 (PYHET_GEMM_KC), so that such a product passes over its
+# output once.
+JOIN_KERNELS = 512
+
+
 class CpuBackend:
     name = "cpu"
     xp = np
@@ -113,17 +119,15 @@ class CpuBackend:
 
     # --- work on a share of a matrix that several devices of one process fill together -----
 
-    def im2col_part(self, x, g, col, rows, packed=None):
-        """Fill rows [r0, r1) of the shared im2col matrix col, and pack them into `packed` (col
-        packed whole for the forward product), if given."""
+    def im2col_part(self, x, g, col, rows):
+        """Fill rows [r0, r1) of the shared im2col matrix col."""
         ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, rows=rows, threads=self.threads)
-        if packed is not None:
-            ops.pack_b(col, packed, rows=rows, threads=self.threads)
 
-    def pack_part(self, b, packed, slivers):
-        """Pack the slivers (s0, s1) of op(b) into `packed`: this device's share of an operand
-        that several devices use."""
-        ops.pack_b(b, packed, slivers=slivers, threads=self.threads)
+    def im2col_pack_part(self, x, g, fwd, col_t, images):
+        """Fill the columns of images [n0, n1) of col packed for the forward product (fwd) and
+        of col^T packed for the weight gradient (col_t), straight from x."""
+        ops.im2col_pack(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t, images=images,
+                        threads=self.threads)
 
     def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
@@ -131,6 +135,14 @@ class CpuBackend:
         channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]."""
         r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
+        kernels = sum(w2.shape[0] for w2, _ in parts)
+        if len(parts) > 1 and kernels <= JOIN_KERNELS and kernels < r1 - r0:
+            # few kernels in all: one product over all of them passes over the block once
+            # (the GEMM's K block holds them), not once per part; the joined copies are smaller
+            # than the block
+            parts = [(np.concatenate([w2[:, r0:r1] for w2, _ in parts]),
+                      np.concatenate([dy for _, dy in parts]))]
+            r0, r1 = 0, r1 - r0
         for j, (w2, dy) in enumerate(parts):
             ops.sgemm(w2[:, r0:r1], dy, block, trans_a=True, beta=0.0 if j == 0 else 1.0,
                       threads=self.threads)

@@ -489,7 +489,7 @@ def _handle(device: Device, op: str, a):
 
 def _handle_group(by_index, buffers, op: str, a):
     """Run a group's request on its members (this rank's cpu devices) as the master's own cpu
-    devices run theirs: one im2col filled by row shares, a channel-split input gradient.
+    devices run theirs: one shared im2col (packed), a channel-split input gradient.
     Returns (reply arrays, seconds each member computed)."""
     layer, plan = untext(a[0]), a[2]
     members = {n: by_index[int(row[0])] for n, row in enumerate(plan)}
