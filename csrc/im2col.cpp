@@ -50,6 +50,16 @@ inline void im2col_row(const float* x, int64_t C, int64_t H, int64_t W, int64_t 
   }
 }
 
+// dst[0, n) = src[0, n): a sliver's row (16 or 32 floats) in a few vector moves, not a call.
+inline void copy_run(float* dst, const float* src, int64_t n) {
+  if (n == 16)
+    std::memcpy(dst, src, sizeof(float) * 16);
+  else if (n == 32)
+    std::memcpy(dst, src, sizeof(float) * 32);
+  else
+    std::memcpy(dst, src, sizeof(float) * n);
+}
+
 }  // namespace
 
 void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
@@ -85,19 +95,22 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
         const int64_t rows = std::min(nr, R - r0);
         for (int64_t u = 0; u < rows; ++u)
           im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r0 + u, n, n + 1, buf + u * P);
+        if (rows < nr && t != nullptr)  // past col's last row: zeros in col^T's last sliver
+          std::memset(buf + rows * P, 0, sizeof(float) * (nr - rows) * P);
         if (fwd != nullptr) {
-          // op(B) = col: row r of the sliver holding column q is NR floats at (r % kc) * NR
+          // op(B) = col: row r of the sliver holding column q is NR floats at (r % kc) * NR;
+          // sliver by sliver, so that its rows are written one after another
           const int64_t kc = fwd->kc_step();
-          for (int64_t u = 0; u < rows; ++u) {
-            const int64_t r = r0 + u;
-            for (int64_t q = q0; q < q0 + P;) {
-              const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
+          for (int64_t q = q0; q < q0 + P;) {
+            const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
+            const bool last = end == NP && end % nr != 0;  // zeros past the last column
+            for (int64_t u = 0; u < rows; ++u) {
+              const int64_t r = r0 + u;
               float* d = fwd->block(r / kc * kc, s * nr) + (r % kc) * nr + (q - s * nr);
-              std::memcpy(d, buf + u * P + (q - q0), sizeof(float) * (end - q));
-              if (end == NP && end % nr != 0)  // the last sliver: zeros past the last column
-                std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
-              q = end;
+              copy_run(d, buf + u * P + (q - q0), end - q);
+              if (last) std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
             }
+            q = end;
           }
         }
         if (t != nullptr) {
@@ -105,7 +118,7 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
           const int64_t kc = t->kc_step();
           int64_t p = 0;
 #ifdef __SSE2__
-          if (rows == nr && nr % 4 == 0) {
+          if (nr % 4 == 0) {
             // 4 pixels x 4 rows at a time, transposed in registers; a run of 4 pixels must not
             // cross a K block
             for (; p + 4 <= P; p += 4) {
@@ -128,8 +141,7 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
           for (; p < P; ++p) {
             const int64_t q = q0 + p;
             float* d = t->block(q / kc * kc, r0) + (q % kc) * nr;
-            for (int64_t u = 0; u < rows; ++u) d[u] = buf[u * P + p];
-            for (int64_t u = rows; u < nr; ++u) d[u] = 0.f;  // past the last row of col
+            for (int64_t u = 0; u < nr; ++u) d[u] = buf[u * P + p];
           }
         }
       }
