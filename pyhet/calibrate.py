@@ -127,7 +127,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     The devices are timed one at a time (so that devices sharing cores or memory bandwidth do
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
-    them alike. These best times alone give the devices' relative speeds. Then, in `together`
+    them alike; alike devices of this process (the same SPEC) take the mean of their best
+    times. These best times alone give the devices' relative speeds. Then, in `together`
     more rounds, all devices run a trial of about their share at once, and each device's
     compute time is scaled by its median ratio of that to its fitted time alone (`contention`,
     see _together): what the devices cost each other in a real step, and a typical time rather
@@ -179,6 +180,17 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for _ in range(rounds):
             for i, k in trials:
                 best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
+        # alike devices of this process (the same SPEC, neither pinned to a core: the same
+        # hardware) share the mean of their best times, so that timing noise does not tilt the
+        # partition between them (a mean: the best of all their trials would favour them over
+        # a device alone of its kind)
+        alike = {}
+        for i, d in enumerate(devices):
+            if d.link is None:
+                alike.setdefault((d.spec.kind, d.spec.arg, d.spec.speed, d.group), []).append(i)
+        shared = {(i, k): float(np.mean([best[(j, k)] for j in members]))
+                  for members in alike.values() for i, k in trials if i in members}
+        best.update(shared)
         fits = []   # (seconds per kernel, fixed seconds) of each device alone
         for i, d in enumerate(devices):
             kb = _trial_kernels(d, g.K)
