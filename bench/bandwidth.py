@@ -285,6 +285,10 @@ def main(argv=None) -> int:
                        "predicted_step_s": s.get("predicted_step_time_s"),
                        "bytes_per_step": figures["bytes_sent_per_step"] +
                        figures["bytes_received_per_step"],
+                       # each device's busy seconds a step (its rank's compute for d1, with
+                       # its messages for the master's view of it)
+                       "busy_s_per_step": {d["name"]: d["busy_s"] / s["steps"]
+                                           for d in s["devices"]},
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
                 row.update(plan_of(planned, args, LinkFigures(
                     figures["latency_s"], figures["bandwidth_bytes_per_s"])))
