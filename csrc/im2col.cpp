@@ -83,6 +83,22 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
   if (n_end <= n_begin || P == 0 || R == 0 || (fwd == nullptr && t == nullptr)) return;
   // both packings share the micro-kernel's NR (gemm.h): the rows go in groups of NR
   const int64_t nr = fwd != nullptr ? fwd->nr() : t->nr();
+  // Where things go, without a division in the loops (PackedB::block): row r of col starts at
+  // row_at[r] in fwd, then every fwd_sliver floats a sliver of NR columns; pixel q of col^T
+  // (its K block q / kc_t, row q % kc_t) holds NR rows of col in sliver r0 / NR.
+  std::vector<int64_t> row_at;
+  int64_t fwd_sliver = 0;
+  float* const fwd_data = fwd != nullptr ? fwd->block(0, 0) : nullptr;
+  if (fwd != nullptr) {
+    const int64_t kc = fwd->kc_step();
+    fwd_sliver = kc * nr;
+    row_at.resize(R);
+    for (int64_t r = 0; r < R; ++r)
+      row_at[r] = (r / kc) * fwd->slivers() * fwd_sliver + (r % kc) * nr;
+  }
+  const int64_t kc_t = t != nullptr ? t->kc_step() : 1;
+  const int64_t t_sliver = kc_t * nr, t_block = t != nullptr ? t->slivers() * t_sliver : 0;
+  float* const t_data = t != nullptr ? t->block(0, 0) : nullptr;
   const int team = clamp_threads(threads);
   std::vector<float> bufs(static_cast<size_t>(team) * nr * P);  // before the team starts
 #pragma omp parallel num_threads(team)
@@ -98,33 +114,29 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
         if (rows < nr && t != nullptr)  // past col's last row: zeros in col^T's last sliver
           std::memset(buf + rows * P, 0, sizeof(float) * (nr - rows) * P);
         if (fwd != nullptr) {
-          // op(B) = col: row r of the sliver holding column q is NR floats at (r % kc) * NR;
-          // sliver by sliver, so that its rows are written one after another
-          const int64_t kc = fwd->kc_step();
+          // op(B) = col, sliver by sliver, so that its rows are written one after another
           for (int64_t q = q0; q < q0 + P;) {
             const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
             const bool last = end == NP && end % nr != 0;  // zeros past the last column
+            float* at = fwd_data + s * fwd_sliver + (q - s * nr);
+            const float* src = buf + (q - q0);
             for (int64_t u = 0; u < rows; ++u) {
-              const int64_t r = r0 + u;
-              float* d = fwd->block(r / kc * kc, s * nr) + (r % kc) * nr + (q - s * nr);
-              copy_run(d, buf + u * P + (q - q0), end - q);
+              float* d = at + row_at[r0 + u];
+              copy_run(d, src + u * P, end - q);
               if (last) std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
             }
             q = end;
           }
         }
         if (t != nullptr) {
-          // op(B) = col^T: pixel q's NR rows r0.. are NR floats at (q % kc) * NR of sliver r0/NR
-          const int64_t kc = t->kc_step();
-          int64_t p = 0;
+          // op(B) = col^T: pixel by pixel (4 at a time, transposed in registers, within a K
+          // block), its NR rows r0.. of col as one row of the sliver
+          float* const sliver = t_data + (r0 / nr) * t_sliver;
+          int64_t kb = q0 / kc_t, w = q0 % kc_t;  // pixel q0's K block and row in it
+          for (int64_t p = 0; p < P;) {
+            float* d = sliver + kb * t_block + w * nr;
 #ifdef __SSE2__
-          if (nr % 4 == 0) {
-            // 4 pixels x 4 rows at a time, transposed in registers; a run of 4 pixels must not
-            // cross a K block
-            for (; p + 4 <= P; p += 4) {
-              const int64_t q = q0 + p;
-              if (q / kc != (q + 3) / kc) break;
-              float* d = t->block(q / kc * kc, r0) + (q % kc) * nr;
+            if (nr % 4 == 0 && p + 4 <= P && w + 4 <= kc_t) {
               for (int64_t u = 0; u < nr; u += 4) {
                 const float* src = buf + u * P + p;
                 __m128 a0 = _mm_loadu_ps(src), a1 = _mm_loadu_ps(src + P);
@@ -135,13 +147,19 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
                 _mm_storeu_ps(d + 2 * nr + u, a2);
                 _mm_storeu_ps(d + 3 * nr + u, a3);
               }
-            }
-          }
+              p += 4;
+              w += 4;
+            } else
 #endif
-          for (; p < P; ++p) {
-            const int64_t q = q0 + p;
-            float* d = t->block(q / kc * kc, r0) + (q % kc) * nr;
-            for (int64_t u = 0; u < nr; ++u) d[u] = buf[u * P + p];
+            {
+              for (int64_t u = 0; u < nr; ++u) d[u] = buf[u * P + p];
+              ++p;
+              ++w;
+            }
+            if (w == kc_t) {
+              ++kb;
+              w = 0;
+            }
           }
         }
       }

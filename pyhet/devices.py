@@ -302,9 +302,9 @@ class Device:
 
 
 # ================================================================================================
-# Devices that share host memory (the cpu devices of one process): one im2col of the layer input,
-# (packed) filled by all of them, and the input gradient split by input channels. The master runs this
-# for its own cpu devices, and a serving rank for the cpu devices placed on it.
+# Devices that share host memory (the cpu devices of one process): one im2col of the layer input
+# (packed) filled by all of them, and the input gradient split by input channels. The master runs
+# this for its own cpu devices, and a serving rank for the cpu devices placed on it.
 
 
 class SharedCol:

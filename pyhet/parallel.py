@@ -9,11 +9,11 @@ the parameters live.
 
 Work that one shared step can do is not repeated per device. The devices that compute on host
 memory in this process (kind cpu, the "host group") share one im2col of the input (for two or
-more, both products' operands packed straight from the input, each device filling the columns of
-its share of the images, in proportion to its kernels: SharedCol); and they split the input gradient by input
-channels rather than each computing a part of all of it: device i computes the rows of dcol of
-its channels from every host shard (w_j, dy_j), then col2im of those channels. So the input
-gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
+more, both products' operands packed straight from the input, each device filling the columns
+of its share of the images, in proportion to its kernels: SharedCol); and they split the input
+gradient by input channels rather than each computing a part of all of it: device i computes
+the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im of those
+channels. So the input gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
 rank form a group of their own there: one message to the rank carries the layer input (forward)
 or their slices of the output gradient (backward), the rank runs the same shared im2col and
 channel-split input gradient, and one reply brings back their output slices or their summed part
