@@ -32,9 +32,10 @@ import textwrap
 from pathlib import Path
 
 try:
-    from . import _util
+    from . import _util, step
 except ImportError:  # run as a script: python bench/bandwidth.py
     import _util
+    import step
 
 from pyhet.cli import Parser, kernel_counts, positive
 from pyhet.links import Link as LinkFigures
@@ -221,14 +222,30 @@ def calibrated_pair(args):
     return net, calibrate_spec("cpu:1,cpu:1", net, args.batch_size)
 
 
-def plan_of(planned, args, link: LinkFigures) -> dict:
-    """pyhet plan's step time for the pair with d1 behind the measured link, and DDP's."""
+def replica_speed(args) -> dict:
+    """PyTorch's speed relative to pyhet's on one DDP replica's work (one process, 1 thread,
+    batch / 2 images, as `pyhet bench step` runs them): pyhet's step time over PyTorch's, the
+    median of 3 steps after a warm-up step, each side in a fresh process."""
+    from argparse import Namespace
+    from statistics import median
+
+    half = Namespace(kernels=kernel_counts(args.kernels), batch_size=max(1, args.batch_size // 2),
+                     threads=1, steps=3)
+    times = {side: median(step._run_worker(side, half)["times"])
+             for side in ("pyhet", "torch")}
+    return {"pyhet_s": times["pyhet"], "torch_s": times["torch"],
+            "speed": times["pyhet"] / times["torch"]}
+
+
+def plan_of(planned, args, link: LinkFigures, ddp_speed: float = 1.0) -> dict:
+    """pyhet plan's step time for the pair with d1 behind the measured link, and DDP's with the
+    replicas at ddp_speed (PyTorch's speed relative to pyhet's)."""
     from pyhet import plan
 
     net, calibrated = planned
     cluster = plan.build_cluster(net, args.batch_size, calibrated,
                                  [plan.Described("d1", link=link)])
-    r = plan.plan(cluster, net, args.batch_size)
+    r = plan.plan(cluster, net, args.batch_size, ddp_speed=ddp_speed)
     return {"plan_step_s": r["predicted_step_s"], "plan_partition": r["partition"]["conv2"],
             "plan_ddp_step_s": r["ddp"]["step_s"]}
 
@@ -263,6 +280,12 @@ def main(argv=None) -> int:
     old = signal.signal(signal.SIGTERM, _interrupt)
     rows = []
     planned = calibrated_pair(args)   # pyhet plan's view of the same two devices
+    # DDP's replicas run PyTorch's convolutions, not pyhet's: the plan gets their speed
+    replica = replica_speed(args) if ddp else None
+    if replica is not None:
+        print(f"one DDP replica's step (batch {max(1, args.batch_size // 2)}, 1 thread): pyhet "
+              f"{replica['pyhet_s']:.3f} s, PyTorch {replica['torch_s']:.3f} s: the plan's DDP "
+              f"replicas compute at {replica['speed']:.2f} of pyhet's speed", flush=True)
     with tempfile.TemporaryDirectory(prefix="pyhet-bw-") as cwd:
         alone = _util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd)
         alone_s = alone["step_time_s"]["median"]
@@ -291,7 +314,8 @@ def main(argv=None) -> int:
                                            for d in s["devices"]},
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
                 row.update(plan_of(planned, args, LinkFigures(
-                    figures["latency_s"], figures["bandwidth_bytes_per_s"])))
+                    figures["latency_s"], figures["bandwidth_bytes_per_s"]),
+                    replica["speed"] if replica is not None else 1.0))
                 rows.append(row)
                 print(f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
                       f"{row['step_s']:.3f} s" + (f", DDP {row['ddp_step_s']:.3f} s"
@@ -325,7 +349,8 @@ def main(argv=None) -> int:
                               "pyhet/DDP", "plan s", "plan/measured", "plan DDP s",
                               "plan DDP/measured"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
-              "batch_size": args.batch_size, "alone_step_s": alone_s, "rates": rows}
+              "batch_size": args.batch_size, "alone_step_s": alone_s,
+              "ddp_replica": replica, "rates": rows}
     _util.save_outputs(result, args, plot)
     return 0
 

@@ -240,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a table of predicted speedups over these counts of described devices")
     pl.add_argument("--master-gflops", type=positive(float), default=None, metavar="G",
                     help="the master's rate for its fc layers (default: its machine's devices)")
+    pl.add_argument("--ddp-speed", type=positive(float), default=1.0, metavar="F",
+                    help="the DDP replicas' compute speed relative to pyhet's devices' (the "
+                         "framework that runs DDP has its own; default 1)")
     _network_options(pl)
     pl.add_argument("--dataset", default="bundled", help="gives the input shape")
     pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
@@ -388,7 +391,7 @@ def cmd_plan(args, parser) -> int:
                   if args.devices is not None else None)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
-                          args.master_gflops)
+                          args.master_gflops, args.ddp_speed)
         if args.json:
             print(json.dumps({"network": net.arch, "batch_size": args.batch_size,
                               "sweep": rows}))
@@ -396,7 +399,7 @@ def cmd_plan(args, parser) -> int:
             print(plan_sweep_table(rows, net.arch, args.batch_size))
         return 0
     cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0])
-    result = plan.plan(cluster, net, args.batch_size, args.master_gflops)
+    result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
     print(json.dumps(result) if args.json else plan_table(result))
     return 0
 
@@ -417,7 +420,9 @@ def plan_table(r: dict) -> str:
                  f"{r['speedup']:.2f}x over {best['device']} alone ({best['step_s']:.5f} s)")
               + f", bottleneck: {r['bottleneck']}"]
     d = r["ddp"]
-    lines.append(f"data parallel (DDP): {d['step_s']:.5f} s (compute {d['compute_s']:.5f} s on "
+    lines.append(f"data parallel (DDP"
+                 + ("" if d["speed"] == 1.0 else f", replicas at {d['speed']:g} of pyhet's speed")
+                 + f"): {d['step_s']:.5f} s (compute {d['compute_s']:.5f} s on "
                  f"{d['slowest_device']}, all-reduce {d['allreduce_s']:.5f} s), speedup "
                  + ("n/a" if d["speedup"] is None else f"{d['speedup']:.2f}x")
                  + f"; faster: {r['winner']}")

@@ -7,7 +7,9 @@ link's fixed and per-kernel time (pyhet.links). The master's non-conv work (the 
 the loss) is modelled by its FLOPs at the master's rate.
 
 The same cluster is also modelled under data parallelism (DDP): every device a full replica on
-batch / n images, the gradients of every weight all-reduced each step by a ring.
+batch / n images, the gradients of every weight all-reduced each step by a ring. The replicas
+compute at pyhet's speed, or at `ddp_speed` times it: the framework that runs DDP has its own
+(PyTorch's CPU step is about 0.8 of pyhet's on one core here, `pyhet bench step`).
 
 Letters as in pyhet.geometry; N is the batch size.
 """
@@ -386,9 +388,10 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     return total
 
 
-def ddp(cluster: Cluster, net: NetGeometry, batch: int) -> dict:
+def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0) -> dict:
     """Data parallelism as PyTorch DDP: every device a full replica on batch / n images (conv
-    layers at its calibrated or described rate, fc layers at its GFLOP/s), then a ring
+    layers at its calibrated or described rate, fc layers at its GFLOP/s, all of it at `speed`
+    times that: the DDP framework's speed relative to pyhet's), then a ring
     all-reduce of every weight's gradient: each device sends and receives 2 (n - 1) / n of the
     weight bytes over the slowest link, in 2 (n - 1) messages. Communication does not overlap
     the backward; devices on the master's machine exchange through memory (free); memory is
@@ -400,7 +403,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int) -> dict:
     for i in range(n):
         t = sum(cluster.costs[g.name][i].overhead + g.K / (cluster.costs[g.name][i].speed * n)
                 for g in net.blocks)
-        compute.append(t + fc_flops * batch / n / (cluster.gflops[i] * 1e9))
+        compute.append((t + fc_flops * batch / n / (cluster.gflops[i] * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
     remote = [lk for lk in cluster.links if lk is not None]
     allreduce = 0.0
@@ -440,9 +443,10 @@ def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: floa
     return "compute" if best is None else f"link {cluster.names[best]}"
 
 
-def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | None = None
-         ) -> dict:
-    """The prediction of the cluster on the network at this batch size (pyhet plan --json)."""
+def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | None = None,
+         ddp_speed: float = 1.0) -> dict:
+    """The prediction of the cluster on the network at this batch size (pyhet plan --json);
+    ddp_speed: the DDP framework's compute speed relative to pyhet's (see ddp)."""
     master_gflops = master_gflops or default_master_gflops(cluster)
     master_s = master_seconds(net, batch, master_gflops)
     partition = partition_of(cluster, net)
@@ -463,7 +467,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                           "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}
         layers[g.name] = {"conv_s": round(layer_s[g.name], 9), "devices": rows}
-    d = ddp(cluster, net, batch)
+    d = ddp(cluster, net, batch, ddp_speed)
     return {
         "network": net.arch, "batch_size": batch,
         "devices": [{"name": n, "link": link_name(lk), "gflops": round(gf, 3),
@@ -482,14 +486,14 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         "bottleneck": bottleneck(cluster, net, partition, conv_s, master_s),
         "ddp": {"step_s": round(d["step_s"], 9), "compute_s": round(d["compute_s"], 9),
                 "allreduce_s": round(d["allreduce_s"], 9), "weight_bytes": d["weight_bytes"],
-                "slowest_device": d["slowest_device"],
+                "slowest_device": d["slowest_device"], "speed": ddp_speed,
                 "speedup": None if base is None else round(base / d["step_s"], 4)},
         "winner": "pyhet" if step <= d["step_s"] else "ddp",
     }
 
 
 def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, described=(),
-          master_gflops: float | None = None) -> list[dict]:
+          master_gflops: float | None = None, ddp_speed: float = 1.0) -> list[dict]:
     """plan() of the calibrated devices plus n described devices (cycling through the
     described entries) for every n in counts and every link in links (None: the described
     devices' own links)."""
@@ -499,7 +503,7 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
             cluster = build_cluster(net, batch, calibrated,
                                     [d if lk is None else replace(d, link=lk) for d in described],
                                     count=n)
-            p = plan(cluster, net, batch, master_gflops)
+            p = plan(cluster, net, batch, master_gflops, ddp_speed)
             rows.append({"devices": n, "link": "own" if lk is None else link_name(lk),
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
                          "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],

@@ -190,6 +190,15 @@ def test_ddp_arithmetic_by_hand():
                                                                 link=Link(0.003, None))])
     assert plan.ddp(fast, NET, N)["allreduce_s"] == pytest.approx(2 * 0.003, rel=1e-9)
     assert plan.plan(fast, NET, N, master_gflops=1.0)["predicted_step_s"] > 0
+    # replicas of a framework at 0.8 of pyhet's speed: their compute takes 1 / 0.8 as long,
+    # the all-reduce as long as before, and pyhet's own step does not change
+    slow = plan.ddp(cluster, NET, N, speed=0.8)
+    assert slow["compute_s"] == pytest.approx(d["compute_s"] / 0.8, rel=1e-9)
+    assert slow["allreduce_s"] == d["allreduce_s"]
+    both = [plan.plan(cluster, NET, N, master_gflops=1.0, ddp_speed=s) for s in (1.0, 0.8)]
+    assert both[0]["predicted_step_s"] == both[1]["predicted_step_s"]
+    assert both[1]["ddp"]["speed"] == 0.8
+    assert both[1]["ddp"]["step_s"] == pytest.approx(slow["step_s"], rel=1e-6)
 
 
 def test_sweep_rows():
@@ -241,10 +250,15 @@ def test_cli_json_keys(cli):
             "winner"} <= set(r)
     assert r["partition"]["conv1"] == {"a": r["partition"]["conv1"]["a"],
                                        "b": 4 - r["partition"]["conv1"]["a"]}
-    assert {"step_s", "speedup", "allreduce_s"} <= set(r["ddp"])
+    assert {"step_s", "speedup", "allreduce_s", "speed"} <= set(r["ddp"])
+    assert r["ddp"]["speed"] == 1.0
     res = cli("plan", "--describe", "a:gflops=50;b:gflops=20,bw=1gbit", "--kernels", "4,6",
-              "--dataset", "synthetic", "--batch-size", "8")
+              "--dataset", "synthetic", "--batch-size", "8", "--ddp-speed", "0.5")
     assert res.code == 0 and "predicted step" in res.out and "bottleneck" in res.out
+    assert "replicas at 0.5 of pyhet's speed" in res.out
+    res = cli("plan", "--describe", "a:gflops=50", "--kernels", "4,6", "--dataset", "synthetic",
+              "--ddp-speed", "0")
+    assert res.code == 2 and "--ddp-speed" in res.err
 
 
 def test_cli_sweep(cli):
