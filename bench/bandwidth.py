@@ -222,17 +222,22 @@ def calibrated_pair(args):
     return net, calibrate_spec("cpu:1,cpu:1", net, args.batch_size)
 
 
-def replica_speed(args) -> dict:
+def replica_speed(args, rounds: int = 2) -> dict:
     """PyTorch's speed relative to pyhet's on one DDP replica's work (one process, 1 thread,
-    batch / 2 images, as `pyhet bench step` runs them): pyhet's step time over PyTorch's, the
-    median of 3 steps after a warm-up step, each side in a fresh process."""
+    batch / 2 images, as `pyhet bench step` runs them): pyhet's step time over PyTorch's, each
+    the median of the 3 steps after a warm-up step of `rounds` runs, the two sides in turn,
+    each run a fresh process (one short timing carries the machine's noise into every DDP
+    prediction)."""
     from argparse import Namespace
     from statistics import median
 
     half = Namespace(kernels=kernel_counts(args.kernels), batch_size=max(1, args.batch_size // 2),
                      threads=1, steps=3)
-    times = {side: median(step._run_worker(side, half)["times"])
-             for side in ("pyhet", "torch")}
+    runs = {"pyhet": [], "torch": []}
+    for _ in range(rounds):
+        for side in runs:
+            runs[side] += step._run_worker(side, half)["times"]
+    times = {side: median(t) for side, t in runs.items()}
     return {"pyhet_s": times["pyhet"], "torch_s": times["torch"],
             "speed": times["pyhet"] / times["torch"]}
 

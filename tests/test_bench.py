@@ -92,6 +92,19 @@ def test_bench_bandwidth(tmp_path, capsys):
                                             text=True).stdout
 
 
+def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
+    """The DDP plan's replica speed: pyhet's time on one replica's work over PyTorch's."""
+    pytest.importorskip("torch")
+    from argparse import Namespace
+    try:
+        from pyhet.bench import bandwidth
+    except ImportError:
+        from bench import bandwidth
+    r = bandwidth.replica_speed(Namespace(kernels="4,8", batch_size=4), rounds=1)
+    assert r["pyhet_s"] > 0 and r["torch_s"] > 0
+    assert r["speed"] == pytest.approx(r["pyhet_s"] / r["torch_s"])
+
+
 def test_bench_ranks(tmp_path, capsys):
     """One quota on a tiny network; where root, the cgroup cpu controller or mpiexec is missing
     it says so and does nothing. It leaves no cgroup behind."""
