@@ -34,7 +34,7 @@ from .train import TrainConfig, train
 from .transport import launched_rank, launched_size
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
-BENCHMARKS = ("gemm", "step", "scaling", "bandwidth", "ranks", "paper", "plan")
+BENCHMARKS = ("gemm", "step", "scaling", "bandwidth", "ranks", "paper", "plan", "pair")
 
 
 class Parser(argparse.ArgumentParser):

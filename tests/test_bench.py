@@ -3,6 +3,7 @@ tiny problems: these are smoke tests, the figures come from the real runs)."""
 
 import importlib.util
 import json
+import statistics
 
 import pytest
 
@@ -198,6 +199,22 @@ def test_bench_paper_unwritable_plot_dir(tmp_path):
         main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
               "--network", "4,8", "--steps", "2", "--plot", str(tmp_path / "file" / "png")])
     assert "cannot write the plot" in str(e.value.code)
+
+
+def test_bench_pair(tmp_path, capsys):
+    out = run(capsys, "pair", "--configs", "cpu:1;cpu:1,numpy", "--arch", "4C3-P2-6C3-P2",
+              "--batch-size", "4", "--steps", "2", "--rounds", "2", "--json",
+              str(tmp_path / "p.json"))
+    res = json.loads((tmp_path / "p.json").read_text())
+    assert res["reference"] == "cpu:1" and len(res["reference_step_s"]) == 2
+    [row] = res["rows"]
+    assert row["devices"] == "cpu:1,numpy" and len(row["ratios"]) == 2
+    assert row["ratios"] == [a / b for a, b in zip(res["reference_step_s"], row["step_s"])]
+    assert row["median_ratio"] == statistics.median(row["ratios"])
+    assert "median ratio" in out
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "pair", "--configs", "cpu:1"])
+    assert e.value.code == 2
 
 
 def test_bench_plan(tmp_path, capsys):
