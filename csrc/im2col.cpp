@@ -99,7 +99,8 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
   const int64_t kc_t = t != nullptr ? t->kc_step() : 1;
   const int64_t t_sliver = kc_t * nr, t_block = t != nullptr ? t->slivers() * t_sliver : 0;
   float* const t_data = t != nullptr ? t->block(0, 0) : nullptr;
-  const int team = clamp_threads(threads);
+  // no more threads than images (the work is split by images), and a buffer each
+  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), n_end - n_begin));
   std::vector<float> bufs(static_cast<size_t>(team) * nr * P);  // before the team starts
 #pragma omp parallel num_threads(team)
   {
