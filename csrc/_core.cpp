@@ -327,30 +327,21 @@ std::pair<int64_t, int64_t> channel_range(py::handle channels, int64_t C) {
 }
 
 void bind_im2col(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
-                 py::handle pad, py::handle col_, py::handle threads_, py::handle channels,
-                 py::handle rows) {
+                 py::handle pad, py::handle col_, py::handle threads_, py::handle channels) {
   auto x = checked<float>(x_, "x", 4, false);
   auto col = checked<float>(col_, "col", 2, true);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
   expect_shape(col, "col", col_shape(g));
   expect_disjoint(col, x, "col", "x");
-  if (!channels.is_none() && !rows.is_none())
-    throw py::value_error("channels and rows: expected at most one of them, got both");
-  const int64_t per_channel = g.KH * g.KW;  // no overflow: col_shape checked C * KH * KW
-  std::pair<int64_t, int64_t> c;
-  if (rows.is_none()) {
-    c = channel_range(channels, g.C);
-    c = {c.first * per_channel, c.second * per_channel};
-  } else {
-    c = range_arg(rows, "rows", g.C * per_channel);
-  }
+  const auto c = channel_range(channels, g.C);
   const int threads = thread_count(threads_);
   if (col.size() == 0) return;  // (its rows may still number 2**40: do not loop over them)
   const float* px = cptr<float>(x);
   float* pc = ptr<float>(col);
   py::gil_scoped_release nogil;
-  pyhet::im2col(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, pc, threads, c.first,
-                c.second);
+  // the rows of channels [c0, c1); no overflow: col_shape checked C * KH * KW
+  pyhet::im2col(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, pc, threads,
+                c.first * g.KH * g.KW, c.second * g.KH * g.KW);
 }
 
 // A PackedB of op(b) = col (transposed false) or col^T (true) for this geometry, or None.
@@ -660,8 +651,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
-        py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none(),
-        py::arg("rows") = py::none());
+        py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none());
   m.def("im2col_pack", &bind_im2col_pack, py::arg("x"), py::arg("kh"), py::arg("kw"),
         py::arg("stride"), py::arg("pad"), py::arg("fwd") = py::none(), py::arg("t") = py::none(),
         py::arg("images") = py::none(), py::arg("threads") = 1,

@@ -219,14 +219,14 @@ class Device:
         if release is not None:   # its work arrays too (a calibration's trial layers)
             release(layer)
 
-    def im2col_part(self, x, g: ConvGeometry, shared, part):
+    def im2col_part(self, x, g: ConvGeometry, shared, images):
         """This device's part of the im2col operands shared by the devices of this process (a
         SharedCol): the columns of images [n0, n1) of both packed operands, or, without them
-        (a group of one), rows [r0, r1) of col."""
+        (a group of one, images None), col whole."""
         if shared.fwd is None:
-            self.backend.im2col_part(x, g, shared.col, part)
+            self.backend.im2col_into(x, g, shared.col)
         else:
-            self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, part)
+            self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, images)
 
     def conv_forward(self, layer: str, x, shared=None):
         """x (N, C, H, W) host -> out (N, k, PH, PW) host. shared: x's im2col matrix shared by
@@ -350,12 +350,15 @@ def _packed_fits(packed, k: int, n: int) -> bool:
 
 def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
     """Fill the im2col operands of x (N, C, H, W) in `shared` (SharedCol.prepare'd for these
-    devices), each device i a share in proportion to its kernels[i]: of the images (their
-    columns of both packed operands) for a group, of col's rows for one device."""
-    n = x.shape[0] if shared.fwd is not None else g.col_shape(x.shape[0])[0]
-    shares = channel_shares(n, list(kernels.values()))
+    devices): for two or more, each device i the columns of its share of the images (in
+    proportion to its kernels[i]) of both packed operands; one device makes col whole."""
+    if shared.fwd is None:
+        shares = [None] * len(kernels)
+    else:
+        shares = channel_shares(x.shape[0], list(kernels.values()))
     gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, part,
-                              tag=tag) for i, part in zip(kernels, shares) if part[1] > part[0]])
+                              tag=tag) for i, part in zip(kernels, shares)
+            if part is None or part[1] > part[0]])
 
 
 def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):
@@ -366,9 +369,9 @@ def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry,
 
 
 def channel_shares(C: int, counts) -> list:
-    """[(c0, c1)] of each device of a group: the input channels (or im2col rows, for C their
-    number) in proportion to its kernels (devices without kernels, and shares that round to
-    nothing, get an empty range)."""
+    """[(c0, c1)] of each device of a group: the input channels (or images, for C their number)
+    in proportion to its kernels (devices without kernels, and shares that round to nothing,
+    get an empty range)."""
     split = proportional(C, counts) if any(counts) else [0] * len(counts)
     edges = np.concatenate([[0], np.cumsum(split)]).astype(int)
     return [(int(edges[n]), int(edges[n + 1])) for n in range(len(counts))]

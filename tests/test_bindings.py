@@ -133,15 +133,11 @@ def conv_sizes(draw):
 def im2col_call(draw):
     N, C, H, W, kh, kw, stride, pad, OH, OW, channels = conv_sizes(draw)
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    rows = None
-    if channels is None and draw(st.booleans()):   # a range of rows instead (not both)
-        r0 = draw(st.integers(0, C * kh * kw))
-        rows = (r0, draw(st.integers(r0, C * kh * kw)))
     args = dict(x=rand(rng, N, C, H, W), kh=kh, kw=kw, stride=stride, pad=pad,
                 col=np.zeros((C * kh * kw, N * OH * OW), np.float32), threads=draw(THREADS),
-                channels=channels, rows=rows)
+                channels=channels)
     return Call(_core.im2col, args, outputs=("col",), ints=("kh", "kw", "stride", "pad"),
-                channels=True, ranges=("rows",))
+                channels=True)
 
 
 def im2col_pack_call(draw):

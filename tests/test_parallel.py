@@ -108,13 +108,13 @@ def test_host_group_packs_its_shared_operands_once(reference):
     from pyhet import _core, ops
 
     devices = make_devices(parse_devices("cpu:1,cpu:2,numpy"))
-    packed_images, col_rows = [], []
+    packed_images, whole = [], []
     for d in devices[:2]:
         be = d.backend
         be.im2col_pack_part = (lambda x, g, fwd, t, images, f=be.im2col_pack_part:
                                (packed_images.append(images), f(x, g, fwd, t, images))[1])
-        be.im2col_part = (lambda x, g, col, rows, f=be.im2col_part:
-                          (col_rows.append(rows), f(x, g, col, rows))[1])
+        be.im2col_into = (lambda x, g, col, name=d.name, f=be.im2col_into:
+                          (whole.append((name, col.shape)), f(x, g, col))[1])
     try:
         net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4, 0], "conv2": [0, 4, 5]},
                   CpuBackend(1))
@@ -127,8 +127,8 @@ def test_host_group_packs_its_shared_operands_once(reference):
         # the images go to the pair in proportion to their kernels (3 : 4), all of them
         n = len(x)
         assert sorted(packed_images) == [(0, round(n * 3 / 7)), (round(n * 3 / 7), n)]
-        # conv2's only cpu device makes col, all its rows
-        assert col_rows == [(0, alone.col.shape[0])]
+        # conv2's only cpu device makes col whole
+        assert whole == [(devices[1].name, alone.col.shape)]
         assert alone.fwd is None and alone.col_t is None
         _core.set_gemm_kernel("portable")
         try:

@@ -119,9 +119,9 @@ class CpuBackend:
 
     # --- work on a share of a matrix that several devices of one process fill together -----
 
-    def im2col_part(self, x, g, col, rows):
-        """Fill rows [r0, r1) of the shared im2col matrix col."""
-        ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, rows=rows, threads=self.threads)
+    def im2col_into(self, x, g, col):
+        """Fill col, an im2col matrix kept by others (the host group's of one device)."""
+        ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, threads=self.threads)
 
     def im2col_pack_part(self, x, g, fwd, col_t, images):
         """Fill the columns of images [n0, n1) of col packed for the forward product (fwd) and
