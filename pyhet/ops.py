@@ -39,7 +39,8 @@ finally:
         del os.environ[_POLICY]
 
 __all__ = [
-    "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp", "default_threads", "im2col", "im2col_pack", "col2im",
+    "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
+    "default_threads", "im2col", "im2col_pack", "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -212,7 +213,7 @@ def _packed(packed, what: str):
 
 
 def _range(r, name: str, what: str):
-    """None, or (begin, end) of ints: a range of input channels, rows or slivers."""
+    """None, or (begin, end) of ints: a range of input channels, rows, slivers or images."""
     if r is None:
         return None
     try:
@@ -262,21 +263,25 @@ def _col_shape(x_shape, kh, kw, stride, pad):
     return (c * kh * kw, n * oh * ow)
 
 
-def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, rows=None, threads=None):
+def _conv_input(what: str, x, kh, kw, stride, pad) -> tuple:
+    """(x, kh, kw, stride, pad) checked: x (N, C, H, W) float32 that the kernel fits."""
+    x = _array(x, "x", 4)
+    kh, kw = _size(kh, "kh", what, 1), _size(kw, "kw", what, 1)
+    stride, pad = _size(stride, "stride", what, 1), _size(pad, "pad", what)
+    if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
+        raise ValueError(f"{what}: a {kh}x{kw} kernel does not fit a {x.shape[2]}x{x.shape[3]} "
+                         f"input with padding {pad}")
+    return x, kh, kw, stride, pad
+
+
+def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):
     """x (N, C, H, W) -> col (C*KH*KW, N*OH*OW): row (c, i, j), column (n, oh, ow).
 
-    channels=(c0, c1) fills only the rows of those input channels (of `out`); rows=(r0, r1)
-    only those rows (not both)."""
-    x = _array(x, "x", 4)
-    kh, kw = _size(kh, "kh", "im2col", 1), _size(kw, "kw", "im2col", 1)
-    stride, pad = _size(stride, "stride", "im2col", 1), _size(pad, "pad", "im2col")
-    if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
-        raise ValueError(f"im2col: a {kh}x{kw} kernel does not fit a {x.shape[2]}x{x.shape[3]} "
-                         f"input with padding {pad}")
+    channels=(c0, c1) fills only the rows of those input channels (of `out`)."""
+    x, kh, kw, stride, pad = _conv_input("im2col", x, kh, kw, stride, pad)
     col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
     _core_call("im2col", "float32 arrays and ints", _core.im2col, x, kh, kw, stride, pad, col,
-               threads=_threads(threads), channels=_range(channels, "channels", "im2col"),
-               rows=_range(rows, "rows", "im2col"))
+               threads=_threads(threads), channels=_range(channels, "channels", "im2col"))
     return col
 
 
@@ -286,12 +291,7 @@ def im2col_pack(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None, th
     dy @ col^T (packed_b(N*OH*OW, C*KH*KW, trans_b=True)); either may be None. They hold what
     pack_b(im2col(x), ...) would put there. images=(n0, n1) fills only those images' columns
     (several callers may fill disjoint ranges at once); None: all of them."""
-    x = _array(x, "x", 4)
-    kh, kw = _size(kh, "kh", "im2col_pack", 1), _size(kw, "kw", "im2col_pack", 1)
-    stride, pad = _size(stride, "stride", "im2col_pack", 1), _size(pad, "pad", "im2col_pack")
-    if x.shape[2] + 2 * pad < kh or x.shape[3] + 2 * pad < kw:
-        raise ValueError(f"im2col_pack: a {kh}x{kw} kernel does not fit a {x.shape[2]}x"
-                         f"{x.shape[3]} input with padding {pad}")
+    x, kh, kw, stride, pad = _conv_input("im2col_pack", x, kh, kw, stride, pad)
     _core_call("im2col_pack", "a float32 array x, ints, PackedBs or None, a pair of ints and "
                "an int threads", _core.im2col_pack, x, kh, kw, stride, pad, fwd=fwd, t=t,
                images=_range(images, "images", "im2col_pack"), threads=_threads(threads))

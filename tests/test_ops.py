@@ -70,22 +70,6 @@ def test_im2col_matches_reference(geom, threads, data, seed):
     np.testing.assert_array_equal(got, want)
 
 
-@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
-def test_im2col_rows_match_reference(geom, threads, data, seed):
-    """With rows=(r0, r1), only those rows are written, whatever channels they fall in."""
-    N, C, H, W, R, S, stride, pad = geom
-    r0 = data.draw(st.integers(0, C * R * S), "r0")
-    r1 = data.draw(st.integers(r0, C * R * S), "r1")
-    x = rand(np.random.default_rng(seed), N, C, H, W)
-    want = ref.im2col(x, R, S, stride, pad)
-    out = np.full(want.shape, np.nan, np.float32)
-    got = ops.im2col(x, R, S, stride, pad, out=out, rows=(r0, r1), threads=threads)
-    assert got is out
-    want[:r0] = np.nan
-    want[r1:] = np.nan
-    np.testing.assert_array_equal(got, want)
-
-
 @pytest.mark.parametrize("kernel", ["portable", "avx2-fma", "avx512"])
 @given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
 def test_im2col_pack_holds_the_packed_im2col(kernel, geom, threads, data, seed):
@@ -127,14 +111,23 @@ def test_im2col_pack_says_what_it_expected():
         ops.im2col_pack(x, 3, 3, fwd=np.zeros((27, 32), np.float32))
     with pytest.raises(ValueError, match=r"images: expected a range .* <= 2, got \(1, 3\)"):
         ops.im2col_pack(x, 3, 3, t=ops.packed_b(32, 27, trans_b=True), images=(1, 3))
-
-
-def test_im2col_takes_channels_or_rows_not_both():
-    x = np.zeros((1, 2, 4, 4), np.float32)
-    with pytest.raises(ValueError, match="channels and rows: expected at most one"):
-        ops.im2col(x, 3, 3, channels=(0, 1), rows=(0, 9))
-    with pytest.raises(ValueError, match=r"rows: expected a range .* <= 18, got \(0, 19\)"):
-        ops.im2col(x, 3, 3, rows=(0, 19))
+    with pytest.raises(ValueError, match="im2col_pack: a 7x7 kernel does not fit a 6x6 input"):
+        ops.im2col_pack(x, 7, 7, fwd=ops.packed_b(147, 0))
+    # both operands hold rows of the same micro-kernel's width: two kernels of two widths
+    try:
+        _core.set_gemm_kernel("avx512")
+    except ValueError:
+        return   # a CPU or build without the AVX-512 kernel has one width only
+    try:
+        wide = ops.packed_b(27, 32)
+    finally:
+        _core.set_gemm_kernel("portable")
+    try:
+        narrow = ops.packed_b(32, 27, trans_b=True)
+    finally:
+        _core.set_gemm_kernel("auto")
+    with pytest.raises(ValueError, match="fwd and t: packed for different micro-kernels"):
+        ops.im2col_pack(x, 3, 3, fwd=wide, t=narrow)
 
 
 @given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
