@@ -83,9 +83,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     is a typical time where the fit is of the best ones alone. A single device runs its trial
     size: its typical time over its best.
 
-    Alike devices (the same SPEC, without its rank) are slowed alike, but a device's own median
-    is still as noisy as a few trials, which would tilt the partition between them: they take
-    the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at
+    Alike devices (_alike: the same SPEC in the same group) are slowed alike, but a device's own
+    median is still as noisy as a few trials, which would tilt the partition between them: they
+    take the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at
     half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
     while it computes beside them all the time, and its idling, a multiple of its compute,
     grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
@@ -106,14 +106,17 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
                 slope, intercept = fits[i]
                 ratios[i].append(t / (intercept + kernels[i] * slope))
 
-    def alike(d):
-        return (d.spec.kind, d.spec.arg, d.spec.speed, d.link is None)
-
     pooled = {}
     for d, r in zip(devices, ratios):
-        pooled.setdefault(alike(d), []).extend(r)
-    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[alike(d)]))))
+        pooled.setdefault(_alike(d), []).extend(r)
+    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[_alike(d)]))))
             for d in devices]
+
+
+def _alike(d) -> tuple:
+    """What alike devices share: the same SPEC (without its rank) in the same group (this
+    process's host group, or one rank's), and a link or none alike."""
+    return (d.spec.kind, d.spec.arg, d.spec.speed, d.group, d.link is None)
 
 
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
@@ -150,8 +153,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     pyhet.links, and the sum is its cost model. The members of a group send their slices over
     one link in one message, so each is charged the group's fixed traffic and its per-kernel
     traffic as many times as the group has members (the others' kernels travel with its own:
-    exact when their shares are equal). The first layer needs no input gradient (nothing before it learns), so it is
-    timed and its traffic counted without one.
+    exact when their shares are equal). The first layer needs no input gradient (nothing before
+    it learns), so it is timed and its traffic counted without one.
     """
     def group_size(d):   # the devices that share d's im2col and input gradient
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
@@ -187,7 +190,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         alike = {}
         for i, d in enumerate(devices):
             if d.link is None:
-                alike.setdefault((d.spec.kind, d.spec.arg, d.spec.speed, d.group), []).append(i)
+                alike.setdefault(_alike(d), []).append(i)
         shared = {(i, k): float(np.mean([best[(j, k)] for j in members]))
                   for members in alike.values() for i, k in trials if i in members}
         best.update(shared)

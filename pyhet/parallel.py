@@ -13,12 +13,12 @@ more, both products' operands packed straight from the input, each device fillin
 of its share of the images, in proportion to its kernels: SharedCol); and they split the input
 gradient by input channels rather than each computing a part of all of it: device i computes
 the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im of those
-channels. So the input gradient costs the same whatever the number of devices. The cpu devices placed on another MPI
-rank form a group of their own there: one message to the rank carries the layer input (forward)
-or their slices of the output gradient (backward), the rank runs the same shared im2col and
-channel-split input gradient, and one reply brings back their output slices or their summed part
-of dx. Any other device (numpy, gpu, or alone on its rank) does its own im2col and returns its
-own part of dx, which is added.
+channels. So the input gradient costs the same whatever the number of devices. The cpu devices
+placed on another MPI rank form a group of their own there: one message to the rank carries the
+layer input (forward) or their slices of the output gradient (backward), the rank runs the same
+shared im2col and channel-split input gradient, and one reply brings back their output slices or
+their summed part of dx. Any other device (numpy, gpu, or alone on its rank) does its own im2col
+and returns its own part of dx, which is added.
 
 The last consistent state (pyhet.failover): a device may fail in any phase of a step, and its
 kernels then move to the others from the layer's state as it was before the step. Forward and
@@ -29,7 +29,8 @@ it back when asked, the failed one too (a GPU that ran out of memory still has i
 device on another rank whose work raised still has its rank). A device that is gone with its
 memory (a rank that died) cannot: the run then ends, and the newest checkpoint is where to
 resume. The cost: per device one more copy of its shards in its memory (the update writes the
-new state beside the old in one pass, no more memory traffic than in place). A device that failed is left out of every later partition ("dead") and never called again.
+new state beside the old in one pass, no more memory traffic than in place). A device that
+failed is left out of every later partition ("dead") and never called again.
 
 Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) block output,
 (R, S) kernel size, counts[i] kernels on device i, sum(counts) = K.
