@@ -241,6 +241,22 @@ def train_argv(kernels: str, batch_size: int, steps: int, devices: str,
             devices, "--balance", balance, "--quiet", "--json"]
 
 
+def device_configs(parser, text: str) -> List[str]:
+    """The --devices SPECs of a --configs option, separated by ';' (parser.error on a bad one
+    or on none)."""
+    from pyhet.specs import parse_devices
+
+    configs = [c.strip() for c in text.split(";") if c.strip()]
+    try:
+        for c in configs:
+            parse_devices(c)
+    except ValueError as e:
+        parser.error(str(e))
+    if not configs:
+        parser.error("argument --configs: no configuration given")
+    return configs
+
+
 def run_json(cmd, timeout: float, cwd, env=None) -> dict:
     """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
     None); RuntimeError with its stderr's tail when it fails."""

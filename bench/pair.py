@@ -14,7 +14,6 @@ device (the splitting's own cost, where the products are small).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,6 @@ except ImportError:  # run as a script: python bench/pair.py
     import _util
 
 from pyhet.cli import Parser, positive
-from pyhet.specs import parse_devices
 
 
 def parse_args(argv):
@@ -43,12 +41,7 @@ def parse_args(argv):
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    try:
-        args.configs = [c.strip() for c in args.configs.split(";") if c.strip()]
-        for c in args.configs:
-            parse_devices(c)
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        p.error(str(e))
+    args.configs = _util.device_configs(p, args.configs)
     if len(args.configs) < 2:
         p.error(f"argument --configs: expected a reference and at least one more, got "
                 f"{args.configs}")

@@ -24,7 +24,6 @@ except ImportError:  # run as a script: python bench/plan.py
     import _util
 
 from pyhet.cli import Parser, kernel_counts, positive
-from pyhet.specs import parse_devices
 
 
 def parse_args(argv):
@@ -39,16 +38,12 @@ def parse_args(argv):
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    args.configs = _util.device_configs(p, args.configs)
     try:
         kernel_counts(args.kernels)
-        args.configs = [c.strip() for c in args.configs.split(";") if c.strip()]
-        for c in args.configs:
-            parse_devices(c)
         args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
-    if not args.configs:
-        p.error("argument --configs: no configuration given")
     if args.steps < 2:
         p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
     return args

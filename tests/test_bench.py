@@ -212,9 +212,10 @@ def test_bench_pair(tmp_path, capsys):
     assert row["ratios"] == [a / b for a, b in zip(res["reference_step_s"], row["step_s"])]
     assert row["median_ratio"] == statistics.median(row["ratios"])
     assert "median ratio" in out
-    with pytest.raises(SystemExit) as e:
-        main(["bench", "pair", "--configs", "cpu:1"])
-    assert e.value.code == 2
+    for bad in (["--configs", "cpu:1"], ["--configs", "cpu:2;cpu:x"], ["--steps", "1"]):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "pair", *bad])
+        assert e.value.code == 2
 
 
 def test_bench_plan(tmp_path, capsys):
