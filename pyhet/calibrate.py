@@ -12,7 +12,8 @@ import numpy as np
 
 from .devices import Device
 from .geometry import ConvGeometry
-from .links import link_cost
+from .links import link_cost, link_phase_cost
+from .partition import balanced_phases, phases_time
 
 
 @dataclass
@@ -29,6 +30,26 @@ class Calibration:
     # layer -> [[seconds per kernel, fixed seconds, 1 if the fixed part was shared with the
     # host group else 0] alone, per device]: what pyhet plan needs to place a device elsewhere
     fits: dict | None = None
+    # layer -> [forward speeds, forward overheads, backward speeds, backward overheads], for
+    # the layers where a device has a link (pyhet.partition.balanced_phases)
+    phases: dict | None = None
+
+    def phases_of(self, layer: str) -> list:
+        """[(speeds, overheads)] of the layer's phases: the forward and the backward where a
+        device has a link (its input and input gradient move in one phase each), else one."""
+        ph = (self.phases or {}).get(layer)
+        if ph is None:
+            return [(self.speeds[layer], self.overheads[layer])]
+        return [(ph[0], ph[1]), (ph[2], ph[3])]
+
+    def partition(self, layer: str, total: int, caps=None) -> list:
+        """Kernels per device of the layer under this cost model (ValueError if none fits)."""
+        return balanced_phases(total, self.phases_of(layer),
+                               self.caps[layer] if caps is None else caps)
+
+    def predicted(self, layer: str, counts) -> float:
+        """The layer's predicted seconds a step with these kernels per device."""
+        return phases_time(counts, self.phases_of(layer))
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -160,7 +181,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps, parts, contention, fitted = {}, {}, {}, {}, {}, {}
+    speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -213,6 +234,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
+        split = [[], [], [], []]   # forward speeds and overheads, backward speeds and overheads
+        forward = g.forward_share(need_dx)
         for i, d in enumerate(devices):
             slope, intercept = fits[i]
             if one_group:   # the fixed work is shared in proportion to the kernels
@@ -222,14 +245,24 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             speed, overhead = speed / slower[i], overhead * slower[i]
             cap = memory[i]
             part = None
+            links = ((0.0, 0.0), (0.0, 0.0))
             if d.link is not None:   # compute plus communication
                 fixed_s, per_kernel_s = link_cost(d.link, g, batch, need_dx)
                 per_kernel_s *= group_size(d)
+                links = [(f, p * group_size(d))
+                         for f, p in link_phase_cost(d.link, g, batch, need_dx)]
                 part = {"compute_kernels_per_s": speed, "compute_overhead_s": overhead,
                         "link_fixed_s": fixed_s, "link_s_per_kernel": per_kernel_s}
-                speed, overhead = 1.0 / (1.0 / speed + per_kernel_s), overhead + fixed_s
+            for j, (share, (fixed, per)) in enumerate(zip((forward, 1 - forward), links)):
+                split[2 * j].append(1.0 / (share / speed + per))
+                split[2 * j + 1].append(share * overhead + fixed)
+            if part is not None:
+                speed = 1.0 / (1.0 / speed + part["link_s_per_kernel"])
+                overhead = overhead + part["link_fixed_s"]
             speeds[g.name].append(speed)
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
             parts[g.name].append(part)
-    return Calibration(speeds, overheads, caps, parts, contention, fitted)
+        if any(d.link is not None for d in devices):
+            phases[g.name] = split
+    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None)

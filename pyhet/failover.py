@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from .errors import DeviceError, NoDeviceLeftError
-from .partition import balanced, proportional
+from .partition import proportional
 
 
 class Failover:
@@ -102,9 +102,8 @@ class Failover:
         if self.balance is not None:                  # dynamic: the current estimates
             balancer = self.balance.balancers[name]
             balancer.leave_out([i for i, a in enumerate(alive) if not a])
-            return balanced(total, balancer.speeds, balancer.overheads, balancer.caps)
-        if self.calibration is not None:              # static
-            speeds = [s if a else 0.0 for s, a in zip(self.calibration.speeds[name], alive)]
-            return balanced(total, speeds, self.calibration.overheads[name], caps)
+            return balancer.partition()
+        if self.calibration is not None:              # static (no kernels where caps is 0)
+            return self.calibration.partition(name, total, caps)
         return proportional(total, [1.0 if a else 0.0 for a in alive])   # even
 

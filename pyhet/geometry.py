@@ -142,6 +142,17 @@ class ConvGeometry:
         x_bytes = 4 * N * self.C * self.H * self.W
         return x_bytes * (2 if need_dx else 1), 2 * 4 * N * self.PH * self.PW
 
+    def link_bytes_phases(self, N: int, need_dx: bool) -> tuple:
+        """link_bytes by phase: ((fixed, per kernel) bytes of the forward: x in, the output
+        slice out; (fixed, per kernel) of the backward: the output gradient slice in, dx out
+        where the layer needs it)."""
+        x_bytes, slice_bytes = 4 * N * self.C * self.H * self.W, 4 * N * self.PH * self.PW
+        return (x_bytes, slice_bytes), (x_bytes if need_dx else 0, slice_bytes)
+
+    def forward_share(self, need_dx: bool = True) -> float:
+        """The forward's share of the layer's training FLOPs: one GEMM of the two or three."""
+        return 1 / (3 if need_dx else 2)
+
     def flops_per_image(self, need_dx: bool = True) -> int:
         """Multiply-adds x 2 of one training step per image: forward, weight gradient and (when
         the block's input needs a gradient) input gradient, each one GEMM of this size."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .geometry import ConvGeometry
 
 MESSAGES_PER_LAYER = 6   # forward, backward and update: a request and a reply each
+FORWARD_MESSAGES = 2     # of which the forward's
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,11 @@ def link_cost(link: Link, g: ConvGeometry, N: int, need_dx: bool) -> tuple[float
     """(fixed seconds, seconds per kernel) of layer g's traffic over `link` in one step."""
     fixed, per_kernel = g.link_bytes(N, need_dx)
     return link.seconds(fixed, MESSAGES_PER_LAYER), link.seconds(per_kernel)
+
+
+def link_phase_cost(link: Link, g: ConvGeometry, N: int, need_dx: bool) -> tuple:
+    """link_cost by phase: ((fixed, per kernel) seconds of the forward, (fixed, per kernel) of
+    the backward with the update); the phases add up to link_cost."""
+    (f_fixed, f_per), (b_fixed, b_per) = g.link_bytes_phases(N, need_dx)
+    return ((link.seconds(f_fixed, FORWARD_MESSAGES), link.seconds(f_per)),
+            (link.seconds(b_fixed, MESSAGES_PER_LAYER - FORWARD_MESSAGES), link.seconds(b_per)))

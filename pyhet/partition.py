@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 def proportional(total: int, weights) -> list[int]:
     """Split `total` kernels in proportion to `weights` (>= 0, not all 0), largest remainder.
@@ -84,6 +86,150 @@ def predicted_time(counts, speeds, overheads=None) -> float:
 
 
 # ================================================================================================
+# Partitioning over phases. A layer's step has two phases with a barrier between them: the
+# forward (the master needs every device's output before the fc layers), then the backward
+# and update. A device behind a link pays moving the layer's input in its forward and the input
+# gradient back in its backward, fixed costs the other devices do not have, so its share can
+# fit one phase and not the other. The best split then minimises the sum of the phases' slowest
+# times, sum_p max_i t_pi(k_i), with t_pi(k) = overhead_pi + k / speed_pi as above. Where the
+# phases are proportional (no device has a link) it is the single-phase split.
+
+
+def balanced_phases(total: int, phases, caps=None) -> list[int]:
+    """Kernels per device minimising the sum over phases of max_i t_pi(k_i): phases is a list
+    of one or two (speeds, overheads), whole numbers summing to `total`.
+
+    Two phases: every device that takes part finishes phase one by T1 and phase two by T2;
+    for each T1 the least T2 that holds `total` kernels is exact (the kernels held by time T
+    are piecewise linear in T), and the T1 that minimises T1 + T2 is found by a scan and a
+    golden-section search. The shares are then rounded as by balanced(), and single kernels
+    moved between devices while that shortens the predicted time (up to 16 devices)."""
+    if len(phases) == 1:
+        return balanced(total, *phases[0], caps)
+    if len(phases) != 2:
+        raise ValueError(f"one or two phases were expected, got {len(phases)}")
+    total = int(total)
+    (s1, o1), (s2, o2) = ([np.asarray(v, float) for v in ph] for ph in phases)
+    n = len(s1)
+    cap = (np.full(n, float(total)) if caps is None else
+           np.clip(np.floor(np.asarray(caps, float)), 0, total))
+    o1, o2 = np.maximum(o1, 0.0), np.maximum(o2, 0.0)
+    if not (np.all(np.isfinite(s1) & np.isfinite(s2)) and np.all(s1 >= 0) and np.all(s2 >= 0)):
+        raise ValueError(f"speeds must be finite and >= 0: {list(s1)}, {list(s2)}")
+    able = (s1 > 0) & (s2 > 0) & (cap > 0)
+    if not able.any():
+        raise ValueError(f"no device can take kernels: speeds {list(s1)}, {list(s2)}, memory "
+                         f"caps {list(cap)}")
+    if cap[able].sum() < total:
+        raise ValueError(f"the devices' memory holds {int(cap[able].sum())} kernels of this "
+                         f"layer, {total} are needed")
+    s1, s2, cap = np.where(able, s1, 1.0), np.where(able, s2, 1.0), np.where(able, cap, 0.0)
+
+    def held(t, s, o, c):   # kernels each device finishes by time t, at most c
+        return np.minimum(c, np.maximum(0.0, (t - o) * s))
+
+    def least_t2(t1):
+        c = held(t1, s1, o1, cap)
+        return _least_time(s2, o2, c, total)
+
+    t1_lo = _least_time(s1, o1, cap, total)                       # phase one alone
+    k2 = held(_least_time(s2, o2, cap, total), s2, o2, cap)      # phase two alone
+    t1_hi = max(t1_lo, float(np.max(np.where(k2 > 0, o1 + k2 / s1, 0.0))))
+    # a scan first (the overheads can make the sum bend more than once), then a golden-section
+    # search between the neighbours of the scan's best point
+    grid = np.linspace(t1_lo, t1_hi, 33)
+    cost = [t + least_t2(t) for t in grid]
+    j = int(np.argmin(cost))
+    best, t1 = cost[j], grid[j]
+    a, b = grid[max(0, j - 1)], grid[min(len(grid) - 1, j + 1)]
+    golden = (math.sqrt(5) - 1) / 2
+    c, d = b - golden * (b - a), a + golden * (b - a)
+    fc, fd = c + least_t2(c), d + least_t2(d)
+    for _ in range(80):
+        if b - a <= 1e-12 * max(1.0, b):
+            break
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - golden * (b - a)
+            fc = c + least_t2(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + golden * (b - a)
+            fd = d + least_t2(d)
+    for t, f in ((c, fc), (d, fd)):
+        if f < best:
+            best, t1 = f, t
+    exact = np.minimum(held(t1, s1, o1, cap), held(least_t2(t1), s2, o2, cap))
+    exact = exact * (total / exact.sum())
+    counts = [int(min(cap[i], math.floor(exact[i]))) for i in range(n)]
+    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
+    short = total - sum(counts)
+    for i in order:
+        if short == 0:
+            break
+        if counts[i] < cap[i]:
+            counts[i] += 1
+            short -= 1
+    if n <= 16:
+        phases = [(list(np.where(able, s1, 0.0)), list(o1)), (list(np.where(able, s2, 0.0)),
+                                                               list(o2))]
+        counts = _polish(counts, phases, cap)
+    return counts
+
+
+def _least_time(speeds, overheads, caps, total) -> float:
+    """The least T at which devices of t(k) = overhead + k / speed, each at most caps[i]
+    kernels, hold `total` kernels in all (inf: never). The kernels held by T are piecewise
+    linear in T, bending where a device starts (T = overhead) or fills (overhead + cap/speed)."""
+    use = caps > 0
+    if caps[use].sum() < total * (1 - 1e-12):
+        return math.inf
+    s, o, c = speeds[use], overheads[use], caps[use]
+    points = np.unique(np.concatenate([o, o + c / s]))
+    held = np.minimum(c[None, :], np.maximum(0.0, (points[:, None] - o[None, :]) *
+                                             s[None, :])).sum(axis=1)
+    j = int(np.searchsorted(held, total * (1 - 1e-12)))
+    if j >= len(points):
+        return float(points[-1])
+    if j == 0:
+        return float(points[0])
+    t0, h0, t1, h1 = points[j - 1], held[j - 1], points[j], held[j]
+    return float(t0 + (t1 - t0) * (total - h0) / (h1 - h0)) if h1 > h0 else float(t1)
+
+
+def _polish(counts, phases, caps, moves: int = 64) -> list[int]:
+    """Move single kernels between devices while that shortens phases_time."""
+    counts = list(counts)
+    now = phases_time(counts, phases)
+    for _ in range(moves):
+        best = None
+        for i in range(len(counts)):
+            if counts[i] == 0:
+                continue
+            for j in range(len(counts)):
+                if j == i or counts[j] >= caps[j] or phases[0][0][j] <= 0:
+                    continue
+                counts[i] -= 1
+                counts[j] += 1
+                t = phases_time(counts, phases)
+                counts[i] += 1
+                counts[j] -= 1
+                if t < now - 1e-12 and (best is None or t < best[0]):
+                    best = (t, i, j)
+        if best is None:
+            break
+        now, i, j = best
+        counts[i] -= 1
+        counts[j] += 1
+    return counts
+
+
+def phases_time(counts, phases) -> float:
+    """sum_p max_i t_pi(k_i) under the cost model (devices without kernels cost nothing)."""
+    return sum(predicted_time(counts, speeds, overheads) for speeds, overheads in phases)
+
+
+# ================================================================================================
 # Dynamic balancing: re-measure each device's speed from its busy time in every step and move
 # kernels when the devices stay out of balance.
 
@@ -108,14 +254,25 @@ class Balancer:
     The model t(k) = overhead + k / speed keeps the calibrated overhead; where fixed costs per
     call dominate (tiny layers), a device looks slower the fewer kernels it has, and the
     partition approaches equal busy times over a few moves.
+
+    phases: the calibration's [(speeds, overheads)] of the layer's forward and backward, where
+    a device has a link (balanced_phases); each device's phase speeds then follow its measured
+    speed in proportion to its calibrated one. fixed: the seconds of each device's overhead
+    that its link takes (moving the layer's input and input gradient, as the link was
+    measured); they are taken off its busy time before the guard against a bad overhead, which
+    would otherwise hold a device whose link time dominates its step far below its speed.
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
-                 confirm: int = 3):
+                 confirm: int = 3, phases=None, fixed=None):
         self.total = total
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
+        self._calibrated = list(self.speeds)
+        self.fixed = [float(f) for f in fixed] if fixed is not None else [0.0] * len(speeds)
+        self._phases = None if phases is None or len(phases) < 2 else [
+            ([float(v) for v in sp], [float(v) for v in ov]) for sp, ov in phases]
         # the most kernels each device's memory holds (as the static plan uses them)
         self.caps = [int(c) for c in caps] if caps is not None else [total] * len(speeds)
         self.threshold, self.smoothing, self.patience = threshold, smoothing, patience
@@ -125,6 +282,17 @@ class Balancer:
         self._noise = [0.0 for _ in speeds]
         self._strikes = 0
         self._skip = 0
+
+    def model(self) -> list:
+        """[(speeds, overheads)] per phase as now estimated (one phase without a link)."""
+        if self._phases is None:
+            return [(self.speeds, self.overheads)]
+        scale = [s / c if c > 0 else 0.0 for s, c in zip(self.speeds, self._calibrated)]
+        return [([v * f for v, f in zip(sp, scale)], ov) for sp, ov in self._phases]
+
+    def partition(self) -> list[int]:
+        """The best kernels per device under the current estimates."""
+        return balanced_phases(self.total, self.model(), self.caps)
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is
@@ -169,9 +337,13 @@ class Balancer:
             self._skip -= 1
             return None
         # speeds measured in this step (kernels per second of busy time); the overhead is
-        # taken off, but never more than half the time (a bad overhead must not blow them up)
-        measured = {i: k / max(t - self.overheads[i], 0.5 * t)
-                    for i, (k, t) in enumerate(zip(counts, busy)) if k > 0 and t > 0}
+        # taken off, but never more than half the time (a bad overhead must not blow them up),
+        # after the link's fixed time (unless the link was far faster than measured)
+        measured = {}
+        for i, (k, t) in enumerate(zip(counts, busy)):
+            if k > 0 and t > 0:
+                own = max(t - self.fixed[i], 0.1 * t)
+                measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)
         # What changes every device alike (the machine, the network's phase) is a drift, not a
         # change of balance: each device is judged against the others, and the common factor
         # moves all estimates slowly.
@@ -184,13 +356,13 @@ class Balancer:
         if len(known) >= 2:
             scale = 1 - self.smoothing + self.smoothing * drift
             self.speeds = [v * scale for v in self.speeds]
-        target = balanced(self.total, self.speeds, self.overheads, self.caps)
+        target = self.partition()
         for i, k in enumerate(counts):  # keep measuring every device that takes part
             if k > 0 and target[i] == 0 and self.caps[i] > 0:
                 target[max(range(len(target)), key=lambda j: target[j])] -= 1
                 target[i] = 1
-        now = predicted_time(counts, self.speeds, self.overheads)
-        best = predicted_time(target, self.speeds, self.overheads)
+        model = self.model()
+        now, best = phases_time(counts, model), phases_time(target, model)
         # the gain must also beat what the speed estimates' own noise could make up
         threshold = max(self.threshold, max(self._noise))
         if target != list(counts) and best < now * (1 - threshold) and not any(self._pending):

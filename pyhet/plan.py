@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from .calibrate import Calibration
 from .errors import DeviceError, UsageError
 from .geometry import NetGeometry
-from .links import Link, link_cost
-from .partition import balanced, predicted_time
+from .links import Link, link_cost, link_phase_cost
+from .partition import balanced_phases, phases_time
 
 DEFAULT_LATENCY_S = 50e-6     # a link given by its bandwidth alone: one-way latency
 MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as calibrate does)
@@ -177,6 +177,20 @@ class Cost:
     link_fixed: float = 0.0
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
+    forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
+    link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward
+
+    def phases(self) -> list:
+        """[(speed, overhead)] of the forward and of the backward with the update, compute and
+        link together (pyhet.partition.balanced_phases)."""
+        f, (fixed, per) = self.forward_share, self.link_forward
+        return [(1.0 / (f / self.speed + per), f * self.overhead + fixed),
+                (1.0 / ((1 - f) / self.speed + self.link_per_kernel - per),
+                 (1 - f) * self.overhead + self.link_fixed - fixed)]
+
+    @property
+    def has_link(self) -> bool:
+        return self.link_fixed > 0 or self.link_per_kernel > 0
 
     @property
     def total_speed(self) -> float:
@@ -207,7 +221,8 @@ class Cluster:
 
     def without_link(self, i: int) -> "Cluster":
         """The same cluster with device i's link free."""
-        costs = {layer: [replace(c, link_fixed=0.0, link_per_kernel=0.0) if j == i else c
+        costs = {layer: [replace(c, link_fixed=0.0, link_per_kernel=0.0,
+                                 link_forward=(0.0, 0.0)) if j == i else c
                          for j, c in enumerate(cs)] for layer, cs in self.costs.items()}
         links = [None if j == i else lk for j, lk in enumerate(self.links)]
         return Cluster(self.names, links, costs, self.gflops)
@@ -296,8 +311,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             links[i] = d.link
             for g in net.blocks:
                 fixed, per = link_cost(d.link, g, batch, need_dx=g is not net.blocks[0])
+                forward = link_phase_cost(d.link, g, batch, need_dx=g is not net.blocks[0])[0]
                 costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
-                                           link_per_kernel=per)
+                                           link_per_kernel=per, link_forward=forward)
     for d in entries:
         if d.like is not None and d.like not in known:
             raise UsageError(f"--describe {d.name}: like={d.like}: no calibrated device of that "
@@ -323,13 +339,18 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 if d.memory is not None:
                     cap = int(max(0, d.memory * MEMORY_SHARE - g.fixed_bytes(batch)) //
                               g.bytes_per_kernel(batch))
-                fixed, per = (0.0, 0.0) if link is None else link_cost(link, g, batch,
-                                                                          need_dx=g is not net.blocks[0])
+                need_dx = g is not net.blocks[0]
+                fixed, per = (0.0, 0.0) if link is None else link_cost(link, g, batch, need_dx)
+                forward = ((0.0, 0.0) if link is None else
+                           link_phase_cost(link, g, batch, need_dx)[0])
                 costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
-                                          slower))
+                                          slower, link_forward=forward))
             gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
+    for j, g in enumerate(net.blocks):
+        costs[g.name] = [replace(c, forward_share=g.forward_share(need_dx=j > 0))
+                         for c in costs[g.name]]
     return Cluster(names, links, costs, gflops)
 
 
@@ -351,24 +372,32 @@ def default_master_gflops(cluster: Cluster) -> float:
     return sum(local) if local else cluster.gflops[0]
 
 
+def layer_phases(costs: list) -> list:
+    """[(speeds, overheads)] of a layer's phases: the forward and the backward where a device
+    has a link (it moves the layer's input in one, the input gradient in the other), else the
+    step as one."""
+    if not any(c.has_link for c in costs):
+        return [([c.total_speed for c in costs], [c.total_overhead for c in costs])]
+    per_device = [c.phases() for c in costs]
+    return [([ph[p][0] for ph in per_device], [ph[p][1] for ph in per_device]) for p in (0, 1)]
+
+
 def partition_of(cluster: Cluster, net: NetGeometry) -> dict:
-    """layer -> kernels per device (pyhet.partition.balanced on the total cost model)."""
+    """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model)."""
     out = {}
     for g in net.blocks:
         cs = cluster.costs[g.name]
         try:
-            out[g.name] = balanced(g.K, [c.total_speed for c in cs],
-                                   [c.total_overhead for c in cs], [c.cap for c in cs])
+            out[g.name] = balanced_phases(g.K, layer_phases(cs), [c.cap for c in cs])
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
     return out
 
 
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
-    """layer -> predicted seconds of the layer (the slowest device's time)."""
-    return {g.name: predicted_time(partition[g.name],
-                                   [c.total_speed for c in cluster.costs[g.name]],
-                                   [c.total_overhead for c in cluster.costs[g.name]])
+    """layer -> predicted seconds of the layer (the sum over its phases of the slowest
+    device's time)."""
+    return {g.name: phases_time(partition[g.name], layer_phases(cluster.costs[g.name]))
             for g in net.blocks}
 
 

@@ -9,7 +9,6 @@ from .calibrate import calibrate
 from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
-from .partition import balanced
 from .specs import check_threads, cuda_device_count, parse_devices
 from .train import check_memory
 
@@ -50,8 +49,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
             report["calibration"] = cal.as_dict(devices)
             report["partition"] = {
                 g.name: dict(zip([d.name for d in devices],
-                                 balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
-                                          cal.caps[g.name]))) for g in net.blocks}
+                                 cal.partition(g.name, g.K))) for g in net.blocks}
     finally:
         for d in devices:
             d.close()

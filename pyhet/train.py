@@ -33,7 +33,7 @@ from .geometry import NetGeometry
 from .interrupt import Interruption
 from .model import Net, check_finite, init_params, load_weights, save_weights
 from .optim import SGDConfig
-from .partition import Balancer, balanced, even, predicted_time
+from .partition import Balancer, balanced, even
 from .progress import Progress
 from .specs import check_ranks, check_threads, cuda_device_count, for_rank, parse_devices
 from .timing import PartTimer
@@ -170,8 +170,7 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     part = {}
     for g in shape.blocks:
         try:
-            part[g.name] = balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
-                                    cal.caps[g.name])
+            part[g.name] = cal.partition(g.name, g.K)
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
     return part, cal
@@ -271,7 +270,7 @@ def left_out(devices, partition: dict, cal) -> list:
     for layer, counts in partition.items():
         speeds, overheads = cal.speeds[layer], cal.overheads[layer]
         parts = (cal.parts or {}).get(layer) or [None] * len(devices)
-        others = predicted_time(counts, speeds, overheads)
+        others = cal.predicted(layer, counts)
         for d, c, s, o, cap, part in zip(devices, counts, speeds, overheads, cal.caps[layer],
                                          parts):
             if c == 0:
@@ -292,6 +291,12 @@ def left_out(devices, partition: dict, cal) -> list:
     return notes
 
 
+def link_fixed(cal: Calibration, layer: str) -> list:
+    """Each device's fixed seconds a step on its link for the layer (0 without one)."""
+    parts = (cal.parts or {}).get(layer) or [None] * len(cal.speeds[layer])
+    return [p["link_fixed_s"] if p else 0.0 for p in parts]
+
+
 class DynamicBalance:
     """--balance dynamic: after every step, re-measure each device's speed on each layer from
     its busy time and move kernels when the devices stay out of balance."""
@@ -300,7 +305,9 @@ class DynamicBalance:
         # state: {layer: Balancer.state()} from a checkpoint, to go on with its estimates
         self.net = net
         self.balancers = {conv.name: Balancer(conv.K, cal.speeds[conv.name],
-                                              cal.overheads[conv.name], cal.caps[conv.name])
+                                              cal.overheads[conv.name], cal.caps[conv.name],
+                                              phases=cal.phases_of(conv.name),
+                                              fixed=link_fixed(cal, conv.name))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:
@@ -466,7 +473,7 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
              for k, v in figures.items()})
     if cal is not None:   # the cost model's conv time for the final partition
         result["predicted_conv_time_s"] = round(sum(
-            predicted_time(conv.counts, cal.speeds[conv.name], cal.overheads[conv.name])
+            cal.predicted(conv.name, conv.counts)
             for conv in net.convs), 4)
         # ... and the step: that, plus the measured rest of the step (the master's fc layers,
         # loss and batch work, which are not partitioned)

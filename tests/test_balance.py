@@ -16,7 +16,8 @@ from pyhet.devices import make_devices
 from pyhet.model import Net, init_params
 from pyhet.specs import parse_devices
 from pyhet.optim import SGDConfig
-from pyhet.partition import Balancer, balanced, even, predicted_time, proportional
+from pyhet.partition import (Balancer, balanced, balanced_phases, even, phases_time,
+                             predicted_time, proportional)
 from pyhet.train import DynamicBalance
 
 
@@ -59,6 +60,76 @@ def test_balanced_sums_respects_caps_and_is_near_optimal(total, speeds, data):
     slack = max(1 / s for s in speeds)
     assert t <= predicted_time(proportional(total, speeds), speeds, overheads) + slack or \
         any(c > cap for c, cap in zip(proportional(total, speeds), caps))
+
+
+def _brute_phases(total, phases, caps):
+    """The least sum over phases of the slowest time, over every split of `total`."""
+    import itertools
+    return min(phases_time(list(c), phases)
+               for c in itertools.product(*(range(cap + 1) for cap in caps)) if sum(c) == total)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 40), st.integers(2, 3), st.data())
+def test_balanced_phases_is_near_the_best_split(total, n, data):
+    speeds = st.lists(st.floats(1, 50), min_size=n, max_size=n)
+    overheads = st.lists(st.one_of(st.just(0.0), st.floats(0, 1)), min_size=n, max_size=n)
+    phases = [(data.draw(speeds), data.draw(overheads)) for _ in range(2)]
+    caps = data.draw(st.lists(st.integers(0, total), min_size=n, max_size=n))
+    if sum(caps) < total:
+        with pytest.raises(ValueError, match="memory"):
+            balanced_phases(total, phases, caps)
+        return
+    counts = balanced_phases(total, phases, caps)
+    assert sum(counts) == total and all(0 <= c <= cap for c, cap in zip(counts, caps))
+    # rounding to whole kernels can miss the best split, by at most about a kernel a phase
+    slack = sum(max(1 / s for s in speeds) for speeds, _ in phases)
+    assert phases_time(counts, phases) <= _brute_phases(total, phases, caps) + slack
+
+
+def test_balanced_phases_of_a_device_behind_a_link():
+    """A device whose input arrives in the forward and whose input gradient leaves in the
+    backward (0.55 s each) beside one without a link: the forward is the linked device's in
+    any split, so the best split balances the backward alone, with more kernels on the linked
+    device than a balance of the whole step's times gives."""
+    f, b, lk = 0.375e-3, 0.78e-3, 2e-6
+    phases = [([1 / f, 1 / (f + lk)], [0.0, 0.55]), ([1 / b, 1 / (b + lk)], [0.0, 0.55])]
+    counts = balanced_phases(1500, phases)
+    best = min(range(1501), key=lambda k: phases_time([1500 - k, k], phases))
+    assert counts == [1500 - best, best]
+    whole = balanced(1500, [1 / (f + b), 1 / (f + b + 2 * lk)], [0.0, 1.1])
+    assert counts[1] > whole[1]
+    assert phases_time(counts, phases) < phases_time(whole, phases)
+
+
+def test_balanced_phases_in_proportion_is_balanced():
+    speeds, overheads = [100.0, 50.0, 30.0], [0.1, 0.2, 0.0]
+    phases = [([3 * s for s in speeds], [o / 3 for o in overheads]),
+              ([1.5 * s for s in speeds], [2 * o / 3 for o in overheads])]
+    assert balanced_phases(500, phases) == balanced(500, speeds, overheads)
+    assert balanced_phases(500, [(speeds, overheads)]) == balanced(500, speeds, overheads)
+    with pytest.raises(ValueError, match="phases"):
+        balanced_phases(500, phases * 2)
+    with pytest.raises(ValueError, match="no device"):
+        balanced_phases(5, [([0.0, 1.0], [0, 0]), ([1.0, 0.0], [0, 0])])
+
+
+def test_balancer_with_phases_keeps_their_split():
+    """The balancer's phase model follows each device's measured speed: measured as
+    calibrated, it proposes nothing (its link's fixed time, most of its busy time, is not
+    taken for slowness); the linked device twice as fast, more kernels for it."""
+    f, b, lk = 0.375e-3, 0.78e-3, 2e-6
+    phases = [([1 / f, 1 / (f + lk)], [0.0, 0.55]), ([1 / b, 1 / (b + lk)], [0.0, 0.55])]
+    speeds, overheads = [1 / (f + b), 1 / (f + b + 2 * lk)], [0.0, 1.1]
+    bal = Balancer(1500, speeds, overheads, phases=phases, patience=1, fixed=[0.0, 1.1])
+    counts = bal.partition()
+    assert counts == balanced_phases(1500, phases)
+    busy = [o + k / s for k, s, o in zip(counts, speeds, overheads)]
+    assert all(bal.observe(counts, busy) is None for _ in range(5))
+    model = bal.model()
+    assert model[0][0] == pytest.approx(phases[0][0])
+    bal.speeds[1] *= 2
+    assert bal.partition()[1] > counts[1]
 
 
 def test_balanced_leaves_out_a_device_that_would_slow_the_step():

@@ -12,7 +12,7 @@ import pytest
 
 from pyhet import arch, plan
 from pyhet.links import Link, link_cost
-from pyhet.partition import balanced, predicted_time
+from pyhet.partition import balanced, phases_time, predicted_time
 
 NET = arch.build("8C3-P2-12C3-P2", (1, 12, 12), 10)   # conv1 (8 kernels), conv2 (12 kernels)
 N = 16
@@ -87,6 +87,31 @@ def test_slow_link_leaves_the_device_out_and_is_the_bottleneck():
     r = plan.plan(plan.build_cluster(NET, N, local, near), NET, N, master_gflops=100.0)
     assert r["partition"]["conv2"]["far"] > r["partition"]["conv2"]["d0"]
     assert r["bottleneck"] == "compute" and r["speedup"] > 1
+
+
+def test_a_link_splits_the_layer_by_phases():
+    """Behind a link, the layer's input moves in the forward and its input gradient in the
+    backward, with a barrier between: the predicted layer time is the sum over the two phases
+    of the slowest device's, and the partition the best split under it."""
+    local = cal({"conv1": [2000.0], "conv2": [500.0]})
+    far = plan.parse_describe("far:gflops=0.2,bw=20mbit,lat=100us")
+    cluster = plan.build_cluster(NET, N, local, far)
+    r = plan.plan(cluster, NET, N, master_gflops=100.0)
+    for i, g in enumerate(NET.blocks):
+        cs = cluster.costs[g.name]
+        share = g.forward_share(need_dx=i > 0)
+        assert [c.forward_share for c in cs] == [share, share]
+        phases = plan.layer_phases(cs)
+        # the two phases add up to the whole step's cost, for any share
+        for k in (1, 5, g.K):
+            whole = cs[1].total_overhead + k / cs[1].total_speed
+            assert phases[0][1][1] + k / phases[0][0][1] + phases[1][1][1] + \
+                k / phases[1][0][1] == pytest.approx(whole)
+        split = [r["partition"][g.name][n] for n in ("d0", "far")]
+        best = min(range(g.K + 1), key=lambda k: phases_time([g.K - k, k], phases))
+        assert phases_time(split, phases) == pytest.approx(
+            phases_time([g.K - best, best], phases))
+        assert r["layers"][g.name]["conv_s"] == pytest.approx(phases_time(split, phases))
 
 
 def test_link_figures_are_those_of_pyhet_links():

@@ -16,9 +16,10 @@ so an any-tag receive always meets a header.
 
 Waiting costs no core: waiting for a message to begin (a header) polls a non-blocking request
 with short sleeps (MPI implementations busy-poll inside blocking calls, which would take a core
-from the devices' threads). Once a message is under way, its buffers are polled without sleeping,
-since a large transfer advances only while both sides call into MPI (MPICH moves it through
-shared memory in chunks). Every wait on the master has a deadline (--timeout), after which the
+from the devices' threads). Once a message is under way, its buffers are polled without sleeping
+on a fast link, since a large transfer advances only while both sides call into MPI (MPICH moves
+it through shared memory in chunks); on a slow one, with pauses of a small share of the time the
+transfer should take (see transfer_pause), so that it does not keep a core. Every wait on the master has a deadline (--timeout), after which the
 rank is named in the error.
 
 Letters as in pyhet.geometry.
@@ -83,13 +84,15 @@ def untext(a) -> str:
     return bytes(np.asarray(a, np.uint8)).decode()
 
 
-def wait(req, timeout=None, on_timeout=None, status=None, patient=True):
+def wait(req, timeout=None, on_timeout=None, status=None, patient=True, pause=0.0):
     """Poll a non-blocking request until it completes; after `timeout` seconds raise
     DeviceError(on_timeout()). patient: sleep between polls, growing from 20 us to 2 ms, for a
-    message that may be long in coming; else only yield the core between polls, for a transfer
-    that is under way."""
+    message that may be long in coming; else sleep `pause` seconds between polls (0: only yield
+    the core), for a transfer that is under way."""
     start = time.monotonic()
-    pause = 20e-6 if patient else 0.0
+    grow = patient
+    if patient:
+        pause = 20e-6
     while not (req.Test(status) if status is not None else req.Test()):
         if timeout is not None and time.monotonic() - start > timeout:
             req.Cancel()
@@ -99,8 +102,30 @@ def wait(req, timeout=None, on_timeout=None, status=None, patient=True):
             err.ends_run = True
             raise err
         time.sleep(pause)
-        if patient:
+        if grow:
             pause = min(2e-3, pause * 1.5)
+
+
+# Pacing the polls of a transfer under way. A large transfer over a slow link would otherwise
+# keep a core polling for its whole length, a core that the devices of this machine need. The
+# pause is a small share of the time the transfer should take at the fastest rate seen so far
+# on this peer, so polling at most delays its end by that share; the kernel's socket buffers
+# keep the link busy meanwhile. A fast link (shared memory, a local veth) gives pauses under
+# PACE_MIN_S, and the transfer is polled without sleeping, as it must be for shared memory,
+# which moves only while both sides poll.
+PACE_SHARE = 1 / 64
+PACE_MIN_S = 100e-6
+PACE_MAX_S = 1e-3
+PACE_MIN_BYTES = 256 << 10    # smaller transfers may complete from buffers at once: not timed
+
+
+def transfer_pause(nbytes: int, rate: float | None) -> float:
+    """Seconds to sleep between polls of a transfer of nbytes on a peer whose fastest rate seen
+    is `rate` bytes/s (None: none seen yet, poll without sleeping)."""
+    if not rate:
+        return 0.0
+    pause = min(PACE_MAX_S, PACE_SHARE * nbytes / rate)
+    return pause if pause >= PACE_MIN_S else 0.0
 
 
 class Peer:
@@ -110,10 +135,20 @@ class Peer:
         self.comm, self.rank = comm, rank
         self.timeout, self.on_timeout = timeout, on_timeout
         self.sent = self.received = 0
+        self.rate: float | None = None    # the fastest transfer seen, bytes/s (pacing polls)
         self.link: Link | None = None     # as measured by MasterLink.measure_links
 
     def _wait(self, req, status=None, patient=True):
         wait(req, self.timeout, self.on_timeout, status, patient)
+
+    def _transfer(self, req, nbytes: int):
+        """Wait for a transfer of nbytes that is under way, polls paced by the rate seen."""
+        start = time.perf_counter()
+        wait(req, self.timeout, self.on_timeout, patient=False,
+             pause=transfer_pause(nbytes, self.rate))
+        took = time.perf_counter() - start
+        if nbytes >= PACE_MIN_BYTES and took > 0:
+            self.rate = max(self.rate or 0.0, nbytes / took)
 
     def send(self, tag: int, op: str, arrays=(), patient: bool = True):
         # native byte order and contiguous, before anything goes out (a buffer that could not
@@ -132,14 +167,14 @@ class Peer:
             d = header[2 + 10 * i: 12 + 10 * i]
             d[0], d[1] = DTYPES.index(a.dtype.type), a.ndim
             d[2:2 + a.ndim] = a.shape
-        reqs = [self.comm.Isend(header, dest=self.rank, tag=tag)]
+        reqs = [(self.comm.Isend(header, dest=self.rank, tag=tag), 0)]
         for a in arrays:
             if a is not None and a.size:
-                reqs.append(self.comm.Isend(a, dest=self.rank, tag=tag))
+                reqs.append((self.comm.Isend(a, dest=self.rank, tag=tag), a.nbytes))
                 self.sent += a.nbytes
-        self._wait(reqs[0], patient=patient)   # the peer may be busy before it looks
-        for r in reqs[1:]:
-            self._wait(r, patient=False)       # it is reading this message now
+        self._wait(reqs[0][0], patient=patient)   # the peer may be busy before it looks
+        for r, nbytes in reqs[1:]:
+            self._transfer(r, nbytes)             # it is reading this message now
 
     def receive(self, tag: int, patient: bool = True):
         """(op, arrays, tag) of the next message on `tag` (MPI.ANY_TAG: whichever comes).
@@ -156,7 +191,7 @@ class Peer:
                 continue
             a = np.empty(tuple(int(v) for v in d[2:2 + int(d[1])]), DTYPES[int(d[0])])
             if a.size:
-                self._wait(self.comm.Irecv(a, source=self.rank, tag=tag), patient=False)
+                self._transfer(self.comm.Irecv(a, source=self.rank, tag=tag), a.nbytes)
                 self.received += a.nbytes
             arrays.append(a)
         return OPS[int(header[0])], arrays, tag
