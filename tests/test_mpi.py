@@ -309,3 +309,19 @@ def test_ctrl_c_ends_every_rank_at_once(tmp_path):
     assert b"pyhet: interrupted" in err and b"Traceback" not in err, err
     time.sleep(1)
     assert pids_with(str(data)) == [], "processes left behind"
+
+
+def test_transfer_polls_are_paced_only_on_slow_links():
+    """A transfer under way is polled without pausing until a rate is known and on a fast link
+    (shared memory moves only while both sides poll); on a slow one with pauses of 1/64 of its
+    expected time, at most 1 ms."""
+    code = (
+        "from pyhet.transport.mpi import transfer_pause as p\n"
+        "print(p(6 << 20, None), p(6 << 20, 2e9), p(6 << 20, 12.5e6), p(1 << 20, 125e6))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    unknown, fast, slow, mid = (float(v) for v in out.stdout.split())
+    assert unknown == 0.0 and fast == 0.0
+    assert slow == pytest.approx(1e-3)                      # 0.5 s expected: capped
+    assert mid == pytest.approx((1 << 20) / 125e6 / 64)     # 8.4 ms expected: 131 us

@@ -19,8 +19,8 @@ with short sleeps (MPI implementations busy-poll inside blocking calls, which wo
 from the devices' threads). Once a message is under way, its buffers are polled without sleeping
 on a fast link, since a large transfer advances only while both sides call into MPI (MPICH moves
 it through shared memory in chunks); on a slow one, with pauses of a small share of the time the
-transfer should take (see transfer_pause), so that it does not keep a core. Every wait on the master has a deadline (--timeout), after which the
-rank is named in the error.
+transfer should take (see transfer_pause), so that it does not keep a core. Every wait on the
+master has a deadline (--timeout), after which the rank is named in the error.
 
 Letters as in pyhet.geometry.
 """
