@@ -19,9 +19,11 @@ from .partition import balanced_phases, phases_time
 @dataclass
 class Calibration:
     """Per layer and device: kernels per second, fixed overhead per step (s), memory cap: the
-    cost model t(k) = overhead + k / speed that the partition uses, compute and link together.
-    For a device with a link (on another rank), `parts` keeps the two apart: its compute alone
-    (kernels/s, overhead s) and its link's fixed and per-kernel seconds (pyhet.links)."""
+    cost model t(k) = overhead + k / speed of the whole step, compute and link together. For a
+    device with a link (on another rank), `parts` keeps the two apart: its compute alone
+    (kernels/s, overhead s) and its link's fixed and per-kernel seconds (pyhet.links); and
+    `phases` splits every device's model of that layer into the forward and the backward,
+    which the partition then uses (partition(), predicted())."""
     speeds: dict      # layer -> [kernels/s per device]
     overheads: dict   # layer -> [s per device]
     caps: dict        # layer -> [max kernels per device]

@@ -92,7 +92,8 @@ def predicted_time(counts, speeds, overheads=None) -> float:
 # gradient back in its backward, fixed costs the other devices do not have, so its share can
 # fit one phase and not the other. The best split then minimises the sum of the phases' slowest
 # times, sum_p max_i t_pi(k_i), with t_pi(k) = overhead_pi + k / speed_pi as above. Where the
-# phases are proportional (no device has a link) it is the single-phase split.
+# phases are proportional (no device has a link) the two models agree but for the rounding to
+# whole kernels; callers then keep the single-phase split.
 
 
 def balanced_phases(total: int, phases, caps=None) -> list[int]:
@@ -113,13 +114,17 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     n = len(s1)
     cap = (np.full(n, float(total)) if caps is None else
            np.clip(np.floor(np.asarray(caps, float)), 0, total))
-    o1, o2 = np.maximum(o1, 0.0), np.maximum(o2, 0.0)
     if not (np.all(np.isfinite(s1) & np.isfinite(s2)) and np.all(s1 >= 0) and np.all(s2 >= 0)):
-        raise ValueError(f"speeds must be finite and >= 0: {list(s1)}, {list(s2)}")
-    able = (s1 > 0) & (s2 > 0) & (cap > 0)
+        raise ValueError(f"speeds must be finite and >= 0: {s1.tolist()}, {s2.tolist()}")
+    if np.isnan(o1).any() or np.isnan(o2).any():
+        raise ValueError(f"overheads must be numbers: {o1.tolist()}, {o2.tolist()}")
+    # an infinite overhead: the device can never finish a share
+    able = (s1 > 0) & (s2 > 0) & (cap > 0) & np.isfinite(o1) & np.isfinite(o2)
+    o1 = np.where(able, np.maximum(o1, 0.0), 0.0)
+    o2 = np.where(able, np.maximum(o2, 0.0), 0.0)
     if not able.any():
-        raise ValueError(f"no device can take kernels: speeds {list(s1)}, {list(s2)}, memory "
-                         f"caps {list(cap)}")
+        raise ValueError(f"no device can take kernels: speeds {s1.tolist()}, {s2.tolist()}, "
+                         f"memory caps {cap.tolist()}")
     if cap[able].sum() < total:
         raise ValueError(f"the devices' memory holds {int(cap[able].sum())} kernels of this "
                          f"layer, {total} are needed")
@@ -171,8 +176,8 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
             counts[i] += 1
             short -= 1
     if n <= 16:
-        phases = [(list(np.where(able, s1, 0.0)), list(o1)), (list(np.where(able, s2, 0.0)),
-                                                               list(o2))]
+        phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
+                  (np.where(able, s2, 0.0).tolist(), o2.tolist())]
         counts = _polish(counts, phases, cap)
     return counts
 

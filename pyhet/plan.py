@@ -250,7 +250,7 @@ def placed(cal: Calibration, names: list, moved: set, joining: int = 0) -> Calib
             share = len(group) + joining if shared and name not in moved else 1
             speeds[layer].append(1.0 / (slope * c))
             overheads[layer].append(intercept * c / share)
-    return replace(cal, speeds=speeds, overheads=overheads, parts=None)
+    return replace(cal, speeds=speeds, overheads=overheads, parts=None, phases=None)
 
 
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),

@@ -263,16 +263,17 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
 def left_out(devices, partition: dict, cal) -> list:
     """The devices that calibration left without kernels of a layer, and why: their fixed cost
     per step (moving the layer's input and output over their link, their own im2col) is more
-    than the step the others finish in, so any share would make it slower."""
+    than the step the others finish in, or a single kernel would make the layer take longer
+    (in each phase, where a device has a link: pyhet.partition.balanced_phases)."""
     notes = []
     if cal is None:
         return notes
     for layer, counts in partition.items():
-        speeds, overheads = cal.speeds[layer], cal.overheads[layer]
+        overheads = cal.overheads[layer]
         parts = (cal.parts or {}).get(layer) or [None] * len(devices)
         others = cal.predicted(layer, counts)
-        for d, c, s, o, cap, part in zip(devices, counts, speeds, overheads, cal.caps[layer],
-                                         parts):
+        for i, (d, c, o, cap, part) in enumerate(zip(devices, counts, overheads,
+                                                     cal.caps[layer], parts)):
             if c == 0:
                 where = ("its own im2col and col2im" if part is None else
                          f"{part['link_fixed_s']:.4g} s moving the layer's input and input "
@@ -283,9 +284,14 @@ def left_out(devices, partition: dict, cal) -> list:
                 elif o >= others:
                     why = (f"its fixed cost per step, {o:.4g} s ({where}), is more than the "
                            f"{others:.4g} s the other devices take")
-                else:
-                    why = (f"one kernel would take it {o + 1 / s:.4g} s, more than the "
-                           f"{others:.4g} s the other devices take")
+                else:   # one kernel of the device with the most, moved to this one
+                    one = list(counts)
+                    one[max(range(len(one)), key=lambda j: one[j])] -= 1
+                    one[i] += 1
+                    with_one = cal.predicted(layer, one)
+                    than = "more than" if with_one > others else "as long as"
+                    why = (f"one kernel on it would make the layer take {with_one:.4g} s, "
+                           f"{than} the {others:.4g} s the other devices take")
                 notes.append({"device": d.name, "layer": layer, "overhead_s": round(o, 6),
                               "layer_time_s": round(others, 6), "why": why})
     return notes

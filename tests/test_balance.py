@@ -2,6 +2,7 @@
 that would slow the step, and the dynamic balancer's convergence, without oscillation; and
 dynamic balancing in training, when a device's speed changes mid-training."""
 
+import math
 import random
 
 import numpy as np
@@ -112,6 +113,10 @@ def test_balanced_phases_in_proportion_is_balanced():
         balanced_phases(500, phases * 2)
     with pytest.raises(ValueError, match="no device"):
         balanced_phases(5, [([0.0, 1.0], [0, 0]), ([1.0, 0.0], [0, 0])])
+    # a device that can never finish (an infinite fixed cost) takes nothing; NaN is an error
+    assert balanced_phases(10, [([1, 1], [0, math.inf]), ([1, 1], [0, 0])]) == [10, 0]
+    with pytest.raises(ValueError, match="overheads must be numbers"):
+        balanced_phases(10, [([1, 1], [0, math.nan]), ([1, 1], [0, 0])])
 
 
 def test_balancer_with_phases_keeps_their_split():

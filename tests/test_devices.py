@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_trains_like_one_device, net_shape
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
-from pyhet.calibrate import calibrate
+from pyhet.calibrate import Calibration, calibrate
 from pyhet.devices import make_backend, make_devices
 from pyhet.errors import DeviceError, DeviceSpecError
 from pyhet.links import Link
@@ -289,8 +289,10 @@ def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
                                                          part["link_fixed_s"])
         assert 1 / cal.speeds[g.name][1] == pytest.approx(1 / part["compute_kernels_per_s"] +
                                                           part["link_s_per_kernel"])
-        counts = balanced(g.K, cal.speeds[g.name], cal.overheads[g.name], cal.caps[g.name])
+        counts = cal.partition(g.name, g.K)
         assert counts == [g.K, 0]                             # the link makes it a net loss
+        assert counts == balanced(g.K, cal.speeds[g.name], cal.overheads[g.name],
+                                  cal.caps[g.name])
         (note,) = [n for n in left_out(devices, {g.name: counts}, cal)]
         assert note["device"] == "d1" and "over its link" in note["why"]
     assert "link_fixed_s" in cal.as_dict(devices)["conv2"]["d1"]
@@ -316,3 +318,21 @@ def test_entries_without_a_rank_are_placed_on_every_rank():
     assert [str(s) for s in for_rank(specs, 0)] == ["0/cpu:1", "0/cpu:2"]
     assert [str(s) for s in for_rank(specs, 1)] == ["1/cpu:1", "1/numpy"]
     assert [str(s) for s in for_rank(specs, 3)] == ["3/cpu:1"]
+
+
+def test_left_out_by_the_phases_says_what_one_kernel_would_cost():
+    """A linked device whose fixed cost (0.3 s in the forward, 0.05 s in the backward) is less
+    than the layer's 0.6 s, but whose forward alone outlasts the other device's: one kernel
+    would lengthen the layer, and the note says by how much, not that the kernel alone is
+    slower than the others."""
+    phases = {"conv1": [[500.0, 500.0], [0.0, 0.3], [250.0, 250.0], [0.0, 0.05]]}
+    cal = Calibration({"conv1": [1 / 0.006, 1 / 0.006]}, {"conv1": [0.0, 0.35]},
+                      {"conv1": [100, 100]}, phases=phases)
+    counts = cal.partition("conv1", 100)
+    assert counts == [100, 0]
+    devices = [types.SimpleNamespace(name="d0"), types.SimpleNamespace(name="d1")]
+    (note,) = left_out(devices, {"conv1": counts}, cal)
+    assert note["device"] == "d1" and note["layer_time_s"] == pytest.approx(0.6)
+    with_one = cal.predicted("conv1", [99, 1])
+    assert with_one == pytest.approx(0.302 + 0.396)
+    assert f"{with_one:.4g} s, more than the 0.6 s" in note["why"], note["why"]

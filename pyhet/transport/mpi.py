@@ -27,6 +27,7 @@ Letters as in pyhet.geometry.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -109,20 +110,23 @@ def wait(req, timeout=None, on_timeout=None, status=None, patient=True, pause=0.
 # Pacing the polls of a transfer under way. A large transfer over a slow link would otherwise
 # keep a core polling for its whole length, a core that the devices of this machine need. The
 # pause is a small share of the time the transfer should take at the fastest rate seen so far
-# on this peer, so polling at most delays its end by that share; the kernel's socket buffers
-# keep the link busy meanwhile. A fast link (shared memory, a local veth) gives pauses under
-# PACE_MIN_S, and the transfer is polled without sleeping, as it must be for shared memory,
-# which moves only while both sides poll.
+# from this peer, so polling at most delays its end by that share; the kernel's socket buffers
+# keep the link busy meanwhile. A link of PACE_FAST_RATE or more (shared memory, a fast
+# network) is never paced, nor a transfer whose pause would be under PACE_MIN_S: shared memory
+# moves only while both sides poll. The rate is timed on receives (a send may complete as soon
+# as its bytes are in the socket's buffer) of at least PACE_MIN_BYTES; an estimate too high only
+# shortens the pauses.
 PACE_SHARE = 1 / 64
 PACE_MIN_S = 100e-6
 PACE_MAX_S = 1e-3
-PACE_MIN_BYTES = 256 << 10    # smaller transfers may complete from buffers at once: not timed
+PACE_FAST_RATE = 1e9          # bytes/s
+PACE_MIN_BYTES = 256 << 10
 
 
 def transfer_pause(nbytes: int, rate: float | None) -> float:
-    """Seconds to sleep between polls of a transfer of nbytes on a peer whose fastest rate seen
-    is `rate` bytes/s (None: none seen yet, poll without sleeping)."""
-    if not rate:
+    """Seconds to sleep between polls of a transfer of nbytes from or to a peer whose fastest
+    receive seen ran at `rate` bytes/s (None: none seen yet, poll without sleeping)."""
+    if not rate or rate >= PACE_FAST_RATE:
         return 0.0
     pause = min(PACE_MAX_S, PACE_SHARE * nbytes / rate)
     return pause if pause >= PACE_MIN_S else 0.0
@@ -135,20 +139,23 @@ class Peer:
         self.comm, self.rank = comm, rank
         self.timeout, self.on_timeout = timeout, on_timeout
         self.sent = self.received = 0
-        self.rate: float | None = None    # the fastest transfer seen, bytes/s (pacing polls)
+        self.rate: float | None = None    # the fastest receive seen, bytes/s (pacing polls)
+        self._rate_lock = threading.Lock()  # the devices' worker threads share a peer
         self.link: Link | None = None     # as measured by MasterLink.measure_links
 
     def _wait(self, req, status=None, patient=True):
         wait(req, self.timeout, self.on_timeout, status, patient)
 
-    def _transfer(self, req, nbytes: int):
-        """Wait for a transfer of nbytes that is under way, polls paced by the rate seen."""
+    def _transfer(self, req, nbytes: int, timed: bool = False):
+        """Wait for a transfer of nbytes that is under way, polls paced by the rate seen;
+        timed: a receive, whose rate counts."""
         start = time.perf_counter()
         wait(req, self.timeout, self.on_timeout, patient=False,
              pause=transfer_pause(nbytes, self.rate))
         took = time.perf_counter() - start
-        if nbytes >= PACE_MIN_BYTES and took > 0:
-            self.rate = max(self.rate or 0.0, nbytes / took)
+        if timed and nbytes >= PACE_MIN_BYTES and took > 0:
+            with self._rate_lock:
+                self.rate = max(self.rate or 0.0, nbytes / took)
 
     def send(self, tag: int, op: str, arrays=(), patient: bool = True):
         # native byte order and contiguous, before anything goes out (a buffer that could not
@@ -191,7 +198,8 @@ class Peer:
                 continue
             a = np.empty(tuple(int(v) for v in d[2:2 + int(d[1])]), DTYPES[int(d[0])])
             if a.size:
-                self._transfer(self.comm.Irecv(a, source=self.rank, tag=tag), a.nbytes)
+                self._transfer(self.comm.Irecv(a, source=self.rank, tag=tag), a.nbytes,
+                               timed=True)
                 self.received += a.nbytes
             arrays.append(a)
         return OPS[int(header[0])], arrays, tag
