@@ -5,6 +5,7 @@ Letters as in pyhet.geometry; N is the batch size the devices are timed at.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +36,10 @@ class Calibration:
     # layer -> [forward speeds, forward overheads, backward speeds, backward overheads], for
     # the layers where a device has a link (pyhet.partition.balanced_phases)
     phases: dict | None = None
+    # layer -> {"kernels": K, "seconds": [each device's time for all K kernels, computing on
+    # its own: no contention]}; a split that the model does not predict faster than the best
+    # of these gives every kernel to that device
+    alone: dict | None = None
 
     def phases_of(self, layer: str) -> list:
         """[(speeds, overheads)] of the layer's phases: the forward and the backward where a
@@ -45,13 +50,33 @@ class Calibration:
         return [(ph[0], ph[1]), (ph[2], ph[3])]
 
     def partition(self, layer: str, total: int, caps=None) -> list:
-        """Kernels per device of the layer under this cost model (ValueError if none fits)."""
-        return balanced_phases(total, self.phases_of(layer),
-                               self.caps[layer] if caps is None else caps)
+        """Kernels per device of the layer under this cost model (ValueError if none fits): the
+        best split, or the whole layer on one device where that device, with the machine to
+        itself, is predicted faster than the split (devices that share a machine slow each
+        other only while they all compute)."""
+        caps = self.caps[layer] if caps is None else caps
+        counts = balanced_phases(total, self.phases_of(layer), caps)
+        alone = self._alone(layer, total)
+        if alone is not None and sum(1 for k in counts if k) > 1:
+            t, i = min((t, i) for i, t in enumerate(alone) if caps[i] >= total) if any(
+                c >= total for c in caps) else (math.inf, -1)
+            if t < self.predicted(layer, counts):
+                counts = [total if j == i else 0 for j in range(len(counts))]
+        return counts
 
     def predicted(self, layer: str, counts) -> float:
         """The layer's predicted seconds a step with these kernels per device."""
+        alone = self._alone(layer, sum(counts))
+        busy = [i for i, k in enumerate(counts) if k]
+        if alone is not None and len(busy) == 1 and len(counts) > 1:
+            # one of several devices, on its own (a single device's "contention" is its
+            # typical time over its best, which stays)
+            return alone[busy[0]]
         return phases_time(counts, self.phases_of(layer))
+
+    def _alone(self, layer: str, total: int):
+        a = (self.alone or {}).get(layer)
+        return a["seconds"] if a is not None and a["kernels"] == total else None
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -183,7 +208,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
+    speeds, overheads, caps, parts, contention, fitted, phases, alone = ({}, {}, {}, {}, {}, {},
+                                                                        {}, {})
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -237,6 +263,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         split = [[], [], [], []]   # forward speeds and overheads, backward speeds and overheads
+        seconds = []               # each device's time for the whole layer on its own
         forward = g.forward_share(need_dx)
         for i, d in enumerate(devices):
             slope, intercept = fits[i]
@@ -244,6 +271,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 speed, overhead = 1.0 / (slope + intercept / g.K), 0.0
             else:
                 speed, overhead = 1.0 / slope, intercept / group_size(d)
+            alone_s = intercept + g.K * slope   # on its own: its whole fixed work, no others
             speed, overhead = speed / slower[i], overhead * slower[i]
             cap = memory[i]
             part = None
@@ -261,10 +289,13 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             if part is not None:
                 speed = 1.0 / (1.0 / speed + part["link_s_per_kernel"])
                 overhead = overhead + part["link_fixed_s"]
+                alone_s += part["link_fixed_s"] + g.K * part["link_s_per_kernel"]
+            seconds.append(alone_s)
             speeds[g.name].append(speed)
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
             parts[g.name].append(part)
         if any(d.link is not None for d in devices):
             phases[g.name] = split
-    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None)
+        alone[g.name] = {"kernels": g.K, "seconds": seconds}
+    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None, alone)

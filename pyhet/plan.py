@@ -382,22 +382,45 @@ def layer_phases(costs: list) -> list:
     return [([ph[p][0] for ph in per_device], [ph[p][1] for ph in per_device]) for p in (0, 1)]
 
 
+def _alone_s(c: Cost, K: int) -> float:
+    """A device's time for all K kernels of a layer, on its own (no contention)."""
+    a = c.alone()
+    return a.total_overhead + K / a.total_speed
+
+
+def layer_seconds(costs: list, counts) -> float:
+    """The predicted seconds of a layer with these kernels per device: the sum over its
+    phases of the slowest device's time, or, for one of several devices, its time on its own
+    (a single device's contention is its typical time over its best, which stays)."""
+    busy = [i for i, k in enumerate(counts) if k]
+    if len(busy) == 1 and len(costs) > 1:
+        return _alone_s(costs[busy[0]], counts[busy[0]])
+    return phases_time(counts, layer_phases(costs))
+
+
 def partition_of(cluster: Cluster, net: NetGeometry) -> dict:
-    """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model)."""
+    """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model), or
+    the whole layer on one device where it is predicted faster on its own (as
+    pyhet.calibrate.Calibration.partition decides)."""
     out = {}
     for g in net.blocks:
         cs = cluster.costs[g.name]
         try:
-            out[g.name] = balanced_phases(g.K, layer_phases(cs), [c.cap for c in cs])
+            counts = balanced_phases(g.K, layer_phases(cs), [c.cap for c in cs])
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
+        fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
+        if fits and sum(1 for k in counts if k) > 1:
+            i = min(fits, key=lambda j: _alone_s(cs[j], g.K))
+            if _alone_s(cs[i], g.K) < layer_seconds(cs, counts):
+                counts = [g.K if j == i else 0 for j in range(len(cs))]
+        out[g.name] = counts
     return out
 
 
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
-    """layer -> predicted seconds of the layer (the sum over its phases of the slowest
-    device's time)."""
-    return {g.name: phases_time(partition[g.name], layer_phases(cluster.costs[g.name]))
+    """layer -> predicted seconds of the layer (layer_seconds)."""
+    return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name])
             for g in net.blocks}
 
 

@@ -254,3 +254,21 @@ def test_balancer_gives_nothing_to_a_device_left_out():
             assert new[1] == 0 and sum(new) == 60
             counts = new
     assert counts[0] < counts[2]
+
+
+def test_calibration_keeps_a_layer_on_one_device_when_alone_is_faster():
+    """Calibration.partition: the split of two devices that slow each other is predicted
+    slower than the faster one on its own (as timed alone): the whole layer goes to it."""
+    from pyhet.calibrate import Calibration
+    speeds, overheads = {"c": [100.0, 90.0]}, {"c": [0.0, 0.0]}
+    cal = Calibration(speeds, overheads, {"c": [60, 60]},
+                      alone={"c": {"kernels": 60, "seconds": [0.25, 0.3]}})
+    split = balanced(60, speeds["c"], overheads["c"])
+    assert predicted_time(split, speeds["c"]) > 0.25
+    assert cal.partition("c", 60) == [60, 0]
+    assert cal.predicted("c", [60, 0]) == pytest.approx(0.25)
+    # the device that could hold the layer is the only candidate
+    assert cal.partition("c", 60, caps=[59, 60]) == [0, 60]
+    # a split predicted faster than either alone stays
+    cal.alone["c"]["seconds"] = [0.9, 0.9]
+    assert cal.partition("c", 60) == split

@@ -303,3 +303,18 @@ def test_cli_calibrates_a_spec(cli):
     assert res.code == 0, res.err
     r = json.loads(res.out.strip().splitlines()[-1])
     assert set(r["partition"]["conv2"]) == {"d0", "twin"}
+
+
+def test_one_device_on_its_own_when_the_split_would_be_slower():
+    """Devices that slow each other while they all compute (contention 2.5 each) are each
+    faster on their own than the two together: the plan gives one of them the whole layer,
+    and predicts its time on its own; with mild contention it splits."""
+    names, c = cal({"conv1": [100.0, 100.0], "conv2": [100.0, 100.0]})
+    c.contention = {"conv1": [2.5, 2.5], "conv2": [2.5, 2.5]}
+    r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    for g in NET.blocks:
+        assert r["partition"][g.name] == {"d0": g.K, "d1": 0}
+        assert r["layers"][g.name]["conv_s"] == pytest.approx(g.K / 250.0)
+    c.contention = {"conv1": [1.2, 1.2], "conv2": [1.2, 1.2]}
+    r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    assert all(0 < k for g in NET.blocks for k in r["partition"][g.name].values())
