@@ -311,7 +311,7 @@ def test_ctrl_c_ends_every_rank_at_once(tmp_path):
     assert pids_with(str(data)) == [], "processes left behind"
 
 
-def test_transfer_polls_are_paced_only_on_slow_links():
+def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
     """A transfer under way is polled without pausing until a rate is known, on a fast link
     (shared memory moves only while both sides poll) however large, and where the pause would
     be short; on a slow link with pauses of 1/64 of its expected time, at most 1 ms."""
@@ -320,7 +320,7 @@ def test_transfer_polls_are_paced_only_on_slow_links():
         "print(p(6 << 20, None), p(256 << 20, 2e9), p(6 << 20, 12.5e6), p(1 << 20, 125e6),"
         " p(64 << 10, 12.5e6))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60, cwd=tmp_path)   # not the source folder: the built core
     assert out.returncode == 0, out.stderr
     unknown, fast, slow, mid, short = (float(v) for v in out.stdout.split())
     assert unknown == 0.0 and fast == 0.0 and short == 0.0   # short: a 78 us pause
