@@ -56,7 +56,7 @@ class Calibration:
         other only while they all compute)."""
         caps = self.caps[layer] if caps is None else caps
         counts = balanced_phases(total, self.phases_of(layer), caps)
-        alone = self._alone(layer, total)
+        alone = self.alone_seconds(layer, total)
         if alone is not None and sum(1 for k in counts if k) > 1:
             t, i = min((t, i) for i, t in enumerate(alone) if caps[i] >= total) if any(
                 c >= total for c in caps) else (math.inf, -1)
@@ -66,7 +66,7 @@ class Calibration:
 
     def predicted(self, layer: str, counts) -> float:
         """The layer's predicted seconds a step with these kernels per device."""
-        alone = self._alone(layer, sum(counts))
+        alone = self.alone_seconds(layer, sum(counts))
         busy = [i for i, k in enumerate(counts) if k]
         if alone is not None and len(busy) == 1 and len(counts) > 1:
             # one of several devices, on its own (a single device's "contention" is its
@@ -74,7 +74,9 @@ class Calibration:
             return alone[busy[0]]
         return phases_time(counts, self.phases_of(layer))
 
-    def _alone(self, layer: str, total: int):
+    def alone_seconds(self, layer: str, total: int):
+        """Each device's seconds for all `total` kernels of the layer on its own, or None
+        (not calibrated so, or for another kernel count)."""
         a = (self.alone or {}).get(layer)
         return a["seconds"] if a is not None and a["kernels"] == total else None
 

@@ -262,20 +262,24 @@ class Balancer:
 
     phases: the calibration's [(speeds, overheads)] of the layer's forward and backward, where
     a device has a link (balanced_phases); each device's phase speeds then follow its measured
-    speed in proportion to its calibrated one. fixed: the seconds of each device's overhead
-    that its link takes (moving the layer's input and input gradient, as the link was
-    measured); they are taken off its busy time before the guard against a bad overhead, which
-    would otherwise hold a device whose link time dominates its step far below its speed.
+    speed in proportion to its calibrated one. alone: each device's calibrated seconds for the
+    whole layer on its own; where the best of them (longer if the device slowed) beats the
+    split, the target is that device alone (pyhet.calibrate.Calibration.partition). fixed: the
+    seconds of each device's overhead that its link takes (moving the layer's input and input
+    gradient, as the link was measured); they are taken off its busy time before the guard
+    against a bad overhead, which would otherwise hold a device whose link time dominates its
+    step far below its speed.
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
-                 confirm: int = 3, phases=None, fixed=None):
+                 confirm: int = 3, phases=None, fixed=None, alone=None):
         self.total = total
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
         self.fixed = [float(f) for f in fixed] if fixed is not None else [0.0] * len(speeds)
+        self._alone = None if alone is None else [float(t) for t in alone]
         self._phases = None if phases is None or len(phases) < 2 else [
             ([float(v) for v in sp], [float(v) for v in ov]) for sp, ov in phases]
         # the most kernels each device's memory holds (as the static plan uses them)
@@ -297,7 +301,27 @@ class Balancer:
 
     def partition(self) -> list[int]:
         """The best kernels per device under the current estimates."""
-        return balanced_phases(self.total, self.model(), self.caps)
+        counts = balanced_phases(self.total, self.model(), self.caps)
+        fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
+        if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
+            i = min(fits, key=self._alone_now)
+            if self._alone_now(i) < self.time(counts):
+                counts = [self.total if j == i else 0 for j in range(len(counts))]
+        return counts
+
+    def _alone_now(self, i: int) -> float:
+        """Device i's time for the whole layer on its own: as calibrated, longer if it has
+        slowed since. Not shorter if it runs faster: that is mostly the others' contention
+        falling off (a device beside it that idles), which its time on its own has already."""
+        return self._alone[i] * max(1.0, self._calibrated[i] / self.speeds[i])
+
+    def time(self, counts) -> float:
+        """The layer's predicted seconds with these kernels per device, as now estimated."""
+        busy = [i for i, k in enumerate(counts) if k]
+        if self._alone is not None and len(busy) == 1 and len(counts) > 1 and \
+                counts[busy[0]] == self.total and self.speeds[busy[0]] > 0:
+            return self._alone_now(busy[0])
+        return phases_time(counts, self.model())
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is
@@ -366,8 +390,7 @@ class Balancer:
             if k > 0 and target[i] == 0 and self.caps[i] > 0:
                 target[max(range(len(target)), key=lambda j: target[j])] -= 1
                 target[i] = 1
-        model = self.model()
-        now, best = phases_time(counts, model), phases_time(target, model)
+        now, best = self.time(counts), self.time(target)
         # the gain must also beat what the speed estimates' own noise could make up
         threshold = max(self.threshold, max(self._noise))
         if target != list(counts) and best < now * (1 - threshold) and not any(self._pending):

@@ -313,7 +313,8 @@ class DynamicBalance:
         self.balancers = {conv.name: Balancer(conv.K, cal.speeds[conv.name],
                                               cal.overheads[conv.name], cal.caps[conv.name],
                                               phases=cal.phases_of(conv.name),
-                                              fixed=link_fixed(cal, conv.name))
+                                              fixed=link_fixed(cal, conv.name),
+                                              alone=cal.alone_seconds(conv.name, conv.K))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:

@@ -272,3 +272,16 @@ def test_calibration_keeps_a_layer_on_one_device_when_alone_is_faster():
     # a split predicted faster than either alone stays
     cal.alone["c"]["seconds"] = [0.9, 0.9]
     assert cal.partition("c", 60) == split
+
+
+def test_balancer_keeps_a_layer_that_is_faster_on_one_device():
+    """Given each device's time on its own, the balancer's target is the faster device alone
+    where that beats the split, and it proposes no split from there; slowed to a third of its
+    speed, that device loses the layer to the split again."""
+    speeds, overheads = [100.0, 90.0], [0.0, 0.0]
+    bal = Balancer(60, speeds, overheads, patience=1, alone=[0.25, 0.9])
+    assert bal.partition() == [60, 0]
+    assert bal.time([60, 0]) == pytest.approx(0.25)
+    assert all(bal.observe([60, 0], [0.6, 0.0]) is None for _ in range(5))
+    bal.speeds[0] /= 3   # its time alone is now 0.75 s, the split's about 0.5 s
+    assert sum(1 for k in bal.partition() if k) == 2
