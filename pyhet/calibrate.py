@@ -5,7 +5,6 @@ Letters as in pyhet.geometry; N is the batch size the devices are timed at.
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,10 +56,10 @@ class Calibration:
         caps = self.caps[layer] if caps is None else caps
         counts = balanced_phases(total, self.phases_of(layer), caps)
         alone = self.alone_seconds(layer, total)
-        if alone is not None and sum(1 for k in counts if k) > 1:
-            t, i = min((t, i) for i, t in enumerate(alone) if caps[i] >= total) if any(
-                c >= total for c in caps) else (math.inf, -1)
-            if t < self.predicted(layer, counts):
+        fits = [i for i, c in enumerate(caps) if c >= total]
+        if alone is not None and fits and sum(1 for k in counts if k) > 1:
+            i = min(fits, key=lambda j: alone[j])
+            if alone[i] < self.predicted(layer, counts):
                 counts = [total if j == i else 0 for j in range(len(counts))]
         return counts
 
