@@ -35,10 +35,6 @@ class Calibration:
     # layer -> [forward speeds, forward overheads, backward speeds, backward overheads], for
     # the layers where a device has a link (pyhet.partition.balanced_phases)
     phases: dict | None = None
-    # layer -> {"kernels": K, "seconds": [each device's time for all K kernels, computing on
-    # its own: no contention]}; a split that the model does not predict faster than the best
-    # of these gives every kernel to that device
-    alone: dict | None = None
 
     def phases_of(self, layer: str) -> list:
         """[(speeds, overheads)] of the layer's phases: the forward and the backward where a
@@ -74,10 +70,15 @@ class Calibration:
         return phases_time(counts, self.phases_of(layer))
 
     def alone_seconds(self, layer: str, total: int):
-        """Each device's seconds for all `total` kernels of the layer on its own, or None
-        (not calibrated so, or for another kernel count)."""
-        a = (self.alone or {}).get(layer)
-        return a["seconds"] if a is not None and a["kernels"] == total else None
+        """Each device's seconds for all `total` kernels of the layer on its own (its fit
+        alone: its whole fixed work, no contention; plus its link), or None without fits."""
+        rows = (self.fits or {}).get(layer)
+        if rows is None:
+            return None
+        parts = (self.parts or {}).get(layer) or [None] * len(rows)
+        return [intercept + total * slope + (0.0 if p is None else
+                                             p["link_fixed_s"] + total * p["link_s_per_kernel"])
+                for (slope, intercept, _), p in zip(rows, parts)]
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -209,8 +210,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
     rng = np.random.default_rng(seed)
-    speeds, overheads, caps, parts, contention, fitted, phases, alone = ({}, {}, {}, {}, {}, {},
-                                                                        {}, {})
+    speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -264,7 +264,6 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
         split = [[], [], [], []]   # forward speeds and overheads, backward speeds and overheads
-        seconds = []               # each device's time for the whole layer on its own
         forward = g.forward_share(need_dx)
         for i, d in enumerate(devices):
             slope, intercept = fits[i]
@@ -272,7 +271,6 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 speed, overhead = 1.0 / (slope + intercept / g.K), 0.0
             else:
                 speed, overhead = 1.0 / slope, intercept / group_size(d)
-            alone_s = intercept + g.K * slope   # on its own: its whole fixed work, no others
             speed, overhead = speed / slower[i], overhead * slower[i]
             cap = memory[i]
             part = None
@@ -290,13 +288,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             if part is not None:
                 speed = 1.0 / (1.0 / speed + part["link_s_per_kernel"])
                 overhead = overhead + part["link_fixed_s"]
-                alone_s += part["link_fixed_s"] + g.K * part["link_s_per_kernel"]
-            seconds.append(alone_s)
             speeds[g.name].append(speed)
             overheads[g.name].append(overhead)
             caps[g.name].append(min(g.K, cap))
             parts[g.name].append(part)
         if any(d.link is not None for d in devices):
             phases[g.name] = split
-        alone[g.name] = {"kernels": g.K, "seconds": seconds}
-    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None, alone)
+    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None)

@@ -433,10 +433,10 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     cannot hold a whole layer. Alone, it has its machine to itself: no contention."""
     total = master_s
     for g in net.blocks:
-        c = cluster.costs[g.name][i].alone()
+        c = cluster.costs[g.name][i]
         if c.cap < g.K:
             return None
-        total += c.total_overhead + g.K / c.total_speed
+        total += _alone_s(c, g.K)
     return total
 
 

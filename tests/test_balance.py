@@ -261,8 +261,9 @@ def test_calibration_keeps_a_layer_on_one_device_when_alone_is_faster():
     slower than the faster one on its own (as timed alone): the whole layer goes to it."""
     from pyhet.calibrate import Calibration
     speeds, overheads = {"c": [100.0, 90.0]}, {"c": [0.0, 0.0]}
-    cal = Calibration(speeds, overheads, {"c": [60, 60]},
-                      alone={"c": {"kernels": 60, "seconds": [0.25, 0.3]}})
+    # fits: (seconds per kernel, fixed seconds, shared) of each device on its own
+    fits = {"c": [[0.25 / 60, 0.0, 1], [0.3 / 60, 0.0, 1]]}
+    cal = Calibration(speeds, overheads, {"c": [60, 60]}, fits=fits)
     split = balanced(60, speeds["c"], overheads["c"])
     assert predicted_time(split, speeds["c"]) > 0.25
     assert cal.partition("c", 60) == [60, 0]
@@ -270,7 +271,7 @@ def test_calibration_keeps_a_layer_on_one_device_when_alone_is_faster():
     # the device that could hold the layer is the only candidate
     assert cal.partition("c", 60, caps=[59, 60]) == [0, 60]
     # a split predicted faster than either alone stays
-    cal.alone["c"]["seconds"] = [0.9, 0.9]
+    cal.fits["c"] = [[0.9 / 60, 0.0, 1], [0.9 / 60, 0.0, 1]]
     assert cal.partition("c", 60) == split
 
 
