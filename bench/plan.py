@@ -1,7 +1,7 @@
 """`pyhet plan`'s predictions against measured steps, on the configurations this machine runs.
 
     pyhet bench plan [--configs "cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5"] [--batch-sizes 16,32]
-                     [--kernels 500,1500] [--steps 6] [--json FILE]
+                     [--kernels 500,1500] [--steps 6] [--rounds 1] [--json FILE]
 
 For each configuration (a --devices SPEC of this machine) and batch size, one after the other:
 `pyhet plan --devices SPEC --json` (in its own process, calibrating as a user's run of it would),
@@ -10,6 +10,11 @@ plan's step time, the measured median step time and their ratio, both conv2 part
 prediction the training run's own cost model made (its summary's `predicted_step_time_s`; a
 single device is not calibrated in training). Links are validated by `pyhet bench bandwidth`,
 whose table has the plan's columns for each measured link.
+
+With --rounds R, the whole set runs R times in turn (every configuration once a round), and each
+row gives the medians over the rounds: of the plan, of the measured step, and of the plan /
+measured ratio of each round (each a plan and the training run right after it). A machine whose
+speed drifts then moves a row's plan and its measurement together, and one slow run is outvoted.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ def parse_args(argv):
     p.add_argument("--kernels", default="500,1500")
     p.add_argument("--steps", type=positive(int), default=6,
                    help="training steps per run (the first warms up)")
+    p.add_argument("--rounds", type=positive(int), default=1,
+                   help="times the whole set runs, in turn; rows give medians over them")
     p.add_argument("--timeout", type=positive(float), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
@@ -58,43 +65,71 @@ def ratio(a, b) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
+def median(values):
+    """The median of the values that are not None, or None when none is."""
+    import statistics
+
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def measure(spec: str, batch: int, args, cwd) -> dict:
+    """One round of one configuration: its plan, then its training run."""
+    p = _util.run_json(plan_argv(spec, args.kernels, batch), args.timeout, cwd)
+    s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec), args.timeout, cwd)
+    return {"plan_step_s": p["predicted_step_s"],
+            "plan_partition": p["partition"]["conv2"],
+            "step_s": s["step_time_s"]["median"],
+            "partition": s["partition"]["conv2"],
+            "train_model_step_s": s.get("predicted_step_time_s"),
+            "contention": {d: v["contention"] for d, v in
+                           p["layers"]["conv2"]["devices"].items()}}
+
+
+def summarise(spec: str, batch: int, runs: list) -> dict:
+    """A row: the last round's partitions and contention, medians of the times and ratios."""
+    row = {"devices": spec, "batch_size": batch, **runs[-1]}
+    for key in ("plan_step_s", "step_s", "train_model_step_s"):
+        row[key] = median(r[key] for r in runs)
+    row["plan_ratio"] = median(r["plan_step_s"] / r["step_s"] for r in runs)
+    row["train_model_ratio"] = median(
+        None if r["train_model_step_s"] is None else r["train_model_step_s"] / r["step_s"]
+        for r in runs)
+    row["rounds"] = runs
+    return row
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     info = _util.system_info()
     print(_util.describe_system(info))
-    rows = []
+    keys = [(batch, spec) for batch in args.batch_sizes for spec in args.configs]
+    runs = {key: [] for key in keys}
     with tempfile.TemporaryDirectory(prefix="pyhet-plan-") as cwd:
-        for batch in args.batch_sizes:
-            for spec in args.configs:
-                p = _util.run_json(plan_argv(spec, args.kernels, batch), args.timeout, cwd)
-                s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec),
-                                   args.timeout, cwd)
-                row = {"devices": spec, "batch_size": batch,
-                       "plan_step_s": p["predicted_step_s"],
-                       "plan_partition": p["partition"]["conv2"],
-                       "step_s": s["step_time_s"]["median"],
-                       "partition": s["partition"]["conv2"],
-                       "train_model_step_s": s.get("predicted_step_time_s"),
-                       "contention": {d: v["contention"] for d, v in
-                                      p["layers"]["conv2"]["devices"].items()}}
-                rows.append(row)
-                print(f"{spec}, batch {batch}: plan {row['plan_step_s']:.3f} s, measured "
-                      f"{row['step_s']:.3f} s", flush=True)
+        for rnd in range(args.rounds):
+            for batch, spec in keys:
+                r = measure(spec, batch, args, cwd)
+                runs[(batch, spec)].append(r)
+                print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
+                      f"{r['plan_step_s']:.3f} s, measured {r['step_s']:.3f} s", flush=True)
+    rows = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys]
     print(f"\nkernels {args.kernels}, synthetic 3x32x32 data, --balance static, "
-          f"{args.steps} steps a run")
+          f"{args.steps} steps a run"
+          + (f"; medians of {args.rounds} rounds (ratios: of each round's)"
+             if args.rounds > 1 else ""))
     table = [[r["devices"], r["batch_size"], f"{r['plan_step_s']:.3f}", f"{r['step_s']:.3f}",
-              ratio(r["plan_step_s"], r["step_s"]),
+              f"{r['plan_ratio']:.2f}",
               "-" if r["train_model_step_s"] is None else f"{r['train_model_step_s']:.3f}",
-              ratio(r["train_model_step_s"], r["step_s"]),
+              "-" if r["train_model_ratio"] is None else f"{r['train_model_ratio']:.2f}",
               "/".join(map(str, r["plan_partition"].values())),
               "/".join(map(str, r["partition"].values()))] for r in rows]
     print(_util.format_table(["devices", "batch", "plan s", "measured s", "plan/measured",
                               "train model s", "model/measured", "plan conv2", "trained conv2"],
                              table))
-    worst = max(abs(r["plan_step_s"] / r["step_s"] - 1) for r in rows)
+    worst = max(abs(r["plan_ratio"] - 1) for r in rows)
     print(f"largest difference of the plan from the measured step: {100 * worst:.1f}%")
     result = {"benchmark": "plan", "system": info, "kernels": args.kernels,
-              "steps": args.steps, "rows": rows}
+              "steps": args.steps, "rounds": args.rounds, "rows": rows}
     if args.json:
         _util.write_json(args.json, result)
     return 0

@@ -220,15 +220,23 @@ def test_bench_pair(tmp_path, capsys):
 
 def test_bench_plan(tmp_path, capsys):
     out = run(capsys, "plan", "--configs", "cpu:1;cpu:1,numpy", "--batch-sizes", "2",
-              "--kernels", "4,6", "--steps", "2", "--json", str(tmp_path / "p.json"))
+              "--kernels", "4,6", "--steps", "2", "--rounds", "2",
+              "--json", str(tmp_path / "p.json"))
     rows = json.loads((tmp_path / "p.json").read_text())["rows"]
     assert [(r["devices"], r["batch_size"]) for r in rows] == [("cpu:1", 2), ("cpu:1,numpy", 2)]
     for r in rows:
         assert r["plan_step_s"] > 0 and r["step_s"] > 0
+        # the row's figures are the medians of its rounds' (of two: their mean)
+        assert len(r["rounds"]) == 2
+        for key in ("plan_step_s", "step_s"):
+            assert r[key] == pytest.approx(sum(x[key] for x in r["rounds"]) / 2)
+        assert r["plan_ratio"] == pytest.approx(
+            sum(x["plan_step_s"] / x["step_s"] for x in r["rounds"]) / 2)
         assert sum(r["plan_partition"].values()) == sum(r["partition"].values()) == 6
         assert all(v >= 1 for v in r["contention"].values())
     assert rows[0]["train_model_step_s"] is None and rows[1]["train_model_step_s"] > 0
-    assert "plan/measured" in out and "largest difference" in out
-    with pytest.raises(SystemExit) as e:
-        main(["bench", "plan", "--configs", "cpu:x"])
-    assert e.value.code == 2
+    assert "plan/measured" in out and "largest difference" in out and "medians of 2" in out
+    for bad in (["--configs", "cpu:x"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "plan", *bad])
+        assert e.value.code == 2
