@@ -13,7 +13,8 @@ measured one (its conv time, compute plus link, and the measured rest of the ste
 the batch each) on the same link: the data-parallel alternative, which moves the gradients of
 every weight each step where pyhet moves activations. Beside them, `pyhet plan`'s predictions
 of both for the measured link (`--devices cpu:1,cpu:1 --describe "d1:bw=...,lat=..."`, the
-pair calibrated together in this process before the runs).
+pair calibrated together in this process right before each rate's run, so that a slow minute
+of this machine moves a plan and the run it predicts together).
 
 The namespaces and links are removed when it ends, also when interrupted. Without root, `ip`,
 `tc` or mpiexec it says so and does nothing.
@@ -284,7 +285,6 @@ def main(argv=None) -> int:
     # SIGTERM ends the run like Ctrl-C, so the namespaces are removed either way
     old = signal.signal(signal.SIGTERM, _interrupt)
     rows = []
-    planned = calibrated_pair(args)   # pyhet plan's view of the same two devices
     # DDP's replicas run PyTorch's convolutions, not pyhet's: the plan gets their speed
     replica = replica_speed(args) if ddp else None
     if replica is not None:
@@ -298,6 +298,9 @@ def main(argv=None) -> int:
         link = Link()
         try:
             for rate in rates:
+                # pyhet plan's view of the same two devices, calibrated beside the run it
+                # predicts (once for all rates, one slow minute moved every plan by 20%+)
+                planned = calibrated_pair(args)
                 link.shape(rate)
                 s = pyhet_over(link, args, cwd)
                 figures = s["links"]["1"]
