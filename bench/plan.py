@@ -67,10 +67,8 @@ def ratio(a, b) -> str:
 
 def median(values):
     """The median of the values that are not None, or None when none is."""
-    import statistics
-
     values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+    return _util.median(values) if values else None
 
 
 def measure(spec: str, batch: int, args, cwd) -> dict:

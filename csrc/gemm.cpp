@@ -29,7 +29,7 @@
 #ifdef PYHET_HAVE_AVX512_KERNEL  // x86-64 with GCC or Clang: the CPU's family for prefer_avx512
 #include <cpuid.h>
 #endif
-#ifdef __SSE2__  // every x86-64: transposing op(B) while packing it, 4 x 4 at a time
+#ifdef __SSE2__  // every x86-64: transposing while packing, 4 x 4 at a time
 #include <emmintrin.h>
 #endif
 
@@ -138,6 +138,22 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // ---------------------------------------------------------------------------------------------
 // Packing: op() is applied here, edges are padded with zeros.
 
+#ifdef __SSE2__
+// dst[q * ld_dst + r] = src[r * ld_src + q] for r, q < 4: four floats of four rows read at once
+// and transposed in registers, not sixteen scalars.
+inline void transpose_4x4(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  __m128 r0 = _mm_loadu_ps(src);
+  __m128 r1 = _mm_loadu_ps(src + ld_src);
+  __m128 r2 = _mm_loadu_ps(src + 2 * ld_src);
+  __m128 r3 = _mm_loadu_ps(src + 3 * ld_src);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(dst, r0);
+  _mm_storeu_ps(dst + ld_dst, r1);
+  _mm_storeu_ps(dst + 2 * ld_dst, r2);
+  _mm_storeu_ps(dst + 3 * ld_dst, r3);
+}
+#endif
+
 // The rows [i0, i0 + mc) and columns [p0, p0 + kc) of op(A), as MR x kc slivers.
 template <int MR>
 void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
@@ -180,17 +196,8 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
       // a multiple of 4 (MR = 6) one by one
       constexpr int whole = MR / 4 * 4;
       for (; p + 4 <= kc; p += 4) {
-        for (int i = 0; i < whole; i += 4) {
-          __m128 r0 = _mm_loadu_ps(src + (i + 0) * lda + p);
-          __m128 r1 = _mm_loadu_ps(src + (i + 1) * lda + p);
-          __m128 r2 = _mm_loadu_ps(src + (i + 2) * lda + p);
-          __m128 r3 = _mm_loadu_ps(src + (i + 3) * lda + p);
-          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-          _mm_storeu_ps(dst + (p + 0) * MR + i, r0);
-          _mm_storeu_ps(dst + (p + 1) * MR + i, r1);
-          _mm_storeu_ps(dst + (p + 2) * MR + i, r2);
-          _mm_storeu_ps(dst + (p + 3) * MR + i, r3);
-        }
+        for (int i = 0; i < whole; i += 4)
+          transpose_4x4(src + i * lda + p, lda, dst + p * MR + i, MR);
         for (int i = whole; i < MR; ++i)
           for (int q = 0; q < 4; ++q) dst[(p + q) * MR + i] = src[i * lda + p + q];
       }
@@ -239,19 +246,9 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
     if (n == NR) {
       int64_t p = 0;
 #ifdef __SSE2__
-      // 4 x 4 blocks transposed in registers: 4 floats of 4 rows read at once, not 16 scalars
+      // 4 x 4 blocks transposed in registers
       for (; p + 4 <= kc; p += 4)
-        for (int j = 0; j < NR; j += 4) {
-          __m128 r0 = _mm_loadu_ps(src + (j + 0) * ldb + p);
-          __m128 r1 = _mm_loadu_ps(src + (j + 1) * ldb + p);
-          __m128 r2 = _mm_loadu_ps(src + (j + 2) * ldb + p);
-          __m128 r3 = _mm_loadu_ps(src + (j + 3) * ldb + p);
-          _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-          _mm_store_ps(d + (p + 0) * NR + j, r0);
-          _mm_store_ps(d + (p + 1) * NR + j, r1);
-          _mm_store_ps(d + (p + 2) * NR + j, r2);
-          _mm_store_ps(d + (p + 3) * NR + j, r3);
-        }
+        for (int j = 0; j < NR; j += 4) transpose_4x4(src + j * ldb + p, ldb, d + p * NR + j, NR);
 #endif
       for (; p < kc; ++p)
         for (int j = 0; j < NR; ++j) d[p * NR + j] = src[j * ldb + p];
