@@ -264,7 +264,10 @@ class Balancer:
     a device has a link (balanced_phases); each device's phase speeds then follow its measured
     speed in proportion to its calibrated one. alone: each device's calibrated seconds for the
     whole layer on its own; where the best of them (longer if the device slowed) beats the
-    split, the target is that device alone (pyhet.calibrate.Calibration.partition). fixed: the
+    split, the target is that device alone (pyhet.calibrate.Calibration.partition). While one
+    device runs the layer alone, its busy time updates its time alone (as an average from the
+    calibrated one), not its speed in a split, and the others' estimates stay: the split comes
+    back when that time turns out longer than the split's. fixed: the
     seconds of each device's overhead that its link takes (moving the layer's input and input
     gradient, as the link was measured); they are taken off its busy time before the guard
     against a bad overhead, which would otherwise hold a device whose link time dominates its
@@ -280,6 +283,7 @@ class Balancer:
         self._calibrated = list(self.speeds)
         self.fixed = [float(f) for f in fixed] if fixed is not None else [0.0] * len(speeds)
         self._alone = None if alone is None else [float(t) for t in alone]
+        self._alone_seen = [None] * len(speeds)   # seconds for the layer alone, in training
         self._phases = None if phases is None or len(phases) < 2 else [
             ([float(v) for v in sp], [float(v) for v in ov]) for sp, ov in phases]
         # the most kernels each device's memory holds (as the static plan uses them)
@@ -304,23 +308,37 @@ class Balancer:
         counts = balanced_phases(self.total, self.model(), self.caps)
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
+            # by more than the threshold: a split that times about the same is kept (the
+            # time alone is the calibration's best, the split's a typical one)
             i = min(fits, key=self._alone_now)
-            if self._alone_now(i) < self.time(counts):
+            if self._alone_now(i) < self.time(counts) * (1 - self.threshold):
                 counts = [self.total if j == i else 0 for j in range(len(counts))]
         return counts
 
     def _alone_now(self, i: int) -> float:
-        """Device i's time for the whole layer on its own: as calibrated, longer if it has
-        slowed since. Not shorter if it runs faster: that is mostly the others' contention
+        """Device i's time for the whole layer on its own: as measured in training where it
+        has run the layer (nearly) alone; else as calibrated, longer if it has slowed since.
+        Not shorter if it runs faster in a split: that is mostly the others' contention
         falling off (a device beside it that idles), which its time on its own has already."""
+        if self._alone_seen[i] is not None:
+            return self._alone_seen[i]
         return self._alone[i] * max(1.0, self._calibrated[i] / self.speeds[i])
+
+    def _alone_device(self, counts):
+        """The device that runs the layer on its own with these counts, or None: it has all
+        kernels, or all but the one each other device keeps to be measured."""
+        if self._alone is None or len(counts) < 2:
+            return None
+        i = max(range(len(counts)), key=lambda j: counts[j])
+        if self.speeds[i] <= 0 or any(k > 1 for j, k in enumerate(counts) if j != i):
+            return None
+        return i if counts[i] > 1 or self.total == 1 else None
 
     def time(self, counts) -> float:
         """The layer's predicted seconds with these kernels per device, as now estimated."""
-        busy = [i for i, k in enumerate(counts) if k]
-        if self._alone is not None and len(busy) == 1 and len(counts) > 1 and \
-                counts[busy[0]] == self.total and self.speeds[busy[0]] > 0:
-            return self._alone_now(busy[0])
+        i = self._alone_device(counts)
+        if i is not None:
+            return self._alone_now(i)
         return phases_time(counts, self.model())
 
     def leave_out(self, devices) -> None:
@@ -352,14 +370,19 @@ class Balancer:
             self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
     def state(self) -> dict:
-        """The estimates worth keeping across a restart (a checkpoint's): speeds and noise."""
-        return {"speeds": list(self.speeds), "noise": list(self._noise)}
+        """The estimates worth keeping across a restart (a checkpoint's): speeds, noise and
+        the times alone seen in training."""
+        return {"speeds": list(self.speeds), "noise": list(self._noise),
+                "alone_seen": list(self._alone_seen)}
 
     def restore(self, state: dict) -> None:
         """Take up estimates of state() again (those of another device count are ignored)."""
         if len(state.get("speeds", ())) == len(self.speeds):
             self.speeds = [float(v) for v in state["speeds"]]
             self._noise = [float(v) for v in state.get("noise", self._noise)]
+            seen = state.get("alone_seen")
+            if seen is not None and len(seen) == len(self.speeds):
+                self._alone_seen = [None if v is None else float(v) for v in seen]
 
     def observe(self, counts, busy) -> list[int] | None:
         if self._skip:
@@ -369,7 +392,21 @@ class Balancer:
         # taken off, but never more than half the time (a bad overhead must not blow them up),
         # after the link's fixed time (unless the link was far faster than measured)
         measured = {}
-        for i, (k, t) in enumerate(zip(counts, busy)):
+        alone = self._alone_device(counts)
+        if alone is not None:
+            # a device that runs the layer on its own gives its time alone, not its speed in a
+            # split (which contention sets); the others' one kernel each is mostly fixed cost
+            # and measures nothing of their speed: their estimates stay
+            t = busy[alone] * self.total / counts[alone]
+            if t > 0:
+                # from the time as calibrated (or last seen), so that one slow step moves it
+                # only a little
+                prior = self._alone_now(alone)
+                self._alone_seen[alone] = (1 - self.smoothing) * prior + self.smoothing * t
+            counts_measured = []
+        else:
+            counts_measured = list(enumerate(zip(counts, busy)))
+        for i, (k, t) in counts_measured:
             if k > 0 and t > 0:
                 own = max(t - self.fixed[i], 0.1 * t)
                 measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)

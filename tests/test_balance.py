@@ -218,9 +218,13 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
     # noisier, and the balancer waits for a gain that beats the noise)
     moved = next((i for i in range(change - 1, len(history)) if history[i] < 0.36), None)
     assert moved is not None and moved - (change - 1) < 15, report
-    assert all(0.05 <= s <= 0.36 for s in history[moved:]), report
+    assert all(s <= 0.36 for s in history[moved:]), report
+    # d0 alone (d1 keeping one kernel to be measured) may be tried where d0's calibrated time
+    # alone beats the split; it is left again if d0 alone turns out slower: one such visit
+    # at most, and few moves in all
+    visits = sum(1 for a, b in zip(history[moved:], history[moved + 1:]) if b < 0.05 <= a)
     moves_after = sum(1 for a, b in zip(history[moved:], history[moved + 1:]) if a != b)
-    assert moves_after <= 3, report
+    assert visits <= 1 and moves_after <= 4, report
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,6 +287,35 @@ def test_balancer_keeps_a_layer_that_is_faster_on_one_device():
     bal = Balancer(60, speeds, overheads, patience=1, alone=[0.25, 0.9])
     assert bal.partition() == [60, 0]
     assert bal.time([60, 0]) == pytest.approx(0.25)
-    assert all(bal.observe([60, 0], [0.6, 0.0]) is None for _ in range(5))
-    bal.speeds[0] /= 3   # its time alone is now 0.75 s, the split's about 0.5 s
-    assert sum(1 for k in bal.partition() if k) == 2
+    # alone, it runs as calibrated (faster than its speed in the split says): it stays alone
+    assert all(bal.observe([60, 0], [0.25, 0.0]) is None for _ in range(5))
+    assert bal.speeds == speeds
+    # before it has run alone, its calibrated time alone follows its speed in the split
+    slowed = Balancer(60, speeds, overheads, patience=1, alone=[0.25, 0.9])
+    slowed.speeds[0] /= 3   # its time alone is now 0.75 s, the split's about 0.5 s
+    assert sum(1 for k in slowed.partition() if k) == 2
+
+
+def test_balancer_goes_back_to_the_split_when_alone_runs_slower_than_calibrated():
+    """A layer moved to one device alone, which then takes longer than its calibrated time
+    alone (and than the split): its measured time alone replaces the calibrated one and the
+    split comes back. The kernel the other device keeps to be measured (mostly fixed cost)
+    does not make that device look slow."""
+    speeds, overheads = [100.0, 90.0], [0.0, 0.0]
+    bal = Balancer(60, speeds, overheads, patience=2, alone=[0.25, 0.9])
+    assert bal.partition() == [60, 0]
+    counts, moves = [59, 1], []
+    for _ in range(12):
+        # d0 takes 0.45 s for its 59 kernels; d1's one kernel costs 0.05 s of fixed work
+        new = bal.observe(counts, [0.45, 0.05])
+        if new is not None:
+            moves.append(new)
+            counts = new
+            break
+    assert moves and all(k > 1 for k in moves[0]), moves
+    assert bal.speeds == speeds                  # nothing was learnt of their split speeds
+    # seen as longer than calibrated (an average from it, towards the 0.46 s measured)
+    assert 0.3 < bal.time([60, 0]) <= 0.45 * 60 / 59
+    assert bal.time([60, 0]) > bal.time(moves[0])
+    # in the split it stays: the time alone as seen is the longer
+    assert bal.partition() == moves[0]
