@@ -5,8 +5,9 @@ Letters as in pyhet.geometry; N is the batch size the devices are timed at.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -147,20 +148,73 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
         kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
                    for r, cap in zip(rates, caps)]
     ratios = [[] for _ in devices]
-    with ThreadPoolExecutor(len(devices)) as pool:
-        for r in range(rounds):
-            rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
-            times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
-                                                   need_dx), range(len(devices)))
-            for i, t in enumerate(times):
+    if all(d.link is None for d in devices):
+        # devices of this process: the trial is the layer as training runs it
+        trial = replace(g, name=f"calibrate/{g.name}/together", K=sum(kernels))
+        one_group = len(devices) > 1 and all(d.group == "host" for d in devices)
+        for busy, wall in _layer_trial(devices, trial, kernels, x, need_dx, rounds, seed):
+            # the barriers between phases: the layer lasts longer than its busiest device
+            # where the devices are out of step phase by phase; all are charged alike
+            waste = min(1.5, max(1.0, wall / max(max(busy), 1e-12)))
+            for i, (k, t) in enumerate(zip(kernels, busy)):
                 slope, intercept = fits[i]
-                ratios[i].append(t / (intercept + kernels[i] * slope))
+                if k > 0:   # its time as the cost model gives it, from its fit alone
+                    fitted = k * (slope + intercept / trial.K) if one_group else \
+                        k * slope + intercept / _group_size(devices, devices[i])
+                    ratios[i].append(t * waste / fitted)
+        ratios = [r or [1.0] for r in ratios]
+    else:
+        with ThreadPoolExecutor(len(devices)) as pool:
+            for r in range(rounds):
+                rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
+                times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
+                                                       need_dx), range(len(devices)))
+                for i, t in enumerate(times):
+                    slope, intercept = fits[i]
+                    ratios[i].append(t / (intercept + kernels[i] * slope))
 
     pooled = {}
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
     return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[_alike(d)]))))
             for d in devices]
+
+
+def _group_size(devices, d) -> int:
+    """The devices that share d's im2col and input gradient (d's group of this process)."""
+    return 1 if d.group is None else sum(e.group == d.group for e in devices)
+
+
+def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int, seed: int):
+    """[(busy seconds of each device, wall seconds)] of `rounds` runs of layer g with
+    `counts` kernels per device, as a training step runs it (pyhet.parallel.PartitionedConv:
+    the shared im2col, the forward, the backward with its input gradient, the update staged;
+    each phase waits for every device), after one run that warms it up (its buffers' page
+    faults). Its shards are dropped after."""
+    from .optim import SGDConfig
+    from .parallel import PartitionedConv
+
+    rng = np.random.default_rng((seed, g.K))
+    w = (rng.standard_normal(g.weight_shape) * 0.1).astype(np.float32)
+    layer = PartitionedConv(g, w, np.zeros(g.K, np.float32), devices, counts, need_dx)
+    dout = np.ones(g.out_batch_shape(g.K, x.shape[0]), np.float32)
+    out = []
+    try:
+        for r in range(rounds + 1):
+            before = [d.busy_by_tag.get(g.name, 0.0) for d in devices]
+            t0 = time.perf_counter()
+            layer.forward(x)
+            layer.backward(dout)
+            layer.step(SGDConfig())
+            layer.commit()
+            wall = time.perf_counter() - t0
+            if r > 0:
+                out.append(([d.busy_by_tag.get(g.name, 0.0) - b
+                             for d, b in zip(devices, before)], wall))
+    finally:
+        for d in devices:
+            d.call("calibration", d.drop_shard, g.name)
+    return out
 
 
 def _alike(d) -> tuple:
@@ -207,7 +261,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     it learns), so it is timed and its traffic counted without one.
     """
     def group_size(d):   # the devices that share d's im2col and input gradient
-        return 1 if d.group is None else sum(e.group == d.group for e in devices)
+        return _group_size(devices, d)
 
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}

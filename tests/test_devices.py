@@ -232,16 +232,20 @@ def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
     alone = {"d0": 0.010, "d1": 0.012, "d2": 0.020}     # seconds per kernel, whatever the count
     slower = {}
 
-    def fake_time_block(device, g, k, x, rng, need_dx):
-        # alone, the devices are timed from this thread; all at once, each from a thread of its own
-        at_once = threading.current_thread() is not threading.main_thread()
-        return alone[device.name] * k * (slower[device.name] if at_once else 1.0)
+    def fake_time_block(device, g, k, x, rng, need_dx):   # alone
+        return alone[device.name] * k
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):   # all at once
+        assert sum(counts) == g.K and rounds == 3
+        busy = [alone[d.name] * k * slower[d.name] for d, k in zip(devices, counts)]
+        return [(busy, max(busy))] * rounds
 
     def calibrated(**at_once):
         slower.update(at_once)
         return calibrate(devices[:len(at_once)], shape.blocks, 4)
 
     monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
     try:
         mix = calibrated(d0=1.1, d1=1.3, d2=2.0)         # d0, d1 alike: 0.011 s alone
         quicker = calibrated(d0=0.5, d1=0.7, d2=0.9)     # "faster" at once: noise, not taken
