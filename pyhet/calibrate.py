@@ -134,6 +134,12 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     is a typical time where the fit is of the best ones alone. A single device runs its trial
     size: its typical time over its best.
 
+    Devices of this process (no link) run the layer together as a training step does
+    (_layer_trial: the phases, each waiting for all, and the update), and a device's time there
+    is its busy time in the layer; where the layer outlasts its busiest device (out of step
+    phase by phase), every device's ratio is scaled by that too, so that the slowest device's
+    predicted time is the layer's. Devices with a link (another rank) run a trial each, at once.
+
     Alike devices (_alike: the same SPEC in the same group) are slowed alike, but a device's own
     median is still as noisy as a few trials, which would tilt the partition between them: they
     take the median of all their ratios. Unlike devices can be slowed unlike: a device emulated at

@@ -340,3 +340,54 @@ def test_left_out_by_the_phases_says_what_one_kernel_would_cost():
     with_one = cal.predicted("conv1", [99, 1])
     assert with_one == pytest.approx(0.302 + 0.396)
     assert f"{with_one:.4g} s, more than the 0.6 s" in note["why"], note["why"]
+
+
+def test_the_together_trial_runs_the_layer_as_training_does():
+    """_layer_trial runs the layer over the devices (shared im2col, forward, backward, input
+    gradient, update) and gives each device's busy seconds and the wall seconds, per round; its
+    shards are gone after. A layer that outlasts its busiest device (the devices out of step
+    phase by phase) scales every device's contention by that."""
+    import pyhet.calibrate as calibrate_module
+    from dataclasses import replace
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    g = replace(shape.blocks[1], name="calibrate/conv2/together")
+    devices = make_devices(parse_devices("cpu:1,cpu:1@0.5"))
+    try:
+        x = np.random.default_rng(0).standard_normal(g.x_shape(4)).astype(np.float32)
+        rounds = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0)
+        assert len(rounds) == 2
+        for busy, wall in rounds:
+            assert len(busy) == 2 and all(b > 0 for b in busy)
+            assert wall >= max(busy) * 0.99
+        assert all(g.name not in d._shards for d in devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1@0.5"))
+    per_kernel = {"d0": 0.010, "d1": 0.020}
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: per_kernel[device.name] * k)
+
+    def trial(wall_over_busiest):
+        def fake(devices, g, counts, x, need_dx, rounds, seed):
+            busy = [per_kernel[d.name] * k for d, k in zip(devices, counts)]
+            return [(busy, max(busy) * wall_over_busiest)] * rounds
+        monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
+        return calibrate(devices, shape.blocks, 4)
+
+    try:
+        in_step, waiting = trial(1.0), trial(1.2)
+    finally:
+        for d in devices:
+            d.close()
+    for layer in in_step.speeds:
+        assert in_step.contention[layer] == [1.0, 1.0]
+        assert waiting.contention[layer] == pytest.approx([1.2, 1.2])
+        assert waiting.speeds[layer] == pytest.approx([s / 1.2 for s in in_step.speeds[layer]])
