@@ -32,9 +32,6 @@
 #ifdef __SSE2__  // every x86-64: transposing while packing, 4 x 4 at a time
 #include <emmintrin.h>
 #endif
-#ifdef __linux__  // huge pages for the packed blocks
-#include <sys/mman.h>
-#endif
 
 namespace pyhet {
 
@@ -137,25 +134,6 @@ constexpr int64_t kMinSharedBFloats = 16384;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
-
-// An aligned block for packed operands (freed with std::free). From 2 MiB up it is aligned to
-// 2 MiB and, on Linux, asks for transparent huge pages: a packed block is swept again and
-// again, and in 4 KiB pages its MC x KC block of A alone takes more pages than the L1 TLB maps.
-float* packing_alloc(size_t bytes) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  void* p;
-  if (bytes >= kHuge) {
-    bytes = static_cast<size_t>(round_up(static_cast<int64_t>(bytes), kHuge));
-    p = std::aligned_alloc(kHuge, bytes);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (p) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: no huge pages is no error
-#endif
-  } else {
-    p = std::aligned_alloc(64, static_cast<size_t>(round_up(static_cast<int64_t>(bytes), 64)));
-  }
-  if (!p) throw std::bad_alloc();
-  return static_cast<float*>(p);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Packing: op() is applied here, edges are padded with zeros.
@@ -294,7 +272,9 @@ class Workspace {
       std::free(data_);
       data_ = nullptr;
       size_ = 0;
-      data_ = packing_alloc(floats * sizeof(float));
+      const size_t bytes = round_up(static_cast<int64_t>(floats * sizeof(float)), 64);
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data_) throw std::bad_alloc();
       size_ = floats;
     }
     return data_;
@@ -772,7 +752,9 @@ PackedB::PackedB(bool trans, int64_t K, int64_t N) : trans_(trans), K_(K), N_(N)
   slivers_ = ceil_div(N, nr_);
   floats_ = ceil_div(K, kc_step_) * slivers_ * kc_step_ * nr_;  // whole K blocks
   if (floats_ > 0) {
-    data_.reset(packing_alloc(static_cast<size_t>(floats_) * sizeof(float)));
+    const size_t bytes = round_up(floats_ * static_cast<int64_t>(sizeof(float)), 64);
+    data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!data_) throw std::bad_alloc();
   }
 }
 
