@@ -5,6 +5,10 @@
 #include <cmath>
 #include <cstring>
 
+#ifdef __SSE2__  // every x86-64: the 2 x 2 pool four windows at a time
+#include <emmintrin.h>
+#endif
+
 #include "parallel.h"
 
 namespace pyhet {
@@ -71,9 +75,79 @@ inline void bias_relu(float m, float b, int32_t at, float* out, int32_t* arg) {
   *arg = a;
 }
 
+// One row of 2 x 2 windows at stride 2 (the usual pool): rows r0 and r1 of the plane, which
+// start at element at0. The four candidates are taken in row-major order, each replacing the
+// maximum so far where it is greater (v > m), as window_max does; with SSE2, four windows at a
+// time, the candidates taken apart from the rows by shuffles. A window that holds a NaN is
+// redone alone by the exact rule (window_max).
+inline void pool_row_2x2(const float* r0, const float* r1, float b, int32_t at0, int32_t W,
+                         int64_t PW, float* out, int32_t* arg) {
+  int64_t pw = 0;
+#ifdef __SSE2__
+  const __m128 bias = _mm_set1_ps(b), zero = _mm_setzero_ps();
+  const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(W),
+                diag = _mm_set1_epi32(W + 1), none = _mm_set1_epi32(-1);
+  for (; pw + 4 <= PW; pw += 4) {
+    const __m128 a0 = _mm_loadu_ps(r0 + 2 * pw), a1 = _mm_loadu_ps(r0 + 2 * pw + 4);
+    const __m128 c0 = _mm_loadu_ps(r1 + 2 * pw), c1 = _mm_loadu_ps(r1 + 2 * pw + 4);
+    const __m128 v0 = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m128 v1 = _mm_shuffle_ps(a0, a1, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m128 v2 = _mm_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m128 v3 = _mm_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1));
+    __m128 m = v0;
+    __m128i at = _mm_setzero_si128();
+    __m128 take = _mm_cmpgt_ps(v1, m);
+    m = _mm_or_ps(_mm_and_ps(take, v1), _mm_andnot_ps(take, m));
+    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), one),
+                      _mm_andnot_si128(_mm_castps_si128(take), at));
+    take = _mm_cmpgt_ps(v2, m);
+    m = _mm_or_ps(_mm_and_ps(take, v2), _mm_andnot_ps(take, m));
+    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), below),
+                      _mm_andnot_si128(_mm_castps_si128(take), at));
+    take = _mm_cmpgt_ps(v3, m);
+    m = _mm_or_ps(_mm_and_ps(take, v3), _mm_andnot_ps(take, m));
+    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), diag),
+                      _mm_andnot_si128(_mm_castps_si128(take), at));
+    m = _mm_add_ps(m, bias);
+    // a NaN in a window, or made by the bias (inf - inf, a NaN bias): the exact rule, alone
+    if (_mm_movemask_ps(_mm_or_ps(_mm_or_ps(_mm_cmpunord_ps(v0, v1), _mm_cmpunord_ps(v2, v3)),
+                                  _mm_cmpunord_ps(m, m)))) {
+      for (int64_t q = pw; q < pw + 4; ++q) {
+        float mq;
+        int32_t aq;
+        window_max(r0 - at0, W, at0 / W, 2 * q, 2, &mq, &aq);
+        bias_relu(mq, b, aq, out + q, arg + q);
+      }
+      continue;
+    }
+    const __m128 pos = _mm_cmpgt_ps(m, zero);  // no NaN left: ReLU is the mask
+    const int32_t first = at0 + static_cast<int32_t>(2 * pw);
+    at = _mm_add_epi32(at, _mm_setr_epi32(first, first + 2, first + 4, first + 6));
+    _mm_storeu_ps(out + pw, _mm_and_ps(pos, m));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(arg + pw),
+                     _mm_or_si128(_mm_and_si128(_mm_castps_si128(pos), at),
+                                  _mm_andnot_si128(_mm_castps_si128(pos), none)));
+  }
+#endif
+  for (; pw < PW; ++pw) {
+    float m;
+    int32_t at;
+    window_max(r0 - at0, W, at0 / W, 2 * pw, 2, &m, &at);
+    bias_relu(m, b, at, out + pw, arg + pw);
+  }
+}
+
 // One (H, W) plane of y -> its (PH, PW) block of out and arg, for any window and stride.
 inline void pool_plane(const float* plane, float b, int64_t W, int64_t k, int64_t s,
                        int64_t PH, int64_t PW, float* out, int32_t* arg) {
+  if (k == 2 && s == 2) {
+    for (int64_t ph = 0; ph < PH; ++ph) {
+      const float* r0 = plane + 2 * ph * W;
+      pool_row_2x2(r0, r0 + W, b, static_cast<int32_t>(2 * ph * W), static_cast<int32_t>(W), PW,
+                   out + ph * PW, arg + ph * PW);
+    }
+    return;
+  }
   for (int64_t ph = 0; ph < PH; ++ph)
     for (int64_t pw = 0; pw < PW; ++pw) {
       float m;
@@ -155,6 +229,47 @@ void bias_relu_maxpool_backward(const float* dout, const int32_t* arg, int64_t K
         for (int64_t i = 0; i < H * W; ++i) {
           const float v = d[i];
           plane[i] = a[i] >= 0 ? v : 0.f;
+        }
+        continue;
+      }
+      if (k == 2 && s == 2 && H == 2 * PH && W == 2 * PW) {
+        // Windows that tile the plane: each element is in one window and gets its gradient
+        // or 0, written once (no zeroing pass before); with SSE2, four windows at a time.
+        const int32_t w32 = static_cast<int32_t>(W);
+        for (int64_t ph = 0; ph < PH; ++ph) {
+          float* r0 = plane + 2 * ph * W;
+          float* r1 = r0 + W;
+          const int32_t at0 = static_cast<int32_t>(2 * ph * W);
+          const int32_t* ar = a + ph * PW;
+          const float* dr = d + ph * PW;
+          int64_t pw = 0;
+#ifdef __SSE2__
+          for (; pw + 4 <= PW; pw += 4) {
+            const int32_t first = at0 + static_cast<int32_t>(2 * pw);
+            // each window's choice, relative to its first element (negative: none)
+            const __m128i rel = _mm_sub_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(ar + pw)),
+                _mm_setr_epi32(first, first + 2, first + 4, first + 6));
+            const __m128 v = _mm_loadu_ps(dr + pw);
+            auto where = [&](int32_t offset) {
+              return _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(rel, _mm_set1_epi32(offset))),
+                                v);
+            };
+            const __m128 e0 = where(0), e1 = where(1), e2 = where(w32), e3 = where(w32 + 1);
+            _mm_storeu_ps(r0 + 2 * pw, _mm_unpacklo_ps(e0, e1));
+            _mm_storeu_ps(r0 + 2 * pw + 4, _mm_unpackhi_ps(e0, e1));
+            _mm_storeu_ps(r1 + 2 * pw, _mm_unpacklo_ps(e2, e3));
+            _mm_storeu_ps(r1 + 2 * pw + 4, _mm_unpackhi_ps(e2, e3));
+          }
+#endif
+          for (; pw < PW; ++pw) {
+            const int32_t at = ar[pw] - at0 - static_cast<int32_t>(2 * pw);
+            const float v = dr[pw];
+            r0[2 * pw] = at == 0 ? v : 0.f;
+            r0[2 * pw + 1] = at == 1 ? v : 0.f;
+            r1[2 * pw] = at == w32 ? v : 0.f;
+            r1[2 * pw + 1] = at == w32 + 1 ? v : 0.f;
+          }
         }
         continue;
       }

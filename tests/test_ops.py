@@ -253,6 +253,21 @@ def test_bias_relu_maxpool_matches_reference(geom, ties, nans, threads, seed):
     check_fused(y, b, k, s, threads, rng)
 
 
+@pytest.mark.parametrize("H, W", [(2, 8), (4, 18), (5, 9), (28, 28)])
+def test_bias_relu_maxpool_2x2_with_infinities_and_nans(H, W):
+    """The 2 x 2 pool at stride 2 (four windows at a time, then the rest of the row) on planes
+    with infinities, NaNs and ties, wider than the hypothesis test's: as the reference."""
+    rng = np.random.default_rng(H * 100 + W)
+    K, N = 4, 2
+    y = rng.integers(-2, 3, (K, N, H, W)).astype(np.float32)
+    y[0, 0, 0, :] = np.inf
+    y[1, 1, -1, ::3] = -np.inf
+    y[2, 0, :, 1] = np.nan
+    y.reshape(-1)[rng.integers(0, y.size, 3)] = np.nan
+    b = np.array([-1.0, 0.5, 0.0, 2.0], np.float32)
+    check_fused(y, b, 2, 2, 1, rng)
+
+
 @pytest.mark.parametrize("H, W", [(1, 1), (3, 5), (7, 7), (17, 13), (1, 255)])
 def test_bias_relu_without_pooling(H, W):
     """pool = stride = 1: relu(y + bias) transposed to NCHW, arg the element's own index or -1,
