@@ -52,6 +52,8 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=16)
     p.add_argument("--steps", type=positive(int), default=4,
                    help="steps per run (the first warms up)")
+    p.add_argument("--rounds", type=positive(int), default=1,
+                   help="times the rates run, in turn; rows give medians over them")
     p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")
     p.add_argument("--timeout", type=positive(float), default=900,
                    help="seconds one run may take")
@@ -256,6 +258,33 @@ def plan_of(planned, args, link: LinkFigures, ddp_speed: float = 1.0) -> dict:
             "plan_ddp_step_s": r["ddp"]["step_s"]}
 
 
+def _median(values):
+    """The median of the values that are not None, or None when none is."""
+    values = [v for v in values if v is not None]
+    return _util.median(values) if values else None
+
+
+def summarise(runs: list) -> dict:
+    """One rate's row from its rounds: the last round's partitions and link figures, the
+    medians of the times, and the medians of each round's ratios to its measured step (the
+    plan, the training's own model, the DDP plan to DDP's measured step); `rounds` keeps
+    every round."""
+    row = dict(runs[-1])
+    for key in ("measured_bits_per_s", "step_s", "conv_s", "predicted_conv_s",
+                "predicted_step_s", "ddp_step_s", "plan_step_s", "plan_ddp_step_s"):
+        row[key] = _median(r[key] for r in runs)
+    row["speedup"] = _median(r["speedup"] for r in runs)
+
+    def ratio(key, of="step_s"):
+        return _median(None if r[key] is None or not r[of] else r[key] / r[of] for r in runs)
+
+    row["plan_ratio"] = ratio("plan_step_s")
+    row["model_ratio"] = ratio("predicted_step_s")
+    row["plan_ddp_ratio"] = ratio("plan_ddp_step_s", "ddp_step_s")
+    row["rounds"] = runs
+    return row
+
+
 def mbit(bits_per_s) -> str:
     return "-" if bits_per_s is None else f"{bits_per_s / 1e6:.0f}"
 
@@ -284,7 +313,6 @@ def main(argv=None) -> int:
 
     # SIGTERM ends the run like Ctrl-C, so the namespaces are removed either way
     old = signal.signal(signal.SIGTERM, _interrupt)
-    rows = []
     # DDP's replicas run PyTorch's convolutions, not pyhet's: the plan gets their speed
     replica = replica_speed(args) if ddp else None
     if replica is not None:
@@ -296,8 +324,9 @@ def main(argv=None) -> int:
         alone_s = alone["step_time_s"]["median"]
         print(f"master's device alone (cpu:1): {alone_s:.3f} s a step", flush=True)
         link = Link()
+        runs = {rate: [] for rate in rates}
         try:
-            for rate in rates:
+            for rnd, rate in ((r, rate) for r in range(args.rounds) for rate in rates):
                 # pyhet plan's view of the same two devices, calibrated beside the run it
                 # predicts (once for all rates, one slow minute moved every plan by 20%+)
                 planned = calibrated_pair(args)
@@ -324,16 +353,21 @@ def main(argv=None) -> int:
                 row.update(plan_of(planned, args, LinkFigures(
                     figures["latency_s"], figures["bandwidth_bytes_per_s"]),
                     replica["speed"] if replica is not None else 1.0))
-                rows.append(row)
-                print(f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
-                      f"{row['step_s']:.3f} s" + (f", DDP {row['ddp_step_s']:.3f} s"
-                                                  if row["ddp_step_s"] else ""), flush=True)
+                runs[rate].append(row)
+                print((f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else "") +
+                      f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
+                      f"{row['step_s']:.3f} s, plan {row['plan_step_s']:.3f} s" +
+                      (f", DDP {row['ddp_step_s']:.3f} s" if row["ddp_step_s"] else ""),
+                      flush=True)
         finally:
             link.close()
             signal.signal(signal.SIGTERM, old)
+    rows = [summarise(rate_runs) for rate_runs in runs.values()]
 
     print(f"\n--devices 0/cpu:1,1/cpu:1 (rank 1 across the link), kernels {args.kernels}, batch "
-          f"{args.batch_size}; master's device alone {alone_s:.3f} s a step")
+          f"{args.batch_size}; master's device alone {alone_s:.3f} s a step" +
+          (f"; medians of {args.rounds} rounds (ratios: of each round's)" if args.rounds > 1
+           else ""))
     table = []
     for r in rows:
         within = (None if not r["set_bits_per_s"] or not r["measured_bits_per_s"] else
@@ -343,21 +377,19 @@ def main(argv=None) -> int:
                       "/".join(str(v) for v in r["partition"]["conv2"].values()),
                       f"{r['step_s']:.3f}", f"{r['speedup']:.2f}x",
                       "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s']:.3f}",
-                      "-" if r["predicted_step_s"] is None else
-                      f"{r['predicted_step_s'] / r['step_s']:.2f}",
+                      "-" if r["model_ratio"] is None else f"{r['model_ratio']:.2f}",
                       f"{r['bytes_per_step'] / 1e6:.1f}",
                       "-" if r["ddp_step_s"] is None else f"{r['ddp_step_s']:.3f}",
                       "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}",
-                      f"{r['plan_step_s']:.3f}", f"{r['plan_step_s'] / r['step_s']:.2f}",
+                      f"{r['plan_step_s']:.3f}", f"{r['plan_ratio']:.2f}",
                       f"{r['plan_ddp_step_s']:.3f}",
-                      "-" if r["ddp_step_s"] is None else
-                      f"{r['plan_ddp_step_s'] / r['ddp_step_s']:.2f}"])
+                      "-" if r["plan_ddp_ratio"] is None else f"{r['plan_ddp_ratio']:.2f}"])
     print(_util.format_table(["rate", "Mbit/s measured", "conv2 partition", "step s", "speedup",
                               "model step s", "model/measured", "MB/step", "DDP step s",
                               "pyhet/DDP", "plan s", "plan/measured", "plan DDP s",
                               "plan DDP/measured"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
-              "batch_size": args.batch_size, "alone_step_s": alone_s,
+              "batch_size": args.batch_size, "alone_step_s": alone_s, "rounds": args.rounds,
               "ddp_replica": replica, "rates": rows}
     _util.save_outputs(result, args, plot)
     return 0

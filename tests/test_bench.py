@@ -93,6 +93,28 @@ def test_bench_bandwidth(tmp_path, capsys):
                                             text=True).stdout
 
 
+def test_bench_bandwidth_rows_are_medians_of_the_rounds():
+    """--rounds: a rate's row gives the medians of its rounds' times and of each round's ratio
+    of a prediction to the step measured in that round, and keeps every round."""
+    try:
+        from pyhet.bench import bandwidth
+    except ImportError:
+        from bench import bandwidth
+
+    def run_(step, plan, ddp, plan_ddp):
+        return {"rate": "1gbit", "measured_bits_per_s": 9e8, "step_s": step, "speedup": 1.0,
+                "conv_s": step, "predicted_conv_s": None, "predicted_step_s": None,
+                "ddp_step_s": ddp, "plan_step_s": plan, "plan_ddp_step_s": plan_ddp,
+                "partition": {"conv2": {"d0": 5, "d1": 3}}}
+
+    runs = [run_(1.0, 1.1, 2.0, 1.0), run_(2.0, 1.0, None, 3.0), run_(1.5, 1.65, 4.0, 2.0)]
+    row = bandwidth.summarise(runs)
+    assert row["step_s"] == 1.5 and row["plan_step_s"] == 1.1 and row["ddp_step_s"] == 3.0
+    assert row["plan_ratio"] == pytest.approx(1.1)          # 1.1, 0.5, 1.1
+    assert row["plan_ddp_ratio"] == pytest.approx(0.5)      # 0.5, -, 0.5
+    assert row["model_ratio"] is None and row["rounds"] == runs
+
+
 def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
     """The DDP plan's replica speed: pyhet's time on one replica's work over PyTorch's."""
     pytest.importorskip("torch")
