@@ -49,6 +49,12 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 
 
+def median_or_none(values):
+    """The median of the values that are not None, or None when none is."""
+    values = [v for v in values if v is not None]
+    return median(values) if values else None
+
+
 # ------------------------------------------------------------------------------------------------
 # Threads of the reference library
 

@@ -258,25 +258,19 @@ def plan_of(planned, args, link: LinkFigures, ddp_speed: float = 1.0) -> dict:
             "plan_ddp_step_s": r["ddp"]["step_s"]}
 
 
-def _median(values):
-    """The median of the values that are not None, or None when none is."""
-    values = [v for v in values if v is not None]
-    return _util.median(values) if values else None
-
-
 def summarise(runs: list) -> dict:
     """One rate's row from its rounds: the last round's partitions and link figures, the
     medians of the times, and the medians of each round's ratios to its measured step (the
     plan, the training's own model, the DDP plan to DDP's measured step); `rounds` keeps
     every round."""
     row = dict(runs[-1])
-    for key in ("measured_bits_per_s", "step_s", "conv_s", "predicted_conv_s",
+    median = _util.median_or_none
+    for key in ("measured_bits_per_s", "step_s", "speedup", "conv_s", "predicted_conv_s",
                 "predicted_step_s", "ddp_step_s", "plan_step_s", "plan_ddp_step_s"):
-        row[key] = _median(r[key] for r in runs)
-    row["speedup"] = _median(r["speedup"] for r in runs)
+        row[key] = median(r[key] for r in runs)
 
     def ratio(key, of="step_s"):
-        return _median(None if r[key] is None or not r[of] else r[key] / r[of] for r in runs)
+        return median(None if r[key] is None or not r[of] else r[key] / r[of] for r in runs)
 
     row["plan_ratio"] = ratio("plan_step_s")
     row["model_ratio"] = ratio("predicted_step_s")

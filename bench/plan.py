@@ -65,10 +65,7 @@ def ratio(a, b) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
-def median(values):
-    """The median of the values that are not None, or None when none is."""
-    values = [v for v in values if v is not None]
-    return _util.median(values) if values else None
+median = _util.median_or_none
 
 
 def measure(spec: str, batch: int, args, cwd) -> dict:

@@ -75,18 +75,21 @@ inline void bias_relu(float m, float b, int32_t at, float* out, int32_t* arg) {
   *arg = a;
 }
 
-// One row of 2 x 2 windows at stride 2 (the usual pool): rows r0 and r1 of the plane, which
-// start at element at0. The four candidates are taken in row-major order, each replacing the
+// One row of 2 x 2 windows at stride 2 (the usual pool): rows h0 and h0 + 1 of the plane. The
+// four candidates are taken in row-major order, each replacing the
 // maximum so far where it is greater (v > m), as window_max does; with SSE2, four windows at a
 // time, the candidates taken apart from the rows by shuffles. A window that holds a NaN is
 // redone alone by the exact rule (window_max).
-inline void pool_row_2x2(const float* r0, const float* r1, float b, int32_t at0, int32_t W,
-                         int64_t PW, float* out, int32_t* arg) {
+inline void pool_row_2x2(const float* plane, int64_t W, int64_t h0, float b, int64_t PW,
+                         float* out, int32_t* arg) {
+  const float* r0 = plane + h0 * W;
+  const float* r1 = r0 + W;
+  const int32_t at0 = static_cast<int32_t>(h0 * W);  // r0's first element, in the plane
   int64_t pw = 0;
 #ifdef __SSE2__
   const __m128 bias = _mm_set1_ps(b), zero = _mm_setzero_ps();
-  const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(W),
-                diag = _mm_set1_epi32(W + 1), none = _mm_set1_epi32(-1);
+  const __m128i one = _mm_set1_epi32(1), below = _mm_set1_epi32(static_cast<int32_t>(W)),
+                diag = _mm_set1_epi32(static_cast<int32_t>(W + 1)), none = _mm_set1_epi32(-1);
   for (; pw + 4 <= PW; pw += 4) {
     const __m128 a0 = _mm_loadu_ps(r0 + 2 * pw), a1 = _mm_loadu_ps(r0 + 2 * pw + 4);
     const __m128 c0 = _mm_loadu_ps(r1 + 2 * pw), c1 = _mm_loadu_ps(r1 + 2 * pw + 4);
@@ -115,7 +118,7 @@ inline void pool_row_2x2(const float* r0, const float* r1, float b, int32_t at0,
       for (int64_t q = pw; q < pw + 4; ++q) {
         float mq;
         int32_t aq;
-        window_max(r0 - at0, W, at0 / W, 2 * q, 2, &mq, &aq);
+        window_max(plane, W, h0, 2 * q, 2, &mq, &aq);
         bias_relu(mq, b, aq, out + q, arg + q);
       }
       continue;
@@ -132,7 +135,7 @@ inline void pool_row_2x2(const float* r0, const float* r1, float b, int32_t at0,
   for (; pw < PW; ++pw) {
     float m;
     int32_t at;
-    window_max(r0 - at0, W, at0 / W, 2 * pw, 2, &m, &at);
+    window_max(plane, W, h0, 2 * pw, 2, &m, &at);
     bias_relu(m, b, at, out + pw, arg + pw);
   }
 }
@@ -141,11 +144,8 @@ inline void pool_row_2x2(const float* r0, const float* r1, float b, int32_t at0,
 inline void pool_plane(const float* plane, float b, int64_t W, int64_t k, int64_t s,
                        int64_t PH, int64_t PW, float* out, int32_t* arg) {
   if (k == 2 && s == 2) {
-    for (int64_t ph = 0; ph < PH; ++ph) {
-      const float* r0 = plane + 2 * ph * W;
-      pool_row_2x2(r0, r0 + W, b, static_cast<int32_t>(2 * ph * W), static_cast<int32_t>(W), PW,
-                   out + ph * PW, arg + ph * PW);
-    }
+    for (int64_t ph = 0; ph < PH; ++ph)
+      pool_row_2x2(plane, W, 2 * ph, b, PW, out + ph * PW, arg + ph * PW);
     return;
   }
   for (int64_t ph = 0; ph < PH; ++ph)

@@ -403,10 +403,7 @@ class Balancer:
                 # only a little
                 prior = self._alone_now(alone)
                 self._alone_seen[alone] = (1 - self.smoothing) * prior + self.smoothing * t
-            counts_measured = []
-        else:
-            counts_measured = list(enumerate(zip(counts, busy)))
-        for i, (k, t) in counts_measured:
+        for i, (k, t) in [] if alone is not None else enumerate(zip(counts, busy)):
             if k > 0 and t > 0:
                 own = max(t - self.fixed[i], 0.1 * t)
                 measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)

@@ -115,6 +115,14 @@ def test_bench_bandwidth_rows_are_medians_of_the_rounds():
     assert row["model_ratio"] is None and row["rounds"] == runs
 
 
+def test_bench_bandwidth_refuses_a_bad_rounds(capsys):
+    """Refused before anything is set up (no root needed): one usage error, exit status 2."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "bandwidth", "--rounds", "0"])
+    assert e.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
     """The DDP plan's replica speed: pyhet's time on one replica's work over PyTorch's."""
     pytest.importorskip("torch")
