@@ -61,6 +61,7 @@ class _Shard:
         self.packed_col_t = None  # col^T packed whole by the host group, for dw; or None
         self.staged = None     # (w, b, vw, vb) after an update not yet committed
         self.spare = None      # the buffers of the state before the last commit, reused
+        self.spare_v = None    # (vw, vb) for the second update to write, made by the first
 
     @property
     def k(self) -> int:
@@ -284,10 +285,19 @@ class Device:
     def sgd_stage(self, layer: str, cfg: SGDConfig):
         s, be = self._shards[layer], self.backend
         w, b, vw, vb = s.spare if s.spare is not None else (None,) * 4
-        if s.vw is None:          # the first update: no momentum buffers to reuse yet
+        first = s.vw is None
+        if first:                 # the first update: no momentum buffers to reuse yet
             vw = vb = None
+        elif vw is None and s.spare_v is not None:   # the second: those the first one made
+            vw, vb = s.spare_v
+        s.spare_v = None
         w, vw = be.sgd_update_into(s.w, s.dw, s.vw, cfg, w, vw)
         b, vb = be.sgd_update_into(s.b, s.db, s.vb, cfg, b, vb)
+        if first and vw is not None:
+            # The second update writes its momentum beside this one's: make those buffers now,
+            # by copies, so that their first-touch page faults fall in the first step (which
+            # makes every buffer anyway) and the second step runs as fast as the later ones.
+            s.spare_v = (vw.copy(), vb.copy())
         s.staged, s.spare = (w, b, vw, vb), None
 
     def commit_stage(self, layer: str):

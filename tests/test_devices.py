@@ -154,6 +154,32 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
                                   {"conv1": [2, 3], "conv2": [4, 2]}, seed=0, n=5)
 
 
+def test_the_second_update_writes_to_momentum_buffers_the_first_one_made():
+    """The update writes the new state beside the old one and the two swap at each commit:
+    the first update makes the buffers the second one fills (by copies, their pages touched
+    in the first step), so no step after the first makes any, and the values stay exact."""
+    shape = net_shape((1, 10, 10), (4, 4), 3, 3)
+    devices = make_devices(parse_devices("cpu:1"))
+    net = Net(shape, init_params(shape, 0), devices, {"conv1": [4], "conv2": [4]}, CpuBackend(1))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 10, 10)).astype(np.float32)
+    y = np.array([0, 1])
+    cfg = SGDConfig(lr=0.05, momentum=0.9)
+    shard = devices[0]._shards["conv2"]
+    net.train_step(x, y, cfg)
+    made = shard.spare_v
+    assert made is not None and made[0] is not shard.vw and made[1] is not shard.vb
+    first = (shard.vw, shard.vb)
+    net.train_step(x, y, cfg)
+    assert shard.vw is made[0] and shard.vb is made[1] and shard.spare_v is None
+    net.train_step(x, y, cfg)
+    assert shard.vw is first[0] and shard.vb is first[1]
+    for d in devices:
+        d.close()
+    assert_trains_like_one_device(shape, "cpu:1,cpu:1", {"conv1": [2, 2], "conv2": [1, 3]},
+                                  seed=0, n=4)
+
+
 # ------------------------------------------------------------------------------------------------
 # A device that fails mid-step
 
