@@ -136,16 +136,50 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // ---------------------------------------------------------------------------------------------
-// Packing: op() is applied here, edges are padded with zeros.
+// Packing: op() is applied here, edges are padded with zeros. A source is one matrix, or (for a
+// sub-product of Strassen's scheme) the sum of two stored alike: x + s2 * x2, made as it is
+// packed, so that the sum never exists as a matrix of its own.
+
+struct Source {
+  const float* x;
+  const float* x2;  // null: x alone
+  float s2;
+  int64_t ld;
+};
+
+// The element at offset `off` from the start of each matrix.
+template <bool Sum>
+inline float at(const Source& s, int64_t off) {
+  return Sum ? s.x[off] + s.s2 * s.x2[off] : s.x[off];
+}
+
+// dst[q] = source at off + q, for q < n.
+template <bool Sum>
+inline void copy_run(const Source& s, int64_t off, int64_t n, float* dst) {
+  if (!Sum) {
+    std::memcpy(dst, s.x + off, sizeof(float) * n);
+    return;
+  }
+  const float* x = s.x + off;
+  const float* x2 = s.x2 + off;
+  for (int64_t q = 0; q < n; ++q) dst[q] = x[q] + s.s2 * x2[q];
+}
 
 #ifdef __SSE2__
-// dst[q * ld_dst + r] = src[r * ld_src + q] for r, q < 4: four floats of four rows read at once
-// and transposed in registers, not sixteen scalars.
-inline void transpose_4x4(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
-  __m128 r0 = _mm_loadu_ps(src);
-  __m128 r1 = _mm_loadu_ps(src + ld_src);
-  __m128 r2 = _mm_loadu_ps(src + 2 * ld_src);
-  __m128 r3 = _mm_loadu_ps(src + 3 * ld_src);
+template <bool Sum>
+inline __m128 load4(const Source& s, int64_t off) {
+  const __m128 v = _mm_loadu_ps(s.x + off);
+  return Sum ? _mm_add_ps(v, _mm_mul_ps(_mm_set1_ps(s.s2), _mm_loadu_ps(s.x2 + off))) : v;
+}
+
+// dst[q * ld_dst + r] = source[off + r * ld + q] for r, q < 4: four floats of four rows read at
+// once and transposed in registers, not sixteen scalars.
+template <bool Sum>
+inline void transpose_4x4(const Source& s, int64_t off, float* dst, int64_t ld_dst) {
+  __m128 r0 = load4<Sum>(s, off);
+  __m128 r1 = load4<Sum>(s, off + s.ld);
+  __m128 r2 = load4<Sum>(s, off + 2 * s.ld);
+  __m128 r3 = load4<Sum>(s, off + 3 * s.ld);
   _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
   _mm_storeu_ps(dst, r0);
   _mm_storeu_ps(dst + ld_dst, r1);
@@ -155,31 +189,35 @@ inline void transpose_4x4(const float* src, int64_t ld_src, float* dst, int64_t 
 #endif
 
 // The rows [i0, i0 + mc) and columns [p0, p0 + kc) of op(A), as MR x kc slivers.
-template <int MR>
-void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
-            int64_t kc, float* dst) {
+template <int MR, bool Sum>
+void pack_a_from(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+                 float* dst) {
+  const int64_t lda = A.ld;
   if (trans) {
     // op(A)[i][p] = A[p * lda + i]: row p of A holds column p of every sliver side by side.
     // Row by row across the whole block, so that each row of A is read once as one run of mc
     // floats (sliver by sliver read MR floats of kc rows lda apart at a time, and spent 7% of
     // the input gradient's product waiting for them), with the row a few ahead prefetched.
     constexpr int64_t ahead = 4;
-    const float* src = A + p0 * lda + i0;
-    for (int64_t p = 0; p < kc; ++p, src += lda) {
+    int64_t row = p0 * lda + i0;
+    for (int64_t p = 0; p < kc; ++p, row += lda) {
 #ifdef __SSE2__
       if (p + ahead < kc) {
-        const char* next = reinterpret_cast<const char*>(src + ahead * lda);
-        for (int64_t off = 0; off < mc * static_cast<int64_t>(sizeof(float)); off += 64)
-          _mm_prefetch(next + off, _MM_HINT_T0);
+        for (const float* x : {A.x, A.x2}) {
+          if (!x) continue;
+          const char* next = reinterpret_cast<const char*>(x + row + ahead * lda);
+          for (int64_t off = 0; off < mc * static_cast<int64_t>(sizeof(float)); off += 64)
+            _mm_prefetch(next + off, _MM_HINT_T0);
+        }
       }
 #endif
       float* d = dst + p * MR;
       for (int64_t ir = 0; ir < mc; ir += MR, d += kc * MR) {
         const int64_t m = std::min<int64_t>(MR, mc - ir);
         if (m == MR) {
-          std::memcpy(d, src + ir, sizeof(float) * MR);
+          copy_run<Sum>(A, row + ir, MR, d);
         } else {
-          for (int i = 0; i < MR; ++i) d[i] = i < m ? src[ir + i] : 0.f;
+          for (int i = 0; i < MR; ++i) d[i] = i < m ? at<Sum>(A, row + ir + i) : 0.f;
         }
       }
     }
@@ -188,7 +226,7 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
   // op(A)[i][p] = A[i * lda + p]: MR rows read side by side, sliver by sliver
   for (int64_t ir = 0; ir < mc; ir += MR, dst += kc * MR) {
     const int64_t m = std::min<int64_t>(MR, mc - ir);
-    const float* src = A + (i0 + ir) * lda + p0;
+    const int64_t src = (i0 + ir) * lda + p0;
     if (m == MR) {
       int64_t p = 0;
 #ifdef __SSE2__
@@ -197,25 +235,35 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
       constexpr int whole = MR / 4 * 4;
       for (; p + 4 <= kc; p += 4) {
         for (int i = 0; i < whole; i += 4)
-          transpose_4x4(src + i * lda + p, lda, dst + p * MR + i, MR);
+          transpose_4x4<Sum>(A, src + i * lda + p, dst + p * MR + i, MR);
         for (int i = whole; i < MR; ++i)
-          for (int q = 0; q < 4; ++q) dst[(p + q) * MR + i] = src[i * lda + p + q];
+          for (int q = 0; q < 4; ++q) dst[(p + q) * MR + i] = at<Sum>(A, src + i * lda + p + q);
       }
 #endif
       for (; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = src[i * lda + p];
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = at<Sum>(A, src + i * lda + p);
     } else {
       for (int64_t p = 0; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? src[i * lda + p] : 0.f;
+        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? at<Sum>(A, src + i * lda + p) : 0.f;
     }
   }
 }
 
+template <int MR>
+void pack_a(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
+            float* dst) {
+  if (A.x2)
+    pack_a_from<MR, true>(trans, A, i0, mc, p0, kc, dst);
+  else
+    pack_a_from<MR, false>(trans, A, i0, mc, p0, kc, dst);
+}
+
 // The NR slivers [s0, s1) of the block of op(B) with rows [p0, p0 + kc) and columns
 // [j0, j0 + nc); sliver s goes to dst + s * stride and holds columns j0 + s * NR ...
-template <int NR>
-void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
-            int64_t nc, int64_t s0, int64_t s1, float* dst, int64_t stride) {
+template <int NR, bool Sum>
+void pack_b_from(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+                 int64_t s0, int64_t s1, float* dst, int64_t stride) {
+  const int64_t ldb = B.ld;
   if (!trans) {
     // op(B)[p][j] = B[p * ldb + j]: 8 rows at a time across all the slivers, so that B is read
     // in runs along its rows and each sliver is written 8 * NR floats at a time (sliver by sliver
@@ -225,13 +273,13 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
       const int64_t pe = std::min(kc, pb + rows);
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t j = s * NR, n = std::min<int64_t>(NR, nc - j);
-        const float* src = B + (p0 + pb) * ldb + j0 + j;
+        int64_t src = (p0 + pb) * ldb + j0 + j;
         float* d = dst + s * stride + pb * NR;
         for (int64_t p = pb; p < pe; ++p, src += ldb, d += NR) {
           if (n == NR) {
-            std::memcpy(d, src, sizeof(float) * NR);
+            copy_run<Sum>(B, src, NR, d);
           } else {
-            for (int q = 0; q < NR; ++q) d[q] = q < n ? src[q] : 0.f;
+            for (int q = 0; q < NR; ++q) d[q] = q < n ? at<Sum>(B, src + q) : 0.f;
           }
         }
       }
@@ -241,22 +289,32 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
   // op(B)[p][j] = B[j * ldb + p]: sliver by sliver, NR rows of B read side by side.
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t n = std::min<int64_t>(NR, nc - s * NR);
-    const float* src = B + (j0 + s * NR) * ldb + p0;
+    const int64_t src = (j0 + s * NR) * ldb + p0;
     float* d = dst + s * stride;
     if (n == NR) {
       int64_t p = 0;
 #ifdef __SSE2__
       // 4 x 4 blocks transposed in registers
       for (; p + 4 <= kc; p += 4)
-        for (int j = 0; j < NR; j += 4) transpose_4x4(src + j * ldb + p, ldb, d + p * NR + j, NR);
+        for (int j = 0; j < NR; j += 4)
+          transpose_4x4<Sum>(B, src + j * ldb + p, d + p * NR + j, NR);
 #endif
       for (; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) d[p * NR + j] = src[j * ldb + p];
+        for (int j = 0; j < NR; ++j) d[p * NR + j] = at<Sum>(B, src + j * ldb + p);
     } else {
       for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) d[p * NR + j] = j < n ? src[j * ldb + p] : 0.f;
+        for (int j = 0; j < NR; ++j) d[p * NR + j] = j < n ? at<Sum>(B, src + j * ldb + p) : 0.f;
     }
   }
+}
+
+template <int NR>
+void pack_b(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
+            int64_t s0, int64_t s1, float* dst, int64_t stride) {
+  if (B.x2)
+    pack_b_from<NR, true>(trans, B, p0, kc, j0, nc, s0, s1, dst, stride);
+  else
+    pack_b_from<NR, false>(trans, B, p0, kc, j0, nc, s0, s1, dst, stride);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,10 +365,27 @@ void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
 // The macro-kernel: the packed mc x kc block of A times the NR slivers [s0, s1) of packed B
 // (sliver s at bpack + s * b_stride).
 
+// dst = alpha * tile + beta * dst over m x n (beta == 0: dst is not read).
+template <int NR>
+void tile_out(const float* tile, int64_t m, int64_t n, float alpha, float beta, float* dst,
+              int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* t = tile + i * NR;
+    float* d = dst + i * ldc;
+    if (beta == 0.f) {
+      for (int64_t j = 0; j < n; ++j) d[j] = alpha * t[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) d[j] = alpha * t[j] + beta * d[j];
+    }
+  }
+}
+
+// C2 (with alpha2, beta2, same row stride): where a Strassen sub-product also goes, or null.
 template <int MR, int NR>
 void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_t s0,
                   int64_t s1, const float* apack, const float* bpack, int64_t b_stride,
-                  float alpha, float beta, float* C, int64_t ldc) {
+                  float alpha, float beta, float* C, int64_t ldc, float* C2 = nullptr,
+                  float alpha2 = 0.f, float beta2 = 0.f) {
   alignas(64) float tile[MR * NR];
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t j = s * NR, n = std::min<int64_t>(NR, nc - j);
@@ -319,17 +394,15 @@ void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_
       const int64_t m = std::min<int64_t>(MR, mc - ir);
       const float* a = apack + ir * kc;
       float* c = C + ir * ldc + j;
+      const SecondTile second{C2 ? C2 + ir * ldc + j : nullptr, alpha2, beta2};
       if (m == MR && n == NR) {
-        kernel(kc, a, b, c, ldc, alpha, beta);
+        kernel(kc, a, b, c, ldc, alpha, beta, C2 ? &second : nullptr);
         continue;
       }
       // An edge tile: compute the whole tile into `tile`, then write only the part inside C.
-      kernel(kc, a, b, tile, NR, 1.f, 0.f);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t jj = 0; jj < n; ++jj) {
-          float& dst = c[i * ldc + jj];
-          dst = alpha * tile[i * NR + jj] + (beta == 0.f ? 0.f : beta * dst);
-        }
+      kernel(kc, a, b, tile, NR, 1.f, 0.f, nullptr);
+      tile_out<NR>(tile, m, n, alpha, beta, c, ldc);
+      if (C2) tile_out<NR>(tile, m, n, alpha2, beta2, second.c, ldc);
     }
   }
 }
@@ -347,6 +420,15 @@ struct Problem {
   int64_t ldb;
   float* C;
   int64_t ldc;
+  // A sub-product of Strassen's scheme (see strassen below), else left as they are:
+  // op(A) + a2 * op(A2) and op(B) + b2 * op(B2) (both stored as A and B), and the product also
+  // added to C2 (row stride ldc) as C2 = alpha2 * product + beta2 * C2.
+  const float* A2 = nullptr;
+  float a2 = 0.f;
+  const float* B2 = nullptr;
+  float b2 = 0.f;
+  float* C2 = nullptr;
+  float alpha2 = 0.f, beta2 = 0.f;
 };
 
 // A team of tm x tn threads: thread t owns a band of rows of C (row t / tn of tm, in whole MR
@@ -443,6 +525,7 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
   // then only overwrites slivers that no one else is still reading.
   const int64_t max_slivers = ceil_div(plan.nc_step, NR);
   const int64_t own0 = max_slivers * col / plan.tn, own1 = max_slivers * (col + 1) / plan.tn;
+  const Source A{P.A, P.A2, P.a2, P.lda}, B{P.B, P.B2, P.b2, P.ldb};
 
   for (int64_t jc = 0; jc < P.N; jc += plan.nc_step) {
     const int64_t nc = std::min(plan.nc_step, P.N - jc);
@@ -451,23 +534,25 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
     for (int64_t pc = 0; pc < P.K; pc += plan.kc_step) {
       const int64_t kc = std::min(plan.kc_step, P.K - pc);
       const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
+      const float beta2 = pc == 0 ? P.beta2 : 1.f;
       const float* b = bpack;
       if (packed) {  // op(B) packed whole beforehand: nothing to pack, nothing to wait for
         b = packed->block(pc, jc);
       } else if (plan.cooperative) {
         // Everyone packs an equal share of the whole block, then waits until all is packed.
         const int64_t q0 = slivers * t / plan.team, q1 = slivers * (t + 1) / plan.team;
-        pack_b<NR>(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+        pack_b<NR>(P.trans_b, B, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
 #pragma omp barrier
       } else {
-        pack_b<NR>(P.trans_b, P.B, P.ldb, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
+        pack_b<NR>(P.trans_b, B, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
       }
 
       for (int64_t ic = m0; ic < m1; ic += mc_step) {
         const int64_t mc = std::min(mc_step, m1 - ic);
-        pack_a<MR>(P.trans_a, P.A, P.lda, ic, mc, pc, kc, apack);
+        pack_a<MR>(P.trans_a, A, ic, mc, pc, kc, apack);
         macro_kernel<MR, NR>(kernel, mc, nc, kc, s0, s1, apack, b, plan.b_stride, P.alpha, beta,
-                             P.C + ic * P.ldc + jc, P.ldc);
+                             P.C + ic * P.ldc + jc, P.ldc,
+                             P.C2 ? P.C2 + ic * P.ldc + jc : nullptr, P.alpha2, beta2);
       }
       if (plan.cooperative) {
 #pragma omp barrier
@@ -534,7 +619,8 @@ void pack_part(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t
     for (int64_t r0 = p0; r0 < p1;) {  // the rows of one K block at a time
       const int64_t start = r0 / kcs * kcs, r1 = std::min(p1, start + kcs);
       float* dst = packed.block(start, 0) + (r0 - start) * NR;
-      pack_b<NR>(packed.trans(), B, ldb, r0, r1 - r0, 0, packed.N(), q0, q1, dst, stride);
+      pack_b<NR>(packed.trans(), Source{B, nullptr, 0.f, ldb}, r0, r1 - r0, 0, packed.N(), q0,
+                 q1, dst, stride);
       r0 = r1;
     }
   }
@@ -549,7 +635,7 @@ void pack_part(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t
 }  // namespace
 
 void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                           float alpha, float beta) {
+                           float alpha, float beta, const SecondTile* second) {
   constexpr int MR = PortableTile::MR, NR = PortableTile::NR;
   static_assert(MR % 2 == 0, "the portable kernel takes rows in pairs");
   for (int i = 0; i < MR; i += 2) {
@@ -563,12 +649,17 @@ void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c,
         acc1[j] += a1 * bp[j];
       }
     }
-    float* c0 = c + i * ldc;
-    float* c1 = c0 + ldc;
-    for (int j = 0; j < NR; ++j) {
-      c0[j] = alpha * acc0[j] + (beta == 0.f ? 0.f : beta * c0[j]);
-      c1[j] = alpha * acc1[j] + (beta == 0.f ? 0.f : beta * c1[j]);
-    }
+    // rows i and i + 1 of a tile: alpha_ * acc + beta_ * tile
+    auto store = [&](float* t, float alpha_, float beta_) {
+      float* t0 = t + i * ldc;
+      float* t1 = t0 + ldc;
+      for (int j = 0; j < NR; ++j) {
+        t0[j] = alpha_ * acc0[j] + (beta_ == 0.f ? 0.f : beta_ * t0[j]);
+        t1[j] = alpha_ * acc1[j] + (beta_ == 0.f ? 0.f : beta_ * t1[j]);
+      }
+    };
+    store(c, alpha, beta);
+    if (second) store(second->c, second->alpha, second->beta);
   }
 }
 
@@ -722,6 +813,110 @@ double set_min_flops_per_thread(double flops) {
 const char* sgemm_kernel_name() { return gemm::chosen_kernel().name; }
 
 // ---------------------------------------------------------------------------------------------
+// One level of Strassen's scheme, for the big products
+//
+// With op(A), op(B) and C cut in 2 x 2 quadrants (the even part of each dimension), seven
+// products of quadrant size replace the eight of the blocked product (1/8 less arithmetic):
+//
+//   M1 = (A11 + A22)(B11 + B22)   C11 = M1 + M4 - M5 + M7
+//   M2 = (A21 + A22) B11          C12 = M3 + M5
+//   M3 = A11 (B12 - B22)          C21 = M2 + M4
+//   M4 = A22 (B21 - B11)          C22 = M1 - M2 + M3 + M6
+//   M5 = (A11 + A12) B22
+//   M6 = (A21 - A11)(B11 + B12)
+//   M7 = (A12 - A22)(B21 + B22)
+//
+// As in "Strassen's Algorithm Reloaded" (Huang, Smith, Henry, van de Geijn, SC16), the sums are
+// made while packing (each block of the second operand packed apart and added in, in cache) and
+// each product goes straight to the quadrants of C that it adds to, tile by tile: no matrix of
+// quadrant size is ever made, and no memory is taken beyond the packing buffers. The cost is
+// more packing (the sums read up to twice the operands) and a second write of some tiles, so
+// it pays only for big products: on the conv2 products of the paper network (each dimension
+// >= 1500) it measured ~6% faster than the blocked product alone (BENCHMARKS.md). The rounding
+// differs from the blocked product's (each entry of C is a signed sum of the seven products),
+// within a small multiple of its error bound; PYHET_GEMM_STRASSEN=0 in the environment turns
+// it off. A dimension of odd size leaves a last row, column or rank-1 update, which the blocked
+// product does.
+
+namespace gemm {
+namespace {
+
+// Products whose every dimension is at least this use Strassen's scheme (0: never).
+constexpr int64_t kStrassenMinDim = 1024;
+
+int64_t strassen_default() {
+  const char* env = std::getenv("PYHET_GEMM_STRASSEN");
+  return env && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0) ? 0
+                                                                             : kStrassenMinDim;
+}
+
+std::atomic<int64_t>& strassen_min_dim() {
+  static std::atomic<int64_t> dim{strassen_default()};
+  return dim;
+}
+
+bool use_strassen(const Problem& P) {
+  const int64_t dim = strassen_min_dim().load(std::memory_order_relaxed);
+  return dim > 0 && std::min({P.M, P.N, P.K}) >= std::max<int64_t>(dim, 2);
+}
+
+void run_strassen(const Kernel& kernel, const Problem& P, int threads) {
+  const int64_t M2 = P.M / 2, N2 = P.N / 2, K2 = P.K / 2;
+  auto qa = [&](int i, int j) {  // quadrant (i, j) of op(A)
+    return P.trans_a ? P.A + j * K2 * P.lda + i * M2 : P.A + i * M2 * P.lda + j * K2;
+  };
+  auto qb = [&](int i, int j) {  // of op(B)
+    return P.trans_b ? P.B + j * N2 * P.ldb + i * K2 : P.B + i * K2 * P.ldb + j * N2;
+  };
+  auto qc = [&](int i, int j) { return P.C + i * M2 * P.ldc + j * N2; };
+  auto product = [&](const float* A, const float* A2, float a2, const float* B, const float* B2,
+                     float b2, float* C, float alpha, float beta, float* C2, float alpha2,
+                     float beta2) {
+    Problem S{P.trans_a, P.trans_b, M2, N2, K2, alpha, beta, A, P.lda, B, P.ldb, C, P.ldc};
+    S.A2 = A2;
+    S.a2 = a2;
+    S.B2 = B2;
+    S.b2 = b2;
+    S.C2 = C2;
+    S.alpha2 = alpha2;
+    S.beta2 = beta2;
+    kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
+  };
+  const float al = P.alpha, be = P.beta;  // beta for the first product to write a quadrant
+  product(qa(0, 0), qa(1, 1), 1.f, qb(0, 0), qb(1, 1), 1.f, qc(0, 0), al, be, qc(1, 1), al, be);
+  product(qa(1, 0), qa(1, 1), 1.f, qb(0, 0), nullptr, 0.f, qc(1, 0), al, be, qc(1, 1), -al, 1.f);
+  product(qa(0, 0), nullptr, 0.f, qb(0, 1), qb(1, 1), -1.f, qc(0, 1), al, be, qc(1, 1), al, 1.f);
+  product(qa(1, 1), nullptr, 0.f, qb(1, 0), qb(0, 0), -1.f, qc(0, 0), al, 1.f, qc(1, 0), al, 1.f);
+  product(qa(0, 0), qa(0, 1), 1.f, qb(1, 1), nullptr, 0.f, qc(0, 0), -al, 1.f, qc(0, 1), al, 1.f);
+  product(qa(1, 0), qa(0, 0), -1.f, qb(0, 0), qb(0, 1), 1.f, qc(1, 1), al, 1.f, nullptr, 0.f, 0.f);
+  product(qa(0, 1), qa(1, 1), -1.f, qb(1, 0), qb(1, 1), 1.f, qc(0, 0), al, 1.f, nullptr, 0.f, 0.f);
+
+  // What the even part leaves, by the blocked product: the last index of K (a rank-1 update
+  // of the even part), the last column of C (its even rows), the last row of C (all of it).
+  auto blocked = [&](int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C,
+                     float beta) {
+    const Problem S{P.trans_a, P.trans_b, M, N, K, al, beta, A, P.lda, B, P.ldb, C, P.ldc};
+    kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
+  };
+  const int64_t k = P.K - 1, n = P.N - 1, m = P.M - 1;
+  if (P.K % 2)
+    blocked(2 * M2, 2 * N2, 1, P.trans_a ? P.A + k * P.lda : P.A + k,
+            P.trans_b ? P.B + k : P.B + k * P.ldb, P.C, 1.f);
+  if (P.N % 2)
+    blocked(2 * M2, 1, P.K, P.A, P.trans_b ? P.B + n * P.ldb : P.B + n, P.C + n, be);
+  if (P.M % 2)
+    blocked(1, P.N, P.K, P.trans_a ? P.A + m : P.A + m * P.lda, P.B, P.C + m * P.ldc, be);
+}
+
+}  // namespace
+
+int64_t set_strassen_min_dim(int64_t dim) {
+  return strassen_min_dim().exchange(dim < 0 ? strassen_default() : dim);
+}
+
+}  // namespace gemm
+
+// ---------------------------------------------------------------------------------------------
 // The entry point
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -735,6 +930,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   const Kernel& kernel = chosen_kernel();
   const Problem P{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+  if (use_strassen(P)) {
+    run_strassen(kernel, P, threads);
+    return;
+  }
   kernel.run(P, kernel.micro, kernel.blocks, threads, nullptr);
 }
 

@@ -36,11 +36,18 @@ inline void store_row(float* c, __m256 lo, __m256 hi, __m256 alpha, __m256 beta,
 }  // namespace
 
 void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                       float alpha, float beta) {
-  // The tile of C is needed at the end; start bringing it in now.
+                       float alpha, float beta, const SecondTile* second) {
+  // The tiles of C are needed at the end; start bringing them in now.
   for (int i = 0; i < MR; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
+  }
+  if (second) {
+    const float* c2 = second->c;
+    for (int i = 0; i < MR; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(c2 + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c2 + i * ldc + NR - 1), _MM_HINT_T0);
+    }
   }
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
@@ -93,6 +100,21 @@ void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int
 
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   const bool read_c = beta != 0.f, scale = alpha != 1.f;
+  if (second) {
+    // To two tiles: the accumulators go through memory once (L1), so that none of them has to
+    // stay in a register past the loop, where the compiler would then spill one inside it.
+    alignas(32) float acc[MR * NR];
+    __m256* v = reinterpret_cast<__m256*>(acc);
+    v[0] = c00; v[1] = c01; v[2] = c10; v[3] = c11; v[4] = c20; v[5] = c21;
+    v[6] = c30; v[7] = c31; v[8] = c40; v[9] = c41; v[10] = c50; v[11] = c51;
+    const __m256 va2 = _mm256_set1_ps(second->alpha), vb2 = _mm256_set1_ps(second->beta);
+    const bool read_c2 = second->beta != 0.f, scale2 = second->alpha != 1.f;
+    for (int i = 0; i < MR; ++i) {
+      store_row(c + i * ldc, v[2 * i], v[2 * i + 1], va, vb, read_c, scale);
+      store_row(second->c + i * ldc, v[2 * i], v[2 * i + 1], va2, vb2, read_c2, scale2);
+    }
+    return;
+  }
   store_row(c + 0 * ldc, c00, c01, va, vb, read_c, scale);
   store_row(c + 1 * ldc, c10, c11, va, vb, read_c, scale);
   store_row(c + 2 * ldc, c20, c21, va, vb, read_c, scale);

@@ -40,11 +40,18 @@ inline void store_row(float* c, __m512 lo, __m512 hi, __m512 alpha, __m512 beta,
 }  // namespace
 
 void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                         float alpha, float beta) {
-  // The tile of C (two 64-byte lines per row) is needed at the end; start bringing it in now.
+                         float alpha, float beta, const SecondTile* second) {
+  // The tiles of C (two 64-byte lines per row) are needed at the end; start bringing them in.
   for (int i = 0; i < MR; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
+  }
+  if (second) {
+    const float* c2 = second->c;
+    for (int i = 0; i < MR; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(c2 + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c2 + i * ldc + NR - 1), _MM_HINT_T0);
+    }
   }
   // ci_h: row i of the tile, columns 16h ... 16h + 15. Named variables, not an array: GCC 12
   // spilled an array of 24 accumulators several times a step; these it keeps in registers but
@@ -95,6 +102,16 @@ void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, i
   PYHET_STORE(5); PYHET_STORE(6); PYHET_STORE(7); PYHET_STORE(8); PYHET_STORE(9);
   PYHET_STORE(10); PYHET_STORE(11);
 #undef PYHET_STORE
+  if (second) {
+    float* c2 = second->c;
+    const __m512 va2 = _mm512_set1_ps(second->alpha), vb2 = _mm512_set1_ps(second->beta);
+    const bool read_c2 = second->beta != 0.f, scale2 = second->alpha != 1.f;
+#define PYHET_STORE(i) store_row(c2 + (i) * ldc, c##i##_0, c##i##_1, va2, vb2, read_c2, scale2)
+    PYHET_STORE(0); PYHET_STORE(1); PYHET_STORE(2); PYHET_STORE(3); PYHET_STORE(4);
+    PYHET_STORE(5); PYHET_STORE(6); PYHET_STORE(7); PYHET_STORE(8); PYHET_STORE(9);
+    PYHET_STORE(10); PYHET_STORE(11);
+#undef PYHET_STORE
+  }
 }
 
 }  // namespace gemm

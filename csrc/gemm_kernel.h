@@ -8,8 +8,12 @@
 //   b: a  kc x NR sliver of op(B), row after row:       b[p * NR + j] = op(B)[p][j]
 //      (64-byte aligned: every sliver starts at a multiple of kc * NR floats of an aligned buffer)
 // The micro-kernel computes the full MR x NR tile  c = alpha * a @ b + beta * c  (c row-major with
-// row stride ldc; beta == 0 writes c without reading it). Edge tiles go through a temporary, so
-// the kernel never needs to know about them.
+// row stride ldc; beta == 0 writes c without reading it), and, where `second` is not null, the
+// same product into a second tile, second->c = second->alpha * a @ b + second->beta * second->c
+// (same row stride): a sub-product of Strassen's scheme adds to two quadrants of C. (A pointer,
+// not three more arguments: floats passed in registers would stay live across the kernel's loop
+// and crowd out its accumulators.) Edge tiles go through a temporary, so the kernel never needs
+// to know about them.
 //
 // Keep this header free of inline functions with external linkage: the kernel files are compiled
 // for AVX2 or AVX-512, and an inline function emitted there could be picked by the linker for
@@ -20,8 +24,13 @@
 namespace pyhet {
 namespace gemm {
 
+struct SecondTile {
+  float* c;
+  float alpha, beta;
+};
+
 using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                             float alpha, float beta);
+                             float alpha, float beta, const SecondTile* second);
 
 // The tiles: MR rows of C (one broadcast of a each) x NR columns (vectors of b).
 struct PortableTile {  // compiled for the build's target; 2 rows at a time (see gemm.cpp)
@@ -35,14 +44,14 @@ struct Avx512Tile {  // two 16-float zmm of b, 12 x 2 = 24 zmm accumulators of 3
 };
 
 void micro_kernel_portable(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                           float alpha, float beta);
+                           float alpha, float beta, const SecondTile* second);
 #ifdef PYHET_HAVE_AVX2_KERNEL
 void micro_kernel_avx2(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                       float alpha, float beta);
+                       float alpha, float beta, const SecondTile* second);
 #endif
 #ifdef PYHET_HAVE_AVX512_KERNEL
 void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
-                         float alpha, float beta);
+                         float alpha, float beta, const SecondTile* second);
 #endif
 
 // Test hook: force "portable", "avx2-fma" or "avx512", or go back to "auto" (the kernel chosen
@@ -53,6 +62,11 @@ bool set_kernel(const char* name);
 // Test hook: split a product among its threads only when each gets at least `flops` FLOPs
 // (0: always, as many threads as asked; < 0: back to the default). Returns the previous value.
 double set_min_flops_per_thread(double flops);
+
+// Strassen's scheme (one level) for products whose every dimension is at least `dim` (0: never;
+// < 0: back to the default, 1024 unless PYHET_GEMM_STRASSEN=0 turned it off). Test hook and
+// benchmark switch; returns the previous value.
+int64_t set_strassen_min_dim(int64_t dim);
 
 }  // namespace gemm
 }  // namespace pyhet

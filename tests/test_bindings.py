@@ -344,7 +344,8 @@ def test_binding_runs_or_raises_a_short_error(name, data):
 
 def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
-    own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread"}
+    own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
+                 "set_gemm_strassen_min_dim"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
 
@@ -381,3 +382,19 @@ def test_set_gemm_min_flops_per_thread(flops):
         assert _core.set_gemm_min_flops_per_thread(-1) == want
     finally:
         _core.set_gemm_min_flops_per_thread(default)
+
+
+@given(st.integers(-2**62, 2**62))
+def test_set_gemm_strassen_min_dim(dim):
+    """Any threshold is taken (negative: the default again) and handed back by the next call;
+    the GEMM stays right whatever it is."""
+    default = _core.set_gemm_strassen_min_dim(-1)
+    try:
+        _core.set_gemm_strassen_min_dim(dim)
+        a = np.arange(12, dtype=np.float32).reshape(3, 4)
+        c = np.empty((3, 3), np.float32)
+        _core.sgemm(a, a, c, trans_b=True)
+        np.testing.assert_array_equal(c, a @ a.T)
+        assert _core.set_gemm_strassen_min_dim(-1) == (default if dim < 0 else dim)
+    finally:
+        _core.set_gemm_strassen_min_dim(default)

@@ -240,6 +240,133 @@ def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, split, blocks, 
 
 
 # ------------------------------------------------------------------------------------------------
+# One level of Strassen's scheme (products whose every dimension is >= 1024 by default; forced
+# here on small ones). Its error bound is normwise, not per element: each entry of C is a signed
+# sum of seven quadrant products whose operands are themselves sums (Higham, "Accuracy and
+# Stability of Numerical Algorithms", 2002, 23.2.2). So the tolerance is the blocked product's,
+# taken at the largest |alpha| |op(A)| @ |op(B)| + |beta| |C0| of the matrix, times 8 (a few
+# more roundings at each of the sums and of the combination). A wrong sign, quadrant or fringe
+# misses it by orders of magnitude.
+
+
+@contextlib.contextmanager
+def strassen_from(dim):
+    old = _core.set_gemm_strassen_min_dim(dim)
+    try:
+        yield
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+
+
+def expect_close_normwise(c, a, b, c0, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+    A = (a.T if trans_a else a).astype(np.float64)
+    B = (b.T if trans_b else b).astype(np.float64)
+    alpha, beta = float(np.float32(alpha)), float(np.float32(beta))
+    exact = alpha * (A @ B)
+    scale = abs(alpha) * (np.abs(A) @ np.abs(B))
+    if beta != 0:
+        exact += beta * c0.astype(np.float64)
+        scale += abs(beta) * np.abs(c0.astype(np.float64))
+    k = A.shape[1]
+    n = k + k // 32 + 4
+    tol = 8 * n * U / (1 - n * U) * (scale.max() if scale.size else 0.0) + 1e-30
+    assert c.dtype == np.float32 and c.shape == exact.shape
+    assert np.all(np.isfinite(c))
+    err = np.abs(c.astype(np.float64) - exact)
+    worst = np.unravel_index(np.argmax(err), err.shape) if err.size else None
+    assert np.all(err <= tol), f"at {worst}: error {err[worst]:.3g} > tolerance {tol:.3g}"
+
+
+# Every dimension odd or even (a fringe row, column or rank-1 update, or none), quadrants below
+# and above a tile, several K blocks (K / 2 > KC), N / 2 > NC, and products split between two
+# threads by rows and by columns.
+STRASSEN_SHAPES = [
+    (2, 2, 2), (3, 3, 3), (2, 3, 5), (5, 3, 2), (7, 17, 3), (12, 32, 64), (13, 33, 65),
+    (25, 63, 130), (97, 101, 103), (255, 300, 257), (300, 255, 1025), (37, 41, 1537),
+    (9, 4133, 20), (1501, 22, 1200),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", STRASSEN_SHAPES)
+def test_strassen_sizes(kernel, m, n, k, trans_a, trans_b, threads):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    with strassen_from(2), split_every_product():
+        c = run_sgemm(a, b, c0, trans_a, trans_b, 1.0, 0.0, threads, nan_c=True)
+    expect_close_normwise(c, a, b, c0, trans_a, trans_b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (2.0, 1.0),
+                                        (0.0, 0.5)])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_strassen_alpha_beta(kernel, trans_a, trans_b, alpha, beta, threads):
+    """beta reaches each quadrant of C once (the first product that writes it), and each fringe
+    once; alpha every product."""
+    rng = np.random.default_rng(11)
+    m, n, k = 131, 197, 1101
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    with strassen_from(2):
+        c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
+    expect_close_normwise(c, a, b, c0, trans_a, trans_b, alpha, beta)
+
+
+@given(m=st.integers(2, 120), n=st.integers(2, 120), k=st.integers(2, 600),
+       trans=st.sampled_from(TRANS), alpha=st.sampled_from([1.0, -1.0, 0.375]),
+       beta=st.sampled_from([0.0, 1.0, -0.5]), threads=st.sampled_from([1, 2, 3]),
+       kernel_name=st.sampled_from(RUNNABLE), seed=st.integers(0, 2**32 - 1))
+def test_strassen_hypothesis_blocks(m, n, k, trans, alpha, beta, threads, kernel_name, seed):
+    """Odd shapes on blocks of bigger matrices (row strides above the widths): the quadrants and
+    fringes are found with the strides, and the neighbours of C stay untouched."""
+    trans_a, trans_b = trans
+    rng = np.random.default_rng(seed)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    a, b = as_block(a, rng)[0], as_block(b, rng)[0]
+    c, big_c = as_block(np.full(c0.shape, np.nan, np.float32) if beta == 0 else c0.copy(), rng)
+    with micro_kernel(kernel_name), strassen_from(2), split_every_product():
+        _core.sgemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta,
+                    threads=threads)
+    expect_close_normwise(c, a, b, c0, trans_a, trans_b, alpha, beta)
+    left = (c.ctypes.data - big_c.ctypes.data) // 4
+    assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + n:]).all(), \
+        "the GEMM wrote outside its block of C"
+
+
+def test_strassen_runs_from_its_threshold_only():
+    """By default a product with every dimension >= 1024 takes Strassen's scheme (its rounding
+    differs from the blocked product's), and one dimension below keeps the blocked product (the
+    same bits as with the scheme off)."""
+    rng = np.random.default_rng(5)
+    a, b, _ = operands(rng, 1024, 1030, 1026, False, False)
+
+    def product(a, b, dim):
+        c = np.empty((a.shape[0], b.shape[1]), np.float32)
+        with strassen_from(dim):
+            _core.sgemm(a, b, c, threads=1)
+        return c
+
+    default = _core.set_gemm_strassen_min_dim(-1)
+    _core.set_gemm_strassen_min_dim(default)
+    assert default == 1024
+    on, off = product(a, b, -1), product(a, b, 0)
+    assert not np.array_equal(on, off)
+    expect_close_normwise(on, a, b, None)
+    np.testing.assert_array_equal(product(a[:1023], b, -1), off[:1023])
+
+
+@pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 1024), ("", 1024)])
+def test_strassen_environment_switch(value, dim):
+    """PYHET_GEMM_STRASSEN=0 (or off) turns the scheme off for the process."""
+    code = "from pyhet import _core; print(_core.set_gemm_strassen_min_dim(-1))"
+    env = dict(os.environ, PYHET_GEMM_STRASSEN=value)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert int(out) == dim
+
+
+# ------------------------------------------------------------------------------------------------
 # Concurrency: each Python thread's call has its own OpenMP team and its own pack buffers
 
 
