@@ -13,7 +13,12 @@ i-k-j triple loop the compiler vectorises with the portable kernel's flags (`_co
 which the packed GEMM with the portable kernel must beat. The plain loop streams all of B once
 per row of C, so it runs only on shapes without transposes and of at most --plain-max-gflop
 GFLOP. The tables give median GFLOP/s and the same-run ratios avx512 / avx2, each kernel / numpy,
-portable / plain loop. NumPy's threads are limited with threadpoolctl when it is installed. A
+portable / plain loop. Where a product is big enough for pyhet's one level of Strassen's scheme
+(every dimension >= 1024 by default), each kernel runs it as the library does, and one more side,
+`blocked`, runs the default kernel with the scheme off (the ratio kernel / blocked is the
+scheme's gain); GFLOP/s always count the blocked product's 2 M N K operations, so with the
+scheme they are an effective rate (it does 1/8 fewer). NumPy's threads are limited with
+threadpoolctl when it is installed. A
 shape may end in `:nt`, `:tn` or `:tt` to transpose A and/or B (stored transposed, handled by
 each library). For a fair reference run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, e.g.
 `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/gemm.py`.
@@ -97,9 +102,22 @@ def parse_kernels(text: str):
     return names
 
 
+BLOCKED = "blocked"
 # (numerator, denominator) of each ratio in the table, where both sides ran.
 RATIOS = [("avx512", "avx2-fma"), ("avx512", "numpy"), ("avx2-fma", "numpy"),
           ("portable", "numpy"), ("portable", PLAIN)]
+
+
+def strassen_min_dim() -> int:
+    """The smallest dimension of the products that take Strassen's scheme (0: none)."""
+    dim = _core.set_gemm_strassen_min_dim(-1)
+    _core.set_gemm_strassen_min_dim(dim)
+    return dim
+
+
+def uses_strassen(m, n, k) -> bool:
+    dim = strassen_min_dim()
+    return dim > 0 and min(m, n, k) >= max(dim, 2)
 
 
 def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, rng) -> dict:
@@ -122,8 +140,20 @@ def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, r
     def run_plain():
         _core.sgemm_naive(a, b, out[PLAIN], threads=threads)
 
+    auto = ops.gemm_kernel()
+
+    def run_blocked():
+        _core.set_gemm_kernel(auto)
+        dim = _core.set_gemm_strassen_min_dim(0)
+        try:
+            ops.sgemm(a, b, out[BLOCKED], trans_a=trans_a, trans_b=trans_b, threads=threads)
+        finally:
+            _core.set_gemm_strassen_min_dim(dim)
+
     fns = {"numpy": run_numpy}
     fns.update((name, run_kernel(name)) for name in kernels)
+    if uses_strassen(m, n, k):
+        fns[BLOCKED] = run_blocked
     if plain:
         fns[PLAIN] = run_plain
     for name in fns:
@@ -142,7 +172,8 @@ def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, r
     median = {name: _util.median(t) for name, t in times.items()}
     gflops = {name: flops / median[name] / 1e9 for name in fns}
     ratios = {f"{x}/{y}": median[y] / median[x] for x, y in RATIOS if x in fns and y in fns}
-    auto = ops.gemm_kernel()
+    if BLOCKED in fns and auto in fns:
+        ratios[f"{auto}/{BLOCKED}"] = median[BLOCKED] / median[auto]
     result = {
         "shape": shape_name(m, n, k, trans_a, trans_b), "M": m, "N": n, "K": k,
         "trans_a": trans_a, "trans_b": trans_b, "threads": threads,
@@ -230,9 +261,11 @@ def main(argv=None) -> int:
 
 def format_tables(results, kernels) -> str:
     """GFLOP/s per side, then the ratios; "-" where a side did not run on a problem."""
-    sides = [s for s in ("numpy", *kernels, PLAIN) if any(s in r["gflops"] for r in results)]
+    sides = [s for s in ("numpy", *kernels, BLOCKED, PLAIN)
+             if any(s in r["gflops"] for r in results)]
     ratios = [f"{x}/{y}" for x, y in RATIOS
               if any(f"{x}/{y}" in r["ratios"] for r in results)]
+    ratios += sorted({q for r in results for q in r["ratios"] if q.endswith(f"/{BLOCKED}")})
 
     def value(d, key):
         return d[key] if key in d else "-"

@@ -1,13 +1,16 @@
 """One SGD step of the paper's network on one device: pyhet against PyTorch's CPU path.
 
     pyhet bench step [--kernels 500,1500] [--batch-size 16] [--threads 1] [--steps 3]
-                     [--rounds 2] [--json FILE]
+                     [--rounds 2] [--blocked] [--json FILE]
 
 Each side runs in its own fresh process pinned to the same cores (so peak memory is each one's
 own), in rounds A B A B; a round warms up with one step, then times --steps steps. The table
 gives the median step time of each side, the ratio pyhet / PyTorch (below 1 is faster), the
 GFLOP/s each reaches and each process's peak resident memory. PyTorch is skipped, with a note,
-where it is not installed.
+where it is not installed. GFLOP/s count the step's operations as blocked products do them;
+pyhet's GEMM runs its biggest products by one level of Strassen's scheme (1/8 fewer
+operations there), so its figure is an effective rate. --blocked adds a side, pyhet with the
+scheme off (PYHET_GEMM_STRASSEN=0), and the ratio pyhet / blocked.
 """
 
 from __future__ import annotations
@@ -100,13 +103,19 @@ def worker_torch(kernels, batch, threads, steps):
 
 
 def _run_worker(side, args):
+    env = None
+    if side == BLOCKED:  # pyhet with Strassen's scheme off
+        side, env = "pyhet", dict(os.environ, PYHET_GEMM_STRASSEN="0")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side,
            "--kernels", f"{args.kernels[0]},{args.kernels[1]}", "--batch-size",
            str(args.batch_size), "--threads", str(args.threads), "--steps", str(args.steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{side} worker failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+BLOCKED = "blocked"
 
 
 def _torch_available():
@@ -125,6 +134,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=positive(int), default=1)
     p.add_argument("--steps", type=positive(int), default=3, help="timed steps per round")
     p.add_argument("--rounds", type=positive(int), default=2)
+    p.add_argument("--blocked", action="store_true",
+                   help="also run pyhet with Strassen's scheme off (PYHET_GEMM_STRASSEN=0)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--worker", choices=("pyhet", "torch"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -144,7 +155,8 @@ def main(argv=None) -> int:
 
     flops = sum(arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES).flops_per_image().values()) \
         * args.batch_size
-    sides = ["pyhet"] + (["torch"] if _torch_available() else [])
+    sides = (["pyhet"] + ([BLOCKED] if args.blocked else []) +
+             (["torch"] if _torch_available() else []))
     runs = {s: [] for s in sides}
     for r in range(args.rounds):
         for s in sides:
@@ -160,6 +172,9 @@ def main(argv=None) -> int:
         result["sides"][s] = {"median_s": med, "min_s": min(times), "max_s": max(times),
                               "gflops": flops / med / 1e9,
                               "peak_rss_mb": max(run["max_rss_mb"] for run in runs[s])}
+    if args.blocked:
+        result["ratio_pyhet_over_blocked"] = (result["sides"]["pyhet"]["median_s"] /
+                                              result["sides"][BLOCKED]["median_s"])
     parts = {}
     for run in runs["pyhet"]:
         for k, v in run["parts"].items():
@@ -181,6 +196,9 @@ def main(argv=None) -> int:
               f"{result['ratio_pyhet_over_torch']:.3f}")
     else:
         print("PyTorch is not installed: no reference measured (pip install torch)")
+    if args.blocked:
+        print(f"ratio pyhet / blocked (Strassen's scheme off): "
+              f"{result['ratio_pyhet_over_blocked']:.3f}")
     print("pyhet step parts (s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
     if args.json:
         with open(args.json, "w") as f:

@@ -36,6 +36,24 @@ def test_bench_gemm(tmp_path, capsys):
     assert "portable/plain loop" in out
 
 
+def test_bench_gemm_strassen_beside_the_blocked_product(tmp_path, capsys):
+    """A product big enough for Strassen's scheme also runs with it off (the `blocked` side), and
+    the table gives the scheme's gain; a smaller one does not."""
+    from pyhet import _core
+
+    old = _core.set_gemm_strassen_min_dim(20)
+    try:
+        out = run(capsys, "gemm", "--shapes", "33x21x65,19x40x40", "--threads", "1", "--repeat",
+                  "1", "--pause", "0", "--plain-max-gflop", "0", "--json", str(tmp_path / "g.json"))
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+    big, small = json.loads((tmp_path / "g.json").read_text())["results"]
+    gain = f"{ops.gemm_kernel()}/blocked"
+    assert big["gflops"]["blocked"] > 0 and big["ratios"][gain] > 0 and big["max_rel_diff"] < 1e-5
+    assert "blocked" not in small["gflops"] and gain not in small["ratios"]
+    assert gain in out
+
+
 def test_bench_gemm_chosen_kernels(capsys):
     out = run(capsys, "gemm", "--shapes", "9x8x7", "--threads", "1", "--repeat", "1",
               "--pause", "0", "--kernels", "portable", "--plain-max-gflop", "0")
@@ -46,10 +64,12 @@ def test_bench_gemm_chosen_kernels(capsys):
 
 
 def test_bench_step(tmp_path, capsys):
-    out = run(capsys, "step", "--kernels", "4,6", "--steps", "1", "--rounds", "1",
+    out = run(capsys, "step", "--kernels", "4,6", "--steps", "1", "--rounds", "1", "--blocked",
               "--json", str(tmp_path / "s.json"))
     res = json.loads((tmp_path / "s.json").read_text())
     assert res["sides"]["pyhet"]["median_s"] > 0 and "pyhet" in out
+    assert res["sides"]["blocked"]["median_s"] > 0 and res["ratio_pyhet_over_blocked"] > 0
+    assert "ratio pyhet / blocked" in out
     if "torch" in res["sides"]:
         assert res["ratio_pyhet_over_torch"] > 0
 
