@@ -108,16 +108,6 @@ RATIOS = [("avx512", "avx2-fma"), ("avx512", "numpy"), ("avx2-fma", "numpy"),
           ("portable", "numpy"), ("portable", PLAIN)]
 
 
-def strassen_min_dim() -> int:
-    """The smallest dimension of the products that take Strassen's scheme (0: none)."""
-    dim = _core.set_gemm_strassen_min_dim(-1)
-    _core.set_gemm_strassen_min_dim(dim)
-    return dim
-
-
-def uses_strassen(m, n, k) -> bool:
-    dim = strassen_min_dim()
-    return dim > 0 and min(m, n, k) >= max(dim, 2)
 
 
 def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, rng) -> dict:
@@ -152,7 +142,7 @@ def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, r
 
     fns = {"numpy": run_numpy}
     fns.update((name, run_kernel(name)) for name in kernels)
-    if uses_strassen(m, n, k):
+    if ops.uses_strassen(m, n, k):
         fns[BLOCKED] = run_blocked
     if plain:
         fns[PLAIN] = run_plain

@@ -623,6 +623,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("flops"),
         "Test hook: split a GEMM among its threads only when each gets at least `flops` FLOPs "
         "(0: always; < 0: the default again). Returns the previous threshold.");
+  m.def("gemm_strassen_min_dim", &pyhet::gemm::get_strassen_min_dim,
+        "The smallest dimension of the products that take Strassen's scheme (0: none).");
   m.def("set_gemm_strassen_min_dim", &pyhet::gemm::set_strassen_min_dim, py::arg("dim"),
         "Test hook and benchmark switch: products whose every dimension is at least `dim` use "
         "one level of Strassen's scheme (0: none; < 0: the default again, 1024 unless "

@@ -914,6 +914,8 @@ int64_t set_strassen_min_dim(int64_t dim) {
   return strassen_min_dim().exchange(dim < 0 ? strassen_default() : dim);
 }
 
+int64_t get_strassen_min_dim() { return strassen_min_dim().load(std::memory_order_relaxed); }
+
 }  // namespace gemm
 
 // ---------------------------------------------------------------------------------------------

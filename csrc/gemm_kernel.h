@@ -67,6 +67,7 @@ double set_min_flops_per_thread(double flops);
 // < 0: back to the default, 1024 unless PYHET_GEMM_STRASSEN=0 turned it off). Test hook and
 // benchmark switch; returns the previous value.
 int64_t set_strassen_min_dim(int64_t dim);
+int64_t get_strassen_min_dim();  // the value in use
 
 }  // namespace gemm
 }  // namespace pyhet

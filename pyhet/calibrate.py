@@ -132,7 +132,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     clock that drops when more cores run, the cores a serving rank's messages take), as they do
     in every step, and more so at the sizes of a real share than of a short trial; the median
     is a typical time where the fit is of the best ones alone. A single device runs its trial
-    size: its typical time over its best.
+    size: its typical time over its best; or, where the whole layer's products take Strassen's
+    scheme (_runs_by_strassen), the whole layer once: its time over the fit, which may then be
+    below 1.
 
     Devices of this process (no link) run the layer together as a training step does
     (_layer_trial: the phases, each waiting for all, and the update), and a device's time there
@@ -147,8 +149,14 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     while it computes beside them all the time, and its idling, a multiple of its compute,
     grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
     kernels each device's memory holds."""
+    floor = 1.0
     if len(devices) == 1:
         kernels = [_trial_kernels(devices[0], g.K)]
+        if _runs_by_strassen(devices[0], g, x.shape[0]):
+            # The whole layer's products take Strassen's scheme and a trial's do not: the
+            # trial is the whole layer, once (it is long), and the ratio may be below 1 (the
+            # scheme's gain over the linear fit).
+            kernels, rounds, floor = [g.K], 1, 0.5
     else:   # about each device's share: kernels in proportion to its speed alone
         rates = [1.0 / slope for slope, _ in fits]
         kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
@@ -182,8 +190,21 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     pooled = {}
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
-    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[_alike(d)]))))
+    return [min(MAX_CONTENTION, max(floor, float(np.median(pooled[_alike(d)]))))
             for d in devices]
+
+
+def _runs_by_strassen(device: Device, g: ConvGeometry, batch: int) -> bool:
+    """Whether the device's GEMM runs the products of the whole layer g by one level of
+    Strassen's scheme (pyhet.ops.uses_strassen): a cpu device of this process, and every one of
+    the products' dimensions (kernels, C*R*S, the batch's output pixels) big enough. The
+    calibration's trials, of a few kernels, are too small for it, so their fit misses its
+    gain."""
+    from . import ops
+
+    pixels = batch * g.OH * g.OW
+    return (device.spec.kind == "cpu" and device.link is None and
+            ops.uses_strassen(g.K, pixels, g.C * g.R * g.S))
 
 
 def _group_size(devices, d) -> int:

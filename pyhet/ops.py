@@ -40,6 +40,7 @@ finally:
 
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
+    "strassen_min_dim", "uses_strassen",
     "default_threads", "im2col", "im2col_pack", "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
@@ -62,6 +63,19 @@ def gemm_kernel() -> str:
 
 def have_openmp() -> bool:
     return _core.have_openmp()
+
+
+def strassen_min_dim() -> int:
+    """The GEMM runs a product by one level of Strassen's scheme (1/8 fewer operations, a
+    rounding of its own) when each of its dimensions is at least this; 0: never (the
+    environment variable PYHET_GEMM_STRASSEN=0 turns it off)."""
+    return _core.gemm_strassen_min_dim()
+
+
+def uses_strassen(m: int, n: int, k: int) -> bool:
+    """Whether an (m, n) x k product runs by Strassen's scheme."""
+    dim = strassen_min_dim()
+    return dim > 0 and min(m, n, k) >= max(dim, 2)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ def test_binding_runs_or_raises_a_short_error(name, data):
 def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
-                 "set_gemm_strassen_min_dim"}
+                 "set_gemm_strassen_min_dim", "gemm_strassen_min_dim"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
 
@@ -395,6 +395,7 @@ def test_set_gemm_strassen_min_dim(dim):
         c = np.empty((3, 3), np.float32)
         _core.sgemm(a, a, c, trans_b=True)
         np.testing.assert_array_equal(c, a @ a.T)
+        assert _core.gemm_strassen_min_dim() == (default if dim < 0 else dim)
         assert _core.set_gemm_strassen_min_dim(-1) == (default if dim < 0 else dim)
     finally:
         _core.set_gemm_strassen_min_dim(default)

@@ -392,6 +392,49 @@ def test_the_together_trial_runs_the_layer_as_training_does():
             d.close()
 
 
+def test_a_single_device_times_the_whole_layer_where_strassen_runs_it(monkeypatch):
+    """The trials of a few kernels are too small for the GEMM's Strassen scheme, so where the
+    whole layer's products take it, a single cpu device times the whole layer once and its
+    contention may fall below 1 (the scheme's gain over the trials' fit); where they do not
+    take it, the trial keeps its size and the floor of 1."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet import _core
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1"))
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: 0.01 * k)
+    seen = []
+
+    def fake(devices, g, counts, x, need_dx, rounds, seed):
+        seen.append((g.name.split("/")[1], list(counts), rounds))
+        return [([0.01 * counts[0] * 0.9], 0.01 * counts[0] * 0.9)] * rounds
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
+    old = _core.set_gemm_strassen_min_dim(8)   # conv2 (24 kernels, C*R*S 72) takes it
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+        for d in devices:
+            d.close()
+    # conv1: 8 kernels, C*R*S = 27, 4 x 14 x 14 pixels: also >= 8, so the whole layer too
+    assert [(name, counts, rounds) for name, counts, rounds in seen] == [
+        ("conv1", [8], 1), ("conv2", [24], 1)]
+    assert cal.contention["conv2"] == pytest.approx([0.9])
+    seen.clear()
+    devices = make_devices(parse_devices("cpu:1"))
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
+    old = _core.set_gemm_strassen_min_dim(0)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+        for d in devices:
+            d.close()
+    assert all(rounds == 3 for _, _, rounds in seen)
+    assert cal.contention["conv2"] == [1.0]
+
+
 def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):
     import pyhet.calibrate as calibrate_module
 
