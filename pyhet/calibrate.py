@@ -36,6 +36,13 @@ class Calibration:
     # layer -> [forward speeds, forward overheads, backward speeds, backward overheads], for
     # the layers where a device has a link (pyhet.partition.balanced_phases)
     phases: dict | None = None
+    # layer -> [a device's time for the whole layer on its own over its cost model's, per
+    # device]: below 1 where its GEMM runs the whole layer's products by Strassen's scheme and
+    # the trials' smaller ones blocked (_whole_layer); 1 where not measured
+    whole: dict | None = None
+
+    def whole_factor(self, layer: str, i: int) -> float:
+        return ((self.whole or {}).get(layer) or [1.0] * (i + 1))[i]
 
     def phases_of(self, layer: str) -> list:
         """[(speeds, overheads)] of the layer's phases: the forward and the backward where a
@@ -68,7 +75,8 @@ class Calibration:
             # one of several devices, on its own (a single device's "contention" is its
             # typical time over its best, which stays)
             return alone[busy[0]]
-        return phases_time(counts, self.phases_of(layer))
+        seconds = phases_time(counts, self.phases_of(layer))
+        return seconds * self.whole_factor(layer, busy[0]) if len(busy) == 1 else seconds
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit
@@ -77,9 +85,9 @@ class Calibration:
         if rows is None:
             return None
         parts = (self.parts or {}).get(layer) or [None] * len(rows)
-        return [intercept + total * slope + (0.0 if p is None else
-                                             p["link_fixed_s"] + total * p["link_s_per_kernel"])
-                for (slope, intercept, _), p in zip(rows, parts)]
+        return [(intercept + total * slope) * self.whole_factor(layer, i) +
+                (0.0 if p is None else p["link_fixed_s"] + total * p["link_s_per_kernel"])
+                for i, ((slope, intercept, _), p) in enumerate(zip(rows, parts))]
 
     def as_dict(self, devices) -> dict:
         out = {}
@@ -91,6 +99,8 @@ class Calibration:
                        "memory_cap": self.caps[layer][i]}
                 if self.contention is not None:
                     row["contention"] = round(self.contention[layer][i], 4)
+                if self.whole_factor(layer, i) != 1.0:
+                    row["whole_layer"] = round(self.whole_factor(layer, i), 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -132,9 +142,7 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     clock that drops when more cores run, the cores a serving rank's messages take), as they do
     in every step, and more so at the sizes of a real share than of a short trial; the median
     is a typical time where the fit is of the best ones alone. A single device runs its trial
-    size: its typical time over its best; or, where the whole layer's products take Strassen's
-    scheme (_runs_by_strassen), the whole layer once: its time over the fit, which may then be
-    below 1.
+    size: its typical time over its best.
 
     Devices of this process (no link) run the layer together as a training step does
     (_layer_trial: the phases, each waiting for all, and the update), and a device's time there
@@ -149,14 +157,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     while it computes beside them all the time, and its idling, a multiple of its compute,
     grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
     kernels each device's memory holds."""
-    floor = 1.0
     if len(devices) == 1:
         kernels = [_trial_kernels(devices[0], g.K)]
-        if _runs_by_strassen(devices[0], g, x.shape[0]):
-            # The whole layer's products take Strassen's scheme and a trial's do not: the
-            # trial is the whole layer, once (it is long), and the ratio may be below 1 (the
-            # scheme's gain over the linear fit).
-            kernels, rounds, floor = [g.K], 1, 0.5
     else:   # about each device's share: kernels in proportion to its speed alone
         rates = [1.0 / slope for slope, _ in fits]
         kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
@@ -190,8 +192,19 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     pooled = {}
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
-    return [min(MAX_CONTENTION, max(floor, float(np.median(pooled[_alike(d)]))))
+    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[_alike(d)]))))
             for d in devices]
+
+
+def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
+                 seed: int) -> float:
+    """The device's time for the whole layer g, as a training step runs it (once, after a
+    warm-up), over its cost model's `model_s` (within [0.5, 1]): where its GEMM runs the whole
+    layer's products by Strassen's scheme (_runs_by_strassen), the trials of a few kernels,
+    run blocked, miss the scheme's gain."""
+    trial = replace(g, name=f"calibrate/{g.name}/whole")
+    (busy, wall), = _layer_trial([device], trial, [g.K], x, need_dx, 1, seed)
+    return min(1.0, max(0.5, max(busy[0], wall) / model_s))
 
 
 def _runs_by_strassen(device: Device, g: ConvGeometry, batch: int) -> bool:
@@ -292,6 +305,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
 
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
+    whole = {}   # layer -> [whole-layer factor] of a single device (_whole_layer)
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -341,6 +355,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
+        if len(devices) == 1 and _runs_by_strassen(devices[0], g, batch):
+            slope, intercept = fits[0]
+            whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
+                                          (intercept + g.K * slope) * slower[0], seed)]
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []
@@ -375,4 +393,5 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             parts[g.name].append(part)
         if any(d.link is not None for d in devices):
             phases[g.name] = split
-    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None)
+    return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
+                       whole or None)

@@ -177,6 +177,9 @@ class Cost:
     link_fixed: float = 0.0
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
+    # its compute time for the whole layer on its own over t(K) (calibration's whole-layer
+    # factor: below 1 where its GEMM runs the whole layer by Strassen's scheme)
+    whole: float = 1.0
     forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
     link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward
 
@@ -283,7 +286,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
             for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
                 own.setdefault(n, {})[layer] = Cost(1.0 / (slope * c), intercept * c,
-                                                    cal.caps[layer][i], contention=c)
+                                                    cal.caps[layer][i], contention=c,
+                                                    whole=cal.whole_factor(layer, i))
         calibrated = cal_names, placed(cal, cal_names, moved, joining)
     if calibrated is not None:
         cal_names, cal = calibrated
@@ -295,7 +299,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 overhead = part["compute_overhead_s"] if part else cal.overheads[g.name][i]
                 slower = ((cal.contention or {}).get(g.name) or [1.0] * len(cal_names))[i]
                 known[name][g.name] = Cost(speed, overhead, cal.caps[g.name][i],
-                                           contention=slower)
+                                           contention=slower,
+                                           whole=cal.whole_factor(g.name, i))
                 costs[g.name].append(known[name][g.name])
             names.append(name)
             links.append(None)
@@ -330,10 +335,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                     base = (own[d.like][g.name] if link is not None and d.like in own
                             else known[d.like][g.name])
                     speed, overhead, cap = base.speed * d.factor, base.overhead, base.cap
-                    slower = base.contention
+                    slower, whole = base.contention, base.whole
                 else:
                     speed = d.gflops * 1e9 / per_kernel[g.name]
-                    overhead, cap, slower = 0.0, g.K, 1.0
+                    overhead, cap, slower, whole = 0.0, g.K, 1.0, 1.0
                 if d.overhead_s is not None:
                     overhead = d.overhead_s
                 if d.memory is not None:
@@ -344,7 +349,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 forward = ((0.0, 0.0) if link is None else
                            link_phase_cost(link, g, batch, need_dx)[0])
                 costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
-                                          slower, link_forward=forward))
+                                          slower, whole=whole, link_forward=forward))
             gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
@@ -385,16 +390,20 @@ def layer_phases(costs: list) -> list:
 def _alone_s(c: Cost, K: int) -> float:
     """A device's time for all K kernels of a layer, on its own (no contention)."""
     a = c.alone()
-    return a.total_overhead + K / a.total_speed
+    return (a.overhead + K / a.speed) * c.whole + a.link_s(K)
 
 
 def layer_seconds(costs: list, counts) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, for one of several devices, its time on its own
-    (a single device's contention is its typical time over its best, which stays)."""
+    (a single device's contention is its typical time over its best, which stays); a device
+    with the whole layer computes it in `whole` of its model's time."""
     busy = [i for i, k in enumerate(counts) if k]
-    if len(busy) == 1 and len(costs) > 1:
-        return _alone_s(costs[busy[0]], counts[busy[0]])
+    if len(busy) == 1:
+        c, k = costs[busy[0]], counts[busy[0]]
+        if len(costs) > 1:
+            return _alone_s(c, k)
+        return (c.overhead + k / c.speed) * c.whole + c.link_s(k)
     return phases_time(counts, layer_phases(costs))
 
 

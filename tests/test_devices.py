@@ -394,45 +394,53 @@ def test_the_together_trial_runs_the_layer_as_training_does():
 
 def test_a_single_device_times_the_whole_layer_where_strassen_runs_it(monkeypatch):
     """The trials of a few kernels are too small for the GEMM's Strassen scheme, so where the
-    whole layer's products take it, a single cpu device times the whole layer once and its
-    contention may fall below 1 (the scheme's gain over the trials' fit); where they do not
-    take it, the trial keeps its size and the floor of 1."""
+    whole layer's products take it, a single cpu device also times the whole layer once: its
+    time over the cost model's is the layer's whole-layer factor, which the predictions of the
+    device running the whole layer take (and the contention stays the trials'). Where they do
+    not take it, nothing more is timed."""
     import pyhet.calibrate as calibrate_module
     from pyhet import _core
+    from pyhet.plan import build_cluster, layer_seconds
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    devices = make_devices(parse_devices("cpu:1"))
     monkeypatch.setattr(calibrate_module, "_time_block",
                         lambda device, g, k, x, rng, need_dx: 0.01 * k)
     seen = []
 
     def fake(devices, g, counts, x, need_dx, rounds, seed):
-        seen.append((g.name.split("/")[1], list(counts), rounds))
-        return [([0.01 * counts[0] * 0.9], 0.01 * counts[0] * 0.9)] * rounds
+        seen.append((g.name.split("/")[-1], list(counts), rounds))
+        t = 0.01 * counts[0] * (0.9 if g.name.endswith("/whole") else 1.1)
+        return [([t], t)] * rounds
     monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
-    old = _core.set_gemm_strassen_min_dim(8)   # conv2 (24 kernels, C*R*S 72) takes it
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        _core.set_gemm_strassen_min_dim(old)
-        for d in devices:
-            d.close()
-    # conv1: 8 kernels, C*R*S = 27, 4 x 14 x 14 pixels: also >= 8, so the whole layer too
+
+    def calibrated(dim):
+        devices = make_devices(parse_devices("cpu:1"))
+        old = _core.set_gemm_strassen_min_dim(dim)
+        try:
+            return calibrate(devices, shape.blocks, 4)
+        finally:
+            _core.set_gemm_strassen_min_dim(old)
+            for d in devices:
+                d.close()
+
+    # conv1: 8 kernels, C*R*S 27, 4 x 14 x 14 output pixels; conv2: 24, 72, 4 x 5 x 5: both
+    # take the scheme from 8
+    cal = calibrated(8)
     assert [(name, counts, rounds) for name, counts, rounds in seen] == [
-        ("conv1", [8], 1), ("conv2", [24], 1)]
-    assert cal.contention["conv2"] == pytest.approx([0.9])
+        ("together", [8], 3), ("whole", [8], 1), ("together", [24], 3), ("whole", [24], 1)]
+    assert cal.contention["conv2"] == pytest.approx([1.1])
+    assert cal.whole["conv2"] == pytest.approx([0.9 / 1.1])   # 0.9 of the fit, over 1.1 of it
+    model = cal.overheads["conv2"][0] + 24 / cal.speeds["conv2"][0]
+    assert cal.predicted("conv2", [24]) == pytest.approx(model * 0.9 / 1.1)
+    row = cal.as_dict([types.SimpleNamespace(name="d0")])["conv2"]["d0"]
+    assert row["whole_layer"] == pytest.approx(0.9 / 1.1, abs=1e-4)
+    cluster = build_cluster(shape, 4, calibrated=(["d0"], cal))
+    assert layer_seconds(cluster.costs["conv2"], [24]) == pytest.approx(model * 0.9 / 1.1)
     seen.clear()
-    devices = make_devices(parse_devices("cpu:1"))
-    monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
-    old = _core.set_gemm_strassen_min_dim(0)
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        _core.set_gemm_strassen_min_dim(old)
-        for d in devices:
-            d.close()
-    assert all(rounds == 3 for _, _, rounds in seen)
-    assert cal.contention["conv2"] == [1.0]
+    cal = calibrated(0)
+    assert [name for name, _, _ in seen] == ["together", "together"]
+    assert cal.whole is None and cal.predicted("conv2", [24]) == pytest.approx(
+        cal.overheads["conv2"][0] + 24 / cal.speeds["conv2"][0])
 
 
 def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):

@@ -187,6 +187,25 @@ def test_alone_a_device_has_no_contention():
     assert r["best_single"]["step_s"] == pytest.approx(conv / 2 + r["master_s"], rel=1e-6)
 
 
+def test_the_whole_layer_factor_counts_only_where_a_device_runs_the_whole_layer():
+    """A device whose GEMM runs a whole layer by Strassen's scheme (calibration's whole-layer
+    factor, here 0.9) computes it in 0.9 of its model's time, alone or as the only device; its
+    share of a split, and its copies' shares (like=), run at the model's rate."""
+    names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
+    c.whole = {"conv1": [1.0], "conv2": [0.9]}
+    cluster = plan.build_cluster(NET, N, (names, c))
+    r = plan.plan(cluster, NET, N, master_gflops=1e6)
+    conv2 = NET.blocks[1]
+    assert r["layers"]["conv2"]["conv_s"] == pytest.approx(0.9 * conv2.K / 300.0, rel=1e-6)
+    assert r["best_single"]["step_s"] == pytest.approx(
+        NET.blocks[0].K / 1000.0 + 0.9 * conv2.K / 300.0 + r["master_s"], rel=1e-6)
+    pair = plan.build_cluster(NET, N, (names, c), [plan.Described("x", like="d0")])
+    r2 = plan.plan(pair, NET, N, master_gflops=1e6)
+    counts = [r2["partition"]["conv2"][n] for n in ("d0", "x")]
+    assert all(counts) and r2["layers"]["conv2"]["conv_s"] == pytest.approx(
+        max(counts) / 300.0, rel=1e-6)
+
+
 def test_master_bottleneck():
     huge = arch.build("2C3-P2-2C3-P2-4096N", (1, 12, 12), 10)
     cluster = plan.build_cluster(huge, N, described=plan.parse_describe("a:gflops=100"))
