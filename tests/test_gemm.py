@@ -357,12 +357,12 @@ def test_strassen_runs_from_its_threshold_only():
 
 
 @pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 1024), ("", 1024)])
-def test_strassen_environment_switch(value, dim):
+def test_strassen_environment_switch(value, dim, tmp_path):
     """PYHET_GEMM_STRASSEN=0 (or off) turns the scheme off for the process."""
-    code = "from pyhet import _core; print(_core.set_gemm_strassen_min_dim(-1))"
+    code = "from pyhet import _core; print(_core.gemm_strassen_min_dim())"
     env = dict(os.environ, PYHET_GEMM_STRASSEN=value)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, check=True, timeout=60).stdout
     assert int(out) == dim
 
 
