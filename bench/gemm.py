@@ -108,8 +108,6 @@ RATIOS = [("avx512", "avx2-fma"), ("avx512", "numpy"), ("avx2-fma", "numpy"),
           ("portable", "numpy"), ("portable", PLAIN)]
 
 
-
-
 def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, rng) -> dict:
     """Median seconds of np.matmul, of pyhet's sgemm with each kernel and (when `plain`) of the
     plain loop on one problem, interleaved."""

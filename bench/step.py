@@ -103,10 +103,10 @@ def worker_torch(kernels, batch, threads, steps):
 
 
 def _run_worker(side, args):
-    env = None
+    worker, env = side, None
     if side == BLOCKED:  # pyhet with Strassen's scheme off
-        side, env = "pyhet", dict(os.environ, PYHET_GEMM_STRASSEN="0")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side,
+        worker, env = "pyhet", dict(os.environ, PYHET_GEMM_STRASSEN="0")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
            "--kernels", f"{args.kernels[0]},{args.kernels[1]}", "--batch-size",
            str(args.batch_size), "--threads", str(args.threads), "--steps", str(args.steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -628,7 +628,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("set_gemm_strassen_min_dim", &pyhet::gemm::set_strassen_min_dim, py::arg("dim"),
         "Test hook and benchmark switch: products whose every dimension is at least `dim` use "
         "one level of Strassen's scheme (0: none; < 0: the default again, 1024 unless "
-        "PYHET_GEMM_STRASSEN=0). Returns the previous value.");
+        "PYHET_GEMM_STRASSEN is 0 or off). Returns the previous value.");
   py::class_<pyhet::PackedB>(m, "PackedB",
                              "op(b) (k, n) packed once into the GEMM's panels, for several "
                              "products that share it (sgemm_packed); filled by pack_b.")

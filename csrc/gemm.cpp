@@ -420,7 +420,7 @@ struct Problem {
   int64_t ldb;
   float* C;
   int64_t ldc;
-  // A sub-product of Strassen's scheme (see strassen below), else left as they are:
+  // A sub-product of Strassen's scheme (see run_strassen below), else left as they are:
   // op(A) + a2 * op(A2) and op(B) + b2 * op(B2) (both stored as A and B), and the product also
   // added to C2 (row stride ldc) as C2 = alpha2 * product + beta2 * C2.
   const float* A2 = nullptr;
@@ -827,16 +827,18 @@ const char* sgemm_kernel_name() { return gemm::chosen_kernel().name; }
 //   M7 = (A12 - A22)(B21 + B22)
 //
 // As in "Strassen's Algorithm Reloaded" (Huang, Smith, Henry, van de Geijn, SC16), the sums are
-// made while packing (each block of the second operand packed apart and added in, in cache) and
-// each product goes straight to the quadrants of C that it adds to, tile by tile: no matrix of
-// quadrant size is ever made, and no memory is taken beyond the packing buffers. The cost is
+// made while packing (both quadrants read in one pass, their sum written to the packed block)
+// and each product goes straight to the quadrants of C that it adds to, tile by tile: no matrix
+// of quadrant size is ever made, and no memory is taken beyond the packing buffers. The cost is
 // more packing (the sums read up to twice the operands) and a second write of some tiles, so
 // it pays only for big products: on the conv2 products of the paper network (each dimension
-// >= 1500) it measured ~6% faster than the blocked product alone (BENCHMARKS.md). The rounding
-// differs from the blocked product's (each entry of C is a signed sum of the seven products),
-// within a small multiple of its error bound; PYHET_GEMM_STRASSEN=0 in the environment turns
-// it off. A dimension of odd size leaves a last row, column or rank-1 update, which the blocked
-// product does.
+// >= 1500) it measured 5-15% faster than the blocked product alone (BENCHMARKS.md). The
+// rounding differs from the blocked product's (each entry of C is a signed sum of the seven
+// products), within a small multiple of its error bound, normwise; and an infinity in an
+// operand can make NaN of entries of C that do not depend on it (inf - inf in the sums), where
+// the blocked product keeps them finite. PYHET_GEMM_STRASSEN=0 (or off) in the environment
+// turns it off. A dimension of odd size leaves a last row, column or rank-1 update, which the
+// blocked product does.
 
 namespace gemm {
 namespace {

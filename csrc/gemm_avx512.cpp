@@ -55,7 +55,7 @@ void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, i
   }
   // ci_h: row i of the tile, columns 16h ... 16h + 15. Named variables, not an array: GCC 12
   // spilled an array of 24 accumulators several times a step; these it keeps in registers but
-  // for one spill and reload per trip of the loop (96 FMAs).
+  // for one or two spills and reloads per trip of the loop (96 FMAs).
 #define PYHET_ZERO(i) __m512 c##i##_0 = _mm512_setzero_ps(), c##i##_1 = _mm512_setzero_ps()
   PYHET_ZERO(0); PYHET_ZERO(1); PYHET_ZERO(2); PYHET_ZERO(3); PYHET_ZERO(4); PYHET_ZERO(5);
   PYHET_ZERO(6); PYHET_ZERO(7); PYHET_ZERO(8); PYHET_ZERO(9); PYHET_ZERO(10); PYHET_ZERO(11);
@@ -97,21 +97,29 @@ void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, i
 
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   const bool read_c = beta != 0.f, scale = alpha != 1.f;
+  if (second) {
+    // To two tiles: the accumulators go through memory once (L1), so that none of them has to
+    // stay in a register past the first tile's stores, which would make the compiler spill
+    // more of them inside the loop.
+    alignas(64) float acc[MR * NR];
+    __m512* v = reinterpret_cast<__m512*>(acc);
+#define PYHET_SAVE(i) v[2 * (i)] = c##i##_0; v[2 * (i) + 1] = c##i##_1
+    PYHET_SAVE(0); PYHET_SAVE(1); PYHET_SAVE(2); PYHET_SAVE(3); PYHET_SAVE(4); PYHET_SAVE(5);
+    PYHET_SAVE(6); PYHET_SAVE(7); PYHET_SAVE(8); PYHET_SAVE(9); PYHET_SAVE(10); PYHET_SAVE(11);
+#undef PYHET_SAVE
+    const __m512 va2 = _mm512_set1_ps(second->alpha), vb2 = _mm512_set1_ps(second->beta);
+    const bool read_c2 = second->beta != 0.f, scale2 = second->alpha != 1.f;
+    for (int i = 0; i < MR; ++i) {
+      store_row(c + i * ldc, v[2 * i], v[2 * i + 1], va, vb, read_c, scale);
+      store_row(second->c + i * ldc, v[2 * i], v[2 * i + 1], va2, vb2, read_c2, scale2);
+    }
+    return;
+  }
 #define PYHET_STORE(i) store_row(c + (i) * ldc, c##i##_0, c##i##_1, va, vb, read_c, scale)
   PYHET_STORE(0); PYHET_STORE(1); PYHET_STORE(2); PYHET_STORE(3); PYHET_STORE(4);
   PYHET_STORE(5); PYHET_STORE(6); PYHET_STORE(7); PYHET_STORE(8); PYHET_STORE(9);
   PYHET_STORE(10); PYHET_STORE(11);
 #undef PYHET_STORE
-  if (second) {
-    float* c2 = second->c;
-    const __m512 va2 = _mm512_set1_ps(second->alpha), vb2 = _mm512_set1_ps(second->beta);
-    const bool read_c2 = second->beta != 0.f, scale2 = second->alpha != 1.f;
-#define PYHET_STORE(i) store_row(c2 + (i) * ldc, c##i##_0, c##i##_1, va2, vb2, read_c2, scale2)
-    PYHET_STORE(0); PYHET_STORE(1); PYHET_STORE(2); PYHET_STORE(3); PYHET_STORE(4);
-    PYHET_STORE(5); PYHET_STORE(6); PYHET_STORE(7); PYHET_STORE(8); PYHET_STORE(9);
-    PYHET_STORE(10); PYHET_STORE(11);
-#undef PYHET_STORE
-  }
 }
 
 }  // namespace gemm

@@ -355,7 +355,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
-        if len(devices) == 1 and _runs_by_strassen(devices[0], g, batch):
+        if len(devices) == 1 and memory[0] >= g.K and _runs_by_strassen(devices[0], g, batch):
             slope, intercept = fits[0]
             whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
                                           (intercept + g.K * slope) * slower[0], seed)]

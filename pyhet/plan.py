@@ -523,7 +523,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         rows = {}
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
-            rows[name] = {"kernels": k, "compute_s": round(c.compute_s(k), 9),
+            compute = c.compute_s(k) * (c.whole if k == g.K else 1.0)
+            rows[name] = {"kernels": k, "compute_s": round(compute, 9),
                           "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
                           "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}

@@ -409,12 +409,12 @@ def test_a_single_device_times_the_whole_layer_where_strassen_runs_it(monkeypatc
 
     def fake(devices, g, counts, x, need_dx, rounds, seed):
         seen.append((g.name.split("/")[-1], list(counts), rounds))
-        t = 0.01 * counts[0] * (0.9 if g.name.endswith("/whole") else 1.1)
-        return [([t], t)] * rounds
+        busy = [0.01 * k * (0.9 if g.name.endswith("/whole") else 1.1) for k in counts]
+        return [(busy, max(busy))] * rounds
     monkeypatch.setattr(calibrate_module, "_layer_trial", fake)
 
-    def calibrated(dim):
-        devices = make_devices(parse_devices("cpu:1"))
+    def calibrated(dim, spec="cpu:1"):
+        devices = make_devices(parse_devices(spec))
         old = _core.set_gemm_strassen_min_dim(dim)
         try:
             return calibrate(devices, shape.blocks, 4)
@@ -441,6 +441,9 @@ def test_a_single_device_times_the_whole_layer_where_strassen_runs_it(monkeypatc
     assert [name for name, _, _ in seen] == ["together", "together"]
     assert cal.whole is None and cal.predicted("conv2", [24]) == pytest.approx(
         cal.overheads["conv2"][0] + 24 / cal.speeds["conv2"][0])
+    seen.clear()   # several devices: their shares run blocked, and no whole layer is timed
+    assert calibrated(8, "cpu:1,cpu:1").whole is None
+    assert [name for name, _, _ in seen] == ["together", "together"]
 
 
 def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):

@@ -246,7 +246,7 @@ def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, split, blocks, 
 # Stability of Numerical Algorithms", 2002, 23.2.2). So the tolerance is the blocked product's,
 # taken at the largest |alpha| |op(A)| @ |op(B)| + |beta| |C0| of the matrix, times 8 (a few
 # more roundings at each of the sums and of the combination). A wrong sign, quadrant or fringe
-# misses it by orders of magnitude.
+# misses it by orders of magnitude on the small shapes, and several times on the big ones.
 
 
 @contextlib.contextmanager
@@ -278,12 +278,13 @@ def expect_close_normwise(c, a, b, c0, trans_a=False, trans_b=False, alpha=1.0, 
 
 
 # Every dimension odd or even (a fringe row, column or rank-1 update, or none), quadrants below
-# and above a tile, several K blocks (K / 2 > KC), N / 2 > NC, and products split between two
-# threads by rows and by columns.
+# and above a tile, several K blocks (K / 2 > KC: 37 x 41 x 1537), N / 2 > NC, and products
+# split between two threads by rows (1201 x 301 x 301: the quadrant sums of B packed together
+# into one shared block by every kernel's tile) and by columns.
 STRASSEN_SHAPES = [
     (2, 2, 2), (3, 3, 3), (2, 3, 5), (5, 3, 2), (7, 17, 3), (12, 32, 64), (13, 33, 65),
     (25, 63, 130), (97, 101, 103), (255, 300, 257), (300, 255, 1025), (37, 41, 1537),
-    (9, 4133, 20), (1501, 22, 1200),
+    (9, 4133, 20), (1501, 22, 1200), (1201, 301, 301),
 ]
 
 
@@ -306,11 +307,13 @@ def test_strassen_alpha_beta(kernel, trans_a, trans_b, alpha, beta, threads):
     """beta reaches each quadrant of C once (the first product that writes it), and each fringe
     once; alpha every product."""
     rng = np.random.default_rng(11)
-    m, n, k = 131, 197, 1101
-    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
-    with strassen_from(2):
-        c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
-    expect_close_normwise(c, a, b, c0, trans_a, trans_b, alpha, beta)
+    # several K blocks; and a small odd K, where the tolerance is tight enough that beta applied
+    # twice or never to any quadrant or fringe misses it by far
+    for m, n, k in [(131, 197, 1101), (131, 197, 9)]:
+        a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+        with strassen_from(2):
+            c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
+        expect_close_normwise(c, a, b, c0, trans_a, trans_b, alpha, beta)
 
 
 @given(m=st.integers(2, 120), n=st.integers(2, 120), k=st.integers(2, 600),
@@ -358,12 +361,24 @@ def test_strassen_runs_from_its_threshold_only():
 
 @pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 1024), ("", 1024)])
 def test_strassen_environment_switch(value, dim, tmp_path):
-    """PYHET_GEMM_STRASSEN=0 (or off) turns the scheme off for the process."""
-    code = "from pyhet import _core; print(_core.gemm_strassen_min_dim())"
+    """PYHET_GEMM_STRASSEN=0 (or off) turns the scheme off for the process: a product that would
+    take it gives the blocked product's bits."""
+    code = textwrap.dedent("""
+        import numpy as np
+        from pyhet import _core
+        rng = np.random.default_rng(0)
+        a, b = (rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2))
+        c, d = np.empty_like(a), np.empty_like(a)
+        _core.sgemm(a, b, c)
+        _core.set_gemm_strassen_min_dim(0)
+        _core.sgemm(a, b, d)
+        _core.set_gemm_strassen_min_dim(-1)
+        print(_core.gemm_strassen_min_dim(), int(np.array_equal(c, d)))
+    """)
     env = dict(os.environ, PYHET_GEMM_STRASSEN=value)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
                          capture_output=True, text=True, check=True, timeout=60).stdout
-    assert int(out) == dim
+    assert out.split() == [str(dim), "1" if dim == 0 else "0"]
 
 
 # ------------------------------------------------------------------------------------------------
