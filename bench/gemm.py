@@ -140,7 +140,7 @@ def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, r
 
     fns = {"numpy": run_numpy}
     fns.update((name, run_kernel(name)) for name in kernels)
-    if ops.uses_strassen(m, n, k):
+    if ops.uses_strassen(m, n, k, threads):
         fns[BLOCKED] = run_blocked
     if plain:
         fns[PLAIN] = run_plain

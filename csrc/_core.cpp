@@ -625,6 +625,12 @@ PYBIND11_MODULE(_core, m) {
         "(0: always; < 0: the default again). Returns the previous threshold.");
   m.def("gemm_strassen_min_dim", &pyhet::gemm::get_strassen_min_dim,
         "The smallest dimension of the products that take Strassen's scheme (0: none).");
+  m.def("gemm_uses_strassen",
+        [](int64_t m, int64_t n, int64_t k, int threads) {
+          return pyhet::gemm::strassen_applies(m, n, k, threads);
+        },
+        py::arg("m"), py::arg("n"), py::arg("k"), py::arg("threads") = 1,
+        "Whether sgemm runs an (m, n) x k product on `threads` threads by Strassen's scheme.");
   m.def("set_gemm_strassen_min_dim", &pyhet::gemm::set_strassen_min_dim, py::arg("dim"),
         "Test hook and benchmark switch: products whose every dimension is at least `dim` use "
         "one level of Strassen's scheme (0: none; < 0: the default again, 1024 unless "

@@ -68,6 +68,8 @@ double set_min_flops_per_thread(double flops);
 // benchmark switch; returns the previous value.
 int64_t set_strassen_min_dim(int64_t dim);
 int64_t get_strassen_min_dim();  // the value in use
+// Whether sgemm runs an (M, N) x K product on `threads` threads by the scheme.
+bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads);
 
 }  // namespace gemm
 }  // namespace pyhet

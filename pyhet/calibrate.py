@@ -216,8 +216,9 @@ def _runs_by_strassen(device: Device, g: ConvGeometry, batch: int) -> bool:
     from . import ops
 
     pixels = batch * g.OH * g.OW
+    threads = getattr(device.backend, "threads", 1)
     return (device.spec.kind == "cpu" and device.link is None and
-            ops.uses_strassen(g.K, pixels, g.C * g.R * g.S))
+            ops.uses_strassen(g.K, pixels, g.C * g.R * g.S, threads))
 
 
 def _group_size(devices, d) -> int:

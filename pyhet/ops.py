@@ -72,10 +72,10 @@ def strassen_min_dim() -> int:
     return _core.gemm_strassen_min_dim()
 
 
-def uses_strassen(m: int, n: int, k: int) -> bool:
-    """Whether an (m, n) x k product runs by Strassen's scheme."""
-    dim = strassen_min_dim()
-    return dim > 0 and min(m, n, k) >= max(dim, 2)
+def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:
+    """Whether an (m, n) x k product on `threads` threads runs by Strassen's scheme (on several
+    threads each of its seven products must also be big enough to wake them for)."""
+    return _core.gemm_uses_strassen(int(m), int(n), int(k), int(threads))
 
 
 # ------------------------------------------------------------------------------------------------

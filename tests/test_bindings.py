@@ -345,7 +345,7 @@ def test_binding_runs_or_raises_a_short_error(name, data):
 def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
-                 "set_gemm_strassen_min_dim", "gemm_strassen_min_dim"}
+                 "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
 

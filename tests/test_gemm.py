@@ -311,7 +311,7 @@ def test_strassen_alpha_beta(kernel, trans_a, trans_b, alpha, beta, threads):
     # twice or never to any quadrant or fringe misses it by far
     for m, n, k in [(131, 197, 1101), (131, 197, 9)]:
         a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
-        with strassen_from(2):
+        with strassen_from(2), split_every_product():
             c = run_sgemm(a, b, c0, trans_a, trans_b, alpha, beta, threads, nan_c=beta == 0)
         expect_close_normwise(c, a, b, c0, trans_a, trans_b, alpha, beta)
 
@@ -344,10 +344,10 @@ def test_strassen_runs_from_its_threshold_only():
     rng = np.random.default_rng(5)
     a, b, _ = operands(rng, 1024, 1030, 1026, False, False)
 
-    def product(a, b, dim):
+    def product(a, b, dim, threads=1):
         c = np.empty((a.shape[0], b.shape[1]), np.float32)
         with strassen_from(dim):
-            _core.sgemm(a, b, c, threads=1)
+            _core.sgemm(a, b, c, threads=threads)
         return c
 
     default = _core.set_gemm_strassen_min_dim(-1)
@@ -357,6 +357,13 @@ def test_strassen_runs_from_its_threshold_only():
     assert not np.array_equal(on, off)
     expect_close_normwise(on, a, b, None)
     np.testing.assert_array_equal(product(a[:1023], b, -1), off[:1023])
+    assert ops.uses_strassen(1024, 1030, 1026) and not ops.uses_strassen(1023, 1030, 1026)
+    # on two threads each of its seven products must also give each thread >= 1 GFLOP (waking
+    # the team seven times costs more than the scheme saves on smaller ones)
+    if ops.have_openmp():
+        assert not ops.uses_strassen(1024, 1030, 1026, threads=2)
+        np.testing.assert_array_equal(product(a, b, -1, threads=2), product(a, b, 0, threads=2))
+        assert ops.uses_strassen(1500, 1600, 12500, threads=2)
 
 
 @pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 1024), ("", 1024)])
