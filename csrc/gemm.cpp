@@ -861,10 +861,12 @@ std::atomic<int64_t>& strassen_min_dim() {
 // team whose threads wait passively costs up to a few ms on the VMs this is measured on: there a
 // sub-product must also give each thread this many times the FLOPs that split a product among
 // threads at all (1e9 by default). 1024^3 at 2 threads (0.13 GFLOP a thread) ran at 0.58x of
-// the blocked product; the conv2 products (3.75 GFLOP a thread) gain 1-4%.
+// the blocked product; the conv2 forward (3.75 GFLOP a thread) at 0.97-1.04x.
 constexpr double kStrassenFlopsPerThreadFactor = 64;
 
-bool use_strassen(int64_t M, int64_t N, int64_t K, int threads) {
+}  // namespace
+
+bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads) {
   const int64_t dim = strassen_min_dim().load(std::memory_order_relaxed);
   if (dim <= 0 || std::min({M, N, K}) < std::max<int64_t>(dim, 2)) return false;
 #ifdef _OPENMP
@@ -880,6 +882,8 @@ bool use_strassen(int64_t M, int64_t N, int64_t K, int threads) {
 #endif
   return true;
 }
+
+namespace {
 
 void run_strassen(const Kernel& kernel, const Problem& P, int threads) {
   const int64_t M2 = P.M / 2, N2 = P.N / 2, K2 = P.K / 2;
@@ -937,10 +941,6 @@ int64_t set_strassen_min_dim(int64_t dim) {
 
 int64_t get_strassen_min_dim() { return strassen_min_dim().load(std::memory_order_relaxed); }
 
-bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads) {
-  return use_strassen(M, N, K, threads);
-}
-
 }  // namespace gemm
 
 // ---------------------------------------------------------------------------------------------
@@ -957,7 +957,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   const Kernel& kernel = chosen_kernel();
   const Problem P{trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
-  if (use_strassen(M, N, K, threads)) {
+  if (strassen_applies(M, N, K, threads)) {
     run_strassen(kernel, P, threads);
     return;
   }

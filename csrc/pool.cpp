@@ -99,18 +99,16 @@ inline void pool_row_2x2(const float* plane, int64_t W, int64_t h0, float b, int
     const __m128 v3 = _mm_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1));
     __m128 m = v0;
     __m128i at = _mm_setzero_si128();
-    __m128 take = _mm_cmpgt_ps(v1, m);
-    m = _mm_or_ps(_mm_and_ps(take, v1), _mm_andnot_ps(take, m));
-    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), one),
-                      _mm_andnot_si128(_mm_castps_si128(take), at));
-    take = _mm_cmpgt_ps(v2, m);
-    m = _mm_or_ps(_mm_and_ps(take, v2), _mm_andnot_ps(take, m));
-    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), below),
-                      _mm_andnot_si128(_mm_castps_si128(take), at));
-    take = _mm_cmpgt_ps(v3, m);
-    m = _mm_or_ps(_mm_and_ps(take, v3), _mm_andnot_ps(take, m));
-    at = _mm_or_si128(_mm_and_si128(_mm_castps_si128(take), diag),
-                      _mm_andnot_si128(_mm_castps_si128(take), at));
+    // candidate v, at `offset` from the window's first element, where it beats the max so far
+    auto take = [&](__m128 v, __m128i offset) {
+      const __m128 gt = _mm_cmpgt_ps(v, m);
+      const __m128i gti = _mm_castps_si128(gt);
+      m = _mm_or_ps(_mm_and_ps(gt, v), _mm_andnot_ps(gt, m));
+      at = _mm_or_si128(_mm_and_si128(gti, offset), _mm_andnot_si128(gti, at));
+    };
+    take(v1, one);
+    take(v2, below);
+    take(v3, diag);
     m = _mm_add_ps(m, bias);
     // a NaN in a window, or made by the bias (inf - inf, a NaN bias): the exact rule, alone
     if (_mm_movemask_ps(_mm_or_ps(_mm_or_ps(_mm_cmpunord_ps(v0, v1), _mm_cmpunord_ps(v2, v3)),

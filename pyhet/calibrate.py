@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import ops
 from .devices import Device
 from .geometry import ConvGeometry
 from .links import link_cost, link_phase_cost
@@ -213,8 +214,6 @@ def _runs_by_strassen(device: Device, g: ConvGeometry, batch: int) -> bool:
     the products' dimensions (kernels, C*R*S, the batch's output pixels) big enough. The
     calibration's trials, of a few kernels, are too small for it, so their fit misses its
     gain."""
-    from . import ops
-
     pixels = batch * g.OH * g.OW
     threads = getattr(device.backend, "threads", 1)
     return (device.spec.kind == "cpu" and device.link is None and

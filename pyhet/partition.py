@@ -393,7 +393,12 @@ class Balancer:
         # after the link's fixed time (unless the link was far faster than measured)
         measured = {}
         alone = self._alone_device(counts)
-        if alone is not None:
+        if alone is None:
+            for i, (k, t) in enumerate(zip(counts, busy)):
+                if k > 0 and t > 0:
+                    own = max(t - self.fixed[i], 0.1 * t)
+                    measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)
+        else:
             # a device that runs the layer on its own gives its time alone, not its speed in a
             # split (which contention sets); the others' one kernel each is mostly fixed cost
             # and measures nothing of their speed: their estimates stay
@@ -403,10 +408,6 @@ class Balancer:
                 # only a little
                 prior = self._alone_now(alone)
                 self._alone_seen[alone] = (1 - self.smoothing) * prior + self.smoothing * t
-        for i, (k, t) in [] if alone is not None else enumerate(zip(counts, busy)):
-            if k > 0 and t > 0:
-                own = max(t - self.fixed[i], 0.1 * t)
-                measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)
         # What changes every device alike (the machine, the network's phase) is a drift, not a
         # change of balance: each device is judged against the others, and the common factor
         # moves all estimates slowly.

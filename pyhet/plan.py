@@ -462,8 +462,11 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0) -> d
     fc_flops = sum(f for name, f in net.flops_per_image().items() if name not in conv)
     compute = []
     for i in range(n):
-        t = sum(cluster.costs[g.name][i].overhead + g.K / (cluster.costs[g.name][i].speed * n)
-                for g in net.blocks)
+        t = 0.0
+        for g in net.blocks:
+            c = cluster.costs[g.name][i]
+            # a replica alone runs each whole layer (its whole-layer factor, as layer_seconds)
+            t += (c.overhead + g.K / (c.speed * n)) * (c.whole if n == 1 else 1.0)
         compute.append((t + fc_flops * batch / n / (cluster.gflops[i] * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
     remote = [lk for lk in cluster.links if lk is not None]

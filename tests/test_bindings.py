@@ -396,6 +396,15 @@ def test_set_gemm_strassen_min_dim(dim):
         _core.sgemm(a, a, c, trans_b=True)
         np.testing.assert_array_equal(c, a @ a.T)
         assert _core.gemm_strassen_min_dim() == (default if dim < 0 else dim)
+        want = (dim if dim >= 0 else default) > 0 and 2000 >= max(dim, 2)
+        assert _core.gemm_uses_strassen(2000, 2000, 2000) == want
+        assert not _core.gemm_uses_strassen(-5, 2000, 2000, threads=0)
         assert _core.set_gemm_strassen_min_dim(-1) == (default if dim < 0 else dim)
     finally:
         _core.set_gemm_strassen_min_dim(default)
+
+
+def test_gemm_uses_strassen_takes_only_ints():
+    for args in [("a", 2000, 2000), (2000.5, 2000, 2000), (2000, 2000, 2000, None)]:
+        with pytest.raises(TypeError):
+            _core.gemm_uses_strassen(*args)
