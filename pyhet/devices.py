@@ -154,6 +154,9 @@ class Device:
                 phase = what[len(tag) + 1:].replace(" ", "_") if tag is not None else None
                 self.fault.check(phase, self.step)
             result = fn(*args)
+            sync = getattr(self.backend, "sync", None)
+            if sync is not None:   # a GPU's queued work ends within the call's time
+                sync()
         except Exception as e:
             err = DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
                               f"{type(e).__name__}: {e}")

@@ -178,7 +178,7 @@ class Cost:
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
     # its compute time for the whole layer on its own over t(K) (calibration's whole-layer
-    # factor: below 1 where its GEMM runs the whole layer by Strassen's scheme)
+    # factor of a single device, within [0.5, 2]; 1 where not measured)
     whole: float = 1.0
     forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
     link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward

@@ -53,6 +53,13 @@ class CudaBackend:
     def _use(self):
         self.device.use()
 
+    def sync(self):
+        """Wait for the work queued on the GPU: Device runs it after every call, so that a
+        call's time (the balancer's and calibration's) is the GPU's, not the time to queue it
+        (a backward whose results stay on the GPU returns at once otherwise, and its time
+        would fall into the next call that reads a result back)."""
+        self.device.synchronize()
+
     # --- arrays -----------------------------------------------------------------------------
 
     def asarray(self, a):
