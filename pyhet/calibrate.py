@@ -37,8 +37,9 @@ class Calibration:
     # the layers where a device has a link (pyhet.partition.balanced_phases)
     phases: dict | None = None
     # layer -> [a device's time for the whole layer on its own over its cost model's, per
-    # device] (_whole_layer): measured for a single device whose memory holds the layer; 1
-    # where not measured
+    # device]: measured for a single device whose memory holds the layer (_whole_layer); of
+    # several devices, each one's typical time alone over its best (_spreads), which a device
+    # that runs a layer alone among several takes; 1 where not measured
     whole: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
@@ -80,7 +81,8 @@ class Calibration:
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit
-        alone: its whole fixed work, no contention; plus its link), or None without fits."""
+        alone: its whole fixed work, no contention, times its whole-layer factor; plus its
+        link), or None without fits."""
         rows = (self.fits or {}).get(layer)
         if rows is None:
             return None
@@ -217,6 +219,21 @@ def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: flo
     return min(2.0, max(0.5, float(np.median(times)) / model_s))
 
 
+def _spreads(devices, times: dict, trials: list) -> list:
+    """Of several devices, each one's typical time on its own over its best (the median over
+    the best of its rounds of its larger trial, within [1, 2]; alike devices the median of
+    theirs): the whole-layer factor of a device that runs a layer alone among several. Its
+    cost model is its best time alone, and its contention is measured beside the others;
+    alone, a GPU's typical time was 1.2 to 1.5 times its best on an H200 machine (launches
+    from Python, beside the other devices' threads), where a cpu device's is within a few
+    percent."""
+    own = [float(np.median(times[t]) / max(min(times[t]), 1e-12)) for t in trials]
+    pooled = {}
+    for d, r in zip(devices, own):
+        pooled.setdefault(_alike(d), []).append(r)
+    return [min(2.0, max(1.0, float(np.median(pooled[_alike(d)])))) for d in devices]
+
+
 def _group_size(devices, d) -> int:
     """The devices that share d's im2col and input gradient (d's group of this process)."""
     return 1 if d.group is None else sum(e.group == d.group for e in devices)
@@ -321,10 +338,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for i, k in trials:  # warm-up: page faults, thread pools, GPU kernels, clocks
             for _ in range(2):
                 _time_block(devices[i], g, k, x, rng, need_dx)
-        best = {t: float("inf") for t in trials}
+        times = {t: [] for t in trials}
         for _ in range(rounds):
             for i, k in trials:
-                best[(i, k)] = min(best[(i, k)], _time_block(devices[i], g, k, x, rng, need_dx))
+                times[(i, k)].append(_time_block(devices[i], g, k, x, rng, need_dx))
+        best = {t: min(ts) for t, ts in times.items()}
         # alike devices of this process (the same SPEC, neither pinned to a core: the same
         # hardware) share the mean of their best times, so that timing noise does not tilt the
         # partition between them (a mean: the best of all their trials would favour them over
@@ -359,6 +377,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             slope, intercept = fits[0]
             whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
                                           (intercept + g.K * slope) * slower[0], seed)]
+        elif len(devices) > 1:
+            whole[g.name] = _spreads(devices, times, [
+                (i, _trial_kernels(d, g.K, memory[i])) for i, d in enumerate(devices)])
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []

@@ -178,7 +178,8 @@ class Cost:
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
     # its compute time for the whole layer on its own over t(K) (calibration's whole-layer
-    # factor of a single device, within [0.5, 2]; 1 where not measured)
+    # factor: of a single device, measured; of one of several, its typical time alone over its
+    # best; 1 where not measured)
     whole: float = 1.0
     forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
     link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward
@@ -388,7 +389,8 @@ def layer_phases(costs: list) -> list:
 
 
 def _alone_s(c: Cost, K: int) -> float:
-    """A device's time for all K kernels of a layer, on its own (no contention)."""
+    """A device's time for all K kernels of a layer, on its own (no contention; its typical
+    time, by its whole-layer factor)."""
     a = c.alone()
     return (a.overhead + K / a.speed) * c.whole + a.link_s(K)
 
@@ -526,7 +528,11 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         rows = {}
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
-            compute = c.compute_s(k) * (c.whole if k == g.K else 1.0)
+            if k == g.K:   # the whole layer, as layer_seconds counts it
+                compute = (_alone_s(c, k) - c.link_s(k) if len(cluster.names) > 1 else
+                           c.compute_s(k) * c.whole)
+            else:
+                compute = c.compute_s(k)
             rows[name] = {"kernels": k, "compute_s": round(compute, 9),
                           "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
                           "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,

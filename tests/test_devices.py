@@ -461,9 +461,45 @@ def test_a_single_device_times_the_whole_layer(monkeypatch):
     assert calibrated(0.2).whole["conv2"] == pytest.approx([0.5])
     assert calibrated(1.5, "cpu:1@0.5").whole["conv2"] == pytest.approx([1.5])
     assert ("whole", [24], 3) in seen   # 0.0026 s
-    # several devices: their shares, and no whole layer
-    assert calibrated(0.9, "cpu:1,cpu:1").whole is None
+    # several devices: their shares, and no whole layer (their factor is the spread of their
+    # times alone, none here)
+    assert calibrated(0.9, "cpu:1,cpu:1").whole == {"conv1": [1.0, 1.0], "conv2": [1.0, 1.0]}
     assert [name for name, _, _ in seen] == ["together", "together"]
+
+
+def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
+    """Of several devices, each one's factor is its typical time alone over its best (the
+    median of its five rounds over their minimum, within [1, 2]; alike devices the median of
+    theirs): a device that runs a layer alone among several is predicted at its typical time,
+    as a single device is, not at its best (on an H200 machine a GPU's typical time alone was
+    1.2-1.5 times its best)."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    rounds = {}
+
+    def fake_time_block(device, g, k, x, rng, need_dx):   # d0's rounds: 1, 1.3, 1.3, 1.3, ...
+        n = rounds[(device.name, g.name, k)] = rounds.get((device.name, g.name, k), 0) + 1
+        noisy = device.name == "d0" and n > 2 and n % 4 != 3   # the 2 warm-ups, then rounds
+        return 0.01 * k * (1.3 if noisy else 1.0)
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        busy = [0.01 * k for k in counts]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    devices = make_devices(parse_devices("cpu:1,numpy,cpu:1@0.5"))
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert cal.whole["conv2"] == pytest.approx([1.3, 1.0, 1.0])
+    alone = cal.alone_seconds("conv2", 24)
+    fit = cal.fits["conv2"][0]
+    assert alone[0] == pytest.approx((fit[1] + 24 * fit[0]) * 1.3)
+    assert cal.predicted("conv2", [24, 0, 0]) == pytest.approx(alone[0])
 
 
 def test_a_gpu_is_timed_on_the_whole_layer_and_a_quarter_of_it(monkeypatch):
