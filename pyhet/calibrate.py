@@ -36,14 +36,22 @@ class Calibration:
     # layer -> [forward speeds, forward overheads, backward speeds, backward overheads], for
     # the layers where a device has a link (pyhet.partition.balanced_phases)
     phases: dict | None = None
-    # layer -> [a device's time for the whole layer on its own over its cost model's, per
-    # device]: measured for a single device whose memory holds the layer (_whole_layer); of
-    # several devices, each one's typical time alone over its best (_spreads), which a device
-    # that runs a layer alone among several takes; 1 where not measured
+    # layer -> [a device's typical time for the whole layer on its own over its cost model's
+    # (its best time alone), per device]: measured for a single device of this process whose
+    # memory holds the layer (_whole_layer); of several devices, each one's typical time alone
+    # over its best in its trials (_spreads). A device running a layer on its own is predicted
+    # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
-        return ((self.whole or {}).get(layer) or [1.0] * (i + 1))[i]
+        """Device i's typical time for a layer on its own over its model's: as measured
+        (`whole`); where not, a single device's contention (its typical time over its best),
+        else 1."""
+        measured = (self.whole or {}).get(layer)
+        if measured is not None:
+            return measured[i]
+        slower = (self.contention or {}).get(layer)
+        return slower[0] if slower is not None and len(slower) == 1 else 1.0
 
     def phases_of(self, layer: str) -> list:
         """[(speeds, overheads)] of the layer's phases: the forward and the backward where a
@@ -72,12 +80,9 @@ class Calibration:
         """The layer's predicted seconds a step with these kernels per device."""
         alone = self.alone_seconds(layer, sum(counts))
         busy = [i for i, k in enumerate(counts) if k]
-        if alone is not None and len(busy) == 1 and len(counts) > 1:
-            # one of several devices, on its own (a single device's "contention" is its
-            # typical time over its best, which stays)
-            return alone[busy[0]]
-        seconds = phases_time(counts, self.phases_of(layer))
-        return seconds * self.whole_factor(layer, busy[0]) if len(busy) == 1 else seconds
+        if alone is not None and len(busy) == 1:
+            return alone[busy[0]]   # one device on its own: its typical time alone
+        return phases_time(counts, self.phases_of(layer))
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit
@@ -101,8 +106,8 @@ class Calibration:
                        "memory_cap": self.caps[layer][i]}
                 if self.contention is not None:
                     row["contention"] = round(self.contention[layer][i], 4)
-                if self.whole_factor(layer, i) != 1.0:
-                    row["whole_layer"] = round(self.whole_factor(layer, i), 4)
+                if (self.whole or {}).get(layer) is not None:
+                    row["whole_layer"] = round(self.whole[layer][i], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -117,10 +122,10 @@ def _trial_kernels(device: Device, K: int, cap: int) -> int:
     speed and to outweigh the fixed costs (the slope of the two-count fit is a difference of
     two timings: at 128 and 32 kernels the timing noise of a shared machine, about 10% a trial,
     moves it by a few percent). On a GPU, the whole layer: its time is far from linear in the
-    kernels until they fill its multiprocessors (at 256 kernels of the paper network's conv2 a
-    GPU computes at a fraction of its rate, and a fit through 64 and 256 put the whole layer at
-    twice its time), so it is timed where it will work, at the whole layer and a quarter of
-    it, which its speed makes cheap."""
+    kernels until they fill its multiprocessors (on an H200 the paper network's conv2 at batch
+    16 took 7-8 ms whether of 16 or of 1,500 kernels, and a fit through 64 and 256 kernels put
+    the whole layer at 28 ms), so it is timed where it will work, at the whole layer and a
+    quarter of it, which its speed makes cheap."""
     return max(1, min(K, cap) if device.kind == "gpu" else min(K, cap, 128))
 
 
@@ -205,13 +210,14 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
 
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
                  seed: int) -> float:
-    """The device's time for the whole layer g, as a training step runs it (once, after a
-    warm-up), over its cost model's `model_s`, within [0.5, 2]: the layer's whole-layer factor
-    of a single device. The model is fitted on trials of a few kernels; the whole layer can
-    run faster (a cpu device's GEMM runs products whose every dimension is at least 1024 by
-    Strassen's scheme, about 6% faster, which the trials are too small for) or slower (the
-    update and the step's hand-offs, where a GPU's layer takes milliseconds; caches that hold
-    a trial's operands and not the layer's)."""
+    """The device's typical time for the whole layer g, as a training step runs it (after a
+    warm-up, the median of three runs where `model_s` is under 0.2 s, else one), over its
+    cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer factor
+    of a single device. The model is fitted on the best of trials of a few kernels; the whole
+    layer can run faster (a cpu device's GEMM runs products whose every dimension is at least
+    1024 by Strassen's scheme, about 6% faster, which the trials are too small for) or slower
+    (a typical time rather than the best; the update and the step's hand-offs; caches that
+    hold a trial's operands and not the layer's)."""
     trial = replace(g, name=f"calibrate/{g.name}/whole")
     rounds = 3 if model_s < 0.2 else 1   # the median of three where that is cheap
     times = [max(busy[0], wall)
@@ -319,7 +325,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
 
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
-    whole = {}   # layer -> [whole-layer factor] of a single device (_whole_layer)
+    whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
@@ -363,20 +369,28 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 ka, ta = kb // 4, best[(i, kb // 4)]
                 slope = (tb - ta) / (kb - ka)
                 # else noise: keep k / t. A GPU's time can be almost all fixed (launches,
-                # transfers, multiprocessors left idle by a small layer): its fit may say so.
+                # transfers, multiprocessors left idle by a small layer): its fit may say so,
+                # and where its quarter timed as slow as its whole (or its fixed part came out
+                # above that), it is taken as that much fixed, not as proportional to k, the
+                # worst model of such a GPU.
                 most = 0.98 if d.kind == "gpu" else 0.9
                 if slope > 0 and 0 <= tb - kb * slope < most * tb:
                     fit = (slope, tb - kb * slope)
+                elif d.kind == "gpu" and (slope <= 0 or tb - kb * slope >= most * tb):
+                    fit = ((1 - most) * tb / kb, most * tb)
             fits.append(fit)
         slower = (_together(devices, g, x, need_dx, fits, memory, seed, together)
                   if together > 0 else [1.0] * len(devices))
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
-        if len(devices) == 1 and memory[0] >= g.K:
+        if len(devices) == 1 and memory[0] >= g.K and devices[0].link is None:
             slope, intercept = fits[0]
-            whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
-                                          (intercept + g.K * slope) * slower[0], seed)]
+            if _trial_kernels(devices[0], g.K, memory[0]) < g.K:
+                whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
+                                              intercept + g.K * slope, seed)]
+            else:   # the together trial ran the whole layer: its typical time over its best
+                whole[g.name] = [min(2.0, slower[0])]
         elif len(devices) > 1:
             whole[g.name] = _spreads(devices, times, [
                 (i, _trial_kernels(d, g.K, memory[i])) for i, d in enumerate(devices)])

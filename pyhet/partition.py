@@ -308,8 +308,8 @@ class Balancer:
         counts = balanced_phases(self.total, self.model(), self.caps)
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
-            # by more than the threshold: a split that times about the same is kept (the
-            # time alone is the calibration's best, the split's a typical one)
+            # by more than the threshold: a split that times about the same is kept (both
+            # are estimates, and a move of a whole layer is dear to undo)
             i = min(fits, key=self._alone_now)
             if self._alone_now(i) < self.time(counts) * (1 - self.threshold):
                 counts = [self.total if j == i else 0 for j in range(len(counts))]

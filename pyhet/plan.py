@@ -177,9 +177,8 @@ class Cost:
     link_fixed: float = 0.0
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
-    # its compute time for the whole layer on its own over t(K) (calibration's whole-layer
-    # factor: of a single device, measured; of one of several, its typical time alone over its
-    # best; 1 where not measured)
+    # its typical compute time for a layer on its own over its model alone (calibration's
+    # whole-layer factor, Calibration.whole_factor; 1 for a described device)
     whole: float = 1.0
     forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
     link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward
@@ -397,15 +396,11 @@ def _alone_s(c: Cost, K: int) -> float:
 
 def layer_seconds(costs: list, counts) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
-    phases of the slowest device's time, or, for one of several devices, its time on its own
-    (a single device's contention is its typical time over its best, which stays); a device
-    with the whole layer computes it in `whole` of its model's time."""
+    phases of the slowest device's time, or, where one device has every kernel, its typical
+    time on its own (_alone_s: its model alone times its whole-layer factor)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
-        c, k = costs[busy[0]], counts[busy[0]]
-        if len(costs) > 1:
-            return _alone_s(c, k)
-        return (c.overhead + k / c.speed) * c.whole + c.link_s(k)
+        return _alone_s(costs[busy[0]], counts[busy[0]])
     return phases_time(counts, layer_phases(costs))
 
 
@@ -467,8 +462,9 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0) -> d
         t = 0.0
         for g in net.blocks:
             c = cluster.costs[g.name][i]
-            # a replica alone runs each whole layer (its whole-layer factor, as layer_seconds)
-            t += (c.overhead + g.K / (c.speed * n)) * (c.whole if n == 1 else 1.0)
+            # a replica alone runs each whole layer on its own, as layer_seconds counts it
+            t += (_alone_s(c, g.K) - c.link_s(g.K) if n == 1 else
+                  c.overhead + g.K / (c.speed * n))
         compute.append((t + fc_flops * batch / n / (cluster.gflops[i] * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
     remote = [lk for lk in cluster.links if lk is not None]
@@ -528,11 +524,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         rows = {}
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
-            if k == g.K:   # the whole layer, as layer_seconds counts it
-                compute = (_alone_s(c, k) - c.link_s(k) if len(cluster.names) > 1 else
-                           c.compute_s(k) * c.whole)
-            else:
-                compute = c.compute_s(k)
+            # the whole layer on its own, as layer_seconds counts it
+            compute = _alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)
             rows[name] = {"kernels": k, "compute_s": round(compute, 9),
                           "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
                           "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,

@@ -4,6 +4,7 @@ on a stand-in CuPy, and calibration."""
 import re
 import sys
 import threading
+import time
 import types
 import warnings
 
@@ -108,6 +109,7 @@ def fake_cupy(count=1, driver=True):
             pass
 
         def synchronize(self):
+            time.sleep(cp.sync_s)   # the GPU finishing its queued work
             cp.synchronized.append(self.id)
 
         def __enter__(self):
@@ -126,6 +128,7 @@ def fake_cupy(count=1, driver=True):
         getDeviceProperties=lambda i: {"name": b"Stand-in GPU"}))
     cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
     cp.synchronized = []   # the GPUs Device.synchronize was called on, in order
+    cp.sync_s = 0.0        # how long each synchronize waits
     return cp
 
 
@@ -166,8 +169,11 @@ def test_a_gpu_call_ends_when_the_gpu_has_done_its_work(monkeypatch):
         gpu.call("a test", lambda: None)
         assert cp.synchronized == [1]
         cpu.call("a test", lambda: None)
-        gpu.call("a test", lambda: None, tag="conv1")
-        assert cp.synchronized == [1, 1] and "conv1" in gpu.busy_by_tag
+        cp.sync_s = 0.05
+        order = []
+        gpu.call("a test", lambda: order.append(len(cp.synchronized)), tag="conv1")
+        assert order == [1] and cp.synchronized == [1, 1]   # after the work, once
+        assert gpu.busy_by_tag["conv1"] >= 0.05              # within the call's time
     finally:
         gpu.close()
         cpu.close()
@@ -412,22 +418,24 @@ def test_the_together_trial_runs_the_layer_as_training_does():
 
 
 def test_a_single_device_times_the_whole_layer(monkeypatch):
-    """The cost model is fitted on trials of a few kernels, which can miss how the whole layer
-    runs (the GEMM's Strassen scheme takes only big products; a GPU's update and hand-offs;
-    caches), so a single device also times the whole layer as training runs it (three times
-    where that is cheap): its time over the cost model's is the layer's whole-layer factor
-    (within [0.5, 2]), which the predictions of the device running the whole layer take (and
-    the contention stays the trials'). Several devices run shares, and time no whole layer."""
+    """The cost model is fitted on the best of trials of a few kernels, which can miss how the
+    whole layer runs (the GEMM's Strassen scheme takes only big products; a typical time, not
+    the best; the update; caches), so a single device also times the whole layer as training
+    runs it (three times where that is cheap): its time over the model's is the layer's
+    whole-layer factor (within [0.5, 2]), which the predictions of the device running the
+    whole layer take. Where its together trial already ran the whole layer (a layer of at
+    most 128 kernels on a cpu device), that trial's typical time over its best is the factor.
+    Several devices run shares, and time no whole layer."""
     import pyhet.calibrate as calibrate_module
     from pyhet.plan import build_cluster, layer_seconds
 
-    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    shape = net_shape((3, 16, 16), (8, 200), 3, 10)
     per_kernel = {"cpu:1": 0.01, "cpu:1@0.5": 0.0001}
     monkeypatch.setattr(calibrate_module, "_time_block",
                         lambda device, g, k, x, rng, need_dx: per_kernel[str(device.spec)] * k)
     seen, whole = [], {}
 
-    def fake(devices, g, counts, x, need_dx, rounds, seed):
+    def fake(devices, g, counts, x, need_dx, rounds, seed):   # typical: 1.1 x the best
         seen.append((g.name.split("/")[-1], list(counts), rounds))
         f = whole["factor"] if g.name.endswith("/whole") else 1.0
         busy = [per_kernel[str(d.spec)] * k * 1.1 * f for d, k in zip(devices, counts)]
@@ -444,23 +452,24 @@ def test_a_single_device_times_the_whole_layer(monkeypatch):
             for d in devices:
                 d.close()
 
-    cal = calibrated(0.9)   # models: 0.088 s for conv1 (three runs), 0.264 s for conv2 (one)
-    assert seen == [("together", [8], 3), ("whole", [8], 3), ("together", [24], 3),
-                    ("whole", [24], 1)]
-    assert cal.contention["conv2"] == pytest.approx([1.1])
-    assert cal.whole["conv2"] == pytest.approx([0.9])
-    model = cal.overheads["conv2"][0] + 24 / cal.speeds["conv2"][0]
-    assert cal.predicted("conv2", [24]) == pytest.approx(model * 0.9)
+    cal = calibrated(0.9)   # conv2's model: 2 s, so one run of it
+    assert seen == [("together", [8], 3), ("together", [128], 3), ("whole", [200], 1)]
+    assert cal.contention == {"conv1": pytest.approx([1.1]), "conv2": pytest.approx([1.1])}
+    assert cal.whole == {"conv1": pytest.approx([1.1]), "conv2": pytest.approx([0.99])}
+    slope, intercept, _ = cal.fits["conv2"][0]
+    model = intercept + 200 * slope
+    assert model == pytest.approx(2.0)
+    assert cal.predicted("conv2", [200]) == pytest.approx(model * 0.99)
     row = cal.as_dict([types.SimpleNamespace(name="d0")])["conv2"]["d0"]
-    assert row["whole_layer"] == pytest.approx(0.9, abs=1e-4)
+    assert row["whole_layer"] == pytest.approx(0.99, abs=1e-4)
     cluster = build_cluster(shape, 4, calibrated=(["d0"], cal))
-    assert layer_seconds(cluster.costs["conv2"], [24]) == pytest.approx(model * 0.9)
+    assert layer_seconds(cluster.costs["conv2"], [200]) == pytest.approx(model * 0.99)
     # slower than the model too, up to twice; three runs where the model says < 0.2 s
-    assert calibrated(1.5).whole["conv2"] == pytest.approx([1.5])
+    assert calibrated(1.5).whole["conv2"] == pytest.approx([1.65])
     assert calibrated(3.0).whole["conv2"] == pytest.approx([2.0])
     assert calibrated(0.2).whole["conv2"] == pytest.approx([0.5])
-    assert calibrated(1.5, "cpu:1@0.5").whole["conv2"] == pytest.approx([1.5])
-    assert ("whole", [24], 3) in seen   # 0.0026 s
+    assert calibrated(1.5, "cpu:1@0.5").whole["conv2"] == pytest.approx([1.65])
+    assert ("whole", [200], 3) in seen   # 0.02 s
     # several devices: their shares, and no whole layer (their factor is the spread of their
     # times alone, none here)
     assert calibrated(0.9, "cpu:1,cpu:1").whole == {"conv1": [1.0, 1.0], "conv2": [1.0, 1.0]}
@@ -533,6 +542,12 @@ def test_a_gpu_is_timed_on_the_whole_layer_and_a_quarter_of_it(monkeypatch):
         # the GPU's fit: 5 ms fixed (0.94 of its time at 300 kernels), 1 us a kernel
         assert cal.fits["conv2"][0][:2] == pytest.approx([1e-6, 0.005])
         assert cal.fits["conv2"][1][:2] == pytest.approx([(0.005 + 128e-6) / 128, 0.0])
+        # a GPU whose quarter times as slow as its whole: almost all fixed, not proportional
+        monkeypatch.setattr(calibrate_module, "_time_block",
+                            lambda device, g, k, x, rng, need_dx: 0.005)
+        flat = calibrate(devices[:1], shape.blocks[1:], 4)
+        assert flat.fits["conv2"][0][:2] == pytest.approx([0.02 * 0.005 / 300, 0.98 * 0.005])
+        monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
         seen.clear()   # a GPU whose memory holds 60 kernels of conv2 is timed at 60 and 15
         monkeypatch.setattr(devices[0], "free_memory", lambda: int(
             (shape.blocks[1].fixed_bytes(4) + 60.5 * shape.blocks[1].bytes_per_kernel(4)) / 0.8))

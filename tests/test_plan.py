@@ -176,21 +176,31 @@ def test_a_moved_device_pays_its_own_fixed_work():
                                                            f0 * k, f0 * k])
 
 
-def test_alone_a_device_has_no_contention():
-    """The calibrated speeds are those of the devices computing together (contention); the
-    best single device is taken alone, without it."""
+def test_alone_a_device_has_no_contention_but_its_typical_time():
+    """The calibrated speeds of several devices are those of the devices computing together
+    (contention); a device alone is taken without it, at its typical time alone (its
+    whole-layer factor: its spread). A single device's contention is its own typical time over
+    its best: alone, it keeps it, so its plan is its best single device."""
     names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
     c.contention = {"conv1": [2.0], "conv2": [2.0]}
     r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
     conv = sum(g.K / c.speeds[g.name][0] for g in NET.blocks)
     assert r["predicted_conv_s"] == pytest.approx(conv, rel=1e-6)
-    assert r["best_single"]["step_s"] == pytest.approx(conv / 2 + r["master_s"], rel=1e-6)
+    assert r["best_single"]["step_s"] == pytest.approx(conv + r["master_s"], rel=1e-6)
+    assert r["speedup"] == pytest.approx(1.0)
+    names, c = cal({"conv1": [1000.0, 500.0], "conv2": [300.0, 100.0]})
+    c.contention = {"conv1": [2.0, 2.0], "conv2": [2.0, 2.0]}
+    c.whole = {"conv1": [1.1, 1.0], "conv2": [1.1, 1.0]}
+    r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    alone = sum(g.K / c.speeds[g.name][0] / 2 * 1.1 for g in NET.blocks)
+    assert r["best_single"] == {"device": "d0", "step_s": pytest.approx(alone + r["master_s"])}
 
 
 def test_the_whole_layer_factor_counts_only_where_a_device_runs_the_whole_layer():
-    """A device whose GEMM runs a whole layer by Strassen's scheme (calibration's whole-layer
-    factor, here 0.9) computes it in 0.9 of its model's time, alone or as the only device; its
-    share of a split, and its copies' shares (like=), run at the model's rate."""
+    """A device whose whole layer runs faster than its model (calibration's whole-layer factor,
+    here 0.9: its GEMM takes Strassen's scheme there) computes it in 0.9 of its model's time,
+    alone or as the only device; its share of a split, and its copies' shares (like=), run at
+    the model's rate."""
     names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
     c.whole = {"conv1": [1.0], "conv2": [0.9]}
     cluster = plan.build_cluster(NET, N, (names, c))
@@ -204,6 +214,24 @@ def test_the_whole_layer_factor_counts_only_where_a_device_runs_the_whole_layer(
     counts = [r2["partition"]["conv2"][n] for n in ("d0", "x")]
     assert all(counts) and r2["layers"]["conv2"]["conv_s"] == pytest.approx(
         max(counts) / 300.0, rel=1e-6)
+
+
+def test_a_device_with_the_whole_layer_shows_the_time_the_layer_takes():
+    """Per device, `compute_s` (with its link's seconds) is what the layer takes where it has
+    the whole layer, alone or among several: its typical time alone, not its shared rate."""
+    names, c = cal({"conv1": [1000.0, 10.0], "conv2": [300.0, 1.0]})
+    c.contention = {"conv1": [1.5, 1.5], "conv2": [1.5, 1.5]}
+    c.whole = {"conv1": [1.2, 1.0], "conv2": [1.2, 1.0]}
+    for cluster in (plan.build_cluster(NET, N, (names, c)),
+                    plan.build_cluster(NET, N, (names, c), plan.parse_describe("d0:bw=1gbit"))):
+        r = plan.plan(cluster, NET, N, master_gflops=1e6)
+        for g in NET.blocks:
+            layer = r["layers"][g.name]
+            assert layer["devices"]["d0"]["kernels"] == g.K   # d1 is far too slow to share
+            row = layer["devices"]["d0"]
+            assert row["compute_s"] + row["link_s"] == pytest.approx(layer["conv_s"], rel=1e-6)
+            assert row["compute_s"] == pytest.approx(g.K / c.speeds[g.name][0] / 1.5 * 1.2,
+                                                     rel=1e-6)
 
 
 def test_master_bottleneck():
