@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a machine with a CUDA GPU and CuPy already installed:
 # build pyhet, run the GPU tests, train, evaluate and predict with a four-block network on the
-# GPU alone and beside the CPU cores, and time gpu:0 alone against gpu:0 with the CPU cores.
+# GPU alone and beside the CPU cores, check pyhet plan's predictions of gpu:0 and gpu:0 with the
+# CPU cores against measured steps, and time them (bench scaling).
 #   bash tools/gpu_check.sh [--no-scaling] [OUTDIR]   (logs and JSON go to OUTDIR, default
-#                                                      ./gpu-check; --no-scaling skips the timing)
+#                                                      ./gpu-check; --no-scaling skips the two
+#                                                      timings, plan and scaling: about 5 min
+#                                                      on 16 cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scaling=1
@@ -32,7 +35,10 @@ arch="16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N"
       --devices "$devices" 2>&1 | head -2
   done
   if [ "$scaling" = 1 ]; then
-    pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --json "$out/scaling.json" 2>&1 |
-      grep -v '^round'
+    rest=$(python3 -c "from pyhet import ops; print(max(1, ops.default_threads() - 1))")
+    pyhet bench plan --configs "gpu:0;gpu:0,cpu:$rest;cpu:$rest" --batch-sizes 16,64 \
+      --rounds 1 --json "$out/plan.json" 2>&1 | grep -v '^round'
+    pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --cpu-devices 2,4 \
+      --json "$out/scaling.json" 2>&1 | grep -v '^round'
   fi
 } 2>&1 | tee "$out/gpu_check.log"
