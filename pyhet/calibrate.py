@@ -229,9 +229,9 @@ def _spreads(devices, times: dict, trials: list) -> list:
     """Of several devices, each one's typical time on its own over its best (the median over
     the best of its rounds of its larger trial, within [1, 2]; alike devices the median of
     theirs): the whole-layer factor of a device that runs a layer alone among several. Its
-    cost model is its best time alone, and its contention is measured beside the others;
-    alone, a GPU's typical time was 1.2 to 1.5 times its best on an H200 machine (launches
-    from Python, beside the other devices' threads), where a cpu device's is within a few
+    cost model is its best time alone, and its contention is measured beside the others. A
+    single H200's typical time was 1.46 times its best in one run's calibration (its layers
+    are milliseconds of launches from Python), where a cpu device's is within a few
     percent."""
     own = [float(np.median(times[t]) / max(min(times[t]), 1e-12)) for t in trials]
     pooled = {}

@@ -480,8 +480,8 @@ def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
     """Of several devices, each one's factor is its typical time alone over its best (the
     median of its five rounds over their minimum, within [1, 2]; alike devices the median of
     theirs): a device that runs a layer alone among several is predicted at its typical time,
-    as a single device is, not at its best (on an H200 machine a GPU's typical time alone was
-    1.2-1.5 times its best)."""
+    as a single device is, not at its best (a single H200's typical time was 1.46 times its
+    best in one run's calibration)."""
     import pyhet.calibrate as calibrate_module
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
