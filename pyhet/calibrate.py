@@ -335,9 +335,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             memory.append(g.K if free is None else int(
                 max(0, free * 0.8 - g.fixed_bytes(batch)) // g.bytes_per_kernel(batch)))
         one_group = len({d.group for d in devices}) == 1 and devices[0].group is not None
+        larger = [_trial_kernels(d, g.K, memory[i]) for i, d in enumerate(devices)]
         trials = []  # (device index, kernels)
-        for i, d in enumerate(devices):
-            kb = _trial_kernels(d, g.K, memory[i])
+        for i, kb in enumerate(larger):
             trials.append((i, kb))
             if kb // 4 >= 1 and kb // 4 < kb:
                 trials.append((i, kb // 4))
@@ -361,8 +361,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                   for members in alike.values() for i, k in trials if i in members}
         best.update(shared)
         fits = []   # (seconds per kernel, fixed seconds) of each device alone
-        for i, d in enumerate(devices):
-            kb = _trial_kernels(d, g.K, memory[i])
+        for i, (d, kb) in enumerate(zip(devices, larger)):
             tb = best[(i, kb)]
             fit = (tb / kb, 0.0)
             if (i, kb // 4) in best and kb // 4 < kb:
@@ -386,14 +385,13 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         contention[g.name] = slower
         if len(devices) == 1 and memory[0] >= g.K and devices[0].link is None:
             slope, intercept = fits[0]
-            if _trial_kernels(devices[0], g.K, memory[0]) < g.K:
+            if larger[0] < g.K:
                 whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
                                               intercept + g.K * slope, seed)]
             else:   # the together trial ran the whole layer: its typical time over its best
                 whole[g.name] = [min(2.0, slower[0])]
         elif len(devices) > 1:
-            whole[g.name] = _spreads(devices, times, [
-                (i, _trial_kernels(d, g.K, memory[i])) for i, d in enumerate(devices)])
+            whole[g.name] = _spreads(devices, times, list(enumerate(larger)))
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
         speeds[g.name], overheads[g.name], caps[g.name], parts[g.name] = [], [], [], []

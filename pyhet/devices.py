@@ -87,6 +87,7 @@ class Device:
     def __init__(self, name: str, spec: DeviceSpec, backend=None):
         self.name, self.spec = name, spec
         self.backend = backend if backend is not None else make_backend(spec)
+        self._sync = getattr(self.backend, "sync", None)   # a GPU's: wait for its queued work
         self.speed = spec.speed            # may be changed while training (emulation)
         self.busy_s = 0.0                  # work time (including emulated slowness) so far
         self.compute_s = 0.0               # of which computing (the rest: its link's messages)
@@ -154,9 +155,8 @@ class Device:
                 phase = what[len(tag) + 1:].replace(" ", "_") if tag is not None else None
                 self.fault.check(phase, self.step)
             result = fn(*args)
-            sync = getattr(self.backend, "sync", None)
-            if sync is not None:   # a GPU's queued work ends within the call's time
-                sync()
+            if self._sync is not None:   # a GPU's queued work ends within the call's time
+                self._sync()
         except Exception as e:
             err = DeviceError(f"device {self.name} ({self.spec}) failed during {what}: "
                               f"{type(e).__name__}: {e}")

@@ -476,28 +476,36 @@ def test_a_single_device_times_the_whole_layer(monkeypatch):
     assert [name for name, _, _ in seen] == ["together", "together"]
 
 
+def fake_timings(monkeypatch, time_block, busy):
+    """Calibration on made-up timings: time_block(device, g, k) the seconds of a device's trial
+    of k kernels alone; busy(devices, g, counts) each device's busy seconds where they run the
+    layer together, every round alike."""
+    import pyhet.calibrate as calibrate_module
+
+    def layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        b = busy(devices, g, counts)
+        return [(b, max(b))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: time_block(device, g, k))
+    monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
+
+
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
     """Of several devices, each one's factor is its typical time alone over its best (the
     median of its five rounds over their minimum, within [1, 2]; alike devices the median of
     theirs): a device that runs a layer alone among several is predicted at its typical time,
     as a single device is, not at its best (a single H200's typical time was 1.46 times its
     best in one run's calibration)."""
-    import pyhet.calibrate as calibrate_module
-
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
     rounds = {}
 
-    def fake_time_block(device, g, k, x, rng, need_dx):   # d0's rounds: 1, 1.3, 1.3, 1.3, ...
+    def time_block(device, g, k):   # d0's rounds: 1, 1.3, 1.3, 1.3, 1
         n = rounds[(device.name, g.name, k)] = rounds.get((device.name, g.name, k), 0) + 1
         noisy = device.name == "d0" and n > 2 and n % 4 != 3   # the 2 warm-ups, then rounds
         return 0.01 * k * (1.3 if noisy else 1.0)
 
-    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
-        busy = [0.01 * k for k in counts]
-        return [(busy, max(busy))] * rounds
-
-    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
-    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    fake_timings(monkeypatch, time_block, lambda devices, g, counts: [0.01 * k for k in counts])
     devices = make_devices(parse_devices("cpu:1,numpy,cpu:1@0.5"))
     try:
         cal = calibrate(devices, shape.blocks, 4)
@@ -516,22 +524,18 @@ def test_a_gpu_is_timed_on_the_whole_layer_and_a_quarter_of_it(monkeypatch):
     quarter of it (as many as its memory holds), since its time is far from linear in small
     counts. A GPU's time may be almost all fixed, and its fit keeps that (a cpu device's fit
     with the same shape is taken for noise: kernels over time)."""
-    import pyhet.calibrate as calibrate_module
-
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
     shape = net_shape((1, 12, 12), (8, 300), 3, 10)
     seen = []
 
-    def fake_time_block(device, g, k, x, rng, need_dx):   # 5 ms fixed, 1 us a kernel
+    def time_block(device, g, k):   # 5 ms fixed, 1 us a kernel
         seen.append((device.kind, g.name.split("/")[-1], k))
         return 0.005 + 1e-6 * k
 
-    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
-        busy = [0.005 + 1e-6 * k if k else 0.0 for k in counts]
-        return [(busy, max(busy))] * rounds
+    def busy(devices, g, counts):
+        return [0.005 + 1e-6 * k if k else 0.0 for k in counts]
 
-    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
-    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    fake_timings(monkeypatch, time_block, busy)
     devices = make_devices(parse_devices("gpu:0,cpu:1"))
     try:
         cal = calibrate(devices, shape.blocks, 4)
@@ -543,11 +547,10 @@ def test_a_gpu_is_timed_on_the_whole_layer_and_a_quarter_of_it(monkeypatch):
         assert cal.fits["conv2"][0][:2] == pytest.approx([1e-6, 0.005])
         assert cal.fits["conv2"][1][:2] == pytest.approx([(0.005 + 128e-6) / 128, 0.0])
         # a GPU whose quarter times as slow as its whole: almost all fixed, not proportional
-        monkeypatch.setattr(calibrate_module, "_time_block",
-                            lambda device, g, k, x, rng, need_dx: 0.005)
+        fake_timings(monkeypatch, lambda device, g, k: 0.005, busy)
         flat = calibrate(devices[:1], shape.blocks[1:], 4)
         assert flat.fits["conv2"][0][:2] == pytest.approx([0.02 * 0.005 / 300, 0.98 * 0.005])
-        monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+        fake_timings(monkeypatch, time_block, busy)
         seen.clear()   # a GPU whose memory holds 60 kernels of conv2 is timed at 60 and 15
         monkeypatch.setattr(devices[0], "free_memory", lambda: int(
             (shape.blocks[1].fixed_bytes(4) + 60.5 * shape.blocks[1].bytes_per_kernel(4)) / 0.8))
