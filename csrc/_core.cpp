@@ -289,6 +289,51 @@ void bind_sgemm_packed(py::handle a_, py::handle packed_, py::handle c_, bool tr
   pyhet::sgemm_packed(trans_a, M, alpha, pa, lda, packed, beta, pc, ldc, threads);
 }
 
+// Seven PackedBs of op(b)'s quadrant sums (pyhet::sgemm_packed_quadrants), from a sequence.
+std::vector<const pyhet::PackedB*> quadrant_packs(py::handle packs_) {
+  if (!py::isinstance<py::sequence>(packs_) || py::isinstance<py::str>(packs_) ||
+      py::len(packs_) != 7)
+    throw py::type_error("packs: expected a sequence of 7 PackedB (pyhet.ops.packed_b), got " +
+                         type_name(packs_));
+  std::vector<const pyhet::PackedB*> packs;
+  for (py::handle p : py::reinterpret_borrow<py::sequence>(packs_)) {
+    const pyhet::PackedB& q = packed_arg(p);
+    if (!packs.empty() && (q.K() != packs[0]->K() || q.N() != packs[0]->N() ||
+                           q.trans() != packs[0]->trans()))
+      throw py::value_error("packs: expected 7 PackedB of one size and storage, got " +
+                            shape_str({packs[0]->K(), packs[0]->N()}) + " and " +
+                            shape_str({q.K(), q.N()}));
+    packs.push_back(&q);
+  }
+  return packs;
+}
+
+void bind_sgemm_packed_quadrants(py::handle a_, py::handle packs_, py::handle c_, bool trans_a,
+                                 float alpha, float beta, int strassen, py::handle threads_) {
+  const auto packs = quadrant_packs(packs_);
+  auto a = checked<float>(a_, "a", 2, false, true);
+  auto c = checked<float>(c_, "c", 2, true, true);
+  const int64_t K2 = packs[0]->K(), N2 = packs[0]->N();
+  const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
+  if (K != 2 * K2)
+    throw py::value_error("sgemm_packed_quadrants: inner dimensions differ: op(a) is " +
+                          shape_str({M, K}) + " and op(b), of quadrants " +
+                          shape_str({K2, N2}) + ", is " + shape_str({2 * K2, 2 * N2}));
+  expect_shape(c, "c", {M, 2 * N2});
+  expect_disjoint(c, a, "c", "a");
+  if (std::string(packs[0]->kernel()) != pyhet::sgemm_kernel_name())
+    throw py::value_error(std::string("packs: packed for the '") + packs[0]->kernel() +
+                          "' micro-kernel, but the GEMM now uses '" +
+                          pyhet::sgemm_kernel_name() + "'; pack them again");
+  const int threads = thread_count(threads_);
+  const float* pa = cptr<float>(a);
+  float* pc = ptr<float>(c);
+  const int64_t lda = leading_dim(a), ldc = leading_dim(c);
+  py::gil_scoped_release nogil;
+  pyhet::sgemm_packed_quadrants(trans_a, M, alpha, pa, lda, packs.data(), strassen, beta, pc,
+                                ldc, threads);
+}
+
 // ---------------------------------------------------------------------------------------------
 // im2col / col2im
 
@@ -660,6 +705,19 @@ PYBIND11_MODULE(_core, m) {
         py::arg("trans_a") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         py::arg("threads") = 1,
         "c = alpha * op(a) @ op(b) + beta * c in place, op(b) packed whole by pack_b.");
+  m.def("sgemm_packed_quadrants", &bind_sgemm_packed_quadrants, py::arg("a"), py::arg("packs"),
+        py::arg("c"), py::arg("trans_a") = false, py::arg("alpha") = 1.0f,
+        py::arg("beta") = 0.0f, py::arg("strassen") = -1, py::arg("threads") = 1,
+        "c = alpha * op(a) @ op(b) + beta * c in place, op(b) given as the 7 packed sums of its "
+        "quadrants B11 + B22, B11, B12 - B22, B21 - B11, B22, B11 + B12, B21 + B22; by "
+        "Strassen's scheme when strassen is 1, never when 0, where it pays when -1.");
+  m.def("gemm_packed_uses_strassen",
+        [](int64_t m, int64_t k2, int64_t n2, int threads) {
+          return pyhet::packed_strassen_applies(m, k2, n2, threads);
+        },
+        py::arg("m"), py::arg("k2"), py::arg("n2"), py::arg("threads") = 1,
+        "Whether sgemm_packed_quadrants(strassen=-1) takes Strassen's scheme for m rows of a "
+        "and quadrants (k2, n2) on `threads` threads.");
   m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),

@@ -883,6 +883,10 @@ bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads) {
   return true;
 }
 
+// With op(B)'s quadrant sums packed beforehand and shared (sgemm_packed_quadrants), the
+// scheme's extra packing is only A's: it pays from fewer rows of A than sgemm's products need.
+constexpr int64_t kPackedStrassenMinRows = 256;
+
 namespace {
 
 void run_strassen(const Kernel& kernel, const Problem& P, int threads) {
@@ -942,6 +946,25 @@ int64_t set_strassen_min_dim(int64_t dim) {
 int64_t get_strassen_min_dim() { return strassen_min_dim().load(std::memory_order_relaxed); }
 
 }  // namespace gemm
+
+bool packed_strassen_applies(int64_t M, int64_t K2, int64_t N2, int threads) {
+  const int64_t dim = gemm::strassen_min_dim().load(std::memory_order_relaxed);
+  if (dim <= 0 || std::min(2 * K2, 2 * N2) < dim || M < std::max<int64_t>(2,
+      std::min(dim, gemm::kPackedStrassenMinRows)))
+    return false;
+#ifdef _OPENMP
+  const int team = clamp_threads(threads);
+  if (team > 1) {
+    const double sub = 2.0 * static_cast<double>(M / 2) * static_cast<double>(N2) *
+                       static_cast<double>(K2);
+    const double min_flops = gemm::min_flops_per_thread.load(std::memory_order_relaxed);
+    if (sub / team < gemm::kStrassenFlopsPerThreadFactor * min_flops) return false;
+  }
+#else
+  (void)threads;
+#endif
+  return true;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The entry point
@@ -1006,6 +1029,76 @@ void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t 
                                 kernel.name + "'; pack it again");
   const Problem P{trans_a, packed.trans(), M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
   kernel.run(P, kernel.micro, kernel.blocks, threads, &packed);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// op(B) as seven packed sums of its quadrants, shared by several products
+
+void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
+                            const PackedB* const* packs, int strassen, float beta, float* C,
+                            int64_t ldc, int threads) {
+  using namespace gemm;
+  const Kernel& kernel = chosen_kernel();
+  for (int p = 0; p < 7; ++p) {
+    if (!packs[p]) throw std::invalid_argument("sgemm_packed_quadrants: a pack is missing");
+    if (packs[p]->K() != packs[0]->K() || packs[p]->N() != packs[0]->N() ||
+        packs[p]->trans() != packs[0]->trans() ||
+        std::strcmp(packs[p]->kernel(), packs[0]->kernel()) != 0)
+      throw std::invalid_argument("sgemm_packed_quadrants: the seven packs differ in size, "
+                                  "storage or micro-kernel");
+  }
+  if (std::strcmp(kernel.name, packs[0]->kernel()) != 0)
+    throw std::invalid_argument(std::string("sgemm_packed_quadrants: B was packed for the '") +
+                                packs[0]->kernel() + "' micro-kernel, the GEMM now uses '" +
+                                kernel.name + "'; pack it again");
+  const int64_t K2 = packs[0]->K(), N2 = packs[0]->N();
+  if (M <= 0 || N2 <= 0) return;
+  if (K2 <= 0 || alpha == 0.f) {
+    scale_c(M, 2 * N2, beta, C, ldc);
+    return;
+  }
+  // op(A) from row r, column block j (of K2 columns)
+  auto qa = [&](int64_t r, int j) {
+    return trans_a ? A + j * K2 * lda + r : A + r * lda + j * K2;
+  };
+  // rows [r, r + m) of C (+ C2) += the product of op(A)'s rows (a sum with A2) and pack p
+  auto product = [&](int64_t m, const float* A1, const float* A2, float a2, int p, float* C1,
+                     float al, float be, float* C2, float al2, float be2) {
+    Problem S{trans_a, packs[p]->trans(), m, N2, K2, al, be, A1, lda, nullptr, 0, C1, ldc};
+    S.A2 = A2;
+    S.a2 = a2;
+    S.C2 = C2;
+    S.alpha2 = al2;
+    S.beta2 = be2;
+    kernel.run(S, kernel.micro, kernel.blocks, threads, packs[p]);
+  };
+  const float al = alpha, be = beta;
+  const bool use = strassen > 0 ? M >= 2
+                                : strassen < 0 && packed_strassen_applies(M, K2, N2, threads);
+  int64_t r0 = 0;  // the first row left to the four products
+  if (use) {
+    const int64_t M2 = M / 2;
+    auto qc = [&](int i, int j) { return C + i * M2 * ldc + j * N2; };
+    auto a = [&](int i, int j) { return qa(i * M2, j); };
+    product(M2, a(0, 0), a(1, 1), 1.f, 0, qc(0, 0), al, be, qc(1, 1), al, be);
+    product(M2, a(1, 0), a(1, 1), 1.f, 1, qc(1, 0), al, be, qc(1, 1), -al, 1.f);
+    product(M2, a(0, 0), nullptr, 0.f, 2, qc(0, 1), al, be, qc(1, 1), al, 1.f);
+    product(M2, a(1, 1), nullptr, 0.f, 3, qc(0, 0), al, 1.f, qc(1, 0), al, 1.f);
+    product(M2, a(0, 0), a(0, 1), 1.f, 4, qc(0, 0), -al, 1.f, qc(0, 1), al, 1.f);
+    product(M2, a(1, 0), a(0, 0), -1.f, 5, qc(1, 1), al, 1.f, nullptr, 0.f, 0.f);
+    product(M2, a(0, 1), a(1, 1), -1.f, 6, qc(0, 0), al, 1.f, nullptr, 0.f, 0.f);
+    r0 = 2 * M2;
+  }
+  if (r0 < M) {  // C1 = (A1 + A2) B11 + A2 (B21 - B11), C2 = A1 (B12 - B22) + (A1 + A2) B22
+    const int64_t m = M - r0;
+    float* c1 = C + r0 * ldc;
+    float* c2 = c1 + N2;
+    product(m, qa(r0, 0), qa(r0, 1), 1.f, 1, c1, al, be, nullptr, 0.f, 0.f);
+    product(m, qa(r0, 1), nullptr, 0.f, 3, c1, al, 1.f, nullptr, 0.f, 0.f);
+    product(m, qa(r0, 0), nullptr, 0.f, 2, c2, al, be, nullptr, 0.f, 0.f);
+    product(m, qa(r0, 0), qa(r0, 1), 1.f, 4, c2, al, 1.f, nullptr, 0.f, 0.f);
+  }
 }
 
 }  // namespace pyhet

@@ -82,4 +82,22 @@ void sgemm_pack_b(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int6
 void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
                   const PackedB& packed, float beta, float* C, int64_t ldc, int threads);
 
+// op(B) (2 K2, 2 N2) given as seven packed combinations of its quadrants B11, B12, B21, B22
+// (each K2 x N2; packs[0..6] in this order): B11 + B22, B11, B12 - B22, B21 - B11, B22,
+// B11 + B12, B21 + B22, the operands of the seven products of Strassen's scheme (see gemm.cpp).
+// Several products that share op(B) (the devices of one process, each with its own rows of A)
+// then share the packing of those sums, made once, and each runs Strassen's scheme with only
+// its A to pack. C (M, 2 N2) = alpha * op(A) (M, 2 K2) @ op(B) + beta * C: by Strassen's scheme
+// on the even rows when `strassen` is 1 (0: never; -1: where packed_strassen_applies says so),
+// the other rows by four products of quadrant size, (A1 + A2) B11 + A2 (B21 - B11) and
+// A1 (B12 - B22) + (A1 + A2) B22, as much arithmetic as the blocked product. Every pack must have
+// the same K2, N2, storage and micro-kernel, the one in use (else std::invalid_argument).
+void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
+                            const PackedB* const* packs, int strassen, float beta, float* C,
+                            int64_t ldc, int threads);
+
+// Whether sgemm_packed_quadrants(strassen = -1) takes Strassen's scheme for M rows of A against
+// packed quadrants K2 x N2 on `threads` threads.
+bool packed_strassen_applies(int64_t M, int64_t K2, int64_t N2, int threads);
+
 }  // namespace pyhet

@@ -229,6 +229,8 @@ class Device:
         (a group of one, images None), col whole."""
         if shared.fwd is None:
             self.backend.im2col_into(x, g, shared.col)
+        elif shared.quadrants:
+            self.backend.im2col_pack_quadrants_part(x, g, shared.fwd, shared.col_t, images)
         else:
             self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, images)
 
@@ -329,46 +331,68 @@ class SharedCol:
     read back twice to pack):
       fwd:   col packed for y_i = w_i @ col
       col_t: col^T packed for dw_i = dy_i @ col^T
-    each device filling the columns of its share of the images (shared_im2col). With one
-    device, fwd and col_t are None: col is made, and its GEMM shares the packing among its
-    threads. The buffers are kept from step to step (first-touch page faults cost more than a
-    copy); the input gradient's dcol takes col's place once the backward is done, so they stay
-    within the two col-sized arrays per device that ConvGeometry.fixed_bytes counts."""
+    each device filling the columns of its share of the images (shared_im2col). Where
+    Strassen's scheme pays for a member's share (ops.uses_packed_strassen: big layers; an even
+    batch and channel count), both are packed as their quadrants' seven sums instead
+    (ops.PackedQuadrants, 7/4 of the size each), made once for the group, so that every
+    member's products take the scheme with only its own weights or gradient to pack, as one
+    device's whole-layer products do (`quadrants` is then True and the shares split half the
+    batch). With one device, fwd and col_t are None: col is made, and its GEMM shares the
+    packing among its threads. The buffers are kept from step to step (first-touch page faults
+    cost more than a copy); the input gradient's dcol takes col's place once the backward is
+    done."""
 
     def __init__(self):
         self.col = self.fwd = self.col_t = None
+        self.quadrants = False
 
-    def prepare(self, shape, members: dict):
-        """Size the buffers for a col of `shape` and the members {device: kernels}."""
+    def prepare(self, shape, members: dict, x_shape=None):
+        """Size the buffers for a col of `shape` and the members {device: kernels}; x_shape:
+        the input's (N, C, H, W), for the packing in quadrants (None: never)."""
         if self.col is None or self.col.shape != tuple(shape):
             self.col = np.empty(shape, np.float32)
         if len(members) < 2:
             self.fwd = self.col_t = None
+            self.quadrants = False
             return self
         rows, cols = shape
-        if not _packed_fits(self.fwd, rows, cols):
+        self.quadrants = x_shape is not None and _quadrants_pay(rows, cols, members, x_shape)
+        make = ops.packed_quadrants if self.quadrants else ops.packed_b
+        if not _packed_fits(self.fwd, rows, cols, self.quadrants):
             self.fwd = None   # freed before the next one is made
-            self.fwd = ops.packed_b(rows, cols)
-        if not _packed_fits(self.col_t, cols, rows):
+            self.fwd = make(rows, cols)
+        if not _packed_fits(self.col_t, cols, rows, self.quadrants):
             self.col_t = None
-            self.col_t = ops.packed_b(cols, rows, trans_b=True)
+            self.col_t = make(cols, rows, trans_b=True)
         return self
 
 
-def _packed_fits(packed, k: int, n: int) -> bool:
-    """Whether `packed` holds an op(B) (k, n) for the micro-kernel in use now."""
-    return packed is not None and (packed.k, packed.n) == (k, n) and (
-        packed.kernel == ops.gemm_kernel())
+def _quadrants_pay(rows: int, cols: int, members: dict, x_shape) -> bool:
+    """Whether a group packs col in quadrants (SharedCol): its input's batch and channels are
+    even and Strassen's scheme pays for some member's share of the layer."""
+    n, c = x_shape[:2]
+    return n % 2 == 0 and c % 2 == 0 and any(
+        ops.uses_packed_strassen(k, rows, cols, getattr(d.backend, "threads", 1))
+        for d, k in members.items())
+
+
+def _packed_fits(packed, k: int, n: int, quadrants: bool = False) -> bool:
+    """Whether `packed` holds an op(B) (k, n) for the micro-kernel in use now, whole or (with
+    quadrants) as a PackedQuadrants."""
+    return packed is not None and isinstance(packed, ops.PackedQuadrants) == quadrants and (
+        packed.k, packed.n) == (k, n) and packed.kernel == ops.gemm_kernel()
 
 
 def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
     """Fill the im2col operands of x (N, C, H, W) in `shared` (SharedCol.prepare'd for these
     devices): for two or more, each device i the columns of its share of the images (in
-    proportion to its kernels[i]) of both packed operands; one device makes col whole."""
+    proportion to its kernels[i]; of each half of the batch, when packed in quadrants) of both
+    packed operands; one device makes col whole."""
     if shared.fwd is None:
         shares = [None] * len(kernels)
     else:
-        shares = channel_shares(x.shape[0], list(kernels.values()))
+        n = x.shape[0] // 2 if shared.quadrants else x.shape[0]
+        shares = channel_shares(n, list(kernels.values()))
     gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, part,
                               tag=tag) for i, part in zip(kernels, shares)
             if part is None or part[1] > part[0]])

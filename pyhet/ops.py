@@ -40,8 +40,9 @@ finally:
 
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
+    "PackedQuadrants", "packed_quadrants", "pack_quadrants", "uses_packed_strassen",
     "strassen_min_dim", "uses_strassen",
-    "default_threads", "im2col", "im2col_pack", "col2im",
+    "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -250,10 +251,16 @@ def pack_b(b, packed, *, rows=None, slivers=None, threads=None):
     return packed
 
 
-def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, threads=None):
-    """``c = alpha * op(a) @ op(b) + beta * c`` as sgemm, op(b) (k, n) packed whole by pack_b
-    for the micro-kernel still in use (c is allocated when None and beta == 0)."""
-    packed = _packed(packed, "sgemm_packed")
+def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, strassen=None,
+                 threads=None):
+    """``c = alpha * op(a) @ op(b) + beta * c`` as sgemm, op(b) (k, n) packed whole by pack_b,
+    or as its quadrants' sums (a PackedQuadrants), for the micro-kernel still in use (c is
+    allocated when None and beta == 0). With quadrants, strassen: True (Strassen's scheme),
+    False (four products of quadrant size, as much arithmetic as the blocked one) or None
+    (the scheme where it pays, uses_packed_strassen)."""
+    quads = isinstance(packed, PackedQuadrants)
+    if not quads:
+        packed = _packed(packed, "sgemm_packed")
     a = _matrix(a, "a")
     if c is None:
         if beta != 0:
@@ -261,10 +268,91 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, threa
         c = np.empty((a.shape[1] if trans_a else a.shape[0], packed.n), np.float32)
     elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (a.shape[1] if trans_a else a.shape[0], packed.n), "c")  # the right error
+    if quads:
+        _core_call("sgemm_packed", "float32 matrices a and c, a PackedQuadrants, a bool "
+                   "trans_a, numbers alpha and beta, None or a bool strassen, an int threads",
+                   _core.sgemm_packed_quadrants, a, packed.packs, c, trans_a=trans_a,
+                   alpha=alpha, beta=beta, strassen=-1 if strassen is None else int(bool(strassen)),
+                   threads=_threads(threads))
+        return c
     _core_call("sgemm_packed", "float32 matrices a and c, a PackedB, a bool trans_a, numbers "
                "alpha and beta, an int threads", _core.sgemm_packed, a, packed, c,
                trans_a=trans_a, alpha=alpha, beta=beta, threads=_threads(threads))
     return c
+
+
+# op(B) as the seven packed sums of its quadrants that Strassen's scheme multiplies (op(B) cut
+# in 2 x 2 quadrants B11 B12 / B21 B22): products that share op(B) then share those sums, packed
+# once, and each runs the scheme with only its own A to pack. Pack i is quadrant q plus s times
+# quadrant q2, as _QUADRANT_SUMS gives them ((row, column) of each quadrant, from 0).
+_QUADRANT_SUMS = (((0, 0), 1, (1, 1)), ((0, 0), 0, None), ((0, 1), -1, (1, 1)),
+                  ((1, 0), -1, (0, 0)), ((1, 1), 0, None), ((0, 0), 1, (0, 1)),
+                  ((1, 0), 1, (1, 1)))
+
+
+class PackedQuadrants:
+    """op(b) (k, n), k and n even, as the seven packed sums of its quadrants B11 + B22, B11,
+    B12 - B22, B21 - B11, B22, B11 + B12, B21 + B22 (``packs``, each a PackedB of (k/2, n/2)),
+    for sgemm_packed. Made by packed_quadrants, filled by pack_quadrants or
+    im2col_pack_quadrants."""
+
+    __slots__ = ("packs", "k", "n", "trans_b")
+
+    def __init__(self, packs, k: int, n: int, trans_b: bool):
+        self.packs, self.k, self.n, self.trans_b = tuple(packs), k, n, trans_b
+
+    @property
+    def kernel(self) -> str:
+        return self.packs[0].kernel
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.packs)
+
+    def __repr__(self):
+        return f"PackedQuadrants(k={self.k}, n={self.n}, trans_b={self.trans_b})"
+
+
+def packed_quadrants(k, n, *, trans_b=False) -> PackedQuadrants:
+    """Room for op(b) (k, n) as its quadrants' seven sums (PackedQuadrants); k and n even."""
+    k, n = _size(k, "k", "packed_quadrants"), _size(n, "n", "packed_quadrants")
+    if k % 2 or n % 2:
+        raise ValueError(f"packed_quadrants: expected an even k and n, got {k} and {n}")
+    return PackedQuadrants([packed_b(k // 2, n // 2, trans_b=trans_b) for _ in range(7)],
+                           k, n, bool(trans_b))
+
+
+def _quadrants(packed, what: str) -> PackedQuadrants:
+    if not isinstance(packed, PackedQuadrants):
+        raise TypeError(f"{what}: expected a PackedQuadrants (pyhet.ops.packed_quadrants), got "
+                        f"{type(packed).__name__}")
+    return packed
+
+
+def pack_quadrants(b, packed, *, threads=None) -> PackedQuadrants:
+    """Pack op(b) (b is (k, n), or (n, k) when packed.trans_b) as its quadrants' seven sums."""
+    packed = _quadrants(packed, "pack_quadrants")
+    b = _matrix(b, "b")
+    shape = (packed.n, packed.k) if packed.trans_b else (packed.k, packed.n)
+    if b.shape != shape:
+        raise ValueError(f"pack_quadrants: expected b of shape {shape}, got {b.shape}")
+    op = b.T if packed.trans_b else b
+    k2, n2 = packed.k // 2, packed.n // 2
+
+    def quadrant(q):
+        return op[q[0] * k2:(q[0] + 1) * k2, q[1] * n2:(q[1] + 1) * n2]
+
+    for p, (q, sign, q2) in zip(packed.packs, _QUADRANT_SUMS):
+        part = quadrant(q) + sign * quadrant(q2) if q2 is not None else quadrant(q)
+        pack_b(np.ascontiguousarray(part.T if packed.trans_b else part), p, threads=threads)
+    return packed
+
+
+def uses_packed_strassen(m: int, k: int, n: int, threads: int = 1) -> bool:
+    """Whether sgemm_packed runs m rows of a against op(b) (k, n) in quadrants by Strassen's
+    scheme (strassen=None): from fewer rows than sgemm needs, since op(b)'s sums are made
+    once for every product that shares them."""
+    return _core.gemm_packed_uses_strassen(int(m), int(k) // 2, int(n) // 2, int(threads))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -309,6 +397,72 @@ def im2col_pack(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None, th
     _core_call("im2col_pack", "a float32 array x, ints, PackedBs or None, a pair of ints and "
                "an int threads", _core.im2col_pack, x, kh, kw, stride, pad, fwd=fwd, t=t,
                images=_range(images, "images", "im2col_pack"), threads=_threads(threads))
+
+
+# The im2col matrix's quadrants, as sums of blocks of the input: col's rows are (channel, i,
+# j) and its columns (image, oh, ow), so with C and N even its quadrant (r, c) is the im2col of
+# x[images half c, channels half r], and (im2col being linear, padding zeros) a sum of
+# quadrants is the im2col of the same sum of input blocks. For col^T, quadrant (r, c) is
+# x[images half r, channels half c]. Each distinct sum of blocks is made once, for both.
+
+
+def _input_sums(fwd: bool, t: bool) -> dict:
+    """{(block, sign, block2): [(fwd pack index or None, col_t pack index or None)]}, a block
+    (image half, channel half) of the input."""
+    sums: dict = {}
+    for i, (q, sign, q2) in enumerate(_QUADRANT_SUMS):
+        for transposed, use in ((False, fwd), (True, t)):
+            if not use:
+                continue
+            blk = (lambda r: r) if transposed else (lambda r: (r[1], r[0]))
+            key = (blk(q), sign, blk(q2) if q2 is not None else None)
+            f, tt = sums.get(key, (None, None))
+            sums[key] = (i, tt) if not transposed else (f, i)
+    return sums
+
+
+def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None,
+                          work=None, threads=None):
+    """im2col(x) straight into its quadrants' packed sums (PackedQuadrants): into `fwd`, col
+    for w @ col (packed_quadrants(C*KH*KW, N*OH*OW)), into `t`, col^T for dy @ col^T
+    (packed_quadrants(N*OH*OW, C*KH*KW, trans_b=True)); x (N, C, H, W) with N and C even.
+    images=(n0, n1) fills only those images of each half of the batch (a range within N/2;
+    several callers may fill disjoint ranges at once); None: all. work: an (N/2, C/2, H, W)
+    float32 array to make the input's sums in (this caller's own), or None."""
+    x, kh, kw, stride, pad = _conv_input("im2col_pack_quadrants", x, kh, kw, stride, pad)
+    n, c, h, w = x.shape
+    if n % 2 or c % 2:
+        raise ValueError(f"im2col_pack_quadrants: expected an even batch and channel count, "
+                         f"got x of shape {x.shape}")
+    n2, c2 = n // 2, c // 2
+    k, cols = _col_shape(x.shape, kh, kw, stride, pad)
+    for name, p, shape in (("fwd", fwd, (k, cols)), ("t", t, (cols, k))):
+        if p is not None and ((_quadrants(p, "im2col_pack_quadrants").k, p.n) != shape
+                              or p.trans_b != (name == "t")):
+            raise ValueError(f"im2col_pack_quadrants: expected {name} of op(b) {shape}"
+                             f"{' (trans_b)' if name == 't' else ''}, got ({p.k}, {p.n})"
+                             f"{' (trans_b)' if p.trans_b else ''}")
+    n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n2)
+    if not 0 <= n0 <= n1 <= n2:
+        raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n2}), got "
+                         f"({n0}, {n1})")
+    work = _out(work, (n2, c2, h, w), "work")
+    if n1 == n0:
+        return
+    part = work[n0:n1]
+
+    def block(b):
+        return x[b[0] * n2 + n0:b[0] * n2 + n1, b[1] * c2:(b[1] + 1) * c2]
+
+    for (b, sign, b2), (f, tt) in _input_sums(fwd is not None, t is not None).items():
+        if b2 is None:
+            np.copyto(part, block(b))
+        elif sign > 0:
+            np.add(block(b), block(b2), out=part)
+        else:
+            np.subtract(block(b), block(b2), out=part)
+        im2col_pack(work, kh, kw, stride, pad, fwd=None if f is None else fwd.packs[f],
+                    t=None if tt is None else t.packs[tt], images=(n0, n1), threads=threads)
 
 
 def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):

@@ -226,7 +226,8 @@ class PartitionedConv:
         shared = None
         if self.group:  # one im2col for the host group, its parts filled by every member
             shared = self._shared.prepare(g.col_shape(x.shape[0]),
-                                          {self.devices[i]: self.counts[i] for i in self.group})
+                                          {self.devices[i]: self.counts[i] for i in self.group},
+                                          x.shape)
             with self.phases("im2col"):
                 try:
                     shared_im2col(self.devices, {i: self.counts[i] for i in self.group}, x, g,

@@ -47,6 +47,7 @@ class Call:
     ranges: tuple = ()     # (begin, end) arguments other than channels (pack_b's rows, slivers)
     packed: bool = False   # takes a PackedB
     packs: tuple = ()      # PackedB arguments other than packed (None where not given)
+    quadrants: bool = False  # takes `packs`, a sequence of 7 PackedB
     threads: bool = True
     spoiled: list = field(default_factory=list)  # (argument, how, must raise)
 
@@ -114,6 +115,23 @@ def sgemm_packed_call(draw):
                 trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
                 beta=draw(st.sampled_from([0.0, 0.5])), threads=draw(THREADS))
     return Call(_core.sgemm_packed, args, outputs=("c",), packed=True)
+
+
+def sgemm_packed_quadrants_call(draw):
+    """c = alpha * op(a) @ op(b) + beta * c, op(b) (2 k2, 2 n2) as 7 packed quadrant sums, by
+    Strassen's scheme or not (strassen -1, 0 or 1)."""
+    m, n2, k2 = draw(st.integers(0, 12)), draw(st.integers(0, 10)), draw(st.integers(0, 10))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    packs = []
+    for _ in range(7):
+        packs.append(_core.PackedB(k2, n2, tb))
+        _core.pack_b(rand(rng, *((n2, k2) if tb else (k2, n2))), packs[-1])
+    args = dict(a=rand(rng, *((2 * k2, m) if ta else (m, 2 * k2))), packs=packs,
+                c=rand(rng, m, 2 * n2), trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
+                beta=draw(st.sampled_from([0.0, 0.5])), strassen=draw(st.sampled_from([-1, 0, 1])),
+                threads=draw(THREADS))
+    return Call(_core.sgemm_packed_quadrants, args, outputs=("c",), quadrants=True)
 
 
 def conv_sizes(draw):
@@ -225,6 +243,7 @@ def sgd_update_call(draw):
 CASES = {
     "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
     "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
+    "sgemm_packed_quadrants": sgemm_packed_quadrants_call,
     "im2col": im2col_call, "im2col_pack": im2col_pack_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
@@ -276,6 +295,8 @@ def spoiled_calls(draw, make):
     if call.packed:
         names.append("packed")
     names += list(call.packs)
+    if call.quadrants:
+        names.append("quadrant packs")
     names += [f"{k} values" for k in call.indices if call.args[k].size]
     chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
     for name in chosen:
@@ -298,6 +319,20 @@ def spoiled_calls(draw, make):
                      np.zeros(4, np.float32) if how == "array" else None)
             call.args[name] = value
             call.spoiled.append((name, f"packed: {how}", True))
+        elif name == "quadrant packs":
+            # six of them, one of another size or storage, something else among them, or none
+            packs = list(call.args["packs"])
+            p = packs[0]
+            how = draw(st.sampled_from(["six", "k", "trans", "array", "None", "str"]))
+            if how == "six":
+                packs = packs[:6]
+            elif how in ("k", "trans", "array"):
+                packs[draw(st.integers(1, 6))] = (
+                    _core.PackedB(p.k + 2, p.n, p.trans_b) if how == "k" else
+                    _core.PackedB(p.k, p.n, not p.trans_b) if how == "trans" else
+                    np.zeros(4, np.float32))
+            call.args["packs"] = None if how == "None" else "packs" if how == "str" else packs
+            call.spoiled.append(("packs", how, True))
         elif name == "channels" or name in call.ranges:
             value = draw(st.sampled_from(BAD_CHANNELS))
             call.args[name] = value
@@ -345,7 +380,8 @@ def test_binding_runs_or_raises_a_short_error(name, data):
 def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
-                 "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen"}
+                 "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen",
+                 "gemm_packed_uses_strassen"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
 
@@ -408,3 +444,11 @@ def test_gemm_uses_strassen_takes_only_ints():
     for args in [("a", 2000, 2000), (2000.5, 2000, 2000), (2000, 2000, 2000, None)]:
         with pytest.raises(TypeError):
             _core.gemm_uses_strassen(*args)
+
+
+def test_gemm_packed_uses_strassen_takes_only_ints():
+    assert _core.gemm_packed_uses_strassen(2000, 1000, 1000) is True
+    assert not _core.gemm_packed_uses_strassen(-5, 1000, 1000, threads=0)
+    for args in [("a", 1000, 1000), (2000.5, 1000, 1000), (2000, 1000, 1000, None)]:
+        with pytest.raises(TypeError):
+            _core.gemm_packed_uses_strassen(*args)

@@ -608,6 +608,150 @@ def test_ops_packed_b_errors_say_what_was_expected():
 
 
 # ------------------------------------------------------------------------------------------------
+# op(B) as its quadrants' seven packed sums (PackedQuadrants): Strassen's scheme on the even rows
+# and four products of quadrant size on the rest (strassen=True), or on all rows (False)
+
+# M odd and even, below and above a tile; quadrants below and above a tile and across K blocks
+# (K / 2 > KC: 37 x 42 x 1538); products split among two threads by rows and columns.
+QUADRANT_SHAPES = [
+    (1, 2, 2), (2, 2, 2), (3, 8, 18), (7, 34, 6), (13, 34, 66), (25, 64, 130), (97, 102, 104),
+    (255, 300, 258), (37, 42, 1538), (9, 4134, 20), (301, 302, 302),
+]
+
+
+@pytest.mark.parametrize("strassen", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", QUADRANT_SHAPES)
+def test_packed_quadrants_sizes(kernel, m, n, k, trans_a, trans_b, threads, strassen):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+    packed = ops.pack_quadrants(b, ops.packed_quadrants(k, n, trans_b=trans_b), threads=threads)
+    assert packed.kernel == kernel and (packed.k, packed.n, packed.trans_b) == (k, n, trans_b)
+    c = np.full((m, n), np.nan, np.float32)
+    with split_every_product():
+        ops.sgemm_packed(a, packed, c, trans_a=trans_a, strassen=strassen, threads=threads)
+    expect_close(c, a, b, c0, trans_a, trans_b, normwise=True)
+
+
+@pytest.mark.parametrize("strassen", [False, True])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (0.0, 0.5)])
+def test_packed_quadrants_alpha_beta_and_blocks(kernel, alpha, beta, strassen):
+    """beta reaches every row of C once (both the scheme's quadrants and the rows left to the
+    four products), alpha every product; a, b, c as blocks of bigger matrices, whose
+    neighbours of C stay untouched."""
+    rng = np.random.default_rng(19)
+    for m, n, k in [(131, 198, 1102), (131, 198, 10)]:
+        for trans_a, trans_b in TRANS:
+            a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+            a_block, b_block = as_block(a, rng)[0], as_block(b, rng)[0]
+            packed = ops.pack_quadrants(b_block, ops.packed_quadrants(k, n, trans_b=trans_b))
+            c, big_c = as_block(np.full(c0.shape, np.nan, np.float32) if beta == 0
+                                else c0.copy(), rng)
+            with split_every_product():
+                ops.sgemm_packed(a_block, packed, c, trans_a=trans_a, alpha=alpha, beta=beta,
+                                 strassen=strassen, threads=2)
+            expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta, normwise=True)
+            left = (c.ctypes.data - big_c.ctypes.data) // 4
+            assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + n:]).all()
+
+
+def test_packed_quadrants_take_the_scheme_from_their_threshold():
+    """strassen=None takes the scheme where uses_packed_strassen says so: from 256 rows of A
+    (or the GEMM's threshold, when lower) against quadrants whose op(B) reaches the GEMM's
+    threshold in both dimensions; never with the scheme off. The scheme's rounding differs
+    from the four products' (the same bits as strassen=False where it is not taken)."""
+    rng = np.random.default_rng(21)
+    k, n = 1024, 1026
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    packed = ops.pack_quadrants(b, ops.packed_quadrants(k, n))
+    assert ops.uses_packed_strassen(256, k, n) and not ops.uses_packed_strassen(255, k, n)
+    assert not ops.uses_packed_strassen(300, 1022, n)
+    for m, taken in [(256, True), (255, False)]:
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        auto, four, scheme = (ops.sgemm_packed(a, packed, strassen=s, threads=1)
+                              for s in (None, False, True))
+        np.testing.assert_array_equal(auto, scheme if taken else four)
+        assert not np.array_equal(four, scheme)
+    with strassen_from(0):
+        assert not ops.uses_packed_strassen(2000, k, n)
+    with strassen_from(8):
+        assert ops.uses_packed_strassen(8, 8, 8) and not ops.uses_packed_strassen(7, 8, 8)
+
+
+def test_packed_quadrants_shared_by_concurrent_products():
+    """Two Python threads pack halves of the images of one input's im2col in quadrants at once
+    (each making the input's sums in its own work array), then each multiplies its own rows of
+    weights by all of it, forward and weight gradient, as the devices of one process do."""
+    rng = np.random.default_rng(22)
+    x = rng.uniform(-1, 1, (6, 4, 9, 9)).astype(np.float32)
+    col = ops.im2col(x, 3, 3, 1, 1)
+    k, n = col.shape
+    fwd = ops.packed_quadrants(k, n)
+    bwd = ops.packed_quadrants(n, k, trans_b=True)
+    w = rng.uniform(-1, 1, (40, k)).astype(np.float32)
+    dy = rng.uniform(-1, 1, (40, n)).astype(np.float32)
+    out = np.full((40, n), np.nan, np.float32)
+    dw = np.full((40, k), np.nan, np.float32)
+    step = threading.Barrier(2)
+
+    def device(i):
+        ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=bwd, images=(i * 2, 2 + i))
+        step.wait(timeout=60)
+        rows = slice(20 * i, 20 * (i + 1))
+        ops.sgemm_packed(w[rows], fwd, out[rows], strassen=bool(i))
+        ops.sgemm_packed(dy[rows], bwd, dw[rows], strassen=not i)
+
+    workers = [threading.Thread(target=device, args=(i,)) for i in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    expect_close(out, w, col, out, normwise=True)
+    expect_close(dw, dy, col, dw, trans_b=True, normwise=True)
+
+
+def test_ops_packed_quadrants_errors_say_what_was_expected():
+    b = np.ones((20, 30), np.float32)
+    packed = ops.pack_quadrants(b, ops.packed_quadrants(20, 30))
+    cases = [
+        (lambda: ops.packed_quadrants(21, 30), ValueError, "even k and n, got 21 and 30"),
+        (lambda: ops.packed_quadrants(-2, 30), ValueError, "k must be >= 0"),
+        (lambda: ops.pack_quadrants(b, ops.packed_b(20, 30)), TypeError,
+         "expected a PackedQuadrants"),
+        (lambda: ops.pack_quadrants(b.T.copy(), packed), ValueError,
+         r"expected b of shape \(20, 30\), got \(30, 20\)"),
+        (lambda: ops.sgemm_packed(np.ones((2, 22), np.float32), packed), ValueError,
+         "inner dimensions differ"),
+        (lambda: ops.sgemm_packed(np.ones((2, 20), np.float32), packed,
+                                  np.ones((2, 31), np.float32)), ValueError, "expected shape"),
+        (lambda: ops.sgemm_packed(np.ones((2, 20), np.float32), packed, beta=1.0), ValueError,
+         "existing c"),
+        (lambda: _core.sgemm_packed_quadrants(np.ones((2, 20), np.float32), packed.packs[:6],
+                                              np.ones((2, 30), np.float32)), TypeError,
+         "a sequence of 7 PackedB"),
+        (lambda: _core.sgemm_packed_quadrants(
+            np.ones((2, 20), np.float32), packed.packs[:6] + (ops.packed_b(10, 16),),
+            np.ones((2, 30), np.float32)), ValueError, "one size and storage"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
+def test_packed_quadrants_of_another_kernel_are_refused():
+    others = [k for k in RUNNABLE if k != ops.gemm_kernel()]
+    if not others:
+        pytest.skip("one micro-kernel only on this CPU or build")
+    b = np.ones((20, 30), np.float32)
+    with micro_kernel(others[0]):
+        packed = ops.pack_quadrants(b, ops.packed_quadrants(20, 30))
+    with pytest.raises(ValueError, match=f"packed for the '{others[0]}' micro-kernel"):
+        ops.sgemm_packed(np.ones((2, 20), np.float32), packed)
+
+
+# ------------------------------------------------------------------------------------------------
 # pyhet.ops.gemm: the Python face
 
 

@@ -130,6 +130,75 @@ def test_im2col_pack_says_what_it_expected():
         ops.im2col_pack(x, 3, 3, fwd=wide, t=narrow)
 
 
+@pytest.mark.parametrize("kernel", ["portable", "avx512"])
+@given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
+def test_im2col_pack_quadrants_holds_the_quadrant_sums_of_im2col(kernel, geom, threads, data,
+                                                                 seed):
+    """im2col_pack_quadrants (the input's sums, then im2col_pack) packs the same bits as
+    pack_quadrants of the im2col matrix (each entry of col is one input value or a padding
+    zero, so the sums round alike), in pieces of each half's images filled in any order: a
+    product by either gives the same bits, by Strassen's scheme and by the four products."""
+    N, C, H, W, R, S, stride, pad = geom
+    N, C = 2 * N, 2 * max(C, 1)
+    try:
+        _core.set_gemm_kernel(kernel)
+    except ValueError:
+        pytest.skip(f"no {kernel} kernel on this CPU or build")
+    try:
+        rng = np.random.default_rng(seed)
+        x = rand(rng, N, C, H, W)
+        col = ref.im2col(x, R, S, stride, pad)
+        K, NP = col.shape
+        fwd, t = ops.packed_quadrants(K, NP), ops.packed_quadrants(NP, K, trans_b=True)
+        cuts = sorted(data.draw(st.lists(st.integers(0, N // 2), max_size=3), "cuts"))
+        pieces = list(zip([0] + cuts, cuts + [N // 2]))
+        work = np.full((N // 2, C // 2, H, W), np.nan, np.float32)
+        for n0, n1 in data.draw(st.permutations(pieces), "order"):
+            ops.im2col_pack_quadrants(x, R, S, stride, pad, fwd=fwd, t=t, images=(n0, n1),
+                                      work=work, threads=threads)
+        want_fwd = ops.pack_quadrants(col, ops.packed_quadrants(K, NP))
+        want_t = ops.pack_quadrants(col, ops.packed_quadrants(NP, K, trans_b=True))
+        a, dy = rand(rng, 5, K), rand(rng, 3, NP)
+        for strassen in (False, True):
+            np.testing.assert_array_equal(ops.sgemm_packed(a, fwd, strassen=strassen),
+                                          ops.sgemm_packed(a, want_fwd, strassen=strassen))
+            np.testing.assert_array_equal(ops.sgemm_packed(dy, t, strassen=strassen),
+                                          ops.sgemm_packed(dy, want_t, strassen=strassen))
+        # one of them alone, all images at once, its own work array
+        only = ops.packed_quadrants(NP, K, trans_b=True)
+        ops.im2col_pack_quadrants(x, R, S, stride, pad, t=only, threads=threads)
+        np.testing.assert_array_equal(ops.sgemm_packed(dy, only), ops.sgemm_packed(dy, want_t))
+    finally:
+        _core.set_gemm_kernel("auto")
+
+
+def test_im2col_pack_quadrants_says_what_it_expected():
+    x = np.zeros((2, 4, 6, 6), np.float32)             # col (36, 32) for a 3x3 kernel
+    fwd, t = ops.packed_quadrants(36, 32), ops.packed_quadrants(32, 36, trans_b=True)
+    cases = [
+        (lambda: ops.im2col_pack_quadrants(np.zeros((3, 4, 6, 6), np.float32), 3, 3),
+         ValueError, r"even batch and channel count, got x of shape \(3, 4, 6, 6\)"),
+        (lambda: ops.im2col_pack_quadrants(np.zeros((2, 3, 6, 6), np.float32), 3, 3),
+         ValueError, "even batch and channel count"),
+        (lambda: ops.im2col_pack_quadrants(x, 3, 3, fwd=t), ValueError,
+         r"expected fwd of op\(b\) \(36, 32\), got \(32, 36\) \(trans_b\)"),
+        (lambda: ops.im2col_pack_quadrants(x, 3, 3, t=fwd), ValueError,
+         r"expected t of op\(b\) \(32, 36\) \(trans_b\)"),
+        (lambda: ops.im2col_pack_quadrants(x, 3, 3, fwd=ops.packed_b(36, 32)), TypeError,
+         "expected a PackedQuadrants"),
+        (lambda: ops.im2col_pack_quadrants(x, 3, 3, fwd=fwd, images=(0, 2)), ValueError,
+         r"images must lie within \(0, 1\), got \(0, 2\)"),
+        (lambda: ops.im2col_pack_quadrants(x, 3, 3, fwd=fwd, work=np.zeros((1, 2, 6, 5),
+                                                                            np.float32)),
+         ValueError, r"expected shape \(1, 2, 6, 6\)"),
+        (lambda: ops.im2col_pack_quadrants(x, 7, 7, fwd=fwd), ValueError, "does not fit"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
+
+
 @given(conv_geometry(), THREADS, st.data(), st.integers(0, 2**31))
 def test_col2im_matches_reference(geom, threads, data, seed):
     """With channels, only those channels of the output are written (from their rows of col)."""

@@ -142,3 +142,43 @@ def test_host_group_packs_its_shared_operands_once(reference):
     finally:
         for d in devices:
             d.close()
+
+
+@pytest.mark.parametrize("images", [6, 5])
+def test_host_group_packs_in_quadrants_where_strassen_pays(images):
+    """Where Strassen's scheme pays for a member's share (here made to, by the GEMM's threshold
+    lowered to 2), a host group packs both operands as their quadrants' sums, when the layer's
+    input has an even batch and channel count (conv1: 2 channels; not conv2: 7), each device
+    the sums of its share of each half of the batch; the weights stay those of one reference
+    device. An odd batch packs them whole."""
+    from pyhet import _core, ops
+
+    data = [batch(s, images) for s in range(3)]
+    want = train_weights(SHAPE, "numpy", {"conv1": [7], "conv2": [9]}, data, CFG)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    halves = []
+    for d in devices:
+        be = d.backend
+        be.im2col_pack_quadrants_part = (
+            lambda x, g, fwd, t, part, f=be.im2col_pack_quadrants_part:
+            (halves.append(part), f(x, g, fwd, t, part))[1])
+    old = _core.set_gemm_strassen_min_dim(2)
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        for x, y in data:
+            net.train_step(x, y, CFG)
+        conv1, conv2 = (c._shared for c in net.convs)
+        even = images % 2 == 0
+        assert conv1.quadrants == even and not conv2.quadrants
+        assert isinstance(conv1.fwd, ops.PackedQuadrants) == even
+        assert isinstance(conv2.fwd, _core.PackedB)
+        if even:   # half the batch, in proportion to the kernels (3 : 4), every step
+            assert sorted(set(halves)) == [(0, 1), (1, 3)] and len(halves) == 6
+        else:
+            assert halves == []
+        assert_same_weights(net.params(), want[0])
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+        for d in devices:
+            d.close()

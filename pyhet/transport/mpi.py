@@ -543,7 +543,8 @@ def _handle_group(by_index, buffers, op: str, a):
     if op == "group_forward":
         x = a[1]
         shared = buffers.setdefault((layer, "col"), SharedCol()).prepare(
-            g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()})
+            g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()},
+            x.shape)
         shared_im2col(members, {n: int(plan[n, 1]) for n in members}, x, g, shared, tag=layer)
         outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, shared, tag=layer)
                        for d in members.values()])
