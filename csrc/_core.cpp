@@ -678,7 +678,7 @@ PYBIND11_MODULE(_core, m) {
         "Whether sgemm runs an (m, n) x k product on `threads` threads by Strassen's scheme.");
   m.def("set_gemm_strassen_min_dim", &pyhet::gemm::set_strassen_min_dim, py::arg("dim"),
         "Test hook and benchmark switch: products whose every dimension is at least `dim` use "
-        "one level of Strassen's scheme (0: none; < 0: the default again, 1024 unless "
+        "one level of Strassen's scheme (0: none; < 0: the default again, 768 unless "
         "PYHET_GEMM_STRASSEN is 0 or off). Returns the previous value.");
   py::class_<pyhet::PackedB>(m, "PackedB",
                              "op(b) (k, n) packed once into the GEMM's panels, for several "

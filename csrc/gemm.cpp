@@ -843,8 +843,11 @@ const char* sgemm_kernel_name() { return gemm::chosen_kernel().name; }
 namespace gemm {
 namespace {
 
-// Products whose every dimension is at least this use Strassen's scheme (0: never).
-constexpr int64_t kStrassenMinDim = 1024;
+// Products whose every dimension is at least this use Strassen's scheme (0: never). On one
+// core of the machine it was tuned on, every product measured with dimensions from 768 up
+// gained (768^3 and 1000^3: 3-7%; 800 or 1011 by 1,600 by 12,500 in any order: 4-7%), while
+// some with a dimension near 500 lost up to 7% (BENCHMARKS.md).
+constexpr int64_t kStrassenMinDim = 768;
 
 int64_t strassen_default() {
   const char* env = std::getenv("PYHET_GEMM_STRASSEN");
