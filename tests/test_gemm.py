@@ -244,7 +244,7 @@ def test_hypothesis_shapes(m, n, k, trans, alpha, beta, threads, split, blocks, 
 
 
 # ------------------------------------------------------------------------------------------------
-# One level of Strassen's scheme (products whose every dimension is >= 1024 by default; forced
+# One level of Strassen's scheme (products whose every dimension is >= 768 by default; forced
 # here on small ones). Its error bound is normwise, not per element: each entry of C is a signed
 # sum of seven quadrant products whose operands are themselves sums (Higham, "Accuracy and
 # Stability of Numerical Algorithms", 2002, 23.2.2). So the tolerance is the blocked product's,
@@ -323,11 +323,11 @@ def test_strassen_hypothesis_blocks(m, n, k, trans, alpha, beta, threads, kernel
 
 
 def test_strassen_runs_from_its_threshold_only():
-    """By default a product with every dimension >= 1024 takes Strassen's scheme (its rounding
+    """By default a product with every dimension >= 768 takes Strassen's scheme (its rounding
     differs from the blocked product's), and one dimension below keeps the blocked product (the
     same bits as with the scheme off)."""
     rng = np.random.default_rng(5)
-    a, b, _ = operands(rng, 1024, 1030, 1026, False, False)
+    a, b, _ = operands(rng, 768, 774, 770, False, False)
 
     def product(a, b, dim, threads=1):
         c = np.empty((a.shape[0], b.shape[1]), np.float32)
@@ -337,12 +337,12 @@ def test_strassen_runs_from_its_threshold_only():
 
     default = _core.set_gemm_strassen_min_dim(-1)
     _core.set_gemm_strassen_min_dim(default)
-    assert default == 1024
+    assert default == 768
     on, off = product(a, b, -1), product(a, b, 0)
     assert not np.array_equal(on, off)
     expect_close(on, a, b, None, normwise=True)
-    np.testing.assert_array_equal(product(a[:1023], b, -1), off[:1023])
-    assert ops.uses_strassen(1024, 1030, 1026) and not ops.uses_strassen(1023, 1030, 1026)
+    np.testing.assert_array_equal(product(a[:767], b, -1), off[:767])
+    assert ops.uses_strassen(768, 774, 770) and not ops.uses_strassen(767, 774, 770)
     # on two threads each of its seven products must also give each thread >= 1 GFLOP (waking
     # the team seven times costs more than the scheme saves on smaller ones)
     if ops.have_openmp():
@@ -351,7 +351,7 @@ def test_strassen_runs_from_its_threshold_only():
         assert ops.uses_strassen(1500, 1600, 12500, threads=2)
 
 
-@pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 1024), ("", 1024)])
+@pytest.mark.parametrize("value,dim", [("0", 0), ("off", 0), ("1", 768), ("", 768)])
 def test_strassen_environment_switch(value, dim, tmp_path):
     """PYHET_GEMM_STRASSEN=0 (or off) turns the scheme off for the process: a product that would
     take it gives the blocked product's bits."""
@@ -666,7 +666,7 @@ def test_packed_quadrants_take_the_scheme_from_their_threshold():
     b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
     packed = ops.pack_quadrants(b, ops.packed_quadrants(k, n))
     assert ops.uses_packed_strassen(256, k, n) and not ops.uses_packed_strassen(255, k, n)
-    assert not ops.uses_packed_strassen(300, 1022, n)
+    assert not ops.uses_packed_strassen(300, 766, n)
     for m, taken in [(256, True), (255, False)]:
         a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
         auto, four, scheme = (ops.sgemm_packed(a, packed, strassen=s, threads=1)
