@@ -426,6 +426,50 @@ void bind_im2col_pack(py::handle x_, py::handle kh, py::handle kw, py::handle st
                      n.second, threads);
 }
 
+// Seven PackedBs of the quadrants' sums of op(b) = col (or col^T), or null for None.
+std::vector<pyhet::PackedB*> quadrant_col_arg(py::handle packs_, const char* name,
+                                              bool transposed, const Shape& quadrant) {
+  if (packs_.is_none()) return {};
+  if (!py::isinstance<py::sequence>(packs_) || py::isinstance<py::str>(packs_) ||
+      py::len(packs_) != 7)
+    throw py::type_error(std::string(name) + ": expected None or a sequence of 7 PackedB, got " +
+                         type_name(packs_));
+  std::vector<pyhet::PackedB*> packs;
+  for (py::handle p : py::reinterpret_borrow<py::sequence>(packs_)) {
+    pyhet::PackedB* q = packed_col_arg(p, name, transposed, quadrant);
+    if (q == nullptr)
+      throw py::type_error(std::string(name) + ": expected 7 PackedB, got None among them");
+    if (!packs.empty() && std::string(q->kernel()) != packs[0]->kernel())
+      throw py::value_error(std::string(name) + ": packed for different micro-kernels");
+    packs.push_back(q);
+  }
+  return packs;
+}
+
+void bind_im2col_pack_quadrants(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
+                                py::handle pad, py::handle fwd_, py::handle t_,
+                                py::handle images, py::handle threads_) {
+  auto x = checked<float>(x_, "x", 4, false);
+  const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
+  if (g.N % 2 || g.C % 2)
+    throw py::value_error("im2col_pack_quadrants: expected an even batch and channel count, "
+                          "got x of shape " + shape_str({g.N, g.C, g.H, g.W}));
+  const Shape col = col_shape(g);
+  const Shape quadrant{col[0] / 2, col[1] / 2};
+  auto fwd = quadrant_col_arg(fwd_, "fwd", false, quadrant);
+  auto t = quadrant_col_arg(t_, "t", true, quadrant);
+  if (!fwd.empty() && !t.empty() && fwd[0]->nr() != t[0]->nr())
+    throw py::value_error(std::string("fwd and t: packed for different micro-kernels ('") +
+                          fwd[0]->kernel() + "' and '" + t[0]->kernel() + "'); pack them again");
+  const auto n = range_arg(images, "images", g.N / 2);
+  const int threads = thread_count(threads_);
+  const float* px = cptr<float>(x);
+  py::gil_scoped_release nogil;
+  pyhet::im2col_pack_quadrants(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad,
+                               fwd.empty() ? nullptr : fwd.data(),
+                               t.empty() ? nullptr : t.data(), n.first, n.second, threads);
+}
+
 void bind_col2im(py::handle col_, py::handle kh, py::handle kw, py::handle stride,
                  py::handle pad, py::handle x_, py::handle threads_, py::handle channels) {
   auto col = checked<float>(col_, "col", 2, false);
@@ -726,6 +770,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("stride"), py::arg("pad"), py::arg("fwd") = py::none(), py::arg("t") = py::none(),
         py::arg("images") = py::none(), py::arg("threads") = 1,
         "im2col(x) of the images (begin, end) straight into PackedBs of col (fwd) and col^T (t).");
+  m.def("im2col_pack_quadrants", &bind_im2col_pack_quadrants, py::arg("x"), py::arg("kh"),
+        py::arg("kw"), py::arg("stride"), py::arg("pad"), py::arg("fwd") = py::none(),
+        py::arg("t") = py::none(), py::arg("images") = py::none(), py::arg("threads") = 1,
+        "im2col(x) of the images (begin, end) of each half of the batch straight into the 7 "
+        "PackedBs of the quadrants' sums of col (fwd) and of col^T (t).");
   m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
         py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
         py::arg("channels") = py::none());

@@ -4,6 +4,7 @@
 #include "im2col.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -88,6 +89,142 @@ void im2col(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t 
     im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r, 0, N, col + r * NP);
 }
 
+namespace {
+
+// Writes NR rows of col for the columns of one image (in a buffer, NR x P floats) into a PackedB
+// of op(B) = col: in runs of a sliver's width, so that its rows are written one after another.
+// Row r of col starts at row_at[r] (PackedB::block, without a division in the loops), then
+// every `sliver` floats a sliver of NR columns. One geometry serves every pack of its size.
+struct ColWriter {
+  int64_t nr = 0, NP = 0, sliver = 0;
+  std::vector<int64_t> row_at;
+
+  ColWriter() = default;
+  ColWriter(const PackedB& p, int64_t R) : nr(p.nr()), NP(p.N()), sliver(p.kc_step() * p.nr()) {
+    row_at.resize(R);
+    for (int64_t r = 0; r < R; ++r)
+      row_at[r] = (r / p.kc_step()) * p.slivers() * sliver + (r % p.kc_step()) * nr;
+  }
+
+  // rows r0 .. r0 + rows of col, columns q0 .. q0 + P, from buf (row u at buf + u * P). A
+  // whole row of a sliver (NR floats, whole cache lines where data is 64-byte aligned) goes by
+  // streaming stores: the operand is far bigger than the caches, and a plain store first reads
+  // each line it writes from memory; a part of one (the ends of the columns) by plain ones.
+  void write(float* data, const float* buf, int64_t rows, int64_t r0, int64_t q0,
+             int64_t P) const {
+#ifdef __SSE2__
+    const bool stream = nr % 16 == 0 && reinterpret_cast<std::uintptr_t>(data) % 64 == 0;
+#endif
+    for (int64_t q = q0; q < q0 + P;) {
+      const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
+      const bool last = end == NP && end % nr != 0;  // zeros past the last column
+      float* at = data + s * sliver + (q - s * nr);
+      const float* src = buf + (q - q0);
+#ifdef __SSE2__
+      if (stream && end - q == nr) {
+        for (int64_t u = 0; u < rows; ++u) {
+          float* d = at + row_at[r0 + u];
+          const float* v = src + u * P;
+          for (int64_t e = 0; e < nr; e += 4) _mm_stream_ps(d + e, _mm_loadu_ps(v + e));
+        }
+        q = end;
+        continue;
+      }
+#endif
+      for (int64_t u = 0; u < rows; ++u) {
+        float* d = at + row_at[r0 + u];
+        copy_run(d, src + u * P, end - q);
+        if (last) std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
+      }
+      q = end;
+    }
+  }
+};
+
+// Writes the same NR rows into a PackedB of op(B) = col^T: pixel by pixel (4 at a time,
+// transposed in registers, within a K block), the NR rows r0.. of col as one row of the sliver
+// (rows past col's last are zeros in buf). Streaming stores: col^T is read only in the
+// backward, long after (the layer's forward and everything after it have gone through the
+// caches by then), and a plain store first reads each line it writes from memory, which
+// doubled this loop's time.
+struct ColTWriter {
+  int64_t nr = 0, kc = 1, sliver = 0, block = 0;
+
+  ColTWriter() = default;
+  explicit ColTWriter(const PackedB& p)
+      : nr(p.nr()), kc(p.kc_step()), sliver(p.kc_step() * p.nr()),
+        block(p.slivers() * p.kc_step() * p.nr()) {}
+
+  void write(float* data, const float* buf, int64_t r0, int64_t q0, int64_t P) const {
+    // its rows start 16-byte aligned where its data does (every offset is a multiple of NR)
+    const bool stream = nr % 4 == 0 && reinterpret_cast<std::uintptr_t>(data) % 16 == 0;
+    float* const sl = data + (r0 / nr) * sliver;
+    int64_t kb = q0 / kc, w = q0 % kc;  // pixel q0's K block and row in it
+    for (int64_t p = 0; p < P;) {
+      float* d = sl + kb * block + w * nr;
+#ifdef __SSE2__
+      if (nr % 4 == 0 && p + 4 <= P && w + 4 <= kc) {
+        for (int64_t u = 0; u < nr; u += 4) {
+          const float* src = buf + u * P + p;
+          __m128 a0 = _mm_loadu_ps(src), a1 = _mm_loadu_ps(src + P);
+          __m128 a2 = _mm_loadu_ps(src + 2 * P), a3 = _mm_loadu_ps(src + 3 * P);
+          _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+          if (stream) {
+            _mm_stream_ps(d + u, a0);
+            _mm_stream_ps(d + nr + u, a1);
+            _mm_stream_ps(d + 2 * nr + u, a2);
+            _mm_stream_ps(d + 3 * nr + u, a3);
+          } else {
+            _mm_storeu_ps(d + u, a0);
+            _mm_storeu_ps(d + nr + u, a1);
+            _mm_storeu_ps(d + 2 * nr + u, a2);
+            _mm_storeu_ps(d + 3 * nr + u, a3);
+          }
+        }
+        p += 4;
+        w += 4;
+      } else
+#endif
+      {
+        for (int64_t u = 0; u < nr; ++u) d[u] = buf[u * P + p];
+        ++p;
+        ++w;
+      }
+      if (w == kc) {
+        ++kb;
+        w = 0;
+      }
+    }
+  }
+};
+
+// Images are taken a few at a time, their columns side by side in the buffers, so that the
+// slivers inside a chunk are written whole (fwd) and only those at its ends in parts: chunks of
+// at most this many columns of col (NR rows of them in L2), of as many images as fill whole
+// slivers where that fits, and starting at multiples of their size (so that a range of images
+// that starts there, or the next one, meets no sliver that the chunk before wrote a part of).
+constexpr int64_t kChunkColumns = 1024;
+
+int64_t images_per_chunk(int64_t P, int64_t nr) {
+  const int64_t whole = nr / std::gcd(P, nr);  // images whose columns fill whole slivers
+  if (whole * P <= kChunkColumns) return kChunkColumns / (whole * P) * whole;
+  return std::max<int64_t>(1, kChunkColumns / P);
+}
+
+// Chunk c of the images [n_begin, n_end) in chunks of G at multiples of G: [n, n1).
+inline void chunk(int64_t c, int64_t G, int64_t n_begin, int64_t n_end, int64_t* n,
+                  int64_t* n1) {
+  const int64_t start = (n_begin / G + c) * G;
+  *n = std::max(n_begin, start);
+  *n1 = std::min(n_end, start + G);
+}
+
+inline int64_t chunk_count(int64_t G, int64_t n_begin, int64_t n_end) {
+  return (n_end + G - 1) / G - n_begin / G;
+}
+
+}  // namespace
+
 // Image by image, NR rows at a time: the rows are made in a small buffer (NR x OH*OW floats, in
 // L1 or L2), then copied to fwd in runs of a sliver's width and written to t transposed, NR rows
 // of one pixel in a row. The im2col matrix never goes to memory, nor is it read back to pack.
@@ -95,107 +232,117 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
                  int64_t KW, int64_t stride, int64_t pad, PackedB* fwd, PackedB* t,
                  int64_t n_begin, int64_t n_end, int threads) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
-  const int64_t P = OH * OW, NP = N * P, R = C * KH * KW;
+  const int64_t P = OH * OW, R = C * KH * KW;
   if (n_end <= n_begin || P == 0 || R == 0 || (fwd == nullptr && t == nullptr)) return;
   // both packings share the micro-kernel's NR (gemm.h): the rows go in groups of NR
   const int64_t nr = fwd != nullptr ? fwd->nr() : t->nr();
-  // Where things go, without a division in the loops (PackedB::block): row r of col starts at
-  // row_at[r] in fwd, then every fwd_sliver floats a sliver of NR columns; pixel q of col^T
-  // (its K block q / kc_t, row q % kc_t) holds NR rows of col in sliver r0 / NR.
-  std::vector<int64_t> row_at;
-  int64_t fwd_sliver = 0;
+  const ColWriter to_fwd = fwd != nullptr ? ColWriter(*fwd, R) : ColWriter();
+  const ColTWriter to_t = t != nullptr ? ColTWriter(*t) : ColTWriter();
   float* const fwd_data = fwd != nullptr ? fwd->block(0, 0) : nullptr;
-  if (fwd != nullptr) {
-    const int64_t kc = fwd->kc_step();
-    fwd_sliver = kc * nr;
-    row_at.resize(R);
-    for (int64_t r = 0; r < R; ++r)
-      row_at[r] = (r / kc) * fwd->slivers() * fwd_sliver + (r % kc) * nr;
-  }
-  const int64_t kc_t = t != nullptr ? t->kc_step() : 1;
-  const int64_t t_sliver = kc_t * nr, t_block = t != nullptr ? t->slivers() * t_sliver : 0;
   float* const t_data = t != nullptr ? t->block(0, 0) : nullptr;
-  // no more threads than images (the work is split by images), and a buffer each
-  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), n_end - n_begin));
-  std::vector<float> bufs(static_cast<size_t>(team) * nr * P);  // before the team starts
-  // t's rows start 16-byte aligned where its data does (every offset is a multiple of NR)
-  const bool stream = t_data != nullptr && nr % 4 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(t_data) % 16 == 0;
+  // the images in chunks of G (the work is split by chunks: no more threads than chunks), and
+  // a buffer each
+  const int64_t G = images_per_chunk(P, nr), chunks = chunk_count(G, n_begin, n_end);
+  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), chunks));
+  std::vector<float> bufs(static_cast<size_t>(team) * nr * G * P);  // before the team starts
 #pragma omp parallel num_threads(team)
   {
-    float* buf = bufs.data() + thread_id() * nr * P;
+    float* buf = bufs.data() + thread_id() * nr * G * P;
 #pragma omp for schedule(static)
-    for (int64_t n = n_begin; n < n_end; ++n) {
-      const int64_t q0 = n * P;  // this image's first column of col
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t n, n1;
+      chunk(c, G, n_begin, n_end, &n, &n1);
+      const int64_t cols = (n1 - n) * P;
       for (int64_t r0 = 0; r0 < R; r0 += nr) {
         const int64_t rows = std::min(nr, R - r0);
         for (int64_t u = 0; u < rows; ++u)
-          im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r0 + u, n, n + 1, buf + u * P);
+          im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, r0 + u, n, n1, buf + u * cols);
         if (rows < nr && t != nullptr)  // past col's last row: zeros in col^T's last sliver
-          std::memset(buf + rows * P, 0, sizeof(float) * (nr - rows) * P);
-        if (fwd != nullptr) {
-          // op(B) = col, sliver by sliver, so that its rows are written one after another
-          for (int64_t q = q0; q < q0 + P;) {
-            const int64_t s = q / nr, end = std::min(q0 + P, (s + 1) * nr);
-            const bool last = end == NP && end % nr != 0;  // zeros past the last column
-            float* at = fwd_data + s * fwd_sliver + (q - s * nr);
-            const float* src = buf + (q - q0);
-            for (int64_t u = 0; u < rows; ++u) {
-              float* d = at + row_at[r0 + u];
-              copy_run(d, src + u * P, end - q);
-              if (last) std::memset(d + (end - q), 0, sizeof(float) * (nr - end % nr));
-            }
-            q = end;
-          }
-        }
-        if (t != nullptr) {
-          // op(B) = col^T: pixel by pixel (4 at a time, transposed in registers, within a K
-          // block), its NR rows r0.. of col as one row of the sliver. Streaming stores: t is
-          // read only in the backward, long after (the layer's forward and everything after
-          // it have gone through the caches by then), and a plain store first reads each line
-          // it writes from memory, which doubled this loop's time.
-          float* const sliver = t_data + (r0 / nr) * t_sliver;
-          int64_t kb = q0 / kc_t, w = q0 % kc_t;  // pixel q0's K block and row in it
-          for (int64_t p = 0; p < P;) {
-            float* d = sliver + kb * t_block + w * nr;
-#ifdef __SSE2__
-            if (nr % 4 == 0 && p + 4 <= P && w + 4 <= kc_t) {
-              for (int64_t u = 0; u < nr; u += 4) {
-                const float* src = buf + u * P + p;
-                __m128 a0 = _mm_loadu_ps(src), a1 = _mm_loadu_ps(src + P);
-                __m128 a2 = _mm_loadu_ps(src + 2 * P), a3 = _mm_loadu_ps(src + 3 * P);
-                _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
-                if (stream) {
-                  _mm_stream_ps(d + u, a0);
-                  _mm_stream_ps(d + nr + u, a1);
-                  _mm_stream_ps(d + 2 * nr + u, a2);
-                  _mm_stream_ps(d + 3 * nr + u, a3);
-                } else {
-                  _mm_storeu_ps(d + u, a0);
-                  _mm_storeu_ps(d + nr + u, a1);
-                  _mm_storeu_ps(d + 2 * nr + u, a2);
-                  _mm_storeu_ps(d + 3 * nr + u, a3);
-                }
-              }
-              p += 4;
-              w += 4;
-            } else
-#endif
-            {
-              for (int64_t u = 0; u < nr; ++u) d[u] = buf[u * P + p];
-              ++p;
-              ++w;
-            }
-            if (w == kc_t) {
-              ++kb;
-              w = 0;
-            }
-          }
-        }
+          std::memset(buf + rows * cols, 0, sizeof(float) * (nr - rows) * cols);
+        if (fwd != nullptr) to_fwd.write(fwd_data, buf, rows, r0, n * P, cols);
+        if (t != nullptr) to_t.write(t_data, buf, r0, n * P, cols);
       }
     }
 #ifdef __SSE2__
     _mm_sfence();  // the streaming stores are seen by every thread before the team ends
+#endif
+  }
+}
+
+namespace {
+
+// The quadrants' sums of col and of col^T (gemm.h's sgemm_packed_quadrants: B11 + B22, B11,
+// B12 - B22, B21 - B11, B22, B11 + B12, B21 + B22) as sums of blocks of the input, block
+// 2 a + b = x[images half a, channels half b]: col's quadrant (r, c) is the im2col of block
+// (c, r), col^T's quadrant (r, c) that of block (r, c). Eleven distinct sums, each written to
+// the fwd pack and the t pack that take it (-1: none).
+struct QuadrantSum {
+  int a, sign, b;  // block a + sign * block b (b -1: block a alone)
+  int fwd, t;
+};
+constexpr QuadrantSum kQuadrantSums[] = {
+    {0, 1, 3, 0, 0},   {0, 0, -1, 1, 1},  {3, 0, -1, 4, 4},  {2, -1, 3, 2, -1},
+    {1, -1, 0, 3, -1}, {0, 1, 2, 5, -1},  {1, 1, 3, 6, -1},  {1, -1, 3, -1, 2},
+    {2, -1, 0, -1, 3}, {0, 1, 1, -1, 5},  {2, 1, 3, -1, 6},
+};
+
+}  // namespace
+
+// Image by image of each half of the batch, NR rows of the quadrants at a time: the four blocks'
+// rows are made once in small buffers, each sum from them, then written as im2col_pack does.
+void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int64_t W,
+                           int64_t KH, int64_t KW, int64_t stride, int64_t pad,
+                           PackedB* const* fwd, PackedB* const* t, int64_t n_begin,
+                           int64_t n_end, int threads) {
+  const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
+  const int64_t P = OH * OW, N2 = N / 2, R2 = (C / 2) * KH * KW;
+  if (n_end <= n_begin || P == 0 || R2 == 0 || (fwd == nullptr && t == nullptr)) return;
+  const int64_t nr = fwd != nullptr ? fwd[0]->nr() : t[0]->nr();
+  const ColWriter to_fwd = fwd != nullptr ? ColWriter(*fwd[0], R2) : ColWriter();
+  const ColTWriter to_t = t != nullptr ? ColTWriter(*t[0]) : ColTWriter();
+  const int64_t G = images_per_chunk(P, nr), chunks = chunk_count(G, n_begin, n_end);
+  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), chunks));
+  const int64_t tile = nr * G * P;  // one buffer: NR rows of a chunk's columns
+  std::vector<float> bufs(static_cast<size_t>(team) * 5 * tile);
+#pragma omp parallel num_threads(team)
+  {
+    float* const blocks = bufs.data() + thread_id() * 5 * tile;  // the four blocks' rows
+    float* const sum = blocks + 4 * tile;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      int64_t n, n1;
+      chunk(c, G, n_begin, n_end, &n, &n1);
+      const int64_t g = n1 - n, cols = g * P;
+      const int64_t used = nr * cols;  // of each buffer
+      for (int64_t r0 = 0; r0 < R2; r0 += nr) {
+        const int64_t rows = std::min(nr, R2 - r0);
+        for (int blk = 0; blk < 4; ++blk) {
+          float* buf = blocks + blk * tile;
+          const int64_t image = (blk / 2) * N2 + n, row0 = (blk % 2) * R2 + r0;
+          for (int64_t u = 0; u < rows; ++u)
+            im2col_row(x, C, H, W, KH, KW, stride, pad, OH, OW, row0 + u, image, image + g,
+                       buf + u * cols);
+          if (rows < nr)  // past the quadrant's last row: zeros in col^T's last sliver
+            std::memset(buf + rows * cols, 0, sizeof(float) * (used - rows * cols));
+        }
+        for (const QuadrantSum& q : kQuadrantSums) {
+          PackedB* f = fwd != nullptr && q.fwd >= 0 ? fwd[q.fwd] : nullptr;
+          PackedB* tt = t != nullptr && q.t >= 0 ? t[q.t] : nullptr;
+          if (f == nullptr && tt == nullptr) continue;
+          const float* src = blocks + q.a * tile;
+          if (q.b >= 0) {
+            const float* other = blocks + q.b * tile;
+            const float s = static_cast<float>(q.sign);
+            for (int64_t e = 0; e < used; ++e) sum[e] = src[e] + s * other[e];
+            src = sum;
+          }
+          if (f != nullptr) to_fwd.write(f->block(0, 0), src, rows, r0, n * P, cols);
+          if (tt != nullptr) to_t.write(tt->block(0, 0), src, r0, n * P, cols);
+        }
+      }
+    }
+#ifdef __SSE2__
+    _mm_sfence();
 #endif
   }
 }

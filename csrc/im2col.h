@@ -31,6 +31,16 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
                  int64_t KW, int64_t stride, int64_t pad, PackedB* fwd, PackedB* t,
                  int64_t n_begin, int64_t n_end, int threads);
 
+// im2col_pack into the quadrants' seven sums of col (fwd: 7 PackedB of the quadrant size
+// (C/2*KH*KW, N/2*OH*OW), trans false) and of col^T (t: 7 of (N/2*OH*OW, C/2*KH*KW), trans
+// true), in the order of sgemm_packed_quadrants (gemm.h), for the images [n_begin, n_end) of
+// each half of the batch (n_end <= N/2); N and C even; either may be null. The same values as
+// sgemm_pack_b of the sums of col's quadrants. Disjoint ranges may be filled at once.
+void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int64_t W,
+                           int64_t KH, int64_t KW, int64_t stride, int64_t pad,
+                           PackedB* const* fwd, PackedB* const* t, int64_t n_begin,
+                           int64_t n_end, int threads);
+
 // x = col2im(col): x is overwritten with the sum of every col entry that im2col copied from it.
 // Only channels [c_begin, c_end) of x are read from col and written.
 void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,

@@ -399,42 +399,22 @@ def im2col_pack(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None, th
                images=_range(images, "images", "im2col_pack"), threads=_threads(threads))
 
 
-# The im2col matrix's quadrants, as sums of blocks of the input: col's rows are (channel, i,
-# j) and its columns (image, oh, ow), so with C and N even its quadrant (r, c) is the im2col of
-# x[images half c, channels half r], and (im2col being linear, padding zeros) a sum of
-# quadrants is the im2col of the same sum of input blocks. For col^T, quadrant (r, c) is
-# x[images half r, channels half c]. Each distinct sum of blocks is made once, for both.
-
-
-def _input_sums(fwd: bool, t: bool) -> dict:
-    """{(block, sign, block2): [(fwd pack index or None, col_t pack index or None)]}, a block
-    (image half, channel half) of the input."""
-    sums: dict = {}
-    for i, (q, sign, q2) in enumerate(_QUADRANT_SUMS):
-        for transposed, use in ((False, fwd), (True, t)):
-            if not use:
-                continue
-            blk = (lambda r: r) if transposed else (lambda r: (r[1], r[0]))
-            key = (blk(q), sign, blk(q2) if q2 is not None else None)
-            f, tt = sums.get(key, (None, None))
-            sums[key] = (i, tt) if not transposed else (f, i)
-    return sums
-
-
 def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None,
-                          work=None, threads=None):
+                          threads=None):
     """im2col(x) straight into its quadrants' packed sums (PackedQuadrants): into `fwd`, col
     for w @ col (packed_quadrants(C*KH*KW, N*OH*OW)), into `t`, col^T for dy @ col^T
     (packed_quadrants(N*OH*OW, C*KH*KW, trans_b=True)); x (N, C, H, W) with N and C even.
-    images=(n0, n1) fills only those images of each half of the batch (a range within N/2;
-    several callers may fill disjoint ranges at once); None: all. work: an (N/2, C/2, H, W)
-    float32 array to make the input's sums in (this caller's own), or None."""
+    col's rows are (channel, i, j) and its columns (image, oh, ow), so its quadrant (r, c) is
+    the im2col of x[images half c, channels half r] (col^T's, of x[images half r, channels half
+    c]), and a sum of quadrants the sum of those blocks' im2col: the four blocks' rows are made
+    once, and each of the eleven distinct sums from them. images=(n0, n1) fills only those
+    images of each half of the batch (a range within N/2; several callers may fill disjoint
+    ranges at once); None: all."""
     x, kh, kw, stride, pad = _conv_input("im2col_pack_quadrants", x, kh, kw, stride, pad)
-    n, c, h, w = x.shape
+    n, c = x.shape[:2]
     if n % 2 or c % 2:
         raise ValueError(f"im2col_pack_quadrants: expected an even batch and channel count, "
                          f"got x of shape {x.shape}")
-    n2, c2 = n // 2, c // 2
     k, cols = _col_shape(x.shape, kh, kw, stride, pad)
     for name, p, shape in (("fwd", fwd, (k, cols)), ("t", t, (cols, k))):
         if p is not None and ((_quadrants(p, "im2col_pack_quadrants").k, p.n) != shape
@@ -442,27 +422,14 @@ def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, image
             raise ValueError(f"im2col_pack_quadrants: expected {name} of op(b) {shape}"
                              f"{' (trans_b)' if name == 't' else ''}, got ({p.k}, {p.n})"
                              f"{' (trans_b)' if p.trans_b else ''}")
-    n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n2)
-    if not 0 <= n0 <= n1 <= n2:
-        raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n2}), got "
+    n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n // 2)
+    if not 0 <= n0 <= n1 <= n // 2:
+        raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n // 2}), got "
                          f"({n0}, {n1})")
-    work = _out(work, (n2, c2, h, w), "work")
-    if n1 == n0:
-        return
-    part = work[n0:n1]
-
-    def block(b):
-        return x[b[0] * n2 + n0:b[0] * n2 + n1, b[1] * c2:(b[1] + 1) * c2]
-
-    for (b, sign, b2), (f, tt) in _input_sums(fwd is not None, t is not None).items():
-        if b2 is None:
-            np.copyto(part, block(b))
-        elif sign > 0:
-            np.add(block(b), block(b2), out=part)
-        else:
-            np.subtract(block(b), block(b2), out=part)
-        im2col_pack(work, kh, kw, stride, pad, fwd=None if f is None else fwd.packs[f],
-                    t=None if tt is None else t.packs[tt], images=(n0, n1), threads=threads)
+    _core_call("im2col_pack_quadrants", "a float32 array x, ints, PackedQuadrants or None, a "
+               "pair of ints and an int threads", _core.im2col_pack_quadrants, x, kh, kw,
+               stride, pad, fwd=None if fwd is None else fwd.packs,
+               t=None if t is None else t.packs, images=(n0, n1), threads=_threads(threads))
 
 
 def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):

@@ -47,7 +47,7 @@ class Call:
     ranges: tuple = ()     # (begin, end) arguments other than channels (pack_b's rows, slivers)
     packed: bool = False   # takes a PackedB
     packs: tuple = ()      # PackedB arguments other than packed (None where not given)
-    quadrants: bool = False  # takes `packs`, a sequence of 7 PackedB
+    quadrants: tuple = ()  # arguments that take a sequence of 7 PackedB (None where not given)
     threads: bool = True
     spoiled: list = field(default_factory=list)  # (argument, how, must raise)
 
@@ -131,7 +131,7 @@ def sgemm_packed_quadrants_call(draw):
                 c=rand(rng, m, 2 * n2), trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
                 beta=draw(st.sampled_from([0.0, 0.5])), strassen=draw(st.sampled_from([-1, 0, 1])),
                 threads=draw(THREADS))
-    return Call(_core.sgemm_packed_quadrants, args, outputs=("c",), quadrants=True)
+    return Call(_core.sgemm_packed_quadrants, args, outputs=("c",), quadrants=("packs",))
 
 
 def conv_sizes(draw):
@@ -172,6 +172,27 @@ def im2col_pack_call(draw):
         args["images"] = (n0, draw(st.integers(n0, N)))
     return Call(_core.im2col_pack, args, ints=("kh", "kw", "stride", "pad"), ranges=("images",),
                 packs=("fwd", "t"))
+
+
+def im2col_pack_quadrants_call(draw):
+    """im2col of some images of each half of the batch straight into the quadrants' sums of
+    col (fwd), of col^T (t), both or none: an even batch and channel count."""
+    N, C, H, W, kh, kw, stride, pad, OH, OW, _ = conv_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    K2, NP2 = C * kh * kw, N * OH * OW   # the quadrants, of x (2 N, 2 C, H, W)
+
+    def packs(k, n, trans):
+        return [_core.PackedB(k, n, trans) for _ in range(7)]
+
+    args = dict(x=rand(rng, 2 * N, 2 * C, H, W), kh=kh, kw=kw, stride=stride, pad=pad,
+                fwd=packs(K2, NP2, False) if draw(st.booleans()) else None,
+                t=packs(NP2, K2, True) if draw(st.booleans()) else None,
+                threads=draw(THREADS))
+    if draw(st.booleans()):
+        n0 = draw(st.integers(0, N))
+        args["images"] = (n0, draw(st.integers(n0, N)))
+    return Call(_core.im2col_pack_quadrants, args, ints=("kh", "kw", "stride", "pad"),
+                ranges=("images",), quadrants=("fwd", "t"))
 
 
 def col2im_call(draw):
@@ -245,6 +266,7 @@ CASES = {
     "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
     "sgemm_packed_quadrants": sgemm_packed_quadrants_call,
     "im2col": im2col_call, "im2col_pack": im2col_pack_call,
+    "im2col_pack_quadrants": im2col_pack_quadrants_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
     "bias_relu_maxpool_backward": bias_relu_maxpool_backward_call,
@@ -295,8 +317,7 @@ def spoiled_calls(draw, make):
     if call.packed:
         names.append("packed")
     names += list(call.packs)
-    if call.quadrants:
-        names.append("quadrant packs")
+    names += [f"quadrants:{k}" for k in call.quadrants]
     names += [f"{k} values" for k in call.indices if call.args[k].size]
     chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
     for name in chosen:
@@ -319,11 +340,18 @@ def spoiled_calls(draw, make):
                      np.zeros(4, np.float32) if how == "array" else None)
             call.args[name] = value
             call.spoiled.append((name, f"packed: {how}", True))
-        elif name == "quadrant packs":
-            # six of them, one of another size or storage, something else among them, or none
-            packs = list(call.args["packs"])
-            p = packs[0]
-            how = draw(st.sampled_from(["six", "k", "trans", "array", "None", "str"]))
+        elif name.startswith("quadrants:"):
+            # six of them, one of another size or storage, something else among them, or a
+            # string (where None is allowed) or None (where it is not)
+            key = name.split(":")[1]
+            packs = call.args[key]
+            if packs is None:
+                call.args[key] = draw(st.sampled_from(["packs", [1.0] * 7]))
+                call.spoiled.append((key, "not PackedBs", True))
+                continue
+            packs, p = list(packs), packs[0]
+            how = draw(st.sampled_from(["six", "k", "trans", "array", "str"]
+                                       + (["None"] if key == "packs" else [])))
             if how == "six":
                 packs = packs[:6]
             elif how in ("k", "trans", "array"):
@@ -331,8 +359,8 @@ def spoiled_calls(draw, make):
                     _core.PackedB(p.k + 2, p.n, p.trans_b) if how == "k" else
                     _core.PackedB(p.k, p.n, not p.trans_b) if how == "trans" else
                     np.zeros(4, np.float32))
-            call.args["packs"] = None if how == "None" else "packs" if how == "str" else packs
-            call.spoiled.append(("packs", how, True))
+            call.args[key] = None if how == "None" else "packs" if how == "str" else packs
+            call.spoiled.append((key, how, True))
         elif name == "channels" or name in call.ranges:
             value = draw(st.sampled_from(BAD_CHANNELS))
             call.args[name] = value

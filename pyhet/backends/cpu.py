@@ -132,10 +132,8 @@ class CpuBackend:
     def im2col_pack_quadrants_part(self, x, g, fwd, col_t, images):
         """As im2col_pack_part, into the operands packed as their quadrants' sums
         (ops.PackedQuadrants): images [n0, n1) of each half of the batch."""
-        n, c, h, w = x.shape
-        work = self.buffer(("quadrant sums", g.name), (n // 2, c // 2, h, w))
         ops.im2col_pack_quadrants(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t,
-                                  images=images, work=work, threads=self.threads)
+                                  images=images, threads=self.threads)
 
     def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
