@@ -14,7 +14,7 @@ which the packed GEMM with the portable kernel must beat. The plain loop streams
 per row of C, so it runs only on shapes without transposes and of at most --plain-max-gflop
 GFLOP. The tables give median GFLOP/s and the same-run ratios avx512 / avx2, each kernel / numpy,
 portable / plain loop. Where a product is big enough for pyhet's one level of Strassen's scheme
-(every dimension >= 1024 by default), each kernel runs it as the library does, and one more side,
+(every dimension >= 768 by default), each kernel runs it as the library does, and one more side,
 `blocked`, runs the default kernel with the scheme off (the ratio kernel / blocked is the
 scheme's gain); GFLOP/s always count the blocked product's 2 M N K operations, so with the
 scheme they are an effective rate (it does 1/8 fewer). NumPy's threads are limited with

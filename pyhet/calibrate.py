@@ -150,7 +150,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     """How much slower each device computes when they all run at once on their shares: over
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
     the partition will give it, its median time then over its time alone as fitted (at least
-    1). Devices that share a machine slow each other (memory bandwidth, the cache they share, a
+    MIN_CONTENTION: a share can take Strassen's scheme where the trials did not; a single
+    device at least 1). Devices that share a machine slow each other (memory bandwidth, the cache they share, a
     clock that drops when more cores run, the cores a serving rank's messages take), as they do
     in every step, and more so at the sizes of a real share than of a short trial; the median
     is a typical time where the fit is of the best ones alone. A single device runs its trial
@@ -204,7 +205,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     pooled = {}
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
-    return [min(MAX_CONTENTION, max(1.0, float(np.median(pooled[_alike(d)]))))
+    low = 1.0 if len(devices) == 1 else MIN_CONTENTION
+    return [min(MAX_CONTENTION, max(low, float(np.median(pooled[_alike(d)]))))
             for d in devices]
 
 
@@ -215,7 +217,7 @@ def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: flo
     cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer factor
     of a single device. The model is fitted on the best of trials of a few kernels; the whole
     layer can run faster (a cpu device's GEMM runs products whose every dimension is at least
-    1024 by Strassen's scheme, about 6% faster, which the trials are too small for) or slower
+    768 by Strassen's scheme, about 6% faster, which the trials are too small for) or slower
     (a typical time rather than the best; the update and the step's hand-offs; caches that
     hold a trial's operands and not the layer's)."""
     trial = replace(g, name=f"calibrate/{g.name}/whole")
@@ -284,6 +286,10 @@ def _alike(d) -> tuple:
 
 
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
+# A device can run its share faster among the others than its fit alone says: the layer as a
+# step runs it can take Strassen's scheme where the trials are too small for it (a host
+# group's shares, from 256 kernels, 7-9% faster on their products). Below this: noise.
+MIN_CONTENTION = 0.9
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
