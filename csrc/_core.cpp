@@ -448,7 +448,7 @@ std::vector<pyhet::PackedB*> quadrant_col_arg(py::handle packs_, const char* nam
 
 void bind_im2col_pack_quadrants(py::handle x_, py::handle kh, py::handle kw, py::handle stride,
                                 py::handle pad, py::handle fwd_, py::handle t_,
-                                py::handle images, py::handle threads_) {
+                                py::handle images, py::handle units, py::handle threads_) {
   auto x = checked<float>(x_, "x", 4, false);
   const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
   if (g.N % 2 || g.C % 2)
@@ -461,13 +461,22 @@ void bind_im2col_pack_quadrants(py::handle x_, py::handle kh, py::handle kw, py:
   if (!fwd.empty() && !t.empty() && fwd[0]->nr() != t[0]->nr())
     throw py::value_error(std::string("fwd and t: packed for different micro-kernels ('") +
                           fwd[0]->kernel() + "' and '" + t[0]->kernel() + "'); pack them again");
-  const auto n = range_arg(images, "images", g.N / 2);
+  const int64_t S = pyhet::quadrant_sum_count(!fwd.empty(), !t.empty());
+  if (!images.is_none() && !units.is_none())
+    throw py::value_error("im2col_pack_quadrants: expected images or units, not both");
+  std::pair<int64_t, int64_t> u;
+  if (!units.is_none()) {
+    u = range_arg(units, "units", g.N / 2 * S);
+  } else {
+    const auto n = range_arg(images, "images", g.N / 2);
+    u = {n.first * S, n.second * S};
+  }
   const int threads = thread_count(threads_);
   const float* px = cptr<float>(x);
   py::gil_scoped_release nogil;
   pyhet::im2col_pack_quadrants(px, g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad,
                                fwd.empty() ? nullptr : fwd.data(),
-                               t.empty() ? nullptr : t.data(), n.first, n.second, threads);
+                               t.empty() ? nullptr : t.data(), u.first, u.second, threads);
 }
 
 void bind_col2im(py::handle col_, py::handle kh, py::handle kw, py::handle stride,
@@ -772,9 +781,11 @@ PYBIND11_MODULE(_core, m) {
         "im2col(x) of the images (begin, end) straight into PackedBs of col (fwd) and col^T (t).");
   m.def("im2col_pack_quadrants", &bind_im2col_pack_quadrants, py::arg("x"), py::arg("kh"),
         py::arg("kw"), py::arg("stride"), py::arg("pad"), py::arg("fwd") = py::none(),
-        py::arg("t") = py::none(), py::arg("images") = py::none(), py::arg("threads") = 1,
-        "im2col(x) of the images (begin, end) of each half of the batch straight into the 7 "
-        "PackedBs of the quadrants' sums of col (fwd) and of col^T (t).");
+        py::arg("t") = py::none(), py::arg("images") = py::none(),
+        py::arg("units") = py::none(), py::arg("threads") = 1,
+        "im2col(x) of the images (begin, end) of each half of the batch, or of the (image, "
+        "sum) units (begin, end), straight into the 7 PackedBs of the quadrants' sums of col "
+        "(fwd) and of col^T (t).");
   m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
         py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
         py::arg("channels") = py::none());

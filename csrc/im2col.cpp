@@ -4,6 +4,7 @@
 #include "im2col.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <cstdint>
 #include <cstring>
@@ -288,20 +289,60 @@ constexpr QuadrantSum kQuadrantSums[] = {
 
 }  // namespace
 
+int quadrant_sum_count(bool fwd, bool t) {
+  int count = 0;
+  for (const QuadrantSum& q : kQuadrantSums) count += (fwd && q.fwd >= 0) || (t && q.t >= 0);
+  return count;
+}
+
 // Image by image of each half of the batch, NR rows of the quadrants at a time: the four blocks'
-// rows are made once in small buffers, each sum from them, then written as im2col_pack does.
+// rows are made once in small buffers, each sum from them, then written as im2col_pack does. The
+// work is a run of (image, sum) units, image by image: whole images in chunks, and the sums of a
+// first and a last image that the run takes only some of.
 void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int64_t W,
                            int64_t KH, int64_t KW, int64_t stride, int64_t pad,
-                           PackedB* const* fwd, PackedB* const* t, int64_t n_begin,
-                           int64_t n_end, int threads) {
+                           PackedB* const* fwd, PackedB* const* t, int64_t u_begin,
+                           int64_t u_end, int threads) {
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
   const int64_t P = OH * OW, N2 = N / 2, R2 = (C / 2) * KH * KW;
-  if (n_end <= n_begin || P == 0 || R2 == 0 || (fwd == nullptr && t == nullptr)) return;
+  const int S = quadrant_sum_count(fwd != nullptr, t != nullptr);
+  if (u_end <= u_begin || P == 0 || R2 == 0 || S == 0) return;
+  int active[std::size(kQuadrantSums)];  // the sums with a target, in their order
+  for (int i = 0, a = 0; i < static_cast<int>(std::size(kQuadrantSums)); ++i) {
+    const QuadrantSum& q = kQuadrantSums[i];
+    if ((fwd != nullptr && q.fwd >= 0) || (t != nullptr && q.t >= 0)) active[a++] = i;
+  }
   const int64_t nr = fwd != nullptr ? fwd[0]->nr() : t[0]->nr();
   const ColWriter to_fwd = fwd != nullptr ? ColWriter(*fwd[0], R2) : ColWriter();
   const ColTWriter to_t = t != nullptr ? ColTWriter(*t[0]) : ColTWriter();
-  const int64_t G = images_per_chunk(P, nr), chunks = chunk_count(G, n_begin, n_end);
-  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), chunks));
+  const int64_t G = images_per_chunk(P, nr);
+  struct Item {
+    int64_t n, n1;  // images
+    int s0, s1;     // their active sums
+  };
+  std::vector<Item> items;
+  const int64_t first = u_begin / S, last = (u_end - 1) / S;
+  const int s_first = static_cast<int>(u_begin % S), s_last = static_cast<int>((u_end - 1) % S) + 1;
+  if (first == last) {
+    items.push_back({first, first + 1, s_first, s_last});
+  } else {
+    int64_t whole0 = first, whole1 = last + 1;
+    if (s_first > 0) {
+      items.push_back({first, first + 1, s_first, S});
+      whole0 = first + 1;
+    }
+    if (s_last < S) whole1 = last;
+    if (whole1 > whole0) {
+      for (int64_t c = 0, count = chunk_count(G, whole0, whole1); c < count; ++c) {
+        int64_t n, n1;
+        chunk(c, G, whole0, whole1, &n, &n1);
+        items.push_back({n, n1, 0, S});
+      }
+    }
+    if (s_last < S) items.push_back({last, last + 1, 0, s_last});
+  }
+  const int64_t count = static_cast<int64_t>(items.size());
+  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), count));
   const int64_t tile = nr * G * P;  // one buffer: NR rows of a chunk's columns
   std::vector<float> bufs(static_cast<size_t>(team) * 5 * tile);
 #pragma omp parallel num_threads(team)
@@ -309,10 +350,9 @@ void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int6
     float* const blocks = bufs.data() + thread_id() * 5 * tile;  // the four blocks' rows
     float* const sum = blocks + 4 * tile;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-      int64_t n, n1;
-      chunk(c, G, n_begin, n_end, &n, &n1);
-      const int64_t g = n1 - n, cols = g * P;
+    for (int64_t i = 0; i < count; ++i) {
+      const Item& it = items[i];
+      const int64_t n = it.n, g = it.n1 - it.n, cols = g * P;
       const int64_t used = nr * cols;  // of each buffer
       for (int64_t r0 = 0; r0 < R2; r0 += nr) {
         const int64_t rows = std::min(nr, R2 - r0);
@@ -325,10 +365,10 @@ void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int6
           if (rows < nr)  // past the quadrant's last row: zeros in col^T's last sliver
             std::memset(buf + rows * cols, 0, sizeof(float) * (used - rows * cols));
         }
-        for (const QuadrantSum& q : kQuadrantSums) {
+        for (int a = it.s0; a < it.s1; ++a) {
+          const QuadrantSum& q = kQuadrantSums[active[a]];
           PackedB* f = fwd != nullptr && q.fwd >= 0 ? fwd[q.fwd] : nullptr;
           PackedB* tt = t != nullptr && q.t >= 0 ? t[q.t] : nullptr;
-          if (f == nullptr && tt == nullptr) continue;
           const float* src = blocks + q.a * tile;
           if (q.b >= 0) {
             const float* other = blocks + q.b * tile;

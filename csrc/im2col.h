@@ -33,13 +33,17 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
 
 // im2col_pack into the quadrants' seven sums of col (fwd: 7 PackedB of the quadrant size
 // (C/2*KH*KW, N/2*OH*OW), trans false) and of col^T (t: 7 of (N/2*OH*OW, C/2*KH*KW), trans
-// true), in the order of sgemm_packed_quadrants (gemm.h), for the images [n_begin, n_end) of
-// each half of the batch (n_end <= N/2); N and C even; either may be null. The same values as
-// sgemm_pack_b of the sums of col's quadrants. Disjoint ranges may be filled at once.
+// true), in the order of sgemm_packed_quadrants (gemm.h); N and C even; either may be null.
+// The same values as sgemm_pack_b of the sums of col's quadrants. The work is counted in
+// (image, sum) units, image by image of each half of the batch: image n's units are
+// [n * S, (n + 1) * S), S = quadrant_sum_count(fwd, t) distinct sums of the input's blocks
+// (11 for both, 7 for one); this fills units [u_begin, u_end). Disjoint ranges may be filled
+// at once.
+int quadrant_sum_count(bool fwd, bool t);
 void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int64_t W,
                            int64_t KH, int64_t KW, int64_t stride, int64_t pad,
-                           PackedB* const* fwd, PackedB* const* t, int64_t n_begin,
-                           int64_t n_end, int threads);
+                           PackedB* const* fwd, PackedB* const* t, int64_t u_begin,
+                           int64_t u_end, int threads);
 
 // x = col2im(col): x is overwritten with the sum of every col entry that im2col copied from it.
 // Only channels [c_begin, c_end) of x are read from col and written.

@@ -336,8 +336,8 @@ class SharedCol:
     batch and channel count), both are packed as their quadrants' seven sums instead
     (ops.PackedQuadrants, 7/4 of the size each), made once for the group, so that every
     member's products take the scheme with only its own weights or gradient to pack, as one
-    device's whole-layer products do (`quadrants` is then True and the shares split half the
-    batch). With one device, fwd and col_t are None: col is made, and its GEMM shares the
+    device's whole-layer products do (`quadrants` is then True and the shares split the
+    (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is made, and its GEMM shares the
     packing among its threads. The buffers are kept from step to step (first-touch page faults
     cost more than a copy); the input gradient's dcol takes col's place once the backward is
     done."""
@@ -386,12 +386,12 @@ def _packed_fits(packed, k: int, n: int, quadrants: bool = False) -> bool:
 def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol, tag=None):
     """Fill the im2col operands of x (N, C, H, W) in `shared` (SharedCol.prepare'd for these
     devices): for two or more, each device i the columns of its share of the images (in
-    proportion to its kernels[i]; of each half of the batch, when packed in quadrants) of both
-    packed operands; one device makes col whole."""
+    proportion to its kernels[i]; when packed in quadrants, its share of the (image, sum) units
+    of ops.quadrant_units) of both packed operands; one device makes col whole."""
     if shared.fwd is None:
         shares = [None] * len(kernels)
-    else:
-        n = x.shape[0] // 2 if shared.quadrants else x.shape[0]
+    else:   # in quadrants, (image, sum) units: finer than half the batch's images
+        n = ops.quadrant_units(x.shape[0]) if shared.quadrants else x.shape[0]
         shares = channel_shares(n, list(kernels.values()))
     gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, part,
                               tag=tag) for i, part in zip(kernels, shares)

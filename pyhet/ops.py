@@ -42,7 +42,8 @@ __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
     "PackedQuadrants", "packed_quadrants", "pack_quadrants", "uses_packed_strassen",
     "strassen_min_dim", "uses_strassen",
-    "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "col2im",
+    "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "quadrant_units",
+    "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -399,8 +400,15 @@ def im2col_pack(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None, th
                images=_range(images, "images", "im2col_pack"), threads=_threads(threads))
 
 
+def quadrant_units(batch: int, *, fwd: bool = True, t: bool = True) -> int:
+    """The (image, sum) units of im2col_pack_quadrants for a batch (even) into fwd and/or t:
+    each image of a half of the batch makes 11 distinct sums of the input's blocks for both,
+    7 for one."""
+    return batch // 2 * (11 if fwd and t else 7 if fwd or t else 0)
+
+
 def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, images=None,
-                          threads=None):
+                          units=None, threads=None):
     """im2col(x) straight into its quadrants' packed sums (PackedQuadrants): into `fwd`, col
     for w @ col (packed_quadrants(C*KH*KW, N*OH*OW)), into `t`, col^T for dy @ col^T
     (packed_quadrants(N*OH*OW, C*KH*KW, trans_b=True)); x (N, C, H, W) with N and C even.
@@ -409,7 +417,8 @@ def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, image
     c]), and a sum of quadrants the sum of those blocks' im2col: the four blocks' rows are made
     once, and each of the eleven distinct sums from them. images=(n0, n1) fills only those
     images of each half of the batch (a range within N/2; several callers may fill disjoint
-    ranges at once); None: all."""
+    ranges at once); or units=(u0, u1), a range of the quadrant_units (image by image, the
+    sums of each), for splits finer than an image; None: all."""
     x, kh, kw, stride, pad = _conv_input("im2col_pack_quadrants", x, kh, kw, stride, pad)
     n, c = x.shape[:2]
     if n % 2 or c % 2:
@@ -422,14 +431,24 @@ def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, image
             raise ValueError(f"im2col_pack_quadrants: expected {name} of op(b) {shape}"
                              f"{' (trans_b)' if name == 't' else ''}, got ({p.k}, {p.n})"
                              f"{' (trans_b)' if p.trans_b else ''}")
-    n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n // 2)
-    if not 0 <= n0 <= n1 <= n // 2:
-        raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n // 2}), got "
-                         f"({n0}, {n1})")
+    if images is not None and units is not None:
+        raise ValueError("im2col_pack_quadrants: expected images or units, not both")
+    total = quadrant_units(n, fwd=fwd is not None, t=t is not None)
+    if units is not None:
+        u0, u1 = _range(units, "units", "im2col_pack_quadrants")
+        if not 0 <= u0 <= u1 <= total:
+            raise ValueError(f"im2col_pack_quadrants: units must lie within (0, {total}), got "
+                             f"({u0}, {u1})")
+    else:
+        n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n // 2)
+        if not 0 <= n0 <= n1 <= n // 2:
+            raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n // 2}), "
+                             f"got ({n0}, {n1})")
+        u0, u1 = n0 * total // max(1, n // 2), n1 * total // max(1, n // 2)
     _core_call("im2col_pack_quadrants", "a float32 array x, ints, PackedQuadrants or None, a "
                "pair of ints and an int threads", _core.im2col_pack_quadrants, x, kh, kw,
                stride, pad, fwd=None if fwd is None else fwd.packs,
-               t=None if t is None else t.packs, images=(n0, n1), threads=_threads(threads))
+               t=None if t is None else t.packs, units=(u0, u1), threads=_threads(threads))
 
 
 def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):

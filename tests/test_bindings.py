@@ -188,11 +188,16 @@ def im2col_pack_quadrants_call(draw):
                 fwd=packs(K2, NP2, False) if draw(st.booleans()) else None,
                 t=packs(NP2, K2, True) if draw(st.booleans()) else None,
                 threads=draw(THREADS))
-    if draw(st.booleans()):
-        n0 = draw(st.integers(0, N))
-        args["images"] = (n0, draw(st.integers(n0, N)))
+    # a range of the images of each half, or of the (image, sum) units (11 or 7 an image)
+    how = draw(st.sampled_from(["all", "images", "units"]))
+    sums = 11 if args["fwd"] and args["t"] else 7 if args["fwd"] or args["t"] else 0
+    end = N if how == "images" else N * sums
+    if how != "all":
+        n0 = draw(st.integers(0, end))
+        args[how] = (n0, draw(st.integers(n0, end)))
     return Call(_core.im2col_pack_quadrants, args, ints=("kh", "kw", "stride", "pad"),
-                ranges=("images",), quadrants=("fwd", "t"))
+                ranges=("images",) if how == "images" else ("units",) if how == "units" else (),
+                quadrants=("fwd", "t"))
 
 
 def col2im_call(draw):

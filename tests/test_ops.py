@@ -202,6 +202,36 @@ def test_im2col_pack_in_chunks_of_images(kernel, hw, k):
         _core.set_gemm_kernel("auto")
 
 
+@pytest.mark.parametrize("which", ["both", "fwd", "t"])
+def test_im2col_pack_quadrants_in_units_of_an_image_and_a_sum(which):
+    """Ranges of (image, sum) units that start and end inside images (some of an image's sums
+    by one caller, the rest by another), filled in any order and across chunks of images,
+    pack every sum of every image once: the same bits as pack_quadrants of the matrix."""
+    rng = np.random.default_rng(7)
+    x = rand(rng, 30, 4, 12, 12)
+    col = ref.im2col(x, 3, 3, 1, 1)
+    K, NP = col.shape
+    fwd = ops.packed_quadrants(K, NP) if which != "t" else None
+    t = ops.packed_quadrants(NP, K, trans_b=True) if which != "fwd" else None
+    total = ops.quadrant_units(30, fwd=fwd is not None, t=t is not None)
+    assert total == 15 * (11 if which == "both" else 7)
+    cuts = sorted({5, 13, 40, total - 3})
+    pieces = list(zip([0] + cuts, cuts + [total]))
+    for u0, u1 in reversed(pieces):
+        ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=t, units=(u0, u1), threads=2)
+    a, dy = rand(rng, 5, K), rand(rng, 4, NP)
+    if fwd is not None:
+        want = ops.pack_quadrants(col, ops.packed_quadrants(K, NP))
+        np.testing.assert_array_equal(ops.sgemm_packed(a, fwd), ops.sgemm_packed(a, want))
+    if t is not None:
+        want = ops.pack_quadrants(col, ops.packed_quadrants(NP, K, trans_b=True))
+        np.testing.assert_array_equal(ops.sgemm_packed(dy, t), ops.sgemm_packed(dy, want))
+    with pytest.raises(ValueError, match=f"units must lie within \\(0, {total}\\)"):
+        ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=t, units=(0, total + 1))
+    with pytest.raises(ValueError, match="images or units, not both"):
+        ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=t, units=(0, 1), images=(0, 1))
+
+
 def test_im2col_pack_quadrants_says_what_it_expected():
     x = np.zeros((2, 4, 6, 6), np.float32)             # col (36, 32) for a 3x3 kernel
     fwd, t = ops.packed_quadrants(36, 32), ops.packed_quadrants(32, 36, trans_b=True)

@@ -173,8 +173,8 @@ def test_host_group_packs_in_quadrants_where_strassen_pays(images):
         assert conv1.quadrants == even and not conv2.quadrants
         assert isinstance(conv1.fwd, ops.PackedQuadrants) == even
         assert isinstance(conv2.fwd, _core.PackedB)
-        if even:   # half the batch, in proportion to the kernels (3 : 4), every step
-            assert sorted(set(halves)) == [(0, 1), (1, 3)] and len(halves) == 6
+        if even:   # the 3 x 11 (image, sum) units, in proportion to the kernels (3 : 4)
+            assert sorted(set(halves)) == [(0, 14), (14, 33)] and len(halves) == 6
         else:
             assert halves == []
         assert_same_weights(net.params(), want[0])

@@ -129,11 +129,11 @@ class CpuBackend:
         ops.im2col_pack(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t, images=images,
                         threads=self.threads)
 
-    def im2col_pack_quadrants_part(self, x, g, fwd, col_t, images):
+    def im2col_pack_quadrants_part(self, x, g, fwd, col_t, units):
         """As im2col_pack_part, into the operands packed as their quadrants' sums
-        (ops.PackedQuadrants): images [n0, n1) of each half of the batch."""
+        (ops.PackedQuadrants): the (image, sum) units [u0, u1) (ops.quadrant_units)."""
         ops.im2col_pack_quadrants(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t,
-                                  images=images, threads=self.threads)
+                                  units=units, threads=self.threads)
 
     def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
