@@ -151,9 +151,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
     the partition will give it, its median time then over its time alone as fitted (at least
     MIN_CONTENTION: a share can take Strassen's scheme where the trials did not; a single
-    device at least 1). Devices that share a machine slow each other (memory bandwidth, the cache they share, a
-    clock that drops when more cores run, the cores a serving rank's messages take), as they do
-    in every step, and more so at the sizes of a real share than of a short trial; the median
+    device at least 1). Devices that share a machine slow each other (memory bandwidth, the
+    cache they share, a clock that drops when more cores run, the cores a serving rank's
+    messages take), as they do in every step, and more so at the sizes of a real share than of a short trial; the median
     is a typical time where the fit is of the best ones alone. A single device runs its trial
     size: its typical time over its best.
 

@@ -337,8 +337,8 @@ class SharedCol:
     (ops.PackedQuadrants, 7/4 of the size each), made once for the group, so that every
     member's products take the scheme with only its own weights or gradient to pack, as one
     device's whole-layer products do (`quadrants` is then True and the shares split the
-    (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is made, and its GEMM shares the
-    packing among its threads. The buffers are kept from step to step (first-touch page faults
+    (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is
+    made, and its GEMM shares the packing among its threads. The buffers are kept from step to step (first-touch page faults
     cost more than a copy); the input gradient's dcol takes col's place once the backward is
     done."""
 
