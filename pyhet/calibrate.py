@@ -153,9 +153,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     MIN_CONTENTION: a share can take Strassen's scheme where the trials did not; a single
     device at least 1). Devices that share a machine slow each other (memory bandwidth, the
     cache they share, a clock that drops when more cores run, the cores a serving rank's
-    messages take), as they do in every step, and more so at the sizes of a real share than of a short trial; the median
-    is a typical time where the fit is of the best ones alone. A single device runs its trial
-    size: its typical time over its best.
+    messages take), as they do in every step, and more so at the sizes of a real share than of
+    a short trial; the median is a typical time where the fit is of the best ones alone. A
+    single device runs its trial size: its typical time over its best.
 
     Devices of this process (no link) run the layer together as a training step does
     (_layer_trial: the phases, each waiting for all, and the update), and a device's time there

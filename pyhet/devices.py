@@ -338,9 +338,9 @@ class SharedCol:
     member's products take the scheme with only its own weights or gradient to pack, as one
     device's whole-layer products do (`quadrants` is then True and the shares split the
     (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is
-    made, and its GEMM shares the packing among its threads. The buffers are kept from step to step (first-touch page faults
-    cost more than a copy); the input gradient's dcol takes col's place once the backward is
-    done."""
+    made, and its GEMM shares the packing among its threads. The buffers are kept from step to
+    step (first-touch page faults cost more than a copy); the input gradient's dcol takes col's
+    place once the backward is done."""
 
     def __init__(self):
         self.col = self.fwd = self.col_t = None
