@@ -571,13 +571,17 @@ def test_packed_b_k_zero_scales_c(beta):
     np.testing.assert_array_equal(c, beta * c0)
 
 
-def test_packed_b_of_another_kernel_is_refused():
+@pytest.mark.parametrize("pack,room", [(ops.pack_b, ops.packed_b),
+                                       (ops.pack_quadrants, ops.packed_quadrants)])
+def test_packed_b_of_another_kernel_is_refused(pack, room):
+    """op(b) packed whole or as its quadrants' sums for one micro-kernel, then used with
+    another."""
     others = [name for name in RUNNABLE if name != ops.gemm_kernel()]
     if not others:
         pytest.skip("this CPU or build runs one micro-kernel only")
     b = np.ones((20, 30), np.float32)
     with micro_kernel(others[0]):
-        packed = ops.pack_b(b, ops.packed_b(20, 30))
+        packed = pack(b, room(20, 30))
     with pytest.raises(ValueError, match=f"packed for the '{others[0]}' micro-kernel"):
         ops.sgemm_packed(np.ones((2, 20), np.float32), packed)
 
@@ -738,17 +742,6 @@ def test_ops_packed_quadrants_errors_say_what_was_expected():
         with pytest.raises(error, match=match) as e:
             call()
         assert "\n" not in str(e.value)
-
-
-def test_packed_quadrants_of_another_kernel_are_refused():
-    others = [k for k in RUNNABLE if k != ops.gemm_kernel()]
-    if not others:
-        pytest.skip("one micro-kernel only on this CPU or build")
-    b = np.ones((20, 30), np.float32)
-    with micro_kernel(others[0]):
-        packed = ops.pack_quadrants(b, ops.packed_quadrants(20, 30))
-    with pytest.raises(ValueError, match=f"packed for the '{others[0]}' micro-kernel"):
-        ops.sgemm_packed(np.ones((2, 20), np.float32), packed)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ through the GEMM and are compared relative to the size of their terms. Hypothesi
 examples of the profile in conftest.py.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -49,6 +51,35 @@ def rand(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+@contextlib.contextmanager
+def forced_kernel(kernel):
+    """The GEMM's micro-kernel forced to `kernel` (the test skipped where this CPU or build
+    has none), then back to the default."""
+    try:
+        _core.set_gemm_kernel(kernel)
+    except ValueError:
+        pytest.skip(f"no {kernel} kernel on this CPU or build")
+    try:
+        yield
+    finally:
+        _core.set_gemm_kernel("auto")
+
+
+def assert_packs_the_quadrant_sums(col, fwd, t, rng, strassen=(None,)):
+    """fwd and t (PackedQuadrants, either None) hold what pack_quadrants of col and col^T
+    would: products by them give the same bits, for each of the strassen settings."""
+    K, NP = col.shape
+    a, dy = rand(rng, 5, K), rand(rng, 4, NP)
+    for packed, left, trans in ((fwd, a, False), (t, dy, True)):
+        if packed is None:
+            continue
+        room = ops.packed_quadrants(NP, K, trans_b=True) if trans else ops.packed_quadrants(K, NP)
+        want = ops.pack_quadrants(col, room)
+        for s in strassen:
+            np.testing.assert_array_equal(ops.sgemm_packed(left, packed, strassen=s),
+                                          ops.sgemm_packed(left, want, strassen=s))
+
+
 # ------------------------------------------------------------------------------------------------
 # im2col / col2im
 
@@ -77,11 +108,7 @@ def test_im2col_pack_holds_the_packed_im2col(kernel, geom, threads, data, seed):
     in pieces of images filled in any order: multiplying by the identity gives the matrix back
     exactly, padding zeros included, for each micro-kernel's panel width."""
     N, C, H, W, R, S, stride, pad = geom
-    try:
-        _core.set_gemm_kernel(kernel)
-    except ValueError:
-        pytest.skip(f"no {kernel} kernel on this CPU or build")
-    try:
+    with forced_kernel(kernel):
         x = rand(np.random.default_rng(seed), N, C, H, W)
         col = ref.im2col(x, R, S, stride, pad)
         K, NP = col.shape
@@ -97,8 +124,6 @@ def test_im2col_pack_holds_the_packed_im2col(kernel, geom, threads, data, seed):
         only = ops.packed_b(NP, K, trans_b=True)
         ops.im2col_pack(x, R, S, stride, pad, t=only, threads=threads)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), only), col.T)
-    finally:
-        _core.set_gemm_kernel("auto")
 
 
 def test_im2col_pack_says_what_it_expected():
@@ -139,11 +164,7 @@ def test_im2col_pack_quadrants_holds_the_quadrant_sums_of_im2col(kernel, geom, t
     product by either gives the same bits, by Strassen's scheme and by the four products."""
     N, C, H, W, R, S, stride, pad = geom
     N, C = 2 * N, 2 * max(C, 1)
-    try:
-        _core.set_gemm_kernel(kernel)
-    except ValueError:
-        pytest.skip(f"no {kernel} kernel on this CPU or build")
-    try:
+    with forced_kernel(kernel):
         rng = np.random.default_rng(seed)
         x = rand(rng, N, C, H, W)
         col = ref.im2col(x, R, S, stride, pad)
@@ -154,20 +175,11 @@ def test_im2col_pack_quadrants_holds_the_quadrant_sums_of_im2col(kernel, geom, t
         for n0, n1 in data.draw(st.permutations(pieces), "order"):
             ops.im2col_pack_quadrants(x, R, S, stride, pad, fwd=fwd, t=t, images=(n0, n1),
                                       threads=threads)
-        want_fwd = ops.pack_quadrants(col, ops.packed_quadrants(K, NP))
-        want_t = ops.pack_quadrants(col, ops.packed_quadrants(NP, K, trans_b=True))
-        a, dy = rand(rng, 5, K), rand(rng, 3, NP)
-        for strassen in (False, True):
-            np.testing.assert_array_equal(ops.sgemm_packed(a, fwd, strassen=strassen),
-                                          ops.sgemm_packed(a, want_fwd, strassen=strassen))
-            np.testing.assert_array_equal(ops.sgemm_packed(dy, t, strassen=strassen),
-                                          ops.sgemm_packed(dy, want_t, strassen=strassen))
+        assert_packs_the_quadrant_sums(col, fwd, t, rng, strassen=(False, True))
         # one of them alone, all images at once
         only = ops.packed_quadrants(NP, K, trans_b=True)
         ops.im2col_pack_quadrants(x, R, S, stride, pad, t=only, threads=threads)
-        np.testing.assert_array_equal(ops.sgemm_packed(dy, only), ops.sgemm_packed(dy, want_t))
-    finally:
-        _core.set_gemm_kernel("auto")
+        assert_packs_the_quadrant_sums(col, None, only, rng)
 
 
 @pytest.mark.parametrize("kernel", ["portable", "avx512"])
@@ -176,11 +188,7 @@ def test_im2col_pack_in_chunks_of_images(kernel, hw, k):
     """Both packings go through the images in chunks (as many as fill whole slivers: 8 of 100
     pixels on a 32-wide kernel), at multiples of the chunk: ranges that start and end inside
     chunks, filled in any order, still pack every column once, whole or in quadrants."""
-    try:
-        _core.set_gemm_kernel(kernel)
-    except ValueError:
-        pytest.skip(f"no {kernel} kernel on this CPU or build")
-    try:
+    with forced_kernel(kernel):
         rng = np.random.default_rng(hw)
         x = rand(rng, 46, 4, hw, hw)
         col = ref.im2col(x, k, k, 1, 0)
@@ -193,13 +201,7 @@ def test_im2col_pack_in_chunks_of_images(kernel, hw, k):
             ops.im2col_pack_quadrants(x, k, k, fwd=qf, t=qt, images=(n0, n1), threads=2)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), fwd), col)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), t), col.T)
-        a, dy = rand(rng, 7, K), rand(rng, 6, NP)
-        want_f = ops.pack_quadrants(col, ops.packed_quadrants(K, NP))
-        want_t = ops.pack_quadrants(col, ops.packed_quadrants(NP, K, trans_b=True))
-        np.testing.assert_array_equal(ops.sgemm_packed(a, qf), ops.sgemm_packed(a, want_f))
-        np.testing.assert_array_equal(ops.sgemm_packed(dy, qt), ops.sgemm_packed(dy, want_t))
-    finally:
-        _core.set_gemm_kernel("auto")
+        assert_packs_the_quadrant_sums(col, qf, qt, rng)
 
 
 @pytest.mark.parametrize("which", ["both", "fwd", "t"])
@@ -219,13 +221,7 @@ def test_im2col_pack_quadrants_in_units_of_an_image_and_a_sum(which):
     pieces = list(zip([0] + cuts, cuts + [total]))
     for u0, u1 in reversed(pieces):
         ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=t, units=(u0, u1), threads=2)
-    a, dy = rand(rng, 5, K), rand(rng, 4, NP)
-    if fwd is not None:
-        want = ops.pack_quadrants(col, ops.packed_quadrants(K, NP))
-        np.testing.assert_array_equal(ops.sgemm_packed(a, fwd), ops.sgemm_packed(a, want))
-    if t is not None:
-        want = ops.pack_quadrants(col, ops.packed_quadrants(NP, K, trans_b=True))
-        np.testing.assert_array_equal(ops.sgemm_packed(dy, t), ops.sgemm_packed(dy, want))
+    assert_packs_the_quadrant_sums(col, fwd, t, rng)
     with pytest.raises(ValueError, match=f"units must lie within \\(0, {total}\\)"):
         ops.im2col_pack_quadrants(x, 3, 3, 1, 1, fwd=fwd, t=t, units=(0, total + 1))
     with pytest.raises(ValueError, match="images or units, not both"):
