@@ -869,26 +869,101 @@ constexpr double kStrassenFlopsPerThreadFactor = 64;
 
 }  // namespace
 
-bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads) {
-  const int64_t dim = strassen_min_dim().load(std::memory_order_relaxed);
-  if (dim <= 0 || std::min({M, N, K}) < std::max<int64_t>(dim, 2)) return false;
+// With op(B)'s quadrant sums packed beforehand and shared (sgemm_packed_quadrants), the
+// scheme's extra packing is only A's: it pays from fewer rows of A than sgemm's products need.
+constexpr int64_t kPackedStrassenMinRows = 256;
+
+namespace {
+
+// Whether a sub-product of `sub` FLOPs is worth waking a team of `threads` for (see above).
+bool sub_products_worth_threads(double sub, int threads) {
 #ifdef _OPENMP
   const int team = clamp_threads(threads);
   if (team > 1) {
-    const double sub = 2.0 * static_cast<double>(M / 2) * static_cast<double>(N / 2) *
-                       static_cast<double>(K / 2);
     const double min_flops = min_flops_per_thread.load(std::memory_order_relaxed);
     if (sub / team < kStrassenFlopsPerThreadFactor * min_flops) return false;
   }
 #else
+  (void)sub;
   (void)threads;
 #endif
   return true;
 }
 
-// With op(B)'s quadrant sums packed beforehand and shared (sgemm_packed_quadrants), the
-// scheme's extra packing is only A's: it pays from fewer rows of A than sgemm's products need.
-constexpr int64_t kPackedStrassenMinRows = 256;
+}  // namespace
+
+bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads) {
+  const int64_t dim = strassen_min_dim().load(std::memory_order_relaxed);
+  if (dim <= 0 || std::min({M, N, K}) < std::max<int64_t>(dim, 2)) return false;
+  return sub_products_worth_threads(
+      2.0 * static_cast<double>(M / 2) * static_cast<double>(N / 2) * static_cast<double>(K / 2),
+      threads);
+}
+
+bool strassen_applies_packed(int64_t M, int64_t K2, int64_t N2, int threads) {
+  const int64_t dim = strassen_min_dim().load(std::memory_order_relaxed);
+  if (dim <= 0 || std::min(2 * K2, 2 * N2) < dim ||
+      M < std::max<int64_t>(2, std::min(dim, kPackedStrassenMinRows)))
+    return false;
+  return sub_products_worth_threads(
+      2.0 * static_cast<double>(M / 2) * static_cast<double>(N2) * static_cast<double>(K2),
+      threads);
+}
+
+namespace {
+
+// The seven products, quadrants (row, column) from 0: op(A) quadrant a (+ sa * quadrant a2),
+// times op(B) quadrant b (+ sb * quadrant b2) (the sum packed as pack i of
+// sgemm_packed_quadrants, i its index here), added to C quadrant c times sc (and to c2 times
+// sc2), the product that writes a quadrant first taking beta (first, first2). None: -1.
+struct Quadrant {
+  int i, j;
+};
+struct StrassenProduct {
+  Quadrant a, a2;
+  float sa;
+  Quadrant b, b2;
+  float sb;
+  Quadrant c;
+  float sc;
+  bool first;
+  Quadrant c2;
+  float sc2;
+  bool first2;
+};
+constexpr Quadrant kNone{-1, -1};
+constexpr StrassenProduct kProducts[7] = {
+    {{0, 0}, {1, 1}, 1.f, {0, 0}, {1, 1}, 1.f, {0, 0}, 1.f, true, {1, 1}, 1.f, true},
+    {{1, 0}, {1, 1}, 1.f, {0, 0}, kNone, 0.f, {1, 0}, 1.f, true, {1, 1}, -1.f, false},
+    {{0, 0}, kNone, 0.f, {0, 1}, {1, 1}, -1.f, {0, 1}, 1.f, true, {1, 1}, 1.f, false},
+    {{1, 1}, kNone, 0.f, {1, 0}, {0, 0}, -1.f, {0, 0}, 1.f, false, {1, 0}, 1.f, false},
+    {{0, 0}, {0, 1}, 1.f, {1, 1}, kNone, 0.f, {0, 0}, -1.f, false, {0, 1}, 1.f, false},
+    {{1, 0}, {0, 0}, -1.f, {0, 0}, {0, 1}, 1.f, {1, 1}, 1.f, false, kNone, 0.f, false},
+    {{0, 1}, {1, 1}, -1.f, {1, 0}, {1, 1}, 1.f, {0, 0}, 1.f, false, kNone, 0.f, false},
+};
+
+// Runs the seven products of a problem's even part: `run(S, i)` runs sub-problem S (its B,
+// B2 and b2 set from op(B)'s quadrants by quadrant b, where the problem has them) as product
+// i. qa, qb, qc: pointers to quadrants of op(A), op(B) (null: none) and C.
+template <class QA, class QB, class QC, class Run>
+void strassen_products(const Problem& P, int64_t M2, int64_t N2, int64_t K2, QA qa, QB qb,
+                       QC qc, Run run) {
+  for (int i = 0; i < 7; ++i) {
+    const StrassenProduct& p = kProducts[i];
+    Problem S{P.trans_a, P.trans_b, M2, N2, K2, p.sc * P.alpha, p.first ? P.beta : 1.f,
+              qa(p.a), P.lda, qb(p.b), P.ldb, qc(p.c), P.ldc};
+    S.A2 = p.a2.i >= 0 ? qa(p.a2) : nullptr;
+    S.a2 = p.sa;
+    S.B2 = p.b2.i >= 0 ? qb(p.b2) : nullptr;
+    S.b2 = p.sb;
+    S.C2 = p.c2.i >= 0 ? qc(p.c2) : nullptr;
+    S.alpha2 = p.sc2 * P.alpha;
+    S.beta2 = p.first2 ? P.beta : 1.f;
+    run(S, i);
+  }
+}
+
+}  // namespace
 
 namespace {
 
@@ -901,27 +976,12 @@ void run_strassen(const Kernel& kernel, const Problem& P, int threads) {
     return P.trans_b ? P.B + j * N2 * P.ldb + i * K2 : P.B + i * K2 * P.ldb + j * N2;
   };
   auto qc = [&](int i, int j) { return P.C + i * M2 * P.ldc + j * N2; };
-  auto product = [&](const float* A, const float* A2, float a2, const float* B, const float* B2,
-                     float b2, float* C, float alpha, float beta, float* C2, float alpha2,
-                     float beta2) {
-    Problem S{P.trans_a, P.trans_b, M2, N2, K2, alpha, beta, A, P.lda, B, P.ldb, C, P.ldc};
-    S.A2 = A2;
-    S.a2 = a2;
-    S.B2 = B2;
-    S.b2 = b2;
-    S.C2 = C2;
-    S.alpha2 = alpha2;
-    S.beta2 = beta2;
-    kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
-  };
-  const float al = P.alpha, be = P.beta;  // beta for the first product to write a quadrant
-  product(qa(0, 0), qa(1, 1), 1.f, qb(0, 0), qb(1, 1), 1.f, qc(0, 0), al, be, qc(1, 1), al, be);
-  product(qa(1, 0), qa(1, 1), 1.f, qb(0, 0), nullptr, 0.f, qc(1, 0), al, be, qc(1, 1), -al, 1.f);
-  product(qa(0, 0), nullptr, 0.f, qb(0, 1), qb(1, 1), -1.f, qc(0, 1), al, be, qc(1, 1), al, 1.f);
-  product(qa(1, 1), nullptr, 0.f, qb(1, 0), qb(0, 0), -1.f, qc(0, 0), al, 1.f, qc(1, 0), al, 1.f);
-  product(qa(0, 0), qa(0, 1), 1.f, qb(1, 1), nullptr, 0.f, qc(0, 0), -al, 1.f, qc(0, 1), al, 1.f);
-  product(qa(1, 0), qa(0, 0), -1.f, qb(0, 0), qb(0, 1), 1.f, qc(1, 1), al, 1.f, nullptr, 0.f, 0.f);
-  product(qa(0, 1), qa(1, 1), -1.f, qb(1, 0), qb(1, 1), 1.f, qc(0, 0), al, 1.f, nullptr, 0.f, 0.f);
+  strassen_products(
+      P, M2, N2, K2, [&](Quadrant q) { return qa(q.i, q.j); },
+      [&](Quadrant q) { return q.i >= 0 ? qb(q.i, q.j) : nullptr; },
+      [&](Quadrant q) { return qc(q.i, q.j); },
+      [&](const Problem& S, int) { kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr); });
+  const float al = P.alpha, be = P.beta;
 
   // What the even part leaves, by the blocked product: the last index of K (a rank-1 update
   // of the even part), the last column of C (its even rows), the last row of C (all of it).
@@ -951,22 +1011,7 @@ int64_t get_strassen_min_dim() { return strassen_min_dim().load(std::memory_orde
 }  // namespace gemm
 
 bool packed_strassen_applies(int64_t M, int64_t K2, int64_t N2, int threads) {
-  const int64_t dim = gemm::strassen_min_dim().load(std::memory_order_relaxed);
-  if (dim <= 0 || std::min(2 * K2, 2 * N2) < dim || M < std::max<int64_t>(2,
-      std::min(dim, gemm::kPackedStrassenMinRows)))
-    return false;
-#ifdef _OPENMP
-  const int team = clamp_threads(threads);
-  if (team > 1) {
-    const double sub = 2.0 * static_cast<double>(M / 2) * static_cast<double>(N2) *
-                       static_cast<double>(K2);
-    const double min_flops = gemm::min_flops_per_thread.load(std::memory_order_relaxed);
-    if (sub / team < gemm::kStrassenFlopsPerThreadFactor * min_flops) return false;
-  }
-#else
-  (void)threads;
-#endif
-  return true;
+  return gemm::strassen_applies_packed(M, K2, N2, threads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1082,15 +1127,15 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
   int64_t r0 = 0;  // the first row left to the four products
   if (use) {
     const int64_t M2 = M / 2;
-    auto qc = [&](int i, int j) { return C + i * M2 * ldc + j * N2; };
-    auto a = [&](int i, int j) { return qa(i * M2, j); };
-    product(M2, a(0, 0), a(1, 1), 1.f, 0, qc(0, 0), al, be, qc(1, 1), al, be);
-    product(M2, a(1, 0), a(1, 1), 1.f, 1, qc(1, 0), al, be, qc(1, 1), -al, 1.f);
-    product(M2, a(0, 0), nullptr, 0.f, 2, qc(0, 1), al, be, qc(1, 1), al, 1.f);
-    product(M2, a(1, 1), nullptr, 0.f, 3, qc(0, 0), al, 1.f, qc(1, 0), al, 1.f);
-    product(M2, a(0, 0), a(0, 1), 1.f, 4, qc(0, 0), -al, 1.f, qc(0, 1), al, 1.f);
-    product(M2, a(1, 0), a(0, 0), -1.f, 5, qc(1, 1), al, 1.f, nullptr, 0.f, 0.f);
-    product(M2, a(0, 1), a(1, 1), -1.f, 6, qc(0, 0), al, 1.f, nullptr, 0.f, 0.f);
+    const Problem P{trans_a, packs[0]->trans(), M, 2 * N2, 2 * K2, alpha, beta, A, lda,
+                    nullptr, 0, C, ldc};
+    strassen_products(
+        P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
+        [](Quadrant) -> const float* { return nullptr; },  // op(B): the packs
+        [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * N2; },
+        [&](const Problem& S, int i) {
+          kernel.run(S, kernel.micro, kernel.blocks, threads, packs[i]);
+        });
     r0 = 2 * M2;
   }
   if (r0 < M) {  // C1 = (A1 + A2) B11 + A2 (B21 - B11), C2 = A1 (B12 - B22) + (A1 + A2) B22

@@ -223,16 +223,15 @@ class Device:
         if release is not None:   # its work arrays too (a calibration's trial layers)
             release(layer)
 
-    def im2col_part(self, x, g: ConvGeometry, shared, images):
+    def im2col_part(self, x, g: ConvGeometry, shared, part):
         """This device's part of the im2col operands shared by the devices of this process (a
-        SharedCol): the columns of images [n0, n1) of both packed operands, or, without them
-        (a group of one, images None), col whole."""
+        SharedCol): the columns of images [n0, n1) of both packed operands (packed in
+        quadrants: the (image, sum) units [u0, u1)), or, without them (a group of one, part
+        None), col whole."""
         if shared.fwd is None:
             self.backend.im2col_into(x, g, shared.col)
-        elif shared.quadrants:
-            self.backend.im2col_pack_quadrants_part(x, g, shared.fwd, shared.col_t, images)
         else:
-            self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, images)
+            self.backend.im2col_pack_part(x, g, shared.fwd, shared.col_t, part)
 
     def conv_forward(self, layer: str, x, shared=None):
         """x (N, C, H, W) host -> out (N, k, PH, PW) host. shared: x's im2col matrix shared by

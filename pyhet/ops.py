@@ -420,10 +420,6 @@ def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, image
     ranges at once); or units=(u0, u1), a range of the quadrant_units (image by image, the
     sums of each), for splits finer than an image; None: all."""
     x, kh, kw, stride, pad = _conv_input("im2col_pack_quadrants", x, kh, kw, stride, pad)
-    n, c = x.shape[:2]
-    if n % 2 or c % 2:
-        raise ValueError(f"im2col_pack_quadrants: expected an even batch and channel count, "
-                         f"got x of shape {x.shape}")
     k, cols = _col_shape(x.shape, kh, kw, stride, pad)
     for name, p, shape in (("fwd", fwd, (k, cols)), ("t", t, (cols, k))):
         if p is not None and ((_quadrants(p, "im2col_pack_quadrants").k, p.n) != shape
@@ -431,24 +427,13 @@ def im2col_pack_quadrants(x, kh, kw, stride=1, pad=0, *, fwd=None, t=None, image
             raise ValueError(f"im2col_pack_quadrants: expected {name} of op(b) {shape}"
                              f"{' (trans_b)' if name == 't' else ''}, got ({p.k}, {p.n})"
                              f"{' (trans_b)' if p.trans_b else ''}")
-    if images is not None and units is not None:
-        raise ValueError("im2col_pack_quadrants: expected images or units, not both")
-    total = quadrant_units(n, fwd=fwd is not None, t=t is not None)
-    if units is not None:
-        u0, u1 = _range(units, "units", "im2col_pack_quadrants")
-        if not 0 <= u0 <= u1 <= total:
-            raise ValueError(f"im2col_pack_quadrants: units must lie within (0, {total}), got "
-                             f"({u0}, {u1})")
-    else:
-        n0, n1 = _range(images, "images", "im2col_pack_quadrants") or (0, n // 2)
-        if not 0 <= n0 <= n1 <= n // 2:
-            raise ValueError(f"im2col_pack_quadrants: images must lie within (0, {n // 2}), "
-                             f"got ({n0}, {n1})")
-        u0, u1 = n0 * total // max(1, n // 2), n1 * total // max(1, n // 2)
-    _core_call("im2col_pack_quadrants", "a float32 array x, ints, PackedQuadrants or None, a "
-               "pair of ints and an int threads", _core.im2col_pack_quadrants, x, kh, kw,
+    # the core checks the rest: an even batch and channel count, the ranges, not both
+    _core_call("im2col_pack_quadrants", "a float32 array x, ints, PackedQuadrants or None, "
+               "pairs of ints and an int threads", _core.im2col_pack_quadrants, x, kh, kw,
                stride, pad, fwd=None if fwd is None else fwd.packs,
-               t=None if t is None else t.packs, units=(u0, u1), threads=_threads(threads))
+               t=None if t is None else t.packs,
+               images=_range(images, "images", "im2col_pack_quadrants"),
+               units=_range(units, "units", "im2col_pack_quadrants"), threads=_threads(threads))
 
 
 def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None):

@@ -159,9 +159,10 @@ def test_host_group_packs_in_quadrants_where_strassen_pays(images):
     halves = []
     for d in devices:
         be = d.backend
-        be.im2col_pack_quadrants_part = (
-            lambda x, g, fwd, t, part, f=be.im2col_pack_quadrants_part:
-            (halves.append(part), f(x, g, fwd, t, part))[1])
+        be.im2col_pack_part = (  # the parts packed in quadrants
+            lambda x, g, fwd, t, part, f=be.im2col_pack_part:
+            (isinstance(fwd, ops.PackedQuadrants) and halves.append(part),
+             f(x, g, fwd, t, part))[1])
     old = _core.set_gemm_strassen_min_dim(2)
     try:
         net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},

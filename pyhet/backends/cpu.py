@@ -123,17 +123,17 @@ class CpuBackend:
         """Fill col, an im2col matrix kept by others (the host group's of one device)."""
         ops.im2col(x, g.R, g.S, g.stride, g.pad, out=col, threads=self.threads)
 
-    def im2col_pack_part(self, x, g, fwd, col_t, images):
-        """Fill the columns of images [n0, n1) of col packed for the forward product (fwd) and
-        of col^T packed for the weight gradient (col_t), straight from x."""
-        ops.im2col_pack(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t, images=images,
-                        threads=self.threads)
-
-    def im2col_pack_quadrants_part(self, x, g, fwd, col_t, units):
-        """As im2col_pack_part, into the operands packed as their quadrants' sums
-        (ops.PackedQuadrants): the (image, sum) units [u0, u1) (ops.quadrant_units)."""
-        ops.im2col_pack_quadrants(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t,
-                                  units=units, threads=self.threads)
+    def im2col_pack_part(self, x, g, fwd, col_t, part):
+        """Fill a part of col packed for the forward product (fwd) and of col^T packed for the
+        weight gradient (col_t), straight from x: the columns of images [n0, n1), or, packed as
+        their quadrants' sums (ops.PackedQuadrants), the (image, sum) units [u0, u1)
+        (ops.quadrant_units)."""
+        if isinstance(fwd, ops.PackedQuadrants):
+            ops.im2col_pack_quadrants(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t,
+                                      units=part, threads=self.threads)
+        else:
+            ops.im2col_pack(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t, images=part,
+                            threads=self.threads)
 
     def input_grad_part(self, parts, dcol, dx, g, channels):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
