@@ -250,11 +250,12 @@ class Device:
                                         packed=shared.fwd)
         return be.to_host(out)
 
-    def conv_backward(self, layer: str, dout, dx_mode: str):
+    def conv_backward(self, layer: str, dout, dx_mode: str, dy_out=None):
         """dout (N, k, PH, PW) host -> keeps dw, db; and for the layer's input gradient:
         dx_mode "none": nothing; "own": this shard's part of dx (N, C, H, W), host;
         "shared": (w (k, C*R*S), dy (k, N*OH*OW)) for input_grad_part on the devices that share
-        host memory."""
+        host memory. dy_out: where a member of a host group writes dy (its rows of the group's
+        array, so that input_grad_part finds all of dy in one array), or None."""
         s, be = self._shards[layer], self.backend
         if s.k == 0:
             s.dw, s.db = be.asarray(np.zeros(s.w.shape, np.float32)), be.asarray(
@@ -263,7 +264,7 @@ class Device:
         dout = be.asarray(dout)
         if dx_mode == "shared" or s.packed_col_t is not None:   # a member of a host group
             # packed_col_t is whole: the group's im2col filled it before any forward started
-            dy = be.block_grad_output(dout, s.saved)
+            dy = be.block_grad_output(dout, s.saved, out=dy_out)
             s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
             result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
         else:
@@ -286,9 +287,19 @@ class Device:
     # one in one pass (as much memory traffic as updating in place), and the buffers swap at
     # each commit (no allocation): the cost is one more copy of the shard in the device's memory.
 
-    def sgd_stage(self, layer: str, cfg: SGDConfig):
+    def sgd_stage(self, layer: str, cfg: SGDConfig, w_out=None):
+        """Stage the shard's update. w_out: where the new weights go (a member of a host group:
+        its rows of the group's array for the next state, so that input_grad_part finds all of
+        the group's weights in one array), or None (a buffer of its own)."""
         s, be = self._shards[layer], self.backend
         w, b, vw, vb = s.spare if s.spare is not None else (None,) * 4
+        if w_out is not None:
+            if w_out.shape != s.w.shape or np.may_share_memory(w_out, s.w):
+                raise ValueError(f"{layer}: the new weights need a buffer of shape "
+                                 f"{tuple(s.w.shape)} apart from the current ones, got "
+                                 f"{tuple(w_out.shape)}"
+                                 f"{' over them' if np.may_share_memory(w_out, s.w) else ''}")
+            w = w_out
         first = s.vw is None
         if first:                 # the first update: no momentum buffers to reuse yet
             vw = vb = None

@@ -13,7 +13,10 @@ more, both products' operands packed straight from the input, each device fillin
 of its share of the images, in proportion to its kernels: SharedCol); and they split the input
 gradient by input channels rather than each computing a part of all of it: device i computes
 the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im of those
-channels. So the input gradient costs the same whatever the number of devices. The cpu devices
+channels. So the input gradient costs the same whatever the number of devices: the group's
+shards keep their weights (from their first update on) and write their dy in their rows of one
+array of the whole layer each, so that those rows are one product over all of the group's
+kernels (CpuBackend.input_grad_part), not one per shard. The cpu devices
 placed on another MPI rank form a group of their own there: one message to the rank carries the
 layer input (forward) or their slices of the output gradient (backward), the rank runs the same
 shared im2col and channel-split input gradient, and one reply brings back their output slices or
@@ -59,6 +62,8 @@ class PartitionedConv:
         self.devices = list(devices)
         self._buffers: dict = {}
         self._shared = SharedCol()  # the host group's im2col matrix, packed for both products
+        self._next_w = 0          # which of the host group's two weight arrays the update fills
+        self._staged_w = False    # whether the update under way fills it
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
         self.dead: set = set()    # devices that failed: no kernels, no calls
@@ -264,6 +269,11 @@ class PartitionedConv:
         def mode(i):
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
+        # a host group's dy in one array, each member writing its rows (input_grad_part then
+        # multiplies by all of it at once)
+        dy_all = None
+        if self.need_dx and len(self.group) > 1:
+            dy_all = self._buffer("dy", (self.K, self.g.col_shape(dout.shape[0])[1]))
         futures = {}
         for i in self.active:
             d, (k0, k1) = self.devices[i], self.bounds[i]
@@ -274,8 +284,9 @@ class PartitionedConv:
                                       mine, self._plan(members, shares), self.need_dx,
                                       tag=self.name)
             elif i not in self.in_remote:
+                extra = () if dy_all is None or i not in self.group else (dy_all[k0:k1],)
                 futures[i] = d.submit(f"{self.name} backward", d.conv_backward, self.name,
-                                      dout[:, k0:k1], mode(i), tag=self.name)
+                                      dout[:, k0:k1], mode(i), *extra, tag=self.name)
         try:
             with self.phases("backward"):
                 group = gather([futures[i] for i in self.group])
@@ -302,16 +313,29 @@ class PartitionedConv:
 
     def step(self, cfg):
         """The first phase of the update: staged on every device beside its state, which stays
-        as it was until commit()."""
+        as it was until commit(). The members of a host group write their new weights into
+        their rows of one of two arrays of the whole layer, the one that does not hold the
+        current weights (they alternate at each commit), so that after the commit the group's
+        weights are one array again (input_grad_part: one product over all of them)."""
+        w_next = None
+        if len(self.group) > 1:
+            w_next = self._buffer(("w", self._next_w), self.g.weight_shape)
+        self._staged_w = w_next is not None
         with self.phases("update"):
-            gather([self.devices[i].submit(f"{self.name} update", self.devices[i].sgd_stage,
-                                           self.name, cfg, tag=self.name)
-                    for i in self.active])
+            futures = []
+            for i in self.active:
+                d, (k0, k1) = self.devices[i], self.bounds[i]
+                extra = (w_next[k0:k1],) if w_next is not None and i in self.group else ()
+                futures.append(d.submit(f"{self.name} update", d.sgd_stage, self.name, cfg,
+                                        *extra, tag=self.name))
+            gather(futures)
 
     def commit(self):
         """The update's second phase, once every layer's step() has succeeded."""
         for i in self.active:
             self.devices[i].commit_stage(self.name)
+        if self._staged_w:   # the other array takes the next update
+            self._next_w, self._staged_w = 1 - self._next_w, False
 
 
 def _ranges(counts) -> list:

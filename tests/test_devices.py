@@ -220,7 +220,7 @@ def test_a_device_failing_mid_step_is_named_and_nothing_hangs():
     calls = {"n": 0}
     original = devices[1].backend.block_grad_output
 
-    def broken(*args):
+    def broken(*args, **kwargs):
         calls["n"] += 1
         raise MemoryError("out of memory on the device")
 

@@ -183,3 +183,90 @@ def test_host_group_packs_in_quadrants_where_strassen_pays(images):
         _core.set_gemm_strassen_min_dim(old)
         for d in devices:
             d.close()
+
+
+def test_host_group_multiplies_all_its_kernels_at_once(reference):
+    """A host group's update writes its members' new weights into their rows of one array of the
+    whole layer (two, taking turns), and its backward their dy into one array, so that each
+    member's part of the input gradient is one product over all of the group's kernels (not one
+    per shard); a device of another kind between them leaves the parts apart. The weights stay
+    those of one reference device."""
+    from pyhet import ops
+    from pyhet.backends import cpu
+
+    for spec, counts, joined in (("cpu:1,cpu:2,cpu:1", [2, 3, 4], True),
+                                 ("cpu:1,numpy,cpu:1", [4, 2, 3], False)):
+        devices = make_devices(parse_devices(spec))
+        products, inside = [], []
+        original, part = ops.sgemm, cpu.CpuBackend.input_grad_part
+
+        def counting(*args, **kwargs):
+            if inside:   # w^T @ dy: the input gradient's products (kernels, from where)
+                products.append((args[0].shape[0], np.shares_memory(args[0], weights[0])))
+            return original(*args, **kwargs)
+
+        def input_grad_part(*args):
+            inside.append(1)
+            try:
+                return part(*args)
+            finally:
+                inside.pop()
+
+        try:
+            net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 2, 2],
+                                                              "conv2": counts}, CpuBackend(1))
+            net.train_step(*batch(0), CFG)
+            conv = net.convs[1]
+            group = [devices[i]._shards["conv2"].w.reshape(counts[i], -1) for i in conv.group]
+            whole = cpu._joined_rows(group)
+            weights = [devices[conv.group[0]]._shards["conv2"].w]
+            assert (whole is not None) == joined
+            if joined:    # the committed weights are one array, in kernel order
+                assert whole.shape == (9, conv.g.C * conv.g.R * conv.g.S)
+                np.testing.assert_array_equal(whole, np.concatenate(group))
+            cpu.ops.sgemm, cpu.CpuBackend.input_grad_part = counting, input_grad_part
+            try:
+                net.train_step(*batch(1), CFG)
+            finally:
+                cpu.ops.sgemm, cpu.CpuBackend.input_grad_part = original, part
+            # conv2's input gradient: one product per member, of all 9 kernels, when joined
+            # straight from the group's weights; apart, one per member from joined copies of the
+            # shards' columns (JOIN_KERNELS)
+            assert sorted(products) == ([(9, True)] * 3 if joined else [(7, False)] * 2)
+            net.train_step(*batch(2), CFG)
+            assert_same_weights(net.params(), reference[0])
+        finally:
+            for d in devices:
+                d.close()
+
+
+def test_joined_rows_only_joins_consecutive_rows_of_one_array():
+    from pyhet.backends.cpu import _joined_rows
+
+    a = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    flat = a.reshape(12, 5)
+    np.testing.assert_array_equal(_joined_rows([flat[1:3], flat[3:4], flat[4:9]]), flat[1:9])
+    np.testing.assert_array_equal(_joined_rows([a[0].reshape(4, 5), a[1].reshape(4, 5)]),
+                                  flat[:8])
+    assert _joined_rows([flat[0:2], flat[3:5]]) is None           # a gap
+    assert _joined_rows([flat[2:4], flat[0:2]]) is None           # out of order
+    assert _joined_rows([flat[0:2], flat[2:4].copy()]) is None    # another array
+    assert _joined_rows([flat[0:2, :3], flat[2:4, :3]]) is None   # not whole rows
+    assert _joined_rows([np.zeros((2, 5), np.float32)]) is None   # owns its memory
+    assert _joined_rows([flat.astype(np.float64)[0:2]]) is None
+
+
+def test_an_update_never_writes_over_the_current_weights():
+    devices = make_devices(parse_devices("cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [7], "conv2": [9]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        d, s = devices[0], devices[0]._shards["conv2"]
+        with pytest.raises(ValueError, match=r"apart from the current ones, got \(9, 7, 3, 3\) "
+                                             r"over them"):
+            d.sgd_stage("conv2", CFG, s.w[:])
+        with pytest.raises(ValueError, match=r"a buffer of shape \(9, 7, 3, 3\).*got \(8, 7, 3"):
+            d.sgd_stage("conv2", CFG, np.empty((8, 7, 3, 3), np.float32))
+    finally:
+        devices[0].close()

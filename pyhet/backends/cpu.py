@@ -97,10 +97,14 @@ class CpuBackend:
                              threads=self.threads)
         return dcol, dw, db
 
-    def block_grad_output(self, dout, saved):
-        """dout (N, K, PH, PW) -> dy (K, N*OH*OW): the gradient of the conv output."""
+    def block_grad_output(self, dout, saved, out=None):
+        """dout (N, K, PH, PW) -> dy (K, N*OH*OW): the gradient of the conv output (into out,
+        a C-contiguous (K, N*OH*OW), when given)."""
         arg, y_shape, g, key = saved
-        dy = self.buffer(("dy", key), y_shape) if key is not None else None
+        if out is not None:
+            dy = out.reshape(y_shape)   # a view: out is C-contiguous
+        else:
+            dy = self.buffer(("dy", key), y_shape) if key is not None else None
         dy = ops.bias_relu_maxpool_backward(dout, arg, y_shape, g.pool, g.pool_stride, out=dy,
                                             threads=self.threads)
         return dy.reshape(y_shape[0], -1)
@@ -142,6 +146,13 @@ class CpuBackend:
         r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
         kernels = sum(w2.shape[0] for w2, _ in parts)
+        if len(parts) > 1:
+            # the shards' weights and dy are consecutive rows of the group's arrays (as the
+            # group's update and backward write them): one product over all the kernels, which
+            # passes over the block once and takes Strassen's scheme where the whole layer does
+            w_all, dy_all = (_joined_rows([p[i] for p in parts]) for i in (0, 1))
+            if w_all is not None and dy_all is not None:
+                parts = [(w_all, dy_all)]
         if len(parts) > 1 and kernels <= JOIN_KERNELS and kernels < r1 - r0:
             # few kernels in all: one product over all of them passes over the block once
             # (the GEMM's K block holds them), not once per part; the joined copies are smaller
@@ -201,3 +212,21 @@ class CpuBackend:
 
     def softmax_cross_entropy(self, logits, labels):
         return ref.softmax_cross_entropy(logits, labels)
+
+
+def _joined_rows(arrays):
+    """The 2-D float32 arrays as one (their rows, columns) view where they are, in this order,
+    consecutive rows of one C-contiguous array (views of it); else None."""
+    base = arrays[0].base
+    if (base is None or not isinstance(base, np.ndarray) or base.dtype != np.float32
+            or not base.flags.c_contiguous):
+        return None
+    cols = arrays[0].shape[1]
+    start = addr = arrays[0].ctypes.data
+    for a in arrays:
+        if (a.base is not base or a.ndim != 2 or a.dtype != np.float32 or a.shape[1] != cols
+                or not a.flags.c_contiguous or a.ctypes.data != addr):
+            return None
+        addr += a.nbytes
+    first = (start - base.ctypes.data) // 4
+    return base.reshape(-1)[first:first + (addr - start) // 4].reshape(-1, cols)
