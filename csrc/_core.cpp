@@ -289,6 +289,32 @@ void bind_sgemm_packed(py::handle a_, py::handle packed_, py::handle c_, bool tr
   pyhet::sgemm_packed(trans_a, M, alpha, pa, lda, packed, beta, pc, ldc, threads);
 }
 
+void bind_sgemm_packed_t(py::handle a_, py::handle packed_, py::handle c_, py::handle rows,
+                         bool trans_a, float alpha, float beta, py::handle threads_) {
+  const pyhet::PackedB& packed = packed_arg(packed_);
+  auto a = checked<float>(a_, "a", 2, false, true);
+  auto c = checked<float>(c_, "c", 2, true, true);
+  const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
+  const auto r = range_arg(rows, "rows", packed.K());
+  if (K != packed.N())
+    throw py::value_error("sgemm_packed_t: inner dimensions differ: op(a) is " +
+                          shape_str({M, K}) + " and the packed op(b) transposed is " +
+                          shape_str({packed.N(), packed.K()}));
+  expect_shape(c, "c", {M, r.second - r.first});
+  expect_disjoint(c, a, "c", "a");
+  if (std::string(packed.kernel()) != pyhet::sgemm_kernel_name())
+    throw py::value_error(std::string("packed: packed for the '") + packed.kernel() +
+                          "' micro-kernel, but the GEMM now uses '" +
+                          pyhet::sgemm_kernel_name() + "'; pack it again");
+  const int threads = thread_count(threads_);
+  const float* pa = cptr<float>(a);
+  float* pc = ptr<float>(c);
+  const int64_t lda = leading_dim(a), ldc = leading_dim(c);
+  py::gil_scoped_release nogil;
+  pyhet::sgemm_packed_t(trans_a, M, r.second - r.first, alpha, pa, lda, packed, r.first, beta,
+                        pc, ldc, threads);
+}
+
 // Seven PackedBs of op(b)'s quadrant sums (pyhet::sgemm_packed_quadrants), from a sequence.
 std::vector<const pyhet::PackedB*> quadrant_packs(py::handle packs_) {
   if (!py::isinstance<py::sequence>(packs_) || py::isinstance<py::str>(packs_) ||
@@ -758,6 +784,11 @@ PYBIND11_MODULE(_core, m) {
         py::arg("trans_a") = false, py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f,
         py::arg("threads") = 1,
         "c = alpha * op(a) @ op(b) + beta * c in place, op(b) packed whole by pack_b.");
+  m.def("sgemm_packed_t", &bind_sgemm_packed_t, py::arg("a"), py::arg("packed"), py::arg("c"),
+        py::arg("rows") = py::none(), py::arg("trans_a") = false, py::arg("alpha") = 1.0f,
+        py::arg("beta") = 0.0f, py::arg("threads") = 1,
+        "c = alpha * op(a) @ s^T + beta * c in place, s the rows (r0, r1) of the op(b) that "
+        "packed holds (None: all), packed whole by pack_b for another product.");
   m.def("sgemm_packed_quadrants", &bind_sgemm_packed_quadrants, py::arg("a"), py::arg("packs"),
         py::arg("c"), py::arg("trans_a") = false, py::arg("alpha") = 1.0f,
         py::arg("beta") = 0.0f, py::arg("strassen") = -1, py::arg("threads") = 1,

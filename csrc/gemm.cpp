@@ -317,6 +317,55 @@ void pack_b(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0, int
     pack_b_from<NR, false>(trans, B, p0, kc, j0, nc, s0, s1, dst, stride);
 }
 
+// The NR slivers [s0, s1) of the block of op(B) with rows [p0, p0 + kc) and columns
+// [j0, j0 + nc), where op(B)[p][j] = src[row0 + j][p] and src is another product's op(B) packed
+// whole (PackedB, same NR): the im2col matrix packed for the forward, read as col^T for the
+// weight gradient. A row of src holds NR consecutive p of one sliver of it side by side, so NR
+// rows of src by NR of p are an NR x NR tile, transposed here 4 x 4 at a time in registers. p0
+// is a multiple of NR (the plan's K blocks are, for this source).
+template <int NR>
+void pack_b_packed_t(const PackedB& src, int64_t row0, int64_t p0, int64_t kc, int64_t j0,
+                     int64_t nc, int64_t s0, int64_t s1, float* dst, int64_t stride) {
+  const int64_t kcs = src.kc_step(), sliver = kcs * NR;
+  const float* const data = src.block(0, 0);
+  const int64_t block = src.slivers() * sliver;  // one K block of src
+  const float* rows[NR];
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t n = std::min<int64_t>(NR, nc - s * NR);
+    for (int64_t jj = 0; jj < n; ++jj) {  // row r of src, at its sliver 0
+      const int64_t r = row0 + j0 + s * NR + jj;
+      rows[jj] = data + (r / kcs) * block + (r % kcs) * NR;
+    }
+    float* d = dst + s * stride;
+    for (int64_t p = p0; p < p0 + kc; p += NR) {  // the NR x NR tile of p's sliver of src
+      const int64_t m = std::min<int64_t>(NR, p0 + kc - p), off = (p / NR) * sliver;
+      float* t = d + (p - p0) * NR;
+#ifdef __SSE2__
+      if (n == NR && m == NR && NR % 4 == 0) {
+        for (int jb = 0; jb < NR; jb += 4) {
+          const float* r0 = rows[jb] + off;
+          const float* r1 = rows[jb + 1] + off;
+          const float* r2 = rows[jb + 2] + off;
+          const float* r3 = rows[jb + 3] + off;
+          for (int pb = 0; pb < NR; pb += 4) {
+            __m128 a0 = _mm_loadu_ps(r0 + pb), a1 = _mm_loadu_ps(r1 + pb);
+            __m128 a2 = _mm_loadu_ps(r2 + pb), a3 = _mm_loadu_ps(r3 + pb);
+            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+            _mm_storeu_ps(t + pb * NR + jb, a0);
+            _mm_storeu_ps(t + (pb + 1) * NR + jb, a1);
+            _mm_storeu_ps(t + (pb + 2) * NR + jb, a2);
+            _mm_storeu_ps(t + (pb + 3) * NR + jb, a3);
+          }
+        }
+        continue;
+      }
+#endif
+      for (int64_t q = 0; q < m; ++q)
+        for (int64_t jj = 0; jj < NR; ++jj) t[q * NR + jj] = jj < n ? rows[jj][off + q] : 0.f;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Work space: one aligned block per calling thread, reused from call to call. Its owner (the
 // thread that called sgemm) hands slices of it to its OpenMP team, so concurrent calls from
@@ -429,6 +478,10 @@ struct Problem {
   float b2 = 0.f;
   float* C2 = nullptr;
   float alpha2 = 0.f, beta2 = 0.f;
+  // op(B) read from another product's packed operand instead of B (sgemm_packed_t): rows
+  // [bt_row0, bt_row0 + N) of bt's op(B), transposed.
+  const PackedB* bt = nullptr;
+  int64_t bt_row0 = 0;
 };
 
 // A team of tm x tn threads: thread t owns a band of rows of C (row t / tn of tm, in whole MR
@@ -482,7 +535,7 @@ void thread_grid(int64_t M, int64_t nc, int mr, int nr, int threads, int* tm, in
 }
 
 Plan make_plan(int64_t M, int64_t N, int64_t K, int threads, int mr, int nr,
-               const Blocks& blocks) {
+               const Blocks& blocks, int64_t kc_unit = 1) {
   Plan plan;
 #ifdef _OPENMP
   const double flops =
@@ -497,7 +550,7 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads, int mr, int nr,
   (void)threads;
 #endif
   plan.nc_step = even_step(N, blocks.nc, nr);
-  plan.kc_step = even_step(K, blocks.kc, 1);
+  plan.kc_step = even_step(K, blocks.kc, kc_unit);
   thread_grid(M, plan.nc_step, mr, nr, plan.team, &plan.tm, &plan.tn);
   plan.b_stride = plan.kc_step * nr;
   plan.b_floats = ceil_div(plan.nc_step, nr) * plan.b_stride;
@@ -526,6 +579,13 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
   const int64_t max_slivers = ceil_div(plan.nc_step, NR);
   const int64_t own0 = max_slivers * col / plan.tn, own1 = max_slivers * (col + 1) / plan.tn;
   const Source A{P.A, P.A2, P.a2, P.lda}, B{P.B, P.B2, P.b2, P.ldb};
+  // slivers [q0, q1) of the block of op(B) at (pc, jc)
+  auto pack_block = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, int64_t q0, int64_t q1) {
+    if (P.bt)
+      pack_b_packed_t<NR>(*P.bt, P.bt_row0, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+    else
+      pack_b<NR>(P.trans_b, B, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+  };
 
   for (int64_t jc = 0; jc < P.N; jc += plan.nc_step) {
     const int64_t nc = std::min(plan.nc_step, P.N - jc);
@@ -541,10 +601,10 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
       } else if (plan.cooperative) {
         // Everyone packs an equal share of the whole block, then waits until all is packed.
         const int64_t q0 = slivers * t / plan.team, q1 = slivers * (t + 1) / plan.team;
-        pack_b<NR>(P.trans_b, B, pc, kc, jc, nc, q0, q1, bpack, plan.b_stride);
+        pack_block(pc, kc, jc, nc, q0, q1);
 #pragma omp barrier
       } else {
-        pack_b<NR>(P.trans_b, B, pc, kc, jc, nc, s0, s1, bpack, plan.b_stride);
+        pack_block(pc, kc, jc, nc, s0, s1);
       }
 
       for (int64_t ic = m0; ic < m1; ic += mc_step) {
@@ -568,7 +628,8 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
 template <int MR, int NR>
 void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads,
                const PackedB* packed) {
-  Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks);
+  // K blocks of whole NR x NR tiles of a packed source read transposed (pack_b_packed_t)
+  Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks, P.bt ? NR : 1);
   if (packed) {  // every thread reads the shared packed B: no B work space, no barriers
     if (packed->kc_step() != plan.kc_step || packed->nr() != NR)
       throw std::logic_error("sgemm_packed: B packed with other blocks than this kernel's");
@@ -1077,6 +1138,31 @@ void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t 
                                 kernel.name + "'; pack it again");
   const Problem P{trans_a, packed.trans(), M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
   kernel.run(P, kernel.micro, kernel.blocks, threads, &packed);
+}
+
+void sgemm_packed_t(bool trans_a, int64_t M, int64_t N, float alpha, const float* A,
+                    int64_t lda, const PackedB& src, int64_t row0, float beta, float* C,
+                    int64_t ldc, int threads) {
+  using namespace gemm;
+  if (row0 < 0 || N < 0 || row0 + N > src.K())
+    throw std::invalid_argument("sgemm_packed_t: rows [" + std::to_string(row0) + ", " +
+                                std::to_string(row0 + N) + ") of a packed op(B) of " +
+                                std::to_string(src.K()) + " rows");
+  const int64_t K = src.N();
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  const Kernel& kernel = chosen_kernel();
+  if (std::strcmp(kernel.name, src.kernel()) != 0)
+    throw std::invalid_argument(std::string("sgemm_packed_t: B was packed for the '") +
+                                src.kernel() + "' micro-kernel, the GEMM now uses '" +
+                                kernel.name + "'; pack it again");
+  Problem P{trans_a, false, M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
+  P.bt = &src;
+  P.bt_row0 = row0;
+  kernel.run(P, kernel.micro, kernel.blocks, threads, nullptr);
 }
 
 

@@ -82,6 +82,15 @@ void sgemm_pack_b(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int6
 void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
                   const PackedB& packed, float beta, float* C, int64_t ldc, int threads);
 
+// C (M, N) = alpha * op(A) (M, K) @ S^T + beta * C, where S is rows [row0, row0 + N) of the
+// op(B) (K' x K) that `src` holds packed (for another product): the weight gradient dy @ col^T
+// from col packed for the forward, without packing col^T. Its NR x NR tiles are transposed as
+// this product packs its own blocks of op(B). Requires 0 <= row0, row0 + N <= src.K() (else
+// std::invalid_argument), and src packed for the micro-kernel in use.
+void sgemm_packed_t(bool trans_a, int64_t M, int64_t N, float alpha, const float* A,
+                    int64_t lda, const PackedB& src, int64_t row0, float beta, float* C,
+                    int64_t ldc, int threads);
+
 // op(B) (2 K2, 2 N2) given as seven packed combinations of its quadrants B11, B12, B21, B22
 // (each K2 x N2; packs[0..6] in this order): B11 + B22, B11, B12 - B22, B21 - B11, B22,
 // B11 + B12, B21 + B22, the operands of the seven products of Strassen's scheme (see gemm.cpp).

@@ -250,12 +250,14 @@ class Device:
                                         packed=shared.fwd)
         return be.to_host(out)
 
-    def conv_backward(self, layer: str, dout, dx_mode: str, dy_out=None):
+    def conv_backward(self, layer: str, dout, dx_mode: str, dy_out=None, dw_out=None):
         """dout (N, k, PH, PW) host -> keeps dw, db; and for the layer's input gradient:
         dx_mode "none": nothing; "own": this shard's part of dx (N, C, H, W), host;
         "shared": (w (k, C*R*S), dy (k, N*OH*OW)) for input_grad_part on the devices that share
         host memory. dy_out: where a member of a host group writes dy (its rows of the group's
-        array, so that input_grad_part finds all of dy in one array), or None."""
+        array, so that input_grad_part finds all of dy in one array), or None. dw_out: its rows
+        of the group's weight gradient, which input_grad_part fills (from col packed for the
+        forward, SharedCol.dw_from_fwd), or None: made here."""
         s, be = self._shards[layer], self.backend
         if s.k == 0:
             s.dw, s.db = be.asarray(np.zeros(s.w.shape, np.float32)), be.asarray(
@@ -265,7 +267,10 @@ class Device:
         if dx_mode == "shared" or s.packed_col_t is not None:   # a member of a host group
             # packed_col_t is whole: the group's im2col filled it before any forward started
             dy = be.block_grad_output(dout, s.saved, out=dy_out)
-            s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
+            if dw_out is not None:   # filled by the group's input_grad_part
+                s.dw, s.db = dw_out.reshape(s.w.shape), dy.sum(axis=1, dtype=np.float32)
+            else:
+                s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
             result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
         else:
             dcol, s.dw, s.db = be.block_backward(dout, s.saved, s.col, s.w, dx_mode == "own")
@@ -275,9 +280,13 @@ class Device:
         s.saved = s.col = s.packed_col_t = None
         return result
 
-    def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels):
-        """Channels [c0, c1) of a layer's input gradient from all host shards (see CpuBackend)."""
-        self.backend.input_grad_part(parts, dcol, dx, g, channels)
+    def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels, dw=None):
+        """Channels [c0, c1) of a layer's input gradient from all host shards, and with dw
+        their columns of the group's weight gradient (see CpuBackend)."""
+        if dw is None:
+            self.backend.input_grad_part(parts, dcol, dx, g, channels)
+        else:
+            self.backend.input_grad_part(parts, dcol, dx, g, channels, dw)
 
     # --- the two-phase update -------------------------------------------------------------
     # sgd_stage writes the new state beside the current one, which stays as it was until the
@@ -356,9 +365,11 @@ class SharedCol:
         self.col = self.fwd = self.col_t = None
         self.quadrants = False
 
-    def prepare(self, shape, members: dict, x_shape=None):
+    def prepare(self, shape, members: dict, x_shape=None, dw_from_fwd=False):
         """Size the buffers for a col of `shape` and the members {device: kernels}; x_shape:
-        the input's (N, C, H, W), for the packing in quadrants (None: never)."""
+        the input's (N, C, H, W), for the packing in quadrants (None: never). dw_from_fwd: the
+        group can take its weight gradient from fwd (split by input channels with the input
+        gradient: shared_input_grad), so that col^T is not packed unless in quadrants."""
         if self.col is None or self.col.shape != tuple(shape):
             self.col = np.empty(shape, np.float32)
         if len(members) < 2:
@@ -371,10 +382,17 @@ class SharedCol:
         if not _packed_fits(self.fwd, rows, cols, self.quadrants):
             self.fwd = None   # freed before the next one is made
             self.fwd = make(rows, cols)
-        if not _packed_fits(self.col_t, cols, rows, self.quadrants):
+        if dw_from_fwd and not self.quadrants:
+            self.col_t = None
+        elif not _packed_fits(self.col_t, cols, rows, self.quadrants):
             self.col_t = None
             self.col_t = make(cols, rows, trans_b=True)
         return self
+
+    @property
+    def dw_from_fwd(self) -> bool:
+        """Whether the weight gradient is to be made from fwd (col^T not packed)."""
+        return self.fwd is not None and self.col_t is None
 
 
 def _quadrants_pay(rows: int, cols: int, members: dict, x_shape) -> bool:
@@ -408,11 +426,15 @@ def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol,
             if part is None or part[1] > part[0]])
 
 
-def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None):
+def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None,
+                      dw=None):
     """dx (N, C, H, W) of the layer from every shard's (w_j, dy_j) in parts, device i computing
-    the rows of dcol and the channels of dx of channels[i]."""
+    the rows of dcol and the channels of dx of channels[i]. dw: ([dw_j, ...], fwd), the
+    shards' weight gradients (k_j, C*R*S), made here too, each device the columns of its
+    channels, from col packed for the forward (SharedCol.dw_from_fwd); or None."""
+    extra = () if dw is None else (dw,)
     gather([devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
-                              dcol, dx, g, ch, tag=tag) for i, ch in channels.items()])
+                              dcol, dx, g, ch, *extra, tag=tag) for i, ch in channels.items()])
 
 
 def channel_shares(C: int, counts) -> list:

@@ -282,6 +282,28 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, stras
     return c
 
 
+def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, beta=0.0,
+                   threads=None):
+    """``c = alpha * op(a) @ s.T + beta * c``, s the rows (r0, r1) of the op(b) (k, n) that
+    `packed` holds (pack_b'd for another product; None: all its k rows), read transposed as
+    this product packs its blocks: dy @ col^T from col packed for w @ col, without packing
+    col^T. op(a) is (m, n); c (m, r1 - r0) is allocated when None and beta == 0."""
+    packed = _packed(packed, "sgemm_packed_t")
+    a = _matrix(a, "a")
+    r0, r1 = (0, packed.k) if rows is None else _range(rows, "rows", "sgemm_packed_t")
+    if c is None:
+        if beta != 0:
+            raise ValueError("sgemm_packed_t: beta != 0 needs an existing c")
+        c = np.empty((a.shape[1] if trans_a else a.shape[0], max(r1 - r0, 0)), np.float32)
+    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+        c = _out(c, (a.shape[1] if trans_a else a.shape[0], r1 - r0), "c")  # the right error
+    _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedB, a pair of ints rows, a "
+               "bool trans_a, numbers alpha and beta, an int threads", _core.sgemm_packed_t, a,
+               packed, c, rows=(r0, r1), trans_a=trans_a, alpha=alpha, beta=beta,
+               threads=_threads(threads))
+    return c
+
+
 # op(B) as the seven packed sums of its quadrants that Strassen's scheme multiplies (op(B) cut
 # in 2 x 2 quadrants B11 B12 / B21 B22): products that share op(B) then share those sums, packed
 # once, and each runs the scheme with only its own A to pack. Pack i is quadrant q plus s times

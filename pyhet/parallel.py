@@ -232,7 +232,7 @@ class PartitionedConv:
         if self.group:  # one im2col for the host group, its parts filled by every member
             shared = self._shared.prepare(g.col_shape(x.shape[0]),
                                           {self.devices[i]: self.counts[i] for i in self.group},
-                                          x.shape)
+                                          x.shape, dw_from_fwd=self.need_dx)
             with self.phases("im2col"):
                 try:
                     shared_im2col(self.devices, {i: self.counts[i] for i in self.group}, x, g,
@@ -271,9 +271,12 @@ class PartitionedConv:
 
         # a host group's dy in one array, each member writing its rows (input_grad_part then
         # multiplies by all of it at once)
-        dy_all = None
+        dy_all = dw_all = None
         if self.need_dx and len(self.group) > 1:
-            dy_all = self._buffer("dy", (self.K, self.g.col_shape(dout.shape[0])[1]))
+            rows, cols = self.g.col_shape(dout.shape[0])
+            dy_all = self._buffer("dy", (self.K, cols))
+            if self._shared.dw_from_fwd:   # and their weight gradient, made with dx's rows
+                dw_all = self._buffer("dw", (self.K, rows))
         futures = {}
         for i in self.active:
             d, (k0, k1) = self.devices[i], self.bounds[i]
@@ -284,7 +287,8 @@ class PartitionedConv:
                                       mine, self._plan(members, shares), self.need_dx,
                                       tag=self.name)
             elif i not in self.in_remote:
-                extra = () if dy_all is None or i not in self.group else (dy_all[k0:k1],)
+                extra = () if dy_all is None or i not in self.group else (
+                    (dy_all[k0:k1],) if dw_all is None else (dy_all[k0:k1], dw_all[k0:k1]))
                 futures[i] = d.submit(f"{self.name} backward", d.conv_backward, self.name,
                                       dout[:, k0:k1], mode(i), *extra, tag=self.name)
         try:
@@ -300,7 +304,9 @@ class PartitionedConv:
                     # dcol takes its place (no second matrix of that size)
                     dcol = self._shared.col
                     shared_input_grad(self.devices, self.channels, group, dcol, dx, self.g,
-                                      tag=self.name)
+                                      tag=self.name, dw=None if dw_all is None else (
+                                          [dw_all[slice(*self.bounds[i])] for i in self.group],
+                                          self._shared.fwd))
         finally:
             # every device's backward has finished before the layer returns (or fails): the
             # update must not start while a device still reads its shard

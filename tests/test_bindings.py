@@ -46,6 +46,7 @@ class Call:
     channels: bool = False
     ranges: tuple = ()     # (begin, end) arguments other than channels (pack_b's rows, slivers)
     packed: bool = False   # takes a PackedB
+    packed_rows: str = ""  # the argument that picks the PackedB's rows (more rows then fit)
     packs: tuple = ()      # PackedB arguments other than packed (None where not given)
     quadrants: tuple = ()  # arguments that take a sequence of 7 PackedB (None where not given)
     threads: bool = True
@@ -115,6 +116,26 @@ def sgemm_packed_call(draw):
                 trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
                 beta=draw(st.sampled_from([0.0, 0.5])), threads=draw(THREADS))
     return Call(_core.sgemm_packed, args, outputs=("c",), packed=True)
+
+
+def sgemm_packed_t_call(draw):
+    """c = alpha * op(a) @ s^T + beta * c, s rows (r0, r1) of a packed op(b) (k, n), or all."""
+    m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
+    ta, tb = draw(st.booleans()), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    packed = _core.PackedB(k, n, tb)
+    _core.pack_b(rand(rng, *((n, k) if tb else (k, n))), packed)
+    r0, r1 = 0, k
+    args = dict(a=rand(rng, *((n, m) if ta else (m, n))), packed=packed, trans_a=ta,
+                alpha=draw(st.sampled_from([1.0, -2.0])), beta=draw(st.sampled_from([0.0, 0.5])),
+                threads=draw(THREADS))
+    if draw(st.booleans()):
+        r0 = draw(st.integers(0, k))
+        r1 = draw(st.integers(r0, k))
+        args["rows"] = (r0, r1)
+    args["c"] = rand(rng, m, r1 - r0)
+    return Call(_core.sgemm_packed_t, args, outputs=("c",), ranges=("rows",), packed=True,
+                packed_rows="rows")
 
 
 def sgemm_packed_quadrants_call(draw):
@@ -269,7 +290,7 @@ def sgd_update_call(draw):
 CASES = {
     "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
     "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
-    "sgemm_packed_quadrants": sgemm_packed_quadrants_call,
+    "sgemm_packed_t": sgemm_packed_t_call, "sgemm_packed_quadrants": sgemm_packed_quadrants_call,
     "im2col": im2col_call, "im2col_pack": im2col_pack_call,
     "im2col_pack_quadrants": im2col_pack_quadrants_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
@@ -344,7 +365,8 @@ def spoiled_calls(draw, make):
                      _core.PackedB(p.k, p.n + 2, p.trans_b) if how == "n" else
                      np.zeros(4, np.float32) if how == "array" else None)
             call.args[name] = value
-            call.spoiled.append((name, f"packed: {how}", True))
+            picked = call.packed_rows and call.args.get(call.packed_rows) is not None
+            call.spoiled.append((name, f"packed: {how}", not (how == "k" and picked)))
         elif name.startswith("quadrants:"):
             # six of them, one of another size or storage, something else among them, or a
             # string (where None is allowed) or None (where it is not)

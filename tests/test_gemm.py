@@ -563,6 +563,99 @@ def test_packed_b_shared_by_concurrent_products():
     expect_close(dw, dy, b, dw, trans_b=True)
 
 
+# The weight gradient from the forward's packed operand (sgemm_packed_t): c = op(a) @ s^T, s the
+# rows (r0, r1) of a packed op(b), its NR x NR tiles transposed as the product packs its blocks.
+# Rows of one K block of the pack and across two (k > 512), a product K (the pack's n) of one
+# and of several of its K blocks (in tiles and not), edge tiles, and the conv2 weight gradient
+# of a pair's half (32 x 4096 by 400 of the 800 rows).
+PACKED_T_SHAPES = [
+    (1, 1, 1, None), (3, 17, 7, (2, 5)), (6, 16, 16, None), (13, 37, 65, (0, 64)),
+    (5, 33, 600, (100, 101)), (64, 600, 25, None), (7, 1100, 1300, (511, 1299)),
+    (32, 4096, 800, (400, 800)),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,n,k,rows", PACKED_T_SHAPES)
+def test_packed_t_sizes(kernel, m, n, k, rows, threads):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    r0, r1 = (0, k) if rows is None else rows
+    for trans_a, trans_b in TRANS:   # trans_b: how the packed op(b) was stored
+        a = rng.uniform(-1, 1, (n, m) if trans_a else (m, n)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)   # op(b), packed
+        packed = packed_parts(b.T.copy() if trans_b else b, k, n, trans_b, "grid", 2)
+        c = np.full((m, r1 - r0), np.nan, np.float32)
+        with split_every_product():
+            ops.sgemm_packed_t(a, packed, c, rows=rows, trans_a=trans_a, threads=threads)
+        expect_close(c, a, b[r0:r1], c, trans_a, trans_b=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (0.0, 0.5)])
+def test_packed_t_alpha_beta_and_blocks(kernel, alpha, beta, threads):
+    rng = np.random.default_rng(19)
+    m, n, k, r0, r1 = 29, 1037, 700, 123, 640
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    packed = packed_parts(as_block(b, rng)[0], k, n, False, "rows", 3)
+    for trans_a in (False, True):
+        a = rng.uniform(-1, 1, (n, m) if trans_a else (m, n)).astype(np.float32)
+        c0 = rng.uniform(-1, 1, (m, r1 - r0)).astype(np.float32)
+        c, big_c = as_block(c0.copy(), rng)
+        ops.sgemm_packed_t(as_block(a, rng)[0], packed, c, rows=(r0, r1), trans_a=trans_a,
+                           alpha=alpha, beta=beta, threads=threads)
+        expect_close(c, a, b[r0:r1], c0, trans_a, True, alpha, beta)
+        left = (c.ctypes.data - big_c.ctypes.data) // 4
+        assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + r1 - r0:]).all()
+
+
+@settings(max_examples=settings.default.max_examples)
+@given(m=st.integers(1, 60), n=st.integers(0, 1200), k=st.integers(1, 300), data=st.data(),
+       threads=st.sampled_from([1, 2, 3]), kernel_name=st.sampled_from(RUNNABLE),
+       seed=st.integers(0, 2**32 - 1))
+def test_packed_t_hypothesis(m, n, k, data, threads, kernel_name, seed):
+    r0 = data.draw(st.integers(0, k))
+    r1 = data.draw(st.integers(r0, k))
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    with micro_kernel(kernel_name), split_every_product():
+        packed = packed_parts(b, k, n, False, "slivers", 2, threads)
+        c = ops.sgemm_packed_t(a, packed, rows=(r0, r1), threads=threads)
+    expect_close(c, a, b[r0:r1], np.zeros_like(c), trans_b=True)
+
+
+def test_packed_t_errors_say_what_was_expected():
+    b = np.ones((20, 30), np.float32)
+    packed = ops.pack_b(b, ops.packed_b(20, 30))
+    cases = [
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), "packed"), TypeError,
+         "made by pyhet.ops.packed_b"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 20), np.float32), packed), ValueError,
+         r"inner dimensions differ: op\(a\) is \(2, 20\) and the packed op\(b\) transposed "
+         r"is \(30, 20\)"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(5, 21)),
+         ValueError, "0 <= begin <= end <= 20, got"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(3, 2)),
+         ValueError, "rows"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed,
+                                    np.ones((2, 20), np.float32), rows=(0, 10)), ValueError,
+         r"expected shape \(2, 10\)"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float64), packed), TypeError, "float32"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, beta=1.0), ValueError,
+         "existing c"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
+    others = [name for name in RUNNABLE if name != ops.gemm_kernel()]
+    if others:
+        with micro_kernel(others[0]):
+            other = ops.pack_b(b, ops.packed_b(20, 30))
+        with pytest.raises(ValueError, match=f"packed for the '{others[0]}' micro-kernel"):
+            ops.sgemm_packed_t(np.ones((2, 30), np.float32), other)
+
+
 @pytest.mark.parametrize("beta", [0.0, 2.0])
 def test_packed_b_k_zero_scales_c(beta):
     packed = ops.packed_b(0, 4)

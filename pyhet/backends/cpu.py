@@ -139,13 +139,25 @@ class CpuBackend:
             ops.im2col_pack(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t, images=part,
                             threads=self.threads)
 
-    def input_grad_part(self, parts, dcol, dx, g, channels):
+    def input_grad_part(self, parts, dcol, dx, g, channels, dw=None):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
         dcol[rows] = sum_j w_j[:, rows]^T @ dy_j (rows of those channels), then col2im of those
-        channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]."""
+        channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]. dw:
+        ([dw_j (k_j, C*R*S), ...], fwd), the shards' weight gradients, of which this fills the
+        columns of those rows: dy_j @ col[rows]^T, from col packed for the forward (fwd, read
+        transposed); or None."""
         r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
         kernels = sum(w2.shape[0] for w2, _ in parts)
+        if dw is not None:
+            grads, fwd = dw
+            pairs = list(zip(grads, (dy for _, dy in parts)))
+            if len(pairs) > 1:   # one product where the shards' rows are one array each
+                joined = _joined_rows(grads), _joined_rows([dy for _, dy in pairs])
+                if joined[0] is not None and joined[1] is not None:
+                    pairs = [joined]
+            for dw_j, dy in pairs:
+                ops.sgemm_packed_t(dy, fwd, dw_j[:, r0:r1], rows=(r0, r1), threads=self.threads)
         if len(parts) > 1:
             # the shards' weights and dy are consecutive rows of the group's arrays (as the
             # group's update and backward write them): one product over all the kernels, which
