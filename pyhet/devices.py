@@ -343,13 +343,16 @@ class Device:
 
 class SharedCol:
     """The im2col matrix col (C*R*S, N*OH*OW) of a layer's input, shared by the devices of one
-    process that compute on host memory (a group). For a group of two or more, both products'
+    process that compute on host memory (a group). For a group of two or more, the products'
     op(B) instead, packed once for all of them (each device would otherwise pack all of col
     again for its few rows of weights, and the packings would compete for memory bandwidth),
     and made straight from the input, without col (ops.im2col_pack: col would be written, then
     read back twice to pack):
       fwd:   col packed for y_i = w_i @ col
-      col_t: col^T packed for dw_i = dy_i @ col^T
+      col_t: col^T packed for dw_i = dy_i @ col^T; None in a layer with an input gradient
+             (prepare's dw_from_fwd), whose weight gradient the group splits by input channels
+             with it (shared_input_grad), each device its channels' columns, dy @ col[rows]^T,
+             from fwd read transposed (ops.sgemm_packed_t): one operand to pack, not two
     each device filling the columns of its share of the images (shared_im2col). Where
     Strassen's scheme pays for a member's share (ops.uses_packed_strassen: big layers; an even
     batch and channel count), both are packed as their quadrants' seven sums instead

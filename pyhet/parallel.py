@@ -16,7 +16,9 @@ the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im 
 channels. So the input gradient costs the same whatever the number of devices: the group's
 shards keep their weights (from their first update on) and write their dy in their rows of one
 array of the whole layer each, so that those rows are one product over all of the group's
-kernels (CpuBackend.input_grad_part), not one per shard. The cpu devices
+kernels (CpuBackend.input_grad_part), not one per shard. With the input gradient they split
+the weight gradient the same way, by input channels (the columns of every shard's dw of its
+channels, from the forward's packed operand read transposed: SharedCol.dw_from_fwd). The cpu devices
 placed on another MPI rank form a group of their own there: one message to the rank carries the
 layer input (forward) or their slices of the output gradient (backward), the rank runs the same
 shared im2col and channel-split input gradient, and one reply brings back their output slices or
