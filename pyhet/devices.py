@@ -59,6 +59,7 @@ class _Shard:
         self.dw = self.db = None
         self.saved = self.col = self.x_shape = None
         self.packed_col_t = None  # col^T packed whole by the host group, for dw; or None
+        self.dw_elsewhere = False  # the host group makes dw with the input gradient (dw_out)
         self.staged = None     # (w, b, vw, vb) after an update not yet committed
         self.spare = None      # the buffers of the state before the last commit, reused
         self.spare_v = None    # (vw, vb) for the second update to write, made by the first
@@ -225,9 +226,9 @@ class Device:
 
     def im2col_part(self, x, g: ConvGeometry, shared, part):
         """This device's part of the im2col operands shared by the devices of this process (a
-        SharedCol): the columns of images [n0, n1) of both packed operands (packed in
-        quadrants: the (image, sum) units [u0, u1)), or, without them (a group of one, part
-        None), col whole."""
+        SharedCol): the columns of images [n0, n1) of its packed operands (fwd, and col_t where
+        there is one; packed in quadrants: the (image, sum) units [u0, u1)), or, without them
+        (a group of one, part None), col whole."""
         if shared.fwd is None:
             self.backend.im2col_into(x, g, shared.col)
         else:
@@ -241,11 +242,13 @@ class Device:
         if s.k == 0:
             s.saved = s.col = s.packed_col_t = None
             return np.zeros(s.g.out_batch_shape(0, x.shape[0]), np.float32)
+        s.dw_elsewhere = False
         if shared is None:
             s.col, s.packed_col_t = be.im2col(be.asarray(x), s.g, key=layer), None
             out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer)
             return be.to_host(out)
         s.col, s.packed_col_t = shared.col, shared.col_t
+        s.dw_elsewhere = shared.dw_from_fwd   # then col is not made: only fwd is
         out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer,
                                         packed=shared.fwd)
         return be.to_host(out)
@@ -269,6 +272,10 @@ class Device:
             dy = be.block_grad_output(dout, s.saved, out=dy_out)
             if dw_out is not None:   # filled by the group's input_grad_part
                 s.dw, s.db = dw_out.reshape(s.w.shape), dy.sum(axis=1, dtype=np.float32)
+            elif s.dw_elsewhere:      # col was not made, and no one would make dw
+                raise RuntimeError(f"{layer}: the group packed only the forward's operand, so "
+                                   f"its weight gradient needs rows of a group array (dw_out), "
+                                   f"got none")
             else:
                 s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
             result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
@@ -278,6 +285,7 @@ class Device:
             if dx_mode == "own":
                 result = be.to_host(be.col2im(dcol, s.x_shape, s.g))
         s.saved = s.col = s.packed_col_t = None
+        s.dw_elsewhere = False
         return result
 
     def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels, dw=None):
@@ -418,7 +426,8 @@ def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol,
     """Fill the im2col operands of x (N, C, H, W) in `shared` (SharedCol.prepare'd for these
     devices): for two or more, each device i the columns of its share of the images (in
     proportion to its kernels[i]; when packed in quadrants, its share of the (image, sum) units
-    of ops.quadrant_units) of both packed operands; one device makes col whole."""
+    of ops.quadrant_units) of its packed operands (fwd, and col_t where there is one); one
+    device makes col whole."""
     if shared.fwd is None:
         shares = [None] * len(kernels)
     else:   # in quadrants, (image, sum) units: finer than half the batch's images

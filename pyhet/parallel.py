@@ -9,7 +9,7 @@ the parameters live.
 
 Work that one shared step can do is not repeated per device. The devices that compute on host
 memory in this process (kind cpu, the "host group") share one im2col of the input (for two or
-more, both products' operands packed straight from the input, each device filling the columns
+more, the products' operands packed straight from the input, each device filling the columns
 of its share of the images, in proportion to its kernels: SharedCol); and they split the input
 gradient by input channels rather than each computing a part of all of it: device i computes
 the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im of those
@@ -63,7 +63,7 @@ class PartitionedConv:
         self.g, self.name, self.need_dx = g, g.name, need_dx
         self.devices = list(devices)
         self._buffers: dict = {}
-        self._shared = SharedCol()  # the host group's im2col matrix, packed for both products
+        self._shared = SharedCol()  # the host group's im2col matrix, packed for its products
         self._next_w = 0          # which of the host group's two weight arrays the update fills
         self._staged_w = False    # whether the update under way fills it
         self.phases = PartTimer()  # wall time of each phase, summed over steps

@@ -269,6 +269,7 @@ def test_joined_rows_only_joins_consecutive_rows_of_one_array():
     assert _joined_rows([flat[0:2, :3], flat[2:4, :3]]) is None   # not whole rows
     assert _joined_rows([np.zeros((2, 5), np.float32)]) is None   # owns its memory
     assert _joined_rows([flat.astype(np.float64)[0:2]]) is None
+    assert _joined_rows([flat.reshape(-1)[:10]]) is None            # not a matrix
 
 
 def test_an_update_never_writes_over_the_current_weights():
@@ -285,3 +286,27 @@ def test_an_update_never_writes_over_the_current_weights():
             d.sgd_stage("conv2", CFG, np.empty((8, 7, 3, 3), np.float32))
     finally:
         devices[0].close()
+
+
+def test_a_group_member_without_its_weight_gradient_rows_says_so():
+    """Where the group packed only the forward's operand, a member's backward without its rows
+    of the group's weight gradient (dw_out) would have nothing to make dw from: it refuses."""
+    from pyhet.errors import DeviceError
+
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        x, y = batch(0)
+        net.train_step(x, y, CFG)
+        conv = net.convs[1]
+        h = net.convs[0].forward(x)
+        out = conv.forward(h)
+        assert conv._shared.dw_from_fwd
+        with pytest.raises(DeviceError, match="conv2: the group packed only the forward's "
+                                              "operand.*dw_out"):
+            devices[0].call("backward", devices[0].conv_backward, "conv2",
+                            np.ones_like(out[:, :4]), "shared")
+    finally:
+        for d in devices:
+            d.close()

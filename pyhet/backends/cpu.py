@@ -129,7 +129,7 @@ class CpuBackend:
 
     def im2col_pack_part(self, x, g, fwd, col_t, part):
         """Fill a part of col packed for the forward product (fwd) and of col^T packed for the
-        weight gradient (col_t), straight from x: the columns of images [n0, n1), or, packed as
+        weight gradient (col_t; None: not packed), straight from x: the columns of images [n0, n1), or, packed as
         their quadrants' sums (ops.PackedQuadrants), the (image, sum) units [u0, u1)
         (ops.quadrant_units)."""
         if isinstance(fwd, ops.PackedQuadrants):
@@ -233,6 +233,8 @@ def _joined_rows(arrays):
     if (base is None or not isinstance(base, np.ndarray) or base.dtype != np.float32
             or not base.flags.c_contiguous):
         return None
+    if arrays[0].ndim != 2:
+        return None
     cols = arrays[0].shape[1]
     start = addr = arrays[0].ctypes.data
     for a in arrays:
@@ -240,5 +242,7 @@ def _joined_rows(arrays):
                 or not a.flags.c_contiguous or a.ctypes.data != addr):
             return None
         addr += a.nbytes
+    if (start - base.ctypes.data) % 4:   # not on a float of base
+        return None
     first = (start - base.ctypes.data) // 4
     return base.reshape(-1)[first:first + (addr - start) // 4].reshape(-1, cols)
