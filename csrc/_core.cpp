@@ -252,6 +252,14 @@ pyhet::PackedB& packed_arg(py::handle packed) {
   return packed.cast<pyhet::PackedB&>();
 }
 
+// A PackedB must have been packed for the micro-kernel the GEMM uses now.
+void expect_current_kernel(const pyhet::PackedB& packed, const char* name) {
+  if (std::string(packed.kernel()) != pyhet::sgemm_kernel_name())
+    throw py::value_error(std::string(name) + ": packed for the '" + packed.kernel() +
+                          "' micro-kernel, but the GEMM now uses '" +
+                          pyhet::sgemm_kernel_name() + "'; pack it again");
+}
+
 void bind_pack_b(py::handle b_, py::handle packed_, py::handle rows, py::handle slivers,
                  py::handle threads_) {
   pyhet::PackedB& packed = packed_arg(packed_);
@@ -277,10 +285,7 @@ void bind_sgemm_packed(py::handle a_, py::handle packed_, py::handle c_, bool tr
                           " and the packed op(b) is " + shape_str({packed.K(), packed.N()}));
   expect_shape(c, "c", {M, packed.N()});
   expect_disjoint(c, a, "c", "a");
-  if (std::string(packed.kernel()) != pyhet::sgemm_kernel_name())
-    throw py::value_error(std::string("packed: packed for the '") + packed.kernel() +
-                          "' micro-kernel, but the GEMM now uses '" +
-                          pyhet::sgemm_kernel_name() + "'; pack it again");
+  expect_current_kernel(packed, "packed");
   const int threads = thread_count(threads_);
   const float* pa = cptr<float>(a);
   float* pc = ptr<float>(c);
@@ -302,10 +307,7 @@ void bind_sgemm_packed_t(py::handle a_, py::handle packed_, py::handle c_, py::h
                           shape_str({packed.N(), packed.K()}));
   expect_shape(c, "c", {M, r.second - r.first});
   expect_disjoint(c, a, "c", "a");
-  if (std::string(packed.kernel()) != pyhet::sgemm_kernel_name())
-    throw py::value_error(std::string("packed: packed for the '") + packed.kernel() +
-                          "' micro-kernel, but the GEMM now uses '" +
-                          pyhet::sgemm_kernel_name() + "'; pack it again");
+  expect_current_kernel(packed, "packed");
   const int threads = thread_count(threads_);
   const float* pa = cptr<float>(a);
   float* pc = ptr<float>(c);

@@ -1122,6 +1122,20 @@ void sgemm_pack_b(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int6
   gemm::kernel_named(packed.kernel()).pack(B, ldb, packed, p0, p1, s0, s1, threads);
 }
 
+namespace gemm {
+namespace {
+
+// A packed op(B) must be in the panels of the micro-kernel that runs the product.
+void expect_kernel(const Kernel& kernel, const PackedB& packed, const char* what) {
+  if (std::strcmp(kernel.name, packed.kernel()) != 0)
+    throw std::invalid_argument(std::string(what) + ": B was packed for the '" +
+                                packed.kernel() + "' micro-kernel, the GEMM now uses '" +
+                                kernel.name + "'; pack it again");
+}
+
+}  // namespace
+}  // namespace gemm
+
 void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
                   const PackedB& packed, float beta, float* C, int64_t ldc, int threads) {
   using namespace gemm;
@@ -1132,10 +1146,7 @@ void sgemm_packed(bool trans_a, int64_t M, float alpha, const float* A, int64_t 
     return;
   }
   const Kernel& kernel = chosen_kernel();
-  if (std::strcmp(kernel.name, packed.kernel()) != 0)
-    throw std::invalid_argument(std::string("sgemm_packed: B was packed for the '") +
-                                packed.kernel() + "' micro-kernel, the GEMM now uses '" +
-                                kernel.name + "'; pack it again");
+  expect_kernel(kernel, packed, "sgemm_packed");
   const Problem P{trans_a, packed.trans(), M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
   kernel.run(P, kernel.micro, kernel.blocks, threads, &packed);
 }
@@ -1155,10 +1166,7 @@ void sgemm_packed_t(bool trans_a, int64_t M, int64_t N, float alpha, const float
     return;
   }
   const Kernel& kernel = chosen_kernel();
-  if (std::strcmp(kernel.name, src.kernel()) != 0)
-    throw std::invalid_argument(std::string("sgemm_packed_t: B was packed for the '") +
-                                src.kernel() + "' micro-kernel, the GEMM now uses '" +
-                                kernel.name + "'; pack it again");
+  expect_kernel(kernel, src, "sgemm_packed_t");
   Problem P{trans_a, false, M, N, K, alpha, beta, A, lda, nullptr, 0, C, ldc};
   P.bt = &src;
   P.bt_row0 = row0;
@@ -1182,10 +1190,7 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
       throw std::invalid_argument("sgemm_packed_quadrants: the seven packs differ in size, "
                                   "storage or micro-kernel");
   }
-  if (std::strcmp(kernel.name, packs[0]->kernel()) != 0)
-    throw std::invalid_argument(std::string("sgemm_packed_quadrants: B was packed for the '") +
-                                packs[0]->kernel() + "' micro-kernel, the GEMM now uses '" +
-                                kernel.name + "'; pack it again");
+  expect_kernel(kernel, *packs[0], "sgemm_packed_quadrants");
   const int64_t K2 = packs[0]->K(), N2 = packs[0]->N();
   if (M <= 0 || N2 <= 0) return;
   if (K2 <= 0 || alpha == 0.f) {
