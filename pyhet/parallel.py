@@ -226,7 +226,7 @@ class PartitionedConv:
             if i in self.remote:
                 members, shares = self.remote[i]
                 futures[i] = d.submit(f"{self.name} forward", d.group_forward, self.name, x,
-                                      self._plan(members, shares), tag=self.name)
+                                      self._plan(members, shares), self.need_dx, tag=self.name)
             elif i not in self.in_remote and i not in self.group:
                 futures[i] = d.submit(f"{self.name} forward", d.conv_forward, self.name, x,
                                       None, tag=self.name)

@@ -326,3 +326,46 @@ def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
     assert unknown == 0.0 and fast == 0.0 and short == 0.0   # short: a 78 us pause
     assert slow == pytest.approx(1e-3)                      # 0.5 s expected: capped
     assert mid == pytest.approx((1 << 20) / 125e6 / 64)     # 8.4 ms expected: 131 us
+
+
+def test_a_ranks_group_takes_its_weight_gradient_from_the_forwards_operand():
+    """A group's messages on a rank, handled in this process: in a layer with an input gradient
+    the group packs only the forward's operand, its members' dy go to one array and their
+    weight gradient is made with the input gradient, split by input channels; the outputs, dx
+    and every shard's dw are those of one reference device."""
+    from pyhet.devices import channel_shares, make_devices
+    from pyhet.specs import parse_devices
+    from pyhet.transport import mpi
+
+    g = build(ARCH, (1, 12, 12), 3).blocks[1]      # 4 -> 5 kernels of 3x3, stride 2
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(g.x_shape(6)).astype(np.float32)
+    w = rng.standard_normal((g.K, g.C, g.R, g.S)).astype(np.float32)
+    b = rng.standard_normal(g.K).astype(np.float32)
+    devices = make_devices(parse_devices("numpy,cpu:1,cpu:1"))
+    try:
+        ref, members = devices[0], devices[1:]
+        ref.call("load", ref.load_shard, "conv2", g, w, b)
+        out_ref = ref.call("forward", ref.conv_forward, "conv2", x)
+        dout = rng.standard_normal(out_ref.shape).astype(np.float32)
+        dx_ref = ref.call("backward", ref.conv_backward, "conv2", dout, "own")
+        for d, (k0, k1) in zip(members, ((0, 2), (2, 5))):
+            d.call("load", d.load_shard, "conv2", g, w[k0:k1], b[k0:k1])
+        shares = channel_shares(g.C, [2, 3])
+        plan = np.array([(1, 2, *shares[0]), (2, 3, *shares[1])], np.int64)
+        by_index, buffers = {1: members[0], 2: members[1]}, {}
+        (out,), _ = mpi._handle_group(by_index, buffers, "group_forward",
+                                      [mpi.text("conv2"), x, plan, np.array([1], np.int64)])
+        assert buffers[("conv2", "col")].dw_from_fwd
+        (dx,), _ = mpi._handle_group(by_index, buffers, "group_backward",
+                                     [mpi.text("conv2"), dout, plan, np.array([1], np.int64)])
+        tol = dict(rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out, out_ref, **tol)
+        np.testing.assert_allclose(dx, dx_ref, **tol)
+        dw = np.concatenate([d._shards["conv2"].dw for d in members])
+        np.testing.assert_allclose(dw, ref._shards["conv2"].dw, **tol)
+        np.testing.assert_allclose(np.concatenate([d._shards["conv2"].db for d in members]),
+                                   ref._shards["conv2"].db, **tol)
+    finally:
+        for d in devices:
+            d.close()

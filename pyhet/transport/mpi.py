@@ -298,9 +298,12 @@ class RemoteDevice(Device):
     # plan: one row (device index, kernels, c0, c1) per member, in device order; the members'
     # kernel ranges are consecutive, and (c0, c1) is each one's share of the input channels.
 
-    def group_forward(self, layer: str, x, plan):
-        """x (N, C, H, W) -> the members' outputs joined, (N, sum k, PH, PW)."""
-        (out,) = self._group("group_forward", layer, [text(layer), x, plan], plan)
+    def group_forward(self, layer: str, x, plan, need_dx: bool = True):
+        """x (N, C, H, W) -> the members' outputs joined, (N, sum k, PH, PW). need_dx: whether
+        the layer's backward will make its input gradient (the group then packs only the
+        forward's operand, SharedCol.dw_from_fwd)."""
+        (out,) = self._group("group_forward", layer,
+                             [text(layer), x, plan, np.array([need_dx], np.int64)], plan)
         return out
 
     def group_backward(self, layer: str, dout, plan, need_dx: bool):
@@ -532,7 +535,9 @@ def _handle(device: Device, op: str, a):
 
 def _handle_group(by_index, buffers, op: str, a):
     """Run a group's request on its members (this rank's cpu devices) as the master's own cpu
-    devices run theirs: one shared im2col (packed), a channel-split input gradient.
+    devices run theirs: one shared im2col (packed), a channel-split input gradient (and weight
+    gradient, from the forward's packed operand, in a layer with an input gradient; the
+    members' dy in one array).
     Returns (reply arrays, seconds each member computed)."""
     layer, plan = untext(a[0]), a[2]
     members = {n: by_index[int(row[0])] for n, row in enumerate(plan)}
@@ -544,7 +549,7 @@ def _handle_group(by_index, buffers, op: str, a):
         x = a[1]
         shared = buffers.setdefault((layer, "col"), SharedCol()).prepare(
             g.col_shape(x.shape[0]), {d: int(plan[n, 1]) for n, d in members.items()},
-            x.shape)
+            x.shape, dw_from_fwd=bool(a[3][0]))
         shared_im2col(members, {n: int(plan[n, 1]) for n in members}, x, g, shared, tag=layer)
         outs = gather([d.submit(f"{layer} forward", d.conv_forward, layer, x, shared, tag=layer)
                        for d in members.values()])
@@ -552,20 +557,45 @@ def _handle_group(by_index, buffers, op: str, a):
     elif op == "group_backward":
         dout, need_dx = a[1], bool(a[3][0])
         edges = np.concatenate([[0], np.cumsum(plan[:, 1])]).astype(int)
+        shared = buffers[(layer, "col")]
+        # as the master's group: the members' dy in one array, and their weight gradient made
+        # with the input gradient from the forward's packed operand where only it was packed
+        rows, cols = g.col_shape(dout.shape[0])
+        dy_all = dw_all = None
+        if need_dx and len(members) > 1:
+            dy_all = _kept(buffers, (layer, "dy"), (int(edges[-1]), cols))
+            if shared.dw_from_fwd:
+                dw_all = _kept(buffers, (layer, "dw"), (int(edges[-1]), rows))
+
+        def rows_of(a, n):
+            return () if a is None else (a[edges[n]:edges[n + 1]],)
+
         parts = gather([d.submit(f"{layer} backward", d.conv_backward, layer,
                                  dout[:, edges[n]:edges[n + 1]],
-                                 "shared" if need_dx else "none", tag=layer)
+                                 "shared" if need_dx else "none",
+                                 *(rows_of(dy_all, n) + rows_of(dw_all, n)), tag=layer)
                         for n, d in members.items()])
         dx = None
         if need_dx:
             # the forward's im2col matrix is read by no one now: dcol takes its place
-            dcol = buffers[(layer, "col")].col
+            dcol = shared.col
             dx = np.empty(g.x_shape(dout.shape[0]), np.float32)
-            shared_input_grad(members, shares, parts, dcol, dx, g, tag=layer)
+            shared_input_grad(members, shares, parts, dcol, dx, g, tag=layer,
+                              dw=None if dw_all is None else (
+                                  [dw_all[edges[n]:edges[n + 1]] for n in members],
+                                  shared.fwd))
         result = [dx]
     else:
         raise DeviceError(f"unknown request {op!r}")
     return result, np.array([d.busy_s - before[n] for n, d in members.items()])
+
+
+def _kept(buffers: dict, key, shape):
+    """A float32 work array kept in `buffers` under `key` while its shape stays the same."""
+    a = buffers.get(key)
+    if a is None or a.shape != shape:
+        a = buffers[key] = np.empty(shape, np.float32)
+    return a
 
 
 def _reply_group(master: Peer, index: int, future):
