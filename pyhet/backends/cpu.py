@@ -129,9 +129,9 @@ class CpuBackend:
 
     def im2col_pack_part(self, x, g, fwd, col_t, part):
         """Fill a part of col packed for the forward product (fwd) and of col^T packed for the
-        weight gradient (col_t; None: not packed), straight from x: the columns of images [n0, n1), or, packed as
-        their quadrants' sums (ops.PackedQuadrants), the (image, sum) units [u0, u1)
-        (ops.quadrant_units)."""
+        weight gradient (col_t; None: not packed), straight from x: the columns of images
+        [n0, n1), or, packed as their quadrants' sums (ops.PackedQuadrants), the (image, sum)
+        units [u0, u1) (ops.quadrant_units)."""
         if isinstance(fwd, ops.PackedQuadrants):
             ops.im2col_pack_quadrants(x, g.R, g.S, g.stride, g.pad, fwd=fwd, t=col_t,
                                       units=part, threads=self.threads)
