@@ -349,10 +349,7 @@ void bind_sgemm_packed_quadrants(py::handle a_, py::handle packs_, py::handle c_
                           shape_str({K2, N2}) + ", is " + shape_str({2 * K2, 2 * N2}));
   expect_shape(c, "c", {M, 2 * N2});
   expect_disjoint(c, a, "c", "a");
-  if (std::string(packs[0]->kernel()) != pyhet::sgemm_kernel_name())
-    throw py::value_error(std::string("packs: packed for the '") + packs[0]->kernel() +
-                          "' micro-kernel, but the GEMM now uses '" +
-                          pyhet::sgemm_kernel_name() + "'; pack them again");
+  expect_current_kernel(*packs[0], "packs");
   const int threads = thread_count(threads_);
   const float* pa = cptr<float>(a);
   float* pc = ptr<float>(c);

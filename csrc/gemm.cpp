@@ -1173,7 +1173,6 @@ void sgemm_packed_t(bool trans_a, int64_t M, int64_t N, float alpha, const float
   kernel.run(P, kernel.micro, kernel.blocks, threads, nullptr);
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // op(B) as seven packed sums of its quadrants, shared by several products
 

@@ -291,10 +291,7 @@ class Device:
     def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels, dw=None):
         """Channels [c0, c1) of a layer's input gradient from all host shards, and with dw
         their columns of the group's weight gradient (see CpuBackend)."""
-        if dw is None:
-            self.backend.input_grad_part(parts, dcol, dx, g, channels)
-        else:
-            self.backend.input_grad_part(parts, dcol, dx, g, channels, dw)
+        self.backend.input_grad_part(parts, dcol, dx, g, channels, dw)
 
     # --- the two-phase update -------------------------------------------------------------
     # sgd_stage writes the new state beside the current one, which stays as it was until the
@@ -444,9 +441,29 @@ def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry,
     the rows of dcol and the channels of dx of channels[i]. dw: ([dw_j, ...], fwd), the
     shards' weight gradients (k_j, C*R*S), made here too, each device the columns of its
     channels, from col packed for the forward (SharedCol.dw_from_fwd); or None."""
-    extra = () if dw is None else (dw,)
     gather([devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
-                              dcol, dx, g, ch, *extra, tag=tag) for i, ch in channels.items()])
+                              dcol, dx, g, ch, dw, tag=tag) for i, ch in channels.items()])
+
+
+def kept(store: dict, key, shape):
+    """A float32 work array kept in `store` under `key` while its shape stays the same
+    (contents undefined)."""
+    a = store.get(key)
+    if a is None or a.shape != tuple(shape):
+        a = store[key] = np.empty(shape, np.float32)
+    return a
+
+
+def group_gradients(store: dict, key, g: ConvGeometry, batch: int, kernels: int,
+                    shared: SharedCol):
+    """(dy, dw) of a host group of two or more in a layer with an input gradient, kept in
+    `store` under `key`: dy (kernels, N*OH*OW), each member writing its rows (so that
+    input_grad_part finds the group's dy in one array), and, where the group packed only the
+    forward's operand (shared.dw_from_fwd), dw (kernels, C*R*S), which input_grad_part fills
+    (else None)."""
+    rows, cols = g.col_shape(batch)
+    dy = kept(store, (key, "dy"), (kernels, cols))
+    return dy, kept(store, (key, "dw"), (kernels, rows)) if shared.dw_from_fwd else None
 
 
 def channel_shares(C: int, counts) -> list:

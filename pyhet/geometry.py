@@ -132,7 +132,9 @@ class ConvGeometry:
     def fixed_bytes(self, N: int) -> int:
         """Memory a device needs whatever its share: the input and its gradient, and two
         matrices of the im2col matrix's size (the im2col matrix, whose place its gradient
-        takes; in a host group, col packed for the two products, shared by the group)."""
+        takes). A host group shares the matrix and its packed operands: 2 or 3 of its size in
+        all, or 4.5 where packed as its quadrants' sums, which two per device cover from three
+        devices on (two devices use half a matrix more than they count)."""
         return 4 * (2 * self.col_rows * self.positions(N) + 2 * N * self.C * self.H * self.W)
 
     def link_bytes(self, N: int, need_dx: bool) -> tuple:

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .devices import (SharedCol, channel_shares, gather, join_states, shared_im2col,
+from .devices import (SharedCol, channel_shares, gather, group_gradients, join_states, kept,
+                      shared_im2col,
                       shared_input_grad)
 from .errors import DeviceError
 from .geometry import ConvGeometry
@@ -65,7 +66,6 @@ class PartitionedConv:
         self._buffers: dict = {}
         self._shared = SharedCol()  # the host group's im2col matrix, packed for its products
         self._next_w = 0          # which of the host group's two weight arrays the update fills
-        self._staged_w = False    # whether the update under way fills it
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
         self.dead: set = set()    # devices that failed: no kernels, no calls
@@ -200,12 +200,6 @@ class PartitionedConv:
             self._set_partition(counts)
         self.moves += 1
 
-    def _buffer(self, key, shape):
-        a = self._buffers.get(key)
-        if a is None or a.shape != shape:
-            a = self._buffers[key] = np.empty(shape, np.float32)
-        return a
-
     # --- forward / backward / step ------------------------------------------------------------
 
     def forward(self, x):
@@ -272,13 +266,11 @@ class PartitionedConv:
             return "none" if not self.need_dx else "shared" if i in self.group else "own"
 
         # a host group's dy in one array, each member writing its rows (input_grad_part then
-        # multiplies by all of it at once)
+        # multiplies by all of it at once), and their weight gradient, made with dx's rows
         dy_all = dw_all = None
         if self.need_dx and len(self.group) > 1:
-            rows, cols = self.g.col_shape(dout.shape[0])
-            dy_all = self._buffer("dy", (self.K, cols))
-            if self._shared.dw_from_fwd:   # and their weight gradient, made with dx's rows
-                dw_all = self._buffer("dw", (self.K, rows))
+            dy_all, dw_all = group_gradients(self._buffers, None, self.g, dout.shape[0], self.K,
+                                             self._shared)
         futures = {}
         for i in self.active:
             d, (k0, k1) = self.devices[i], self.bounds[i]
@@ -327,8 +319,7 @@ class PartitionedConv:
         weights are one array again (input_grad_part: one product over all of them)."""
         w_next = None
         if len(self.group) > 1:
-            w_next = self._buffer(("w", self._next_w), self.g.weight_shape)
-        self._staged_w = w_next is not None
+            w_next = kept(self._buffers, ("w", self._next_w), self.g.weight_shape)
         with self.phases("update"):
             futures = []
             for i in self.active:
@@ -342,8 +333,8 @@ class PartitionedConv:
         """The update's second phase, once every layer's step() has succeeded."""
         for i in self.active:
             self.devices[i].commit_stage(self.name)
-        if self._staged_w:   # the other array takes the next update
-            self._next_w, self._staged_w = 1 - self._next_w, False
+        if len(self.group) > 1:   # the other array takes the next update (step() used one)
+            self._next_w = 1 - self._next_w
 
 
 def _ranges(counts) -> list:

@@ -149,21 +149,21 @@ class CpuBackend:
         r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
         kernels = sum(w2.shape[0] for w2, _ in parts)
+        # where the shards' dy, weights and weight gradients are consecutive rows of the
+        # group's arrays (as the group's backward and update write them), one product over all
+        # the kernels, not one per shard: it passes over the block once and takes Strassen's
+        # scheme where the whole layer does
+        dy_all = _joined_rows([dy for _, dy in parts]) if len(parts) > 1 else None
         if dw is not None:
             grads, fwd = dw
-            pairs = list(zip(grads, (dy for _, dy in parts)))
-            if len(pairs) > 1:   # one product where the shards' rows are one array each
-                joined = _joined_rows(grads), _joined_rows([dy for _, dy in pairs])
-                if joined[0] is not None and joined[1] is not None:
-                    pairs = [joined]
+            dw_all = _joined_rows(grads) if dy_all is not None else None
+            pairs = [(dw_all, dy_all)] if dw_all is not None else zip(
+                grads, (dy for _, dy in parts))
             for dw_j, dy in pairs:
                 ops.sgemm_packed_t(dy, fwd, dw_j[:, r0:r1], rows=(r0, r1), threads=self.threads)
-        if len(parts) > 1:
-            # the shards' weights and dy are consecutive rows of the group's arrays (as the
-            # group's update and backward write them): one product over all the kernels, which
-            # passes over the block once and takes Strassen's scheme where the whole layer does
-            w_all, dy_all = (_joined_rows([p[i] for p in parts]) for i in (0, 1))
-            if w_all is not None and dy_all is not None:
+        if dy_all is not None:
+            w_all = _joined_rows([w2 for w2, _ in parts])
+            if w_all is not None:
                 parts = [(w_all, dy_all)]
         if len(parts) > 1 and kernels <= JOIN_KERNELS and kernels < r1 - r0:
             # few kernels in all: one product over all of them passes over the block once

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..devices import (Device, SharedCol, gather, make_devices, shared_im2col,
-                       shared_input_grad)
+from ..devices import (Device, SharedCol, gather, group_gradients, make_devices,
+                       shared_im2col, shared_input_grad)
 from ..errors import DeviceError
 from ..geometry import ConvGeometry
 from ..links import Link
@@ -298,7 +298,7 @@ class RemoteDevice(Device):
     # plan: one row (device index, kernels, c0, c1) per member, in device order; the members'
     # kernel ranges are consecutive, and (c0, c1) is each one's share of the input channels.
 
-    def group_forward(self, layer: str, x, plan, need_dx: bool = True):
+    def group_forward(self, layer: str, x, plan, need_dx: bool):
         """x (N, C, H, W) -> the members' outputs joined, (N, sum k, PH, PW). need_dx: whether
         the layer's backward will make its input gradient (the group then packs only the
         forward's operand, SharedCol.dw_from_fwd)."""
@@ -560,12 +560,10 @@ def _handle_group(by_index, buffers, op: str, a):
         shared = buffers[(layer, "col")]
         # as the master's group: the members' dy in one array, and their weight gradient made
         # with the input gradient from the forward's packed operand where only it was packed
-        rows, cols = g.col_shape(dout.shape[0])
         dy_all = dw_all = None
         if need_dx and len(members) > 1:
-            dy_all = _kept(buffers, (layer, "dy"), (int(edges[-1]), cols))
-            if shared.dw_from_fwd:
-                dw_all = _kept(buffers, (layer, "dw"), (int(edges[-1]), rows))
+            dy_all, dw_all = group_gradients(buffers, layer, g, dout.shape[0], int(edges[-1]),
+                                             shared)
 
         def rows_of(a, n):
             return () if a is None else (a[edges[n]:edges[n + 1]],)
@@ -588,14 +586,6 @@ def _handle_group(by_index, buffers, op: str, a):
     else:
         raise DeviceError(f"unknown request {op!r}")
     return result, np.array([d.busy_s - before[n] for n, d in members.items()])
-
-
-def _kept(buffers: dict, key, shape):
-    """A float32 work array kept in `buffers` under `key` while its shape stays the same."""
-    a = buffers.get(key)
-    if a is None or a.shape != shape:
-        a = buffers[key] = np.empty(shape, np.float32)
-    return a
 
 
 def _reply_group(master: Peer, index: int, future):
