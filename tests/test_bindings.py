@@ -105,35 +105,35 @@ def pack_b_call(draw):
     return Call(_core.pack_b, args, ranges=("rows", "slivers"), packed=True)
 
 
-def sgemm_packed_call(draw):
-    """c = alpha * op(a) @ op(b) + beta * c, op(b) (k, n) packed whole."""
+def packed_product(draw):
+    """(m, n, k, rng, args) of a product with op(b) (k, n) packed whole: args holds the
+    PackedB, trans_a, alpha, beta and threads."""
     m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
-    ta, tb = draw(st.booleans()), draw(st.booleans())
+    tb = draw(st.booleans())
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     packed = _core.PackedB(k, n, tb)
     _core.pack_b(rand(rng, *((n, k) if tb else (k, n))), packed)
-    args = dict(a=rand(rng, *((k, m) if ta else (m, k))), packed=packed, c=rand(rng, m, n),
-                trans_a=ta, alpha=draw(st.sampled_from([1.0, -2.0])),
-                beta=draw(st.sampled_from([0.0, 0.5])), threads=draw(THREADS))
+    return m, n, k, rng, dict(packed=packed, trans_a=draw(st.booleans()),
+                              alpha=draw(st.sampled_from([1.0, -2.0])),
+                              beta=draw(st.sampled_from([0.0, 0.5])), threads=draw(THREADS))
+
+
+def sgemm_packed_call(draw):
+    """c = alpha * op(a) @ op(b) + beta * c, op(b) (k, n) packed whole."""
+    m, n, k, rng, args = packed_product(draw)
+    args.update(a=rand(rng, *((k, m) if args["trans_a"] else (m, k))), c=rand(rng, m, n))
     return Call(_core.sgemm_packed, args, outputs=("c",), packed=True)
 
 
 def sgemm_packed_t_call(draw):
     """c = alpha * op(a) @ s^T + beta * c, s rows (r0, r1) of a packed op(b) (k, n), or all."""
-    m, n, k = (draw(st.integers(0, 20)) for _ in range(3))
-    ta, tb = draw(st.booleans()), draw(st.booleans())
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    packed = _core.PackedB(k, n, tb)
-    _core.pack_b(rand(rng, *((n, k) if tb else (k, n))), packed)
+    m, n, k, rng, args = packed_product(draw)
     r0, r1 = 0, k
-    args = dict(a=rand(rng, *((n, m) if ta else (m, n))), packed=packed, trans_a=ta,
-                alpha=draw(st.sampled_from([1.0, -2.0])), beta=draw(st.sampled_from([0.0, 0.5])),
-                threads=draw(THREADS))
     if draw(st.booleans()):
         r0 = draw(st.integers(0, k))
         r1 = draw(st.integers(r0, k))
         args["rows"] = (r0, r1)
-    args["c"] = rand(rng, m, r1 - r0)
+    args.update(a=rand(rng, *((n, m) if args["trans_a"] else (m, n))), c=rand(rng, m, r1 - r0))
     return Call(_core.sgemm_packed_t, args, outputs=("c",), ranges=("rows",), packed=True,
                 packed_rows="rows")
 
