@@ -239,12 +239,18 @@ def missing_mpi():
     return None
 
 
+def network_argv(kernels: str, arch: str | None = None) -> list:
+    """The network options of a pyhet command: --arch SPEC where given, else --kernels A,B."""
+    return ["--arch", arch] if arch else ["--kernels", kernels]
+
+
 def train_argv(kernels: str, batch_size: int, steps: int, devices: str,
-               balance: str = "static") -> list:
-    """`python -m pyhet train` on synthetic data, the JSON summary on stdout."""
-    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic", "--kernels",
-            kernels, "--batch-size", str(batch_size), "--steps", str(steps), "--devices",
-            devices, "--balance", balance, "--quiet", "--json"]
+               balance: str = "static", arch: str | None = None) -> list:
+    """`python -m pyhet train` on synthetic data, the JSON summary on stdout (the network by
+    --arch where `arch` is given, else by --kernels)."""
+    return [sys.executable, "-m", "pyhet", "train", "--dataset", "synthetic",
+            *network_argv(kernels, arch), "--batch-size", str(batch_size), "--steps",
+            str(steps), "--devices", devices, "--balance", balance, "--quiet", "--json"]
 
 
 def device_configs(parser, text: str) -> List[str]:

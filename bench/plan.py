@@ -1,14 +1,14 @@
 """`pyhet plan`'s predictions against measured steps, on the configurations this machine runs.
 
     pyhet bench plan [--configs "cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5"] [--batch-sizes 16,32]
-                     [--kernels 500,1500] [--steps 6] [--rounds 1] [--json FILE]
+                     [--kernels 500,1500 | --arch SPEC] [--steps 6] [--rounds 1] [--json FILE]
 
 For each configuration (a --devices SPEC of this machine) and batch size, one after the other:
 `pyhet plan --devices SPEC --json` (in its own process, calibrating as a user's run of it would),
 then `pyhet train --devices SPEC --balance static --json` on synthetic data. The table gives the
-plan's step time, the measured median step time and their ratio, both conv2 partitions, and the
-prediction the training run's own cost model made (its summary's `predicted_step_time_s`; a
-single device is not calibrated in training). Links are validated by `pyhet bench bandwidth`,
+plan's step time, the measured median step time and their ratio, both partitions of the last
+conv layer (conv2 of the paper network), and the prediction the training run's own cost model
+made (its summary's `predicted_step_time_s`; a single device is not calibrated in training). Links are validated by `pyhet bench bandwidth`,
 whose table has the plan's columns for each measured link.
 
 With --rounds R, the whole set runs R times in turn (every configuration once a round), and each
@@ -28,6 +28,7 @@ try:
 except ImportError:  # run as a script: python bench/plan.py
     import _util
 
+from pyhet import arch as arch_notation
 from pyhet.cli import Parser, kernel_counts, positive
 
 
@@ -37,6 +38,8 @@ def parse_args(argv):
                    help="--devices SPECs, separated by ';'")
     p.add_argument("--batch-sizes", default="16,32", help="comma-separated")
     p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--arch", default=None, metavar="SPEC",
+                   help="the network in --arch notation (instead of --kernels)")
     p.add_argument("--steps", type=positive(int), default=6,
                    help="training steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=1,
@@ -48,6 +51,8 @@ def parse_args(argv):
     args.configs = _util.device_configs(p, args.configs)
     try:
         kernel_counts(args.kernels)
+        if args.arch is not None:
+            arch_notation.parse(args.arch)
         args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
@@ -56,9 +61,9 @@ def parse_args(argv):
     return args
 
 
-def plan_argv(spec: str, kernels: str, batch: int) -> list:
+def plan_argv(spec: str, args, batch: int) -> list:
     return [sys.executable, "-m", "pyhet", "plan", "--devices", spec, "--dataset", "synthetic",
-            "--kernels", kernels, "--batch-size", str(batch), "--json"]
+            *_util.network_argv(args.kernels, args.arch), "--batch-size", str(batch), "--json"]
 
 
 def ratio(a, b) -> str:
@@ -70,15 +75,17 @@ median = _util.median_or_none
 
 def measure(spec: str, batch: int, args, cwd) -> dict:
     """One round of one configuration: its plan, then its training run."""
-    p = _util.run_json(plan_argv(spec, args.kernels, batch), args.timeout, cwd)
-    s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec), args.timeout, cwd)
-    return {"plan_step_s": p["predicted_step_s"],
-            "plan_partition": p["partition"]["conv2"],
+    p = _util.run_json(plan_argv(spec, args, batch), args.timeout, cwd)
+    s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec, arch=args.arch),
+                       args.timeout, cwd)
+    layer = list(p["partition"])[-1]   # the last conv layer (conv2 of the paper network)
+    return {"plan_step_s": p["predicted_step_s"], "layer": layer,
+            "plan_partition": p["partition"][layer],
             "step_s": s["step_time_s"]["median"],
-            "partition": s["partition"]["conv2"],
+            "partition": s["partition"][layer],
             "train_model_step_s": s.get("predicted_step_time_s"),
             "contention": {d: v["contention"] for d, v in
-                           p["layers"]["conv2"]["devices"].items()}}
+                           p["layers"][layer]["devices"].items()}}
 
 
 def summarise(spec: str, batch: int, runs: list) -> dict:
@@ -108,7 +115,8 @@ def main(argv=None) -> int:
                 print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
                       f"{r['plan_step_s']:.3f} s, measured {r['step_s']:.3f} s", flush=True)
     rows = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys]
-    print(f"\nkernels {args.kernels}, synthetic 3x32x32 data, --balance static, "
+    print(f"\n{args.arch or 'kernels ' + args.kernels}, synthetic 3x32x32 data, "
+          f"--balance static, "
           f"{args.steps} steps a run"
           + (f"; medians of {args.rounds} rounds (ratios: of each round's)"
              if args.rounds > 1 else ""))
@@ -119,11 +127,12 @@ def main(argv=None) -> int:
               "/".join(map(str, r["plan_partition"].values())),
               "/".join(map(str, r["partition"].values()))] for r in rows]
     print(_util.format_table(["devices", "batch", "plan s", "measured s", "plan/measured",
-                              "train model s", "model/measured", "plan conv2", "trained conv2"],
+                              "train model s", "model/measured", f"plan {rows[0]['layer']}",
+                              f"trained {rows[0]['layer']}"],
                              table))
     worst = max(abs(r["plan_ratio"] - 1) for r in rows)
     print(f"largest difference of the plan from the measured step: {100 * worst:.1f}%")
-    result = {"benchmark": "plan", "system": info, "kernels": args.kernels,
+    result = {"benchmark": "plan", "system": info, "kernels": args.kernels, "arch": args.arch,
               "steps": args.steps, "rounds": args.rounds, "rows": rows}
     if args.json:
         _util.write_json(args.json, result)

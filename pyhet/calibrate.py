@@ -42,6 +42,9 @@ class Calibration:
     # over its best in its trials (_spreads). A device running a layer on its own is predicted
     # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
+    # the master's own work of a step (the fc layers, the loss, their update: model.time_head)
+    # timed on this machine at this batch size, where pyhet plan's master is here; else None
+    master_s: float | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured

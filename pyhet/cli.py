@@ -414,7 +414,9 @@ def plan_table(r: dict) -> str:
         lines.append(f"{layer:<8}{row['conv_s']:>11.5f}  " + "".join(
             f"{row['devices'][n]['kernels']:>12}" for n in names))
     best = r["best_single"]
-    lines += [f"master (fc layers at {r['master_gflops']:.1f} GFLOP/s): {r['master_s']:.5f} s",
+    master = ("fc layers, loss and their update, timed here: "
+              if r["master_timed"] else "fc layers at ")
+    lines += [f"master ({master}{r['master_gflops']:.1f} GFLOP/s): {r['master_s']:.5f} s",
               f"predicted step: {r['predicted_step_s']:.5f} s, speedup "
               + ("n/a (no device holds a layer alone)" if best is None else
                  f"{r['speedup']:.2f}x over {best['device']} alone ({best['step_s']:.5f} s)")

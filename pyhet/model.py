@@ -269,6 +269,67 @@ def load_weights(path, net: NetGeometry) -> dict:
 # The network
 
 
+class Head:
+    """The master's part of a network: flatten, the fc layers (a ReLU after each hidden one),
+    the loss, and the fc layers' SGD update, on the master's backend `host`."""
+
+    def __init__(self, net: NetGeometry, params: dict, host):
+        self.host = host
+        self.names = [name for name, _, _ in net.fc_layers()]
+        self.flatten = Flatten()
+        self.fcs = [Linear(params[f"{name}.weight"].copy(), params[f"{name}.bias"].copy(),
+                           backend=host) for name in self.names]
+        self.relus = [ReLU() for _ in net.hidden]   # after each hidden fc layer
+        self.loss = SoftmaxCrossEntropy()
+        self.momentum = {name: {"weight": None, "bias": None} for name in self.names}
+
+    def forward(self, h):
+        """The last conv block's output (N, C, H, W) -> logits (N, M)."""
+        h = self.flatten.forward(h)
+        for fc, relu in zip(self.fcs, self.relus):
+            h = relu.forward(fc.forward(h))
+        return self.fcs[-1].forward(h)
+
+    def train(self, h, labels) -> tuple:
+        """Forward and backward on a batch: (the loss, its gradient for h)."""
+        loss = self.loss.forward(self.forward(h), labels)
+        d = self.fcs[-1].backward(self.loss.backward())
+        for fc, relu in zip(reversed(self.fcs[:-1]), reversed(self.relus)):
+            d = fc.backward(relu.backward(d))
+        return loss, self.flatten.backward(d)
+
+    def update(self, cfg: SGDConfig) -> None:
+        """One SGD step of the fc layers from the gradients of the last train()."""
+        for name, fc in zip(self.names, self.fcs):
+            mom = self.momentum[name]
+            for k in ("weight", "bias"):
+                mom[k] = self.host.sgd_update(fc.params[k], fc.grads[k], mom[k], cfg)
+
+
+def time_head(net: NetGeometry, batch: int, host, rounds: int = 7, seed: int = 0) -> float:
+    """The master's own work of one training step of `net` on a batch (Head: the fc layers
+    forward and backward, the loss, their update), timed on `host`: the median of `rounds`
+    runs after two that warm it up, on random data and weights of the real shapes."""
+    rng = np.random.default_rng(seed)
+    shapes = net.param_shapes()
+    params = {k: (rng.standard_normal(shape) * 0.01).astype(np.float32)
+              for k, shape in shapes.items() if k.split(".")[0] in
+              {name for name, _, _ in net.fc_layers()}}
+    head = Head(net, params, host)
+    last = net.blocks[-1]
+    h = rng.standard_normal((batch, *last.out_shape)).astype(np.float32)
+    labels = rng.integers(0, net.num_classes, batch)
+    cfg = SGDConfig()
+    times = []
+    for r in range(rounds + 2):
+        t0 = time.perf_counter()
+        head.train(h, labels)
+        head.update(cfg)
+        if r >= 2:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 class Net:
     """A network over a set of devices: every conv block partitioned over them, the fc layers
     and the loss on the master."""
@@ -280,33 +341,14 @@ class Net:
         self.convs = [PartitionedConv(g, params[f"{g.name}.weight"], params[f"{g.name}.bias"],
                                       self.devices, partition[g.name], need_dx=i > 0)
                       for i, g in enumerate(net.blocks)]
-        self.flatten = Flatten()
-        self.fcs = [Linear(params[f"{name}.weight"].copy(), params[f"{name}.bias"].copy(),
-                           backend=host) for name, _, _ in net.fc_layers()]
-        self.fc_names = [name for name, _, _ in net.fc_layers()]
-        self.relus = [ReLU() for _ in net.hidden]   # after each hidden fc layer
-        self.loss = SoftmaxCrossEntropy()
-        self._fc_momentum = {name: {"weight": None, "bias": None} for name in self.fc_names}
-
-    def _fc_forward(self, h):
-        """h (N, F) -> logits (N, M) through the hidden fc layers and the classifier."""
-        for fc, relu in zip(self.fcs, self.relus):
-            h = relu.forward(fc.forward(h))
-        return self.fcs[-1].forward(h)
-
-    def _fc_backward(self, dlogits):
-        """dlogits (N, M) -> dh (N, F)."""
-        d = self.fcs[-1].backward(dlogits)
-        for fc, relu in zip(reversed(self.fcs[:-1]), reversed(self.relus)):
-            d = fc.backward(relu.backward(d))
-        return d
+        self.head = Head(net, params, host)
 
     def forward(self, x):
         """x (N, C, H, W) -> logits (N, M)."""
         h = x
         for conv in self.convs:
             h = conv.forward(h)
-        return self._fc_forward(self.flatten.forward(h))
+        return self.head.forward(h)
 
     def train_step(self, x, labels, cfg: SGDConfig, timer=None) -> float:
         """One SGD step on a batch; returns the loss. timer: a PartTimer that receives the time
@@ -317,9 +359,7 @@ class Net:
             for conv in self.convs:
                 h = conv.forward(h)
         with t("fc"):
-            logits = self._fc_forward(self.flatten.forward(h))
-            loss = self.loss.forward(logits, labels)
-            dh = self.flatten.backward(self._fc_backward(self.loss.backward()))
+            loss, dh = self.head.train(h, labels)
         with t("conv_backward"):
             for conv in reversed(self.convs):
                 dh = conv.backward(dh)
@@ -332,10 +372,7 @@ class Net:
             # (a device that fails before this leaves every layer as it was; pyhet.failover)
             for conv in self.convs:
                 conv.commit()
-            for name, fc in zip(self.fc_names, self.fcs):
-                mom = self._fc_momentum[name]
-                for k in ("weight", "bias"):
-                    mom[k] = self.host.sgd_update(fc.params[k], fc.grads[k], mom[k], cfg)
+            self.head.update(cfg)
         return float(loss)
 
     def params(self) -> dict:
@@ -344,7 +381,7 @@ class Net:
         for conv in self.convs:
             w, b, _, _ = conv.gather_state()
             out[f"{conv.name}.weight"], out[f"{conv.name}.bias"] = w, b
-        for name, fc in zip(self.fc_names, self.fcs):
+        for name, fc in zip(self.head.names, self.head.fcs):
             out[f"{name}.weight"] = np.array(fc.params["weight"])
             out[f"{name}.bias"] = np.array(fc.params["bias"])
         return out
@@ -355,8 +392,8 @@ class Net:
         for conv in self.convs:
             _, _, vw, vb = conv.gather_state()
             out[conv.name] = (vw, vb)
-        for name in self.fc_names:
-            out[name] = (self._fc_momentum[name]["weight"], self._fc_momentum[name]["bias"])
+        for name in self.head.names:
+            out[name] = (self.head.momentum[name]["weight"], self.head.momentum[name]["bias"])
         return out
 
     def set_momentum(self, moms: dict) -> None:
@@ -366,10 +403,10 @@ class Net:
                 w, b, _, _ = conv.gather_state()
                 conv.install(w, b, moms[f"{conv.name}.weight"], moms[f"{conv.name}.bias"],
                              conv.counts)
-        for name in self.fc_names:
+        for name in self.head.names:
             if f"{name}.weight" in moms:
-                self._fc_momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
-                                           "bias": moms[f"{name}.bias"].copy()}
+                self.head.momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
+                                            "bias": moms[f"{name}.bias"].copy()}
 
     def fail_over(self, failed, states: dict, partition: dict | None) -> None:
         """Leave the devices `failed` (indices) out from now on; every conv layer gets its

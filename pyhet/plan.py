@@ -3,8 +3,9 @@
 The devices are those calibrated here (a Calibration, as `pyhet devices` gives it) and devices
 described by their figures (`--describe`), on this machine or behind a link. Every device
 gets, per conv layer, the cost model of pyhet.partition: t(k) = overhead + k / speed, plus its
-link's fixed and per-kernel time (pyhet.links). The master's non-conv work (the fc layers and
-the loss) is modelled by its FLOPs at the master's rate.
+link's fixed and per-kernel time (pyhet.links). The master's non-conv work (the fc layers, the
+loss, their update) is as timed on this machine where its devices are calibrated here
+(Calibration.master_s), else modelled by the fc layers' FLOPs at the master's rate.
 
 The same cluster is also modelled under data parallelism (DDP): every device a full replica on
 batch / n images, the gradients of every weight all-reduced each step by a ring. The replicas
@@ -221,6 +222,7 @@ class Cluster:
     links: list           # Link or None per device
     costs: dict           # layer -> [Cost per device]
     gflops: list          # each device's compute rate (GFLOP/s, on the network's largest layer)
+    master_s: float | None = None   # the master's own work of a step, timed here (or None)
 
     def without_link(self, i: int) -> "Cluster":
         """The same cluster with device i's link free."""
@@ -228,7 +230,7 @@ class Cluster:
                                  link_forward=(0.0, 0.0)) if j == i else c
                          for j, c in enumerate(cs)] for layer, cs in self.costs.items()}
         links = [None if j == i else lk for j, lk in enumerate(self.links)]
-        return Cluster(self.names, links, costs, self.gflops)
+        return Cluster(self.names, links, costs, self.gflops, self.master_s)
 
 
 def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
@@ -356,18 +358,23 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     for j, g in enumerate(net.blocks):
         costs[g.name] = [replace(c, forward_share=g.forward_share(need_dx=j > 0))
                          for c in costs[g.name]]
-    return Cluster(names, links, costs, gflops)
+    master_s = None if calibrated is None else calibrated[1].master_s
+    return Cluster(names, links, costs, gflops, master_s)
 
 
 # ================================================================================================
 # Predictions
 
 
+def fc_flops(net: NetGeometry, batch: int) -> float:
+    """The FLOPs of the fc layers, forward and backward, in a step of the batch."""
+    conv = {g.name for g in net.blocks}
+    return batch * sum(f for name, f in net.flops_per_image().items() if name not in conv)
+
+
 def master_seconds(net: NetGeometry, batch: int, gflops: float) -> float:
     """The master's non-conv work per step (fc layers forward and backward) at `gflops`."""
-    conv = {g.name for g in net.blocks}
-    flops = sum(f for name, f in net.flops_per_image().items() if name not in conv)
-    return flops * batch / (gflops * 1e9)
+    return fc_flops(net, batch) / (gflops * 1e9)
 
 
 def default_master_gflops(cluster: Cluster) -> float:
@@ -446,17 +453,17 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     return total
 
 
-def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0) -> dict:
+def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
+        fc_rate: float = 1.0) -> dict:
     """Data parallelism as PyTorch DDP: every device a full replica on batch / n images (conv
-    layers at its calibrated or described rate, fc layers at its GFLOP/s, all of it at `speed`
-    times that: the DDP framework's speed relative to pyhet's), then a ring
+    layers at its calibrated or described rate, fc layers at its GFLOP/s times `fc_rate`, all
+    of it at `speed` times that: the DDP framework's speed relative to pyhet's), then a ring
     all-reduce of every weight's gradient: each device sends and receives 2 (n - 1) / n of the
     weight bytes over the slowest link, in 2 (n - 1) messages. Communication does not overlap
     the backward; devices on the master's machine exchange through memory (free); memory is
     not checked."""
     n = len(cluster.names)
-    conv = {g.name for g in net.blocks}
-    fc_flops = sum(f for name, f in net.flops_per_image().items() if name not in conv)
+    fc = fc_flops(net, batch)
     compute = []
     for i in range(n):
         t = 0.0
@@ -465,7 +472,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0) -> d
             # a replica alone runs each whole layer on its own, as layer_seconds counts it
             t += (_alone_s(c, g.K) - c.link_s(g.K) if n == 1 else
                   c.overhead + g.K / (c.speed * n))
-        compute.append((t + fc_flops * batch / n / (cluster.gflops[i] * 1e9)) / speed)
+        compute.append((t + fc / n / (cluster.gflops[i] * fc_rate * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
     remote = [lk for lk in cluster.links if lk is not None]
     allreduce = 0.0
@@ -508,9 +515,20 @@ def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: floa
 def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | None = None,
          ddp_speed: float = 1.0) -> dict:
     """The prediction of the cluster on the network at this batch size (pyhet plan --json);
-    ddp_speed: the DDP framework's compute speed relative to pyhet's (see ddp)."""
-    master_gflops = master_gflops or default_master_gflops(cluster)
-    master_s = master_seconds(net, batch, master_gflops)
+    ddp_speed: the DDP framework's compute speed relative to pyhet's (see ddp). The master's
+    own work is its time as measured (cluster.master_s) unless master_gflops is given, else
+    the fc layers' FLOPs at master_gflops or the master's devices' rate
+    (default_master_gflops). A DDP replica runs its fc layers at its rate times the rate the
+    measured master reached on them over its devices' (1 where the master was not timed)."""
+    timed = master_gflops is None and cluster.master_s is not None
+    fc_rate = 1.0
+    if timed:
+        master_s = cluster.master_s
+        master_gflops = fc_flops(net, batch) / max(master_s, 1e-12) / 1e9
+        fc_rate = master_gflops / default_master_gflops(cluster)
+    else:
+        master_gflops = master_gflops or default_master_gflops(cluster)
+        master_s = master_seconds(net, batch, master_gflops)
     partition = partition_of(cluster, net)
     layer_s = conv_seconds(cluster, net, partition)
     conv_s = sum(layer_s.values())
@@ -531,7 +549,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                           "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}
         layers[g.name] = {"conv_s": round(layer_s[g.name], 9), "devices": rows}
-    d = ddp(cluster, net, batch, ddp_speed)
+    d = ddp(cluster, net, batch, ddp_speed, fc_rate)
     return {
         "network": net.arch, "batch_size": batch,
         "devices": [{"name": n, "link": link_name(lk), "gflops": round(gf, 3),
@@ -542,7 +560,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                       for layer, counts in partition.items()},
         "layers": layers,
         "predicted_conv_s": round(conv_s, 9), "master_s": round(master_s, 9),
-        "master_gflops": round(master_gflops, 3),
+        "master_gflops": round(master_gflops, 3), "master_timed": timed,
         "predicted_step_s": round(step, 9),
         "best_single": None if best is None else {"device": cluster.names[best],
                                                   "step_s": round(base, 9)},

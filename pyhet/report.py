@@ -3,14 +3,17 @@ a network (and the partition calibration gives)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import arch, ops
 from .backends.numpy_ref import host_available_memory
 from .calibrate import calibrate
 from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
+from .model import time_head
 from .specs import check_threads, cuda_device_count, parse_devices
-from .train import check_memory
+from .train import check_memory, host_backend
 
 
 def _gpus() -> list[dict]:
@@ -58,7 +61,8 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
 
 def calibrate_spec(spec: str, net, batch: int):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
-    (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here."""
+    (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
+    here too: the Calibration's master_s is its own work of a step, timed."""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
@@ -68,7 +72,10 @@ def calibrate_spec(spec: str, net, batch: int):
     check_threads(specs)
     devices = make_devices(specs)
     try:
-        return [d.name for d in devices], calibrate(devices, net.blocks, batch)
+        cal = calibrate(devices, net.blocks, batch)
+        # the master runs on this machine: its own work timed on the backend training gives it
+        master_s = time_head(net, batch, host_backend(devices))
+        return [d.name for d in devices], replace(cal, master_s=master_s)
     finally:
         for d in devices:
             d.close()

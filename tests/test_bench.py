@@ -289,7 +289,13 @@ def test_bench_plan(tmp_path, capsys):
         assert all(v >= low for v in r["contention"].values())
     assert rows[0]["train_model_step_s"] is None and rows[1]["train_model_step_s"] > 0
     assert "plan/measured" in out and "largest difference" in out and "medians of 2" in out
-    for bad in (["--configs", "cpu:x"], ["--rounds", "0"]):
+    # a network by --arch: the plan and the training run both take it
+    out = run(capsys, "plan", "--configs", "cpu:1", "--batch-sizes", "2", "--arch",
+              "3C3-P2-16N", "--steps", "2", "--json", str(tmp_path / "a.json"))
+    r = json.loads((tmp_path / "a.json").read_text())
+    assert r["arch"] == "3C3-P2-16N" and r["rows"][0]["partition"] == {"d0": 3}
+    assert r["rows"][0]["plan_partition"] == {"d0": 3} and "3C3-P2-16N" in out
+    for bad in (["--configs", "cpu:x"], ["--rounds", "0"], ["--arch", "3C3-Q"]):
         with pytest.raises(SystemExit) as e:
             main(["bench", "plan", *bad])
         assert e.value.code == 2

@@ -7,6 +7,7 @@ Letters as in pyhet.geometry; N is the batch size.
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -240,6 +241,52 @@ def test_master_bottleneck():
     assert plan.plan(cluster, huge, N, master_gflops=0.01)["bottleneck"] == "master"
 
 
+def test_a_timed_master_is_its_measured_time():
+    """Where the master was timed here (Calibration.master_s), its time is the plan's master
+    term and sets the rate a DDP replica runs its fc layers at (its own rate times the one the
+    master reached over its devices'); --master-gflops still gives the FLOP model."""
+    M = 1e-5   # the master's measured seconds
+    names, c = cal({"conv1": [4000.0, 2000.0], "conv2": [900.0, 450.0]})
+    timed = plan.build_cluster(NET, N, (names, replace(c, master_s=M)))
+    r = plan.plan(timed, NET, N)
+    assert r["master_timed"] is True and r["master_s"] == pytest.approx(M)
+    assert r["predicted_step_s"] == pytest.approx(r["predicted_conv_s"] + M, rel=1e-6)
+    fc = plan.fc_flops(NET, N)
+    assert r["master_gflops"] == pytest.approx(fc / M / 1e9, rel=1e-3)
+    assert r["best_single"]["step_s"] == pytest.approx(
+        sum(g.K / s for g, s in zip(NET.blocks, (4000.0, 900.0))) + M, rel=1e-6)
+    # the replicas: each device's fc layers at its rate times the master's measured over the
+    # rate of the master's devices together (both local: the sum of their rates)
+    rate = fc / M / sum(d["gflops"] * 1e9 for d in r["devices"])
+    d = plan.ddp(timed, NET, N, fc_rate=rate)
+    assert r["ddp"]["step_s"] == pytest.approx(d["step_s"], rel=1e-6)
+    slow = 1   # d1, the slower replica: half of every layer's kernels' work on N / 2 images
+    conv = sum(g.K / ({"conv1": 2000.0, "conv2": 450.0}[g.name] * 2) for g in NET.blocks)
+    fc_s = fc / 2 / (r["devices"][slow]["gflops"] * 1e9 * rate)
+    assert d["compute_s"] == pytest.approx(conv + fc_s, rel=1e-3)
+    # the FLOP model where --master-gflops is given, or where the master was not timed
+    for r2 in (plan.plan(timed, NET, N, master_gflops=10.0),
+               plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=10.0)):
+        assert r2["master_timed"] is False
+        assert r2["master_s"] == pytest.approx(fc / 10e9, rel=1e-6)
+    untimed = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N)
+    assert untimed["master_timed"] is False
+    assert untimed["master_s"] == pytest.approx(
+        fc / (sum(d["gflops"] for d in untimed["devices"]) * 1e9), rel=1e-3)
+    # the timed master stays with the cluster when a device moves behind a link
+    assert timed.without_link(0).master_s == M
+
+
+def test_time_head_times_the_masters_work():
+    from pyhet.backends.numpy_ref import NumpyBackend
+    from pyhet.model import time_head
+
+    wide = arch.build("2C3-P2-2C3-P2-512N", (1, 12, 12), 10)
+    small = time_head(NET, N, NumpyBackend(), rounds=3)
+    big = time_head(wide, 64, NumpyBackend(), rounds=3)
+    assert 0 < small < big < 10
+
+
 def test_ddp_arithmetic_by_hand():
     # two described devices, 1 GFLOP/s and 3 GFLOP/s, behind links of 1e6 and 2e6 bytes/s
     cluster = plan.build_cluster(NET, N, described=plan.parse_describe(
@@ -350,6 +397,11 @@ def test_cli_calibrates_a_spec(cli):
     assert res.code == 0, res.err
     r = json.loads(res.out.strip().splitlines()[-1])
     assert set(r["partition"]["conv2"]) == {"d0", "twin"}
+    # the master is here: its own work is timed, not modelled
+    assert r["master_timed"] is True and r["master_s"] > 0
+    res = cli("plan", "--devices", "numpy", "--kernels", "4,6", "--dataset", "synthetic",
+              "--batch-size", "4")
+    assert res.code == 0 and "timed here" in res.out
 
 
 def test_one_device_on_its_own_when_the_split_would_be_slower():
