@@ -80,6 +80,10 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
                        args.timeout, cwd)
     layer = list(p["partition"])[-1]   # the last conv layer (conv2 of the paper network)
     return {"plan_step_s": p["predicted_step_s"], "layer": layer,
+            # the plan's conv layers and master, and the training run's conv layers (forward
+            # and backward; the rest of its step is the update and the master's work)
+            "plan_conv_s": p["predicted_conv_s"], "plan_master_s": p["master_s"],
+            "conv_s": s["conv_time_s"],
             "plan_partition": p["partition"][layer],
             "step_s": s["step_time_s"]["median"],
             "partition": s["partition"][layer],
@@ -91,7 +95,8 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
 def summarise(spec: str, batch: int, runs: list) -> dict:
     """A row: the last round's partitions and contention, medians of the times and ratios."""
     row = {"devices": spec, "batch_size": batch, **runs[-1]}
-    for key in ("plan_step_s", "step_s", "train_model_step_s"):
+    for key in ("plan_step_s", "step_s", "train_model_step_s", "plan_conv_s", "plan_master_s",
+                "conv_s"):
         row[key] = median(r[key] for r in runs)
     row["plan_ratio"] = median(r["plan_step_s"] / r["step_s"] for r in runs)
     row["train_model_ratio"] = median(
