@@ -83,6 +83,8 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
             # the plan's conv layers and master, and the training run's conv layers (forward
             # and backward; the rest of its step is the update and the master's work)
             "plan_conv_s": p["predicted_conv_s"], "plan_master_s": p["master_s"],
+            "plan_master_timed": p["master_timed"],
+            "plan_gflops": {d["name"]: d["gflops"] for d in p["devices"]},
             "conv_s": s["conv_time_s"],
             "plan_partition": p["partition"][layer],
             "step_s": s["step_time_s"]["median"],

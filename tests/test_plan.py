@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from pyhet import arch, plan
@@ -282,9 +283,24 @@ def test_time_head_times_the_masters_work():
     from pyhet.model import time_head
 
     wide = arch.build("2C3-P2-2C3-P2-512N", (1, 12, 12), 10)
-    small = time_head(NET, N, NumpyBackend(), rounds=3)
-    big = time_head(wide, 64, NumpyBackend(), rounds=3)
+    small = time_head(NET, N, NumpyBackend(), rounds=3, budget_s=0.05)
+    big = time_head(wide, 64, NumpyBackend(), rounds=3, budget_s=0.05)
     assert 0 < small < big < 10
+    # the head trains: its loss falls on a fixed batch (the same code as Net's step)
+    from pyhet.model import Head
+    from pyhet.optim import SGDConfig
+    rng = np.random.default_rng(1)
+    params = {k: (rng.standard_normal(s) * 0.05).astype(np.float32)
+              for k, s in wide.param_shapes().items() if k.startswith("fc")}
+    head = Head(wide, params, NumpyBackend())
+    h = rng.standard_normal((8, *wide.blocks[-1].out_shape)).astype(np.float32)
+    labels = rng.integers(0, 10, 8)
+    losses = []
+    for _ in range(20):
+        loss, dh = head.train(h, labels)
+        head.update(SGDConfig(lr=0.05))
+        losses.append(float(loss))
+    assert dh.shape == h.shape and losses[-1] < 0.5 * losses[0]
 
 
 def test_ddp_arithmetic_by_hand():
