@@ -216,7 +216,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
                  seed: int) -> float:
     """The device's typical time for the whole layer g, as a training step runs it (after a
-    warm-up, the median of three runs where `model_s` is under 0.2 s, else one), over its
+    warm-up, the median of three runs where `model_s` is under 0.2 s, and of more where they
+    take less than TRIAL_BUDGET_S together, else one), over its
     cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer factor
     of a single device. The model is fitted on the best of trials of a few kernels; the whole
     layer can run faster (a cpu device's GEMM runs products whose every dimension is at least
@@ -250,12 +251,16 @@ def _group_size(devices, d) -> int:
     return 1 if d.group is None else sum(e.group == d.group for e in devices)
 
 
-def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int, seed: int):
+def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int, seed: int,
+                 budget_s: float | None = None):
     """[(busy seconds of each device, wall seconds)] of `rounds` runs of layer g with
     `counts` kernels per device, as a training step runs it (pyhet.parallel.PartitionedConv:
     the shared im2col, the forward, the backward with its input gradient, the update staged;
     each phase waits for every device), after one run that warms it up (its buffers' page
-    faults). Its shards are dropped after."""
+    faults); and of more runs, up to 5 * rounds, while they take less than `budget_s`
+    together (default TRIAL_BUDGET_S): a layer of a few milliseconds is as cheap to time ten
+    times as a big one once, and its median over three runs moves by 10-20% on a shared
+    machine. Its shards are dropped after."""
     from .optim import SGDConfig
     from .parallel import PartitionedConv
 
@@ -263,9 +268,12 @@ def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int
     w = (rng.standard_normal(g.weight_shape) * 0.1).astype(np.float32)
     layer = PartitionedConv(g, w, np.zeros(g.K, np.float32), devices, counts, need_dx)
     dout = np.ones(g.out_batch_shape(g.K, x.shape[0]), np.float32)
+    budget_s = TRIAL_BUDGET_S if budget_s is None else budget_s
     out = []
     try:
-        for r in range(rounds + 1):
+        for r in range(5 * rounds + 1):
+            if r > rounds and sum(wall for _, wall in out) >= budget_s:
+                break
             before = [d.busy_by_tag.get(g.name, 0.0) for d in devices]
             t0 = time.perf_counter()
             layer.forward(x)
@@ -288,6 +296,7 @@ def _alike(d) -> tuple:
     return (d.spec.kind, d.spec.arg, d.spec.speed, d.group, d.link is None)
 
 
+TRIAL_BUDGET_S = 0.3   # a layer trial's runs go on to this many seconds (_layer_trial)
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
 # A device can run its share faster among the others than its fit alone says: the layer as a
 # step runs it can take Strassen's scheme where the trials are too small for it (a host

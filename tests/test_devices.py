@@ -407,8 +407,13 @@ def test_the_together_trial_runs_the_layer_as_training_does():
     devices = make_devices(parse_devices("cpu:1,cpu:1@0.5"))
     try:
         x = np.random.default_rng(0).standard_normal(g.x_shape(4)).astype(np.float32)
-        rounds = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0)
+        rounds = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0,
+                                               budget_s=0.0)
         assert len(rounds) == 2
+        # a short layer runs more times, up to five times as many, within the time budget
+        more = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0, budget_s=60)
+        assert len(more) == 10
+        rounds += more
         for busy, wall in rounds:
             assert len(busy) == 2 and all(b > 0 for b in busy)
             assert wall >= max(busy) * 0.99
