@@ -38,6 +38,14 @@ arch="16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N"
     rest=$(python3 -c "from pyhet import ops; print(max(1, ops.default_threads() - 1))")
     pyhet bench plan --configs "gpu:0;gpu:0,cpu:$rest;cpu:$rest" --batch-sizes 16,64 \
       --rounds 1 --json "$out/plan.json" 2>&1 | grep -v '^round'
+    # where a plan misses: its conv layers and master against the run's conv layers and the rest
+    python3 -c "
+import json
+for r in json.load(open('$out/plan.json'))['rows']:
+    for x in r['rounds']:
+        print(f\"{r['devices']:>14} {r['batch_size']:>3}: plan conv {x['plan_conv_s']:.4f} s + \"
+              f\"master {x['plan_master_s']:.4f} s; run conv {x['conv_s']:.4f} s + rest \"
+              f\"{x['step_s'] - x['conv_s']:.4f} s (update, fc layers, loss, hand-offs)\")"
     pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --cpu-devices 2,4 \
       --json "$out/scaling.json" 2>&1 | grep -v '^round'
   fi
