@@ -45,6 +45,9 @@ class Calibration:
     # the master's own work of a step (the fc layers, the loss, their update: model.time_head)
     # timed on this machine at this batch size, where pyhet plan's master is here; else None
     master_s: float | None = None
+    # with master_s, per device: True where it computes on this machine's CPU cores (not a
+    # GPU), whose rate on the conv layers the master's rate on the fc layers is set against
+    cpu_like: list | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured

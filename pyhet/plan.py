@@ -223,6 +223,11 @@ class Cluster:
     costs: dict           # layer -> [Cost per device]
     gflops: list          # each device's compute rate (GFLOP/s, on the network's largest layer)
     master_s: float | None = None   # the master's own work of a step, timed here (or None)
+    # per device: computes on CPU cores like this machine's (a calibrated cpu or numpy device,
+    # or a copy of one); and the calibrated ones' rate together (GFLOP/s), which the timed
+    # master's rate on the fc layers is set against (ddp)
+    cpu_like: list | None = None
+    cpu_gflops: float | None = None
 
     def without_link(self, i: int) -> "Cluster":
         """The same cluster with device i's link free."""
@@ -230,7 +235,7 @@ class Cluster:
                                  link_forward=(0.0, 0.0)) if j == i else c
                          for j, c in enumerate(cs)] for layer, cs in self.costs.items()}
         links = [None if j == i else lk for j, lk in enumerate(self.links)]
-        return Cluster(self.names, links, costs, self.gflops, self.master_s)
+        return replace(self, links=links, costs=costs)
 
 
 def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
@@ -266,7 +271,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     cycling through the described entries (their own count= ignored), as a sweep does."""
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
-    names, links, gflops = [], [], []
+    names, links, gflops, cpu_like = [], [], [], []
     costs = {g.name: [] for g in net.blocks}
     known = {}   # calibrated name -> {layer: Cost}
     own = {}     # calibrated name -> {layer: Cost} of a copy on another machine
@@ -307,6 +312,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             names.append(name)
             links.append(None)
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
+            cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
         if d.gflops is None and d.like is None:
             if d.name not in known:
@@ -353,13 +359,18 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
                                           slower, whole=whole, link_forward=forward))
             gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
+            cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
     for j, g in enumerate(net.blocks):
         costs[g.name] = [replace(c, forward_share=g.forward_share(need_dx=j > 0))
                          for c in costs[g.name]]
-    master_s = None if calibrated is None else calibrated[1].master_s
-    return Cluster(names, links, costs, gflops, master_s)
+    master_s = cpu_gflops = None
+    if calibrated is not None and calibrated[1].master_s is not None:
+        master_s = calibrated[1].master_s
+        mine = len(calibrated[0])   # the calibrated devices come first
+        cpu_gflops = sum(gf for gf, cpu in zip(gflops[:mine], cpu_like) if cpu) or None
+    return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops)
 
 
 # ================================================================================================
@@ -456,8 +467,9 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
 def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
         fc_rate: float = 1.0) -> dict:
     """Data parallelism as PyTorch DDP: every device a full replica on batch / n images (conv
-    layers at its calibrated or described rate, fc layers at its GFLOP/s times `fc_rate`, all
-    of it at `speed` times that: the DDP framework's speed relative to pyhet's), then a ring
+    layers at its calibrated or described rate, fc layers at its GFLOP/s, times `fc_rate` on a
+    device that computes like this machine's CPU cores (cluster.cpu_like), all of it at `speed`
+    times that: the DDP framework's speed relative to pyhet's), then a ring
     all-reduce of every weight's gradient: each device sends and receives 2 (n - 1) / n of the
     weight bytes over the slowest link, in 2 (n - 1) messages. Communication does not overlap
     the backward; devices on the master's machine exchange through memory (free); memory is
@@ -472,7 +484,8 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
             # a replica alone runs each whole layer on its own, as layer_seconds counts it
             t += (_alone_s(c, g.K) - c.link_s(g.K) if n == 1 else
                   c.overhead + g.K / (c.speed * n))
-        compute.append((t + fc / n / (cluster.gflops[i] * fc_rate * 1e9)) / speed)
+        rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
+        compute.append((t + fc / n / (cluster.gflops[i] * rate * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
     remote = [lk for lk in cluster.links if lk is not None]
     allreduce = 0.0
@@ -482,6 +495,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
         allreduce = (slowest.seconds(2 * (n - 1) / n * weight_bytes) +
                      2 * (n - 1) * max(lk.latency_s for lk in remote))
     return {"step_s": max(compute) + allreduce, "compute_s": max(compute),
+            "replica_compute_s": compute,
             "allreduce_s": allreduce, "weight_bytes": weight_bytes,
             "slowest_device": cluster.names[max(range(n), key=lambda i: compute[i])]}
 
@@ -518,14 +532,16 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     ddp_speed: the DDP framework's compute speed relative to pyhet's (see ddp). The master's
     own work is its time as measured (cluster.master_s) unless master_gflops is given, else
     the fc layers' FLOPs at master_gflops or the master's devices' rate
-    (default_master_gflops). A DDP replica runs its fc layers at its rate times the rate the
-    measured master reached on them over its devices' (1 where the master was not timed)."""
+    (default_master_gflops). A DDP replica that computes like this machine's CPU cores runs
+    its fc layers at its rate times the measured master's rate on them over the calibrated
+    CPU devices' on the conv layers (1 where the master was not timed; see ddp)."""
     timed = master_gflops is None and cluster.master_s is not None
     fc_rate = 1.0
     if timed:
         master_s = cluster.master_s
         master_gflops = fc_flops(net, batch) / max(master_s, 1e-12) / 1e9
-        fc_rate = master_gflops / default_master_gflops(cluster)
+        if cluster.cpu_gflops:
+            fc_rate = master_gflops / cluster.cpu_gflops
     else:
         master_gflops = master_gflops or default_master_gflops(cluster)
         master_s = master_seconds(net, batch, master_gflops)

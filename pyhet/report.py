@@ -75,7 +75,8 @@ def calibrate_spec(spec: str, net, batch: int):
         cal = calibrate(devices, net.blocks, batch)
         # the master runs on this machine: its own work timed on the backend training gives it
         master_s = time_head(net, batch, host_backend(devices))
-        return [d.name for d in devices], replace(cal, master_s=master_s)
+        return [d.name for d in devices], replace(cal, master_s=master_s,
+                                                  cpu_like=[d.kind != "gpu" for d in devices])
     finally:
         for d in devices:
             d.close()

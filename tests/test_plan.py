@@ -248,7 +248,7 @@ def test_a_timed_master_is_its_measured_time():
     master reached over its devices'); --master-gflops still gives the FLOP model."""
     M = 1e-5   # the master's measured seconds
     names, c = cal({"conv1": [4000.0, 2000.0], "conv2": [900.0, 450.0]})
-    timed = plan.build_cluster(NET, N, (names, replace(c, master_s=M)))
+    timed = plan.build_cluster(NET, N, (names, replace(c, master_s=M, cpu_like=[True, True])))
     r = plan.plan(timed, NET, N)
     assert r["master_timed"] is True and r["master_s"] == pytest.approx(M)
     assert r["predicted_step_s"] == pytest.approx(r["predicted_conv_s"] + M, rel=1e-6)
@@ -276,6 +276,23 @@ def test_a_timed_master_is_its_measured_time():
         fc / (sum(d["gflops"] for d in untimed["devices"]) * 1e9), rel=1e-3)
     # the timed master stays with the cluster when a device moves behind a link
     assert timed.without_link(0).master_s == M
+    # the fc rate is set against the calibrated CPU devices only: beside a GPU (not cpu-like)
+    # and a described device, the CPU device's replica still runs its fc layers at the rate
+    # the master showed over it, the others at their GFLOP/s
+    mixed = plan.build_cluster(NET, N, (names, replace(c, master_s=M, cpu_like=[True, False])),
+                               plan.parse_describe("far:gflops=7,bw=1gbit;twin:like=d0"))
+    assert mixed.cpu_like == [True, False, False, True]
+    assert mixed.cpu_gflops == pytest.approx(mixed.gflops[0])
+    rate = fc / M / 1e9 / mixed.gflops[0]
+    n = 4
+    d = plan.ddp(mixed, NET, N, fc_rate=rate)
+    r = plan.plan(mixed, NET, N)
+    assert r["ddp"]["step_s"] == pytest.approx(d["step_s"], rel=1e-6)
+    for i, share in enumerate((rate, 1.0, 1.0, rate)):
+        conv_i = sum(mixed.costs[g.name][i].overhead + g.K / (mixed.costs[g.name][i].speed * n)
+                     for g in NET.blocks)
+        assert d["replica_compute_s"][i] == pytest.approx(
+            conv_i + fc / n / (mixed.gflops[i] * share * 1e9), rel=1e-9)
 
 
 def test_time_head_times_the_masters_work():
