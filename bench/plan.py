@@ -8,8 +8,9 @@ For each configuration (a --devices SPEC of this machine) and batch size, one af
 then `pyhet train --devices SPEC --balance static --json` on synthetic data. The table gives the
 plan's step time, the measured median step time and their ratio, both partitions of the last
 conv layer (conv2 of the paper network), and the prediction the training run's own cost model
-made (its summary's `predicted_step_time_s`; a single device is not calibrated in training). Links are validated by `pyhet bench bandwidth`,
-whose table has the plan's columns for each measured link.
+made (its summary's `predicted_step_time_s`; a single device is not calibrated in training).
+Links are validated by `pyhet bench bandwidth`, whose table has the plan's columns for each
+measured link.
 
 With --rounds R, the whole set runs R times in turn (every configuration once a round), and each
 row gives the medians over the rounds: of the plan, of the measured step, and of the plan /

@@ -317,7 +317,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
     them alike; alike devices of this process (the same SPEC) take the mean of their best
     times. These best times alone give the devices' relative speeds. Then, in `together`
-    more rounds, all devices run a trial of about their share at once, and each device's
+    more rounds (more where they are short: _layer_trial), all devices run a trial of about their share at once, and each device's
     compute time is scaled by its median ratio of that to its fitted time alone (`contention`,
     see _together): what the devices cost each other in a real step, and a typical time rather
     than the best one, so that the predicted step time is what a step takes.

@@ -314,10 +314,9 @@ def time_head(net: NetGeometry, batch: int, host, rounds: int = 7, seed: int = 0
     (at most 8 * rounds: a small head takes a millisecond, which a shared machine's noise
     moves by half), on random data and weights of the real shapes."""
     rng = np.random.default_rng(seed)
-    shapes = net.param_shapes()
+    fcs = {name for name, _, _ in net.fc_layers()}
     params = {k: (rng.standard_normal(shape) * 0.01).astype(np.float32)
-              for k, shape in shapes.items() if k.split(".")[0] in
-              {name for name, _, _ in net.fc_layers()}}
+              for k, shape in net.param_shapes().items() if k.split(".")[0] in fcs}
     head = Head(net, params, host)
     last = net.blocks[-1]
     h = rng.standard_normal((batch, *last.out_shape)).astype(np.float32)
