@@ -359,6 +359,30 @@ void bind_sgemm_packed_quadrants(py::handle a_, py::handle packs_, py::handle c_
                                 ldc, threads);
 }
 
+void bind_sgemm_packed_quadrants_t(py::handle a_, py::handle packs_, py::handle c_,
+                                   bool trans_a, float alpha, float beta, int strassen,
+                                   py::handle threads_) {
+  const auto packs = quadrant_packs(packs_);
+  auto a = checked<float>(a_, "a", 2, false, true);
+  auto c = checked<float>(c_, "c", 2, true, true);
+  const int64_t N2 = packs[0]->K(), K2 = packs[0]->N();  // s's quadrants, transposed
+  const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
+  if (K != 2 * K2)
+    throw py::value_error("sgemm_packed_quadrants_t: inner dimensions differ: op(a) is " +
+                          shape_str({M, K}) + " and s^T, of quadrants " + shape_str({K2, N2}) +
+                          ", is " + shape_str({2 * K2, 2 * N2}));
+  expect_shape(c, "c", {M, 2 * N2});
+  expect_disjoint(c, a, "c", "a");
+  expect_current_kernel(*packs[0], "packs");
+  const int threads = thread_count(threads_);
+  const float* pa = cptr<float>(a);
+  float* pc = ptr<float>(c);
+  const int64_t lda = leading_dim(a), ldc = leading_dim(c);
+  py::gil_scoped_release nogil;
+  pyhet::sgemm_packed_quadrants_t(trans_a, M, alpha, pa, lda, packs.data(), strassen, beta, pc,
+                                  ldc, threads);
+}
+
 // ---------------------------------------------------------------------------------------------
 // im2col / col2im
 
@@ -794,6 +818,12 @@ PYBIND11_MODULE(_core, m) {
         "c = alpha * op(a) @ op(b) + beta * c in place, op(b) given as the 7 packed sums of its "
         "quadrants B11 + B22, B11, B12 - B22, B21 - B11, B22, B11 + B12, B21 + B22; by "
         "Strassen's scheme when strassen is 1, never when 0, where it pays when -1.");
+  m.def("sgemm_packed_quadrants_t", &bind_sgemm_packed_quadrants_t, py::arg("a"),
+        py::arg("packs"), py::arg("c"), py::arg("trans_a") = false, py::arg("alpha") = 1.0f,
+        py::arg("beta") = 0.0f, py::arg("strassen") = -1, py::arg("threads") = 1,
+        "c = alpha * op(a) @ s^T + beta * c in place, s the op(b) whose 7 quadrant sums packs "
+        "holds for sgemm_packed_quadrants (read transposed: dy @ col^T from col's sums packed "
+        "for the forward); strassen as there.");
   m.def("gemm_packed_uses_strassen",
         [](int64_t m, int64_t k2, int64_t n2, int threads) {
           return pyhet::packed_strassen_applies(m, k2, n2, threads);

@@ -1003,14 +1003,40 @@ constexpr StrassenProduct kProducts[7] = {
     {{0, 1}, {1, 1}, -1.f, {1, 0}, {1, 1}, 1.f, {0, 0}, 1.f, false, kNone, 0.f, false},
 };
 
+// The same scheme for C = op(A) S^T, where S's quadrant sums are packed for another product
+// (sgemm_packed_quadrants_t: the weight gradient dy @ col^T from col's sums packed for the
+// forward). Applied to C^T = S op(A)^T, Strassen's sums of S (the left operand there) are the
+// seven sums of the right operand above (S11 + S22, S21 + S22, S11, S22, S11 + S12, S21 - S11,
+// S12 - S22), and transposing every product back gives, with D = op(A):
+//
+//   M1 = (D11 + D22)(S11 + S22)^T   C11 = M1 + M4 - M5 + M7
+//   M2 = D11 (S21 + S22)^T          C12 = M2 + M4
+//   M3 = (D21 - D22) S11^T          C21 = M3 + M5
+//   M4 = (D12 - D11) S22^T          C22 = M1 - M2 + M3 + M6
+//   M5 = D22 (S11 + S12)^T
+//   M6 = (D11 + D21)(S21 - S11)^T
+//   M7 = (D12 + D22)(S12 - S22)^T
+//
+// kPackOfProductT: the pack (of sgemm_packed_quadrants' order) that product i reads transposed.
+constexpr StrassenProduct kProductsT[7] = {
+    {{0, 0}, {1, 1}, 1.f, kNone, kNone, 0.f, {0, 0}, 1.f, true, {1, 1}, 1.f, true},
+    {{0, 0}, kNone, 0.f, kNone, kNone, 0.f, {0, 1}, 1.f, true, {1, 1}, -1.f, false},
+    {{1, 0}, {1, 1}, -1.f, kNone, kNone, 0.f, {1, 0}, 1.f, true, {1, 1}, 1.f, false},
+    {{0, 1}, {0, 0}, -1.f, kNone, kNone, 0.f, {0, 0}, 1.f, false, {0, 1}, 1.f, false},
+    {{1, 1}, kNone, 0.f, kNone, kNone, 0.f, {0, 0}, -1.f, false, {1, 0}, 1.f, false},
+    {{0, 0}, {1, 0}, 1.f, kNone, kNone, 0.f, {1, 1}, 1.f, false, kNone, 0.f, false},
+    {{0, 1}, {1, 1}, 1.f, kNone, kNone, 0.f, {0, 0}, 1.f, false, kNone, 0.f, false},
+};
+constexpr int kPackOfProductT[7] = {0, 6, 1, 4, 5, 3, 2};
+
 // Runs the seven products of a problem's even part: `run(S, i)` runs sub-problem S (its B,
 // B2 and b2 set from op(B)'s quadrants by quadrant b, where the problem has them) as product
 // i. qa, qb, qc: pointers to quadrants of op(A), op(B) (null: none) and C.
 template <class QA, class QB, class QC, class Run>
-void strassen_products(const Problem& P, int64_t M2, int64_t N2, int64_t K2, QA qa, QB qb,
-                       QC qc, Run run) {
+void strassen_products(const StrassenProduct (&table)[7], const Problem& P, int64_t M2,
+                       int64_t N2, int64_t K2, QA qa, QB qb, QC qc, Run run) {
   for (int i = 0; i < 7; ++i) {
-    const StrassenProduct& p = kProducts[i];
+    const StrassenProduct& p = table[i];
     Problem S{P.trans_a, P.trans_b, M2, N2, K2, p.sc * P.alpha, p.first ? P.beta : 1.f,
               qa(p.a), P.lda, qb(p.b), P.ldb, qc(p.c), P.ldc};
     S.A2 = p.a2.i >= 0 ? qa(p.a2) : nullptr;
@@ -1038,7 +1064,7 @@ void run_strassen(const Kernel& kernel, const Problem& P, int threads) {
   };
   auto qc = [&](int i, int j) { return P.C + i * M2 * P.ldc + j * N2; };
   strassen_products(
-      P, M2, N2, K2, [&](Quadrant q) { return qa(q.i, q.j); },
+      kProducts, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i, q.j); },
       [&](Quadrant q) { return q.i >= 0 ? qb(q.i, q.j) : nullptr; },
       [&](Quadrant q) { return qc(q.i, q.j); },
       [&](const Problem& S, int) { kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr); });
@@ -1220,7 +1246,7 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
     const Problem P{trans_a, packs[0]->trans(), M, 2 * N2, 2 * K2, alpha, beta, A, lda,
                     nullptr, 0, C, ldc};
     strassen_products(
-        P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
+        kProducts, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
         [](Quadrant) -> const float* { return nullptr; },  // op(B): the packs
         [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * N2; },
         [&](const Problem& S, int i) {
@@ -1236,6 +1262,67 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
     product(m, qa(r0, 1), nullptr, 0.f, 3, c1, al, 1.f, nullptr, 0.f, 0.f);
     product(m, qa(r0, 0), nullptr, 0.f, 2, c2, al, be, nullptr, 0.f, 0.f);
     product(m, qa(r0, 0), qa(r0, 1), 1.f, 4, c2, al, 1.f, nullptr, 0.f, 0.f);
+  }
+}
+
+void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
+                              int64_t lda, const PackedB* const* packs, int strassen, float beta,
+                              float* C, int64_t ldc, int threads) {
+  using namespace gemm;
+  const Kernel& kernel = chosen_kernel();
+  for (int p = 0; p < 7; ++p) {
+    if (!packs[p]) throw std::invalid_argument("sgemm_packed_quadrants_t: a pack is missing");
+    if (packs[p]->K() != packs[0]->K() || packs[p]->N() != packs[0]->N() ||
+        std::strcmp(packs[p]->kernel(), packs[0]->kernel()) != 0)
+      throw std::invalid_argument("sgemm_packed_quadrants_t: the seven packs differ in size or "
+                                  "micro-kernel");
+  }
+  expect_kernel(kernel, *packs[0], "sgemm_packed_quadrants_t");
+  // S's quadrants are (N2, K2): C's columns come from S's rows, op(A)'s from its columns
+  const int64_t N2 = packs[0]->K(), K2 = packs[0]->N();
+  if (M <= 0 || N2 <= 0) return;
+  if (K2 <= 0 || alpha == 0.f) {
+    scale_c(M, 2 * N2, beta, C, ldc);
+    return;
+  }
+  auto qa = [&](int64_t r, int j) {  // op(A) from row r, column block j (of K2 columns)
+    return trans_a ? A + j * K2 * lda + r : A + r * lda + j * K2;
+  };
+  // rows [r, r + m) of C (+ C2) += op(A)'s rows (a sum with A2) times pack p transposed
+  auto product = [&](int64_t m, const float* A1, const float* A2, float a2, int p, float* C1,
+                     float al, float be) {
+    Problem S{trans_a, false, m, N2, K2, al, be, A1, lda, nullptr, 0, C1, ldc};
+    S.A2 = A2;
+    S.a2 = a2;
+    S.bt = packs[p];
+    kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
+  };
+  const float al = alpha, be = beta;
+  const bool use = strassen > 0 ? M >= 2
+                                : strassen < 0 && packed_strassen_applies(M, K2, N2, threads);
+  int64_t r0 = 0;  // the first row left to the four products
+  if (use) {
+    const int64_t M2 = M / 2;
+    const Problem P{trans_a, false, M, 2 * N2, 2 * K2, alpha, beta, A, lda, nullptr, 0, C, ldc};
+    strassen_products(
+        kProductsT, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
+        [](Quadrant) -> const float* { return nullptr; },  // S: the packs, read transposed
+        [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * N2; },
+        [&](const Problem& S, int i) {
+          Problem T = S;
+          T.bt = packs[kPackOfProductT[i]];
+          kernel.run(T, kernel.micro, kernel.blocks, threads, nullptr);
+        });
+    r0 = 2 * M2;
+  }
+  if (r0 < M) {  // C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
+    const int64_t m = M - r0;
+    float* c1 = C + r0 * ldc;
+    float* c2 = c1 + N2;
+    product(m, qa(r0, 0), qa(r0, 1), -1.f, 1, c1, al, be);
+    product(m, qa(r0, 1), nullptr, 0.f, 5, c1, al, 1.f);
+    product(m, qa(r0, 0), nullptr, 0.f, 6, c2, al, be);
+    product(m, qa(r0, 1), qa(r0, 0), -1.f, 4, c2, al, 1.f);
   }
 }
 

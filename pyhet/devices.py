@@ -58,7 +58,9 @@ class _Shard:
         self.g, self.w, self.b, self.vw, self.vb = g, w, b, vw, vb
         self.dw = self.db = None
         self.saved = self.col = self.x_shape = None
-        self.packed_col_t = None  # col^T packed whole by the host group, for dw; or None
+        # col^T packed whole by the host group, for dw (or col's quadrants' sums packed for the
+        # forward, read transposed: SharedCol.dw_operand); or None
+        self.packed_col_t = None
         self.dw_elsewhere = False  # the host group makes dw with the input gradient (dw_out)
         self.staged = None     # (w, b, vw, vb) after an update not yet committed
         self.spare = None      # the buffers of the state before the last commit, reused
@@ -247,7 +249,7 @@ class Device:
             s.col, s.packed_col_t = be.im2col(be.asarray(x), s.g, key=layer), None
             out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer)
             return be.to_host(out)
-        s.col, s.packed_col_t = shared.col, shared.col_t
+        s.col, s.packed_col_t = shared.col, shared.dw_operand
         s.dw_elsewhere = shared.dw_from_fwd   # then col is not made: only fwd is
         out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer,
                                         packed=shared.fwd)
@@ -360,11 +362,13 @@ class SharedCol:
              from fwd read transposed (ops.sgemm_packed_t): one operand to pack, not two
     each device filling the columns of its share of the images (shared_im2col). Where
     Strassen's scheme pays for a member's share (ops.uses_packed_strassen: big layers; an even
-    batch and channel count), both are packed as their quadrants' seven sums instead
-    (ops.PackedQuadrants, 7/4 of the size each), made once for the group, so that every
-    member's products take the scheme with only its own weights or gradient to pack, as one
-    device's whole-layer products do (`quadrants` is then True and the shares split the
-    (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is
+    batch and channel count), fwd is packed as its quadrants' seven sums instead
+    (ops.PackedQuadrants, 7/4 of the size), made once for the group, and col_t is not packed:
+    every member's products take the scheme with only its own weights or gradient to pack, as
+    one device's whole-layer products do, its weight gradient reading those seven sums
+    transposed (ops.sgemm_packed_t: the scheme for dy @ col^T needs the same seven sums of col),
+    so that the group writes 7/4 of col, not 7/2 (`quadrants` is then True and the shares split
+    the (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is
     made, and its GEMM shares the packing among its threads. The buffers are kept from step to
     step (first-touch page faults cost more than a copy); the input gradient's dcol takes col's
     place once the backward is done."""
@@ -390,7 +394,7 @@ class SharedCol:
         if not _packed_fits(self.fwd, rows, cols, self.quadrants):
             self.fwd = None   # freed before the next one is made
             self.fwd = make(rows, cols)
-        if dw_from_fwd and not self.quadrants:
+        if dw_from_fwd or self.quadrants:
             self.col_t = None
         elif not _packed_fits(self.col_t, cols, rows, self.quadrants):
             self.col_t = None
@@ -399,8 +403,16 @@ class SharedCol:
 
     @property
     def dw_from_fwd(self) -> bool:
-        """Whether the weight gradient is to be made from fwd (col^T not packed)."""
-        return self.fwd is not None and self.col_t is None
+        """Whether the group makes the weight gradient with the input gradient, split by input
+        channels, from fwd (packed whole, col^T not packed)."""
+        return self.fwd is not None and self.col_t is None and not self.quadrants
+
+    @property
+    def dw_operand(self):
+        """What a member's own weight gradient dy_i @ col^T reads: col_t, or fwd's quadrants'
+        sums (read transposed, ops.sgemm_packed_t); None where it has none (one device: col;
+        dw_from_fwd: the group makes it)."""
+        return self.col_t if self.col_t is not None else self.fwd if self.quadrants else None
 
 
 def _quadrants_pay(rows: int, cols: int, members: dict, x_shape) -> bool:
@@ -428,7 +440,8 @@ def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol,
     if shared.fwd is None:
         shares = [None] * len(kernels)
     else:   # in quadrants, (image, sum) units: finer than half the batch's images
-        n = ops.quadrant_units(x.shape[0]) if shared.quadrants else x.shape[0]
+        n = (ops.quadrant_units(x.shape[0], t=shared.col_t is not None) if shared.quadrants
+             else x.shape[0])
         shares = channel_shares(n, list(kernels.values()))
     gather([devices[i].submit(f"{g.name} im2col", devices[i].im2col_part, x, g, shared, part,
                               tag=tag) for i, part in zip(kernels, shares)

@@ -133,8 +133,8 @@ class ConvGeometry:
         """Memory a device needs whatever its share: the input and its gradient, and two
         matrices of the im2col matrix's size (the im2col matrix, whose place its gradient
         takes). A host group shares the matrix and its packed operands: 2 or 3 of its size in
-        all, or 4.5 where packed as its quadrants' sums, which two per device cover from three
-        devices on (two devices use half a matrix more than they count)."""
+        all, or 2.75 where the forward's is packed as its quadrants' sums (the weight gradient
+        reads them too), which two per device cover."""
         return 4 * (2 * self.col_rows * self.positions(N) + 2 * N * self.C * self.H * self.W)
 
     def link_bytes(self, N: int, need_dx: bool) -> tuple:

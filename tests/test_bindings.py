@@ -155,6 +155,19 @@ def sgemm_packed_quadrants_call(draw):
     return Call(_core.sgemm_packed_quadrants, args, outputs=("c",), quadrants=("packs",))
 
 
+def sgemm_packed_quadrants_t_call(draw):
+    """c = alpha * op(a) @ s^T + beta * c, s (2 n2, 2 k2) as 7 packed quadrant sums (each
+    (n2, k2)), read transposed, by Strassen's scheme or not (strassen -1, 0 or 1)."""
+    call = sgemm_packed_quadrants_call(draw)
+    args = call.args
+    n2, k2 = args["packs"][0].k, args["packs"][0].n   # s's quadrants
+    m = args["c"].shape[0]
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    args.update(a=rand(rng, *((2 * k2, m) if args["trans_a"] else (m, 2 * k2))),
+                c=rand(rng, m, 2 * n2))
+    return Call(_core.sgemm_packed_quadrants_t, args, outputs=("c",), quadrants=("packs",))
+
+
 def conv_sizes(draw):
     N, C = draw(st.integers(0, 3)), draw(st.integers(0, 3))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
@@ -291,6 +304,7 @@ CASES = {
     "sgemm": sgemm_call, "sgemm_ref": sgemm_ref_call, "sgemm_naive": sgemm_naive_call,
     "PackedB": packed_b_call, "pack_b": pack_b_call, "sgemm_packed": sgemm_packed_call,
     "sgemm_packed_t": sgemm_packed_t_call, "sgemm_packed_quadrants": sgemm_packed_quadrants_call,
+    "sgemm_packed_quadrants_t": sgemm_packed_quadrants_t_call,
     "im2col": im2col_call, "im2col_pack": im2col_pack_call,
     "im2col_pack_quadrants": im2col_pack_quadrants_call,
     "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,

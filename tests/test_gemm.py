@@ -779,7 +779,8 @@ def test_packed_quadrants_take_the_scheme_from_their_threshold():
 def test_packed_quadrants_shared_by_concurrent_products():
     """Two Python threads pack halves of the images of one input's im2col in quadrants at once
     (each making the input's sums in its own work array), then each multiplies its own rows of
-    weights by all of it, forward and weight gradient, as the devices of one process do."""
+    weights by all of it, forward and weight gradient (from col^T's sums, and from the
+    forward's read transposed), as the devices of one process do."""
     rng = np.random.default_rng(22)
     x = rng.uniform(-1, 1, (6, 4, 9, 9)).astype(np.float32)
     col = ops.im2col(x, 3, 3, 1, 1)
@@ -790,6 +791,7 @@ def test_packed_quadrants_shared_by_concurrent_products():
     dy = rng.uniform(-1, 1, (40, n)).astype(np.float32)
     out = np.full((40, n), np.nan, np.float32)
     dw = np.full((40, k), np.nan, np.float32)
+    dw_t = np.full((40, k), np.nan, np.float32)   # from fwd, read transposed
     step = threading.Barrier(2)
 
     def device(i):
@@ -798,6 +800,7 @@ def test_packed_quadrants_shared_by_concurrent_products():
         rows = slice(20 * i, 20 * (i + 1))
         ops.sgemm_packed(w[rows], fwd, out[rows], strassen=bool(i))
         ops.sgemm_packed(dy[rows], bwd, dw[rows], strassen=not i)
+        ops.sgemm_packed_t(dy[rows], fwd, dw_t[rows], strassen=bool(i))
 
     workers = [threading.Thread(target=device, args=(i,)) for i in range(2)]
     for t in workers:
@@ -806,6 +809,81 @@ def test_packed_quadrants_shared_by_concurrent_products():
         t.join(timeout=60)
     expect_close(out, w, col, out, normwise=True)
     expect_close(dw, dy, col, dw, trans_b=True, normwise=True)
+    expect_close(dw_t, dy, col, dw_t, trans_b=True, normwise=True)
+
+
+# The weight gradient from the forward's quadrant sums (sgemm_packed_t on a PackedQuadrants):
+# c = op(a) @ s^T, s = op(b) held as its seven sums, read transposed; every shape above (the
+# quadrants across K blocks of the pack: 9 x 4134 x 20, and of the product: 37 x 42 x 1538).
+@pytest.mark.parametrize("strassen", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+@pytest.mark.parametrize("m,n,k", QUADRANT_SHAPES)
+def test_packed_quadrants_read_transposed(kernel, m, n, k, trans_a, trans_b, threads, strassen):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k + 7)
+    a = rng.uniform(-1, 1, (n, m) if trans_a else (m, n)).astype(np.float32)
+    s = rng.uniform(-1, 1, (k, n)).astype(np.float32)   # op(b), packed as its quadrants' sums
+    packed = ops.pack_quadrants(s.T.copy() if trans_b else s,
+                                ops.packed_quadrants(k, n, trans_b=trans_b), threads=threads)
+    c = np.full((m, k), np.nan, np.float32)
+    with split_every_product():
+        out = ops.sgemm_packed_t(a, packed, c, trans_a=trans_a, strassen=strassen,
+                                 threads=threads)
+    assert out is c
+    expect_close(c, a, s, c, trans_a, trans_b=True, normwise=True)
+
+
+@pytest.mark.parametrize("strassen", [False, True, None])
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (0.0, 0.5)])
+def test_packed_quadrants_read_transposed_alpha_beta_and_blocks(kernel, alpha, beta, strassen):
+    """beta reaches every entry of C once and alpha every product, with a and c blocks of
+    bigger matrices whose neighbours stay untouched; strassen=None takes the scheme where
+    uses_packed_strassen says so (the same bits as strassen=True there)."""
+    rng = np.random.default_rng(23)
+    for m, n, k in [(131, 1102, 198), (9, 10, 198), (300, 800, 800)]:
+        s = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        packed = ops.pack_quadrants(s, ops.packed_quadrants(k, n))
+        for trans_a in (False, True):
+            a = rng.uniform(-1, 1, (n, m) if trans_a else (m, n)).astype(np.float32)
+            c0 = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+            c, big_c = as_block(np.full(c0.shape, np.nan, np.float32) if beta == 0
+                                else c0.copy(), rng)
+            ops.sgemm_packed_t(as_block(a, rng)[0], packed, c, trans_a=trans_a, alpha=alpha,
+                               beta=beta, strassen=strassen, threads=2)
+            expect_close(c, a, s, c0, trans_a, True, alpha, beta, normwise=True)
+            left = (c.ctypes.data - big_c.ctypes.data) // 4
+            assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + k:]).all()
+            if strassen is None and alpha != 0:
+                with strassen_from(8):
+                    taken = ops.uses_packed_strassen(m, k, n, 1)
+                    auto = ops.sgemm_packed_t(a, packed, trans_a=trans_a, threads=1)
+                    scheme, four = (ops.sgemm_packed_t(a, packed, trans_a=trans_a,
+                                                       strassen=x, threads=1)
+                                    for x in (True, False))
+                np.testing.assert_array_equal(auto, scheme if taken else four)
+                assert taken == (m >= 8)
+
+
+def test_packed_quadrants_read_transposed_errors_say_what_was_expected():
+    packed = ops.pack_quadrants(np.ones((20, 30), np.float32), ops.packed_quadrants(20, 30))
+    cases = [
+        (lambda: ops.sgemm_packed_t(np.ones((2, 20), np.float32), packed), ValueError,
+         r"inner dimensions differ: op\(a\) is \(2, 20\) and s\^T, of quadrants \(15, 10\), "
+         r"is \(30, 20\)"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(0, 10)),
+         ValueError, r"read whole \(rows None or \(0, 20\)\), got rows=\(0, 10\)"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed,
+                                    np.ones((2, 30), np.float32)), ValueError, "expected shape"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, beta=1.0), ValueError,
+         "existing c"),
+        (lambda: _core.sgemm_packed_quadrants_t(np.ones((2, 30), np.float32), packed.packs[:6],
+                                                np.ones((2, 20), np.float32)), TypeError,
+         "a sequence of 7 PackedB"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
 
 
 def test_ops_packed_quadrants_errors_say_what_was_expected():

@@ -147,10 +147,11 @@ def test_host_group_packs_its_shared_operands_once(reference):
 @pytest.mark.parametrize("images", [6, 5])
 def test_host_group_packs_in_quadrants_where_strassen_pays(images):
     """Where Strassen's scheme pays for a member's share (here made to, by the GEMM's threshold
-    lowered to 2), a host group packs both operands as their quadrants' sums, when the layer's
-    input has an even batch and channel count (conv1: 2 channels; not conv2: 7), each device
-    the sums of its share of each half of the batch; the weights stay those of one reference
-    device. An odd batch packs them whole."""
+    lowered to 2), a host group packs the forward's operand as its quadrants' sums, when the
+    layer's input has an even batch and channel count (conv1: 2 channels; not conv2: 7), each
+    device the sums of its share of each half of the batch, and not col^T: each member's
+    weight gradient reads those sums transposed. The weights stay those of one reference
+    device. An odd batch packs them whole, and col^T too (conv1 has no input gradient)."""
     from pyhet import _core, ops
 
     data = [batch(s, images) for s in range(3)]
@@ -173,9 +174,10 @@ def test_host_group_packs_in_quadrants_where_strassen_pays(images):
         even = images % 2 == 0
         assert conv1.quadrants == even and not conv2.quadrants
         assert isinstance(conv1.fwd, ops.PackedQuadrants) == even
+        assert (conv1.col_t is None) == even and conv1.dw_operand is not None
         assert isinstance(conv2.fwd, _core.PackedB)
-        if even:   # the 3 x 11 (image, sum) units, in proportion to the kernels (3 : 4)
-            assert sorted(set(halves)) == [(0, 14), (14, 33)] and len(halves) == 6
+        if even:   # the 3 x 7 (image, sum) units, in proportion to the kernels (3 : 4)
+            assert sorted(set(halves)) == [(0, 9), (9, 21)] and len(halves) == 6
         else:
             assert halves == []
         assert_same_weights(net.params(), want[0])
