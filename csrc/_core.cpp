@@ -360,12 +360,13 @@ void bind_sgemm_packed_quadrants(py::handle a_, py::handle packs_, py::handle c_
 }
 
 void bind_sgemm_packed_quadrants_t(py::handle a_, py::handle packs_, py::handle c_,
-                                   bool trans_a, float alpha, float beta, int strassen,
-                                   py::handle threads_) {
+                                   py::handle rows_, bool trans_a, float alpha, float beta,
+                                   int strassen, py::handle threads_) {
   const auto packs = quadrant_packs(packs_);
   auto a = checked<float>(a_, "a", 2, false, true);
   auto c = checked<float>(c_, "c", 2, true, true);
-  const int64_t N2 = packs[0]->K(), K2 = packs[0]->N();  // s's quadrants, transposed
+  const int64_t N2 = packs[0]->K(), K2 = packs[0]->N();  // s's quadrants
+  const auto r = range_arg(rows_, "rows", N2);
   const int64_t M = trans_a ? a.shape(1) : a.shape(0), K = trans_a ? a.shape(0) : a.shape(1);
   if (K != 2 * K2)
     throw py::value_error("sgemm_packed_quadrants_t: inner dimensions differ: op(a) is " +
@@ -376,11 +377,11 @@ void bind_sgemm_packed_quadrants_t(py::handle a_, py::handle packs_, py::handle 
   expect_current_kernel(*packs[0], "packs");
   const int threads = thread_count(threads_);
   const float* pa = cptr<float>(a);
-  float* pc = ptr<float>(c);
+  float* pc = ptr<float>(c) + r.first;
   const int64_t lda = leading_dim(a), ldc = leading_dim(c);
   py::gil_scoped_release nogil;
-  pyhet::sgemm_packed_quadrants_t(trans_a, M, alpha, pa, lda, packs.data(), strassen, beta, pc,
-                                  ldc, threads);
+  pyhet::sgemm_packed_quadrants_t(trans_a, M, alpha, pa, lda, packs.data(), r.first,
+                                  r.second - r.first, strassen, beta, pc, ldc, N2, threads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -819,11 +820,13 @@ PYBIND11_MODULE(_core, m) {
         "quadrants B11 + B22, B11, B12 - B22, B21 - B11, B22, B11 + B12, B21 + B22; by "
         "Strassen's scheme when strassen is 1, never when 0, where it pays when -1.");
   m.def("sgemm_packed_quadrants_t", &bind_sgemm_packed_quadrants_t, py::arg("a"),
-        py::arg("packs"), py::arg("c"), py::arg("trans_a") = false, py::arg("alpha") = 1.0f,
-        py::arg("beta") = 0.0f, py::arg("strassen") = -1, py::arg("threads") = 1,
+        py::arg("packs"), py::arg("c"), py::arg("rows") = py::none(), py::arg("trans_a") = false,
+        py::arg("alpha") = 1.0f, py::arg("beta") = 0.0f, py::arg("strassen") = -1,
+        py::arg("threads") = 1,
         "c = alpha * op(a) @ s^T + beta * c in place, s the op(b) whose 7 quadrant sums packs "
         "holds for sgemm_packed_quadrants (read transposed: dy @ col^T from col's sums packed "
-        "for the forward); strassen as there.");
+        "for the forward); strassen as there. rows (r0, r1) of each half of s (None: all): "
+        "only c's columns [r0, r1) and [h + r0, h + r1) are made (h: half c's width).");
   m.def("gemm_packed_uses_strassen",
         [](int64_t m, int64_t k2, int64_t n2, int threads) {
           return pyhet::packed_strassen_applies(m, k2, n2, threads);

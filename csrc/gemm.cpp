@@ -1266,8 +1266,9 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
 }
 
 void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
-                              int64_t lda, const PackedB* const* packs, int strassen, float beta,
-                              float* C, int64_t ldc, int threads) {
+                              int64_t lda, const PackedB* const* packs, int64_t row0,
+                              int64_t rows, int strassen, float beta, float* C, int64_t ldc,
+                              int64_t c_half, int threads) {
   using namespace gemm;
   const Kernel& kernel = chosen_kernel();
   for (int p = 0; p < 7; ++p) {
@@ -1278,11 +1279,17 @@ void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float*
                                   "micro-kernel");
   }
   expect_kernel(kernel, *packs[0], "sgemm_packed_quadrants_t");
-  // S's quadrants are (N2, K2): C's columns come from S's rows, op(A)'s from its columns
-  const int64_t N2 = packs[0]->K(), K2 = packs[0]->N();
+  // S's quadrants are (packs' K, K2): C's columns come from their rows [row0, row0 + N2),
+  // op(A)'s from their columns
+  const int64_t N2 = rows, K2 = packs[0]->N();
+  if (row0 < 0 || rows < 0 || row0 + rows > packs[0]->K())
+    throw std::invalid_argument("sgemm_packed_quadrants_t: rows [" + std::to_string(row0) +
+                                ", " + std::to_string(row0 + rows) + ") of quadrants of " +
+                                std::to_string(packs[0]->K()) + " rows");
   if (M <= 0 || N2 <= 0) return;
   if (K2 <= 0 || alpha == 0.f) {
-    scale_c(M, 2 * N2, beta, C, ldc);
+    scale_c(M, N2, beta, C, ldc);
+    scale_c(M, N2, beta, C + c_half, ldc);
     return;
   }
   auto qa = [&](int64_t r, int j) {  // op(A) from row r, column block j (of K2 columns)
@@ -1295,6 +1302,7 @@ void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float*
     S.A2 = A2;
     S.a2 = a2;
     S.bt = packs[p];
+    S.bt_row0 = row0;
     kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
   };
   const float al = alpha, be = beta;
@@ -1307,10 +1315,11 @@ void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float*
     strassen_products(
         kProductsT, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
         [](Quadrant) -> const float* { return nullptr; },  // S: the packs, read transposed
-        [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * N2; },
+        [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * c_half; },
         [&](const Problem& S, int i) {
           Problem T = S;
           T.bt = packs[kPackOfProductT[i]];
+          T.bt_row0 = row0;
           kernel.run(T, kernel.micro, kernel.blocks, threads, nullptr);
         });
     r0 = 2 * M2;
@@ -1318,7 +1327,7 @@ void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float*
   if (r0 < M) {  // C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
     const int64_t m = M - r0;
     float* c1 = C + r0 * ldc;
-    float* c2 = c1 + N2;
+    float* c2 = c1 + c_half;
     product(m, qa(r0, 0), qa(r0, 1), -1.f, 1, c1, al, be);
     product(m, qa(r0, 1), nullptr, 0.f, 5, c1, al, 1.f);
     product(m, qa(r0, 0), nullptr, 0.f, 6, c2, al, be);

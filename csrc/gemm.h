@@ -105,14 +105,19 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
                             const PackedB* const* packs, int strassen, float beta, float* C,
                             int64_t ldc, int threads);
 
-// C (M, 2 N2) = alpha * op(A) (M, 2 K2) @ S^T + beta * C, where S (2 N2, 2 K2) is the op(B)
-// whose seven quadrant sums `packs` hold for sgemm_packed_quadrants (each N2 x K2): the weight
-// gradient dy @ col^T from col's sums packed for the forward, read transposed as this product
-// packs its blocks (as sgemm_packed_t does), with no sums of col^T to pack. The scheme's sums of
-// S for C^T = S op(A)^T are those same seven (see gemm.cpp); strassen as there.
+// C = alpha * op(A) (M, 2 K2) @ S^T + beta * C, where S (2 N2, 2 K2) is the op(B) whose seven
+// quadrant sums `packs` hold for sgemm_packed_quadrants (each N2 x K2): the weight gradient
+// dy @ col^T from col's sums packed for the forward, read transposed as this product packs its
+// blocks (as sgemm_packed_t does), with no sums of col^T to pack. The scheme's sums of S for
+// C^T = S op(A)^T are those same seven (see gemm.cpp); strassen as there. Only the columns of
+// rows [row0, row0 + rows) of each half of S are made: C's two halves of `rows` columns each
+// start at C and at C + c_half (the whole product: row0 0, rows N2, c_half N2; C the block of
+// those columns in a whole one: C at its column row0, c_half N2), so that devices may split
+// the columns of one product. Requires 0 <= row0 <= row0 + rows <= N2.
 void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
-                              int64_t lda, const PackedB* const* packs, int strassen, float beta,
-                              float* C, int64_t ldc, int threads);
+                              int64_t lda, const PackedB* const* packs, int64_t row0,
+                              int64_t rows, int strassen, float beta, float* C, int64_t ldc,
+                              int64_t c_half, int threads);
 
 // Whether sgemm_packed_quadrants(strassen = -1) takes Strassen's scheme for M rows of A against
 // packed quadrants K2 x N2 on `threads` threads.

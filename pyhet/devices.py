@@ -364,11 +364,13 @@ class SharedCol:
     Strassen's scheme pays for a member's share (ops.uses_packed_strassen: big layers; an even
     batch and channel count), fwd is packed as its quadrants' seven sums instead
     (ops.PackedQuadrants, 7/4 of the size), made once for the group, and col_t is not packed:
-    every member's products take the scheme with only its own weights or gradient to pack, as
-    one device's whole-layer products do, its weight gradient reading those seven sums
-    transposed (ops.sgemm_packed_t: the scheme for dy @ col^T needs the same seven sums of col),
-    so that the group writes 7/4 of col, not 7/2 (`quadrants` is then True and the shares split
-    the (image, sum) units of ops.quadrant_units). With one device, fwd and col_t are None: col is
+    every member's forward takes the scheme with only its own weights to pack, as one device's
+    whole-layer product does, and the weight gradient reads those seven sums transposed
+    (ops.sgemm_packed_t: the scheme for dy @ col^T needs the same seven sums of col), split as
+    above by input channels in a layer with an input gradient (each device its columns of each
+    half), else each member its own kernels'; so the group writes 7/4 of col, not 7/2
+    (`quadrants` is then True and the shares split the (image, sum) units of
+    ops.quadrant_units). With one device, fwd and col_t are None: col is
     made, and its GEMM shares the packing among its threads. The buffers are kept from step to
     step (first-touch page faults cost more than a copy); the input gradient's dcol takes col's
     place once the backward is done."""
@@ -376,6 +378,7 @@ class SharedCol:
     def __init__(self):
         self.col = self.fwd = self.col_t = None
         self.quadrants = False
+        self.group_dw = False   # prepare's dw_from_fwd, for a group of two or more
 
     def prepare(self, shape, members: dict, x_shape=None, dw_from_fwd=False):
         """Size the buffers for a col of `shape` and the members {device: kernels}; x_shape:
@@ -384,6 +387,7 @@ class SharedCol:
         gradient: shared_input_grad), so that col^T is not packed unless in quadrants."""
         if self.col is None or self.col.shape != tuple(shape):
             self.col = np.empty(shape, np.float32)
+        self.group_dw = len(members) >= 2 and bool(dw_from_fwd)
         if len(members) < 2:
             self.fwd = self.col_t = None
             self.quadrants = False
@@ -404,14 +408,16 @@ class SharedCol:
     @property
     def dw_from_fwd(self) -> bool:
         """Whether the group makes the weight gradient with the input gradient, split by input
-        channels, from fwd (packed whole, col^T not packed)."""
-        return self.fwd is not None and self.col_t is None and not self.quadrants
+        channels, from fwd (col^T not packed)."""
+        return self.fwd is not None and self.group_dw
 
     @property
     def dw_operand(self):
         """What a member's own weight gradient dy_i @ col^T reads: col_t, or fwd's quadrants'
         sums (read transposed, ops.sgemm_packed_t); None where it has none (one device: col;
         dw_from_fwd: the group makes it)."""
+        if self.fwd is None or self.group_dw:
+            return None
         return self.col_t if self.col_t is not None else self.fwd if self.quadrants else None
 
 

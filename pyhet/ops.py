@@ -287,31 +287,36 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
     """``c = alpha * op(a) @ s.T + beta * c``, s the rows (r0, r1) of the op(b) (k, n) that
     `packed` holds (pack_b'd for another product; None: all its k rows), read transposed as
     this product packs its blocks: dy @ col^T from col packed for w @ col, without packing
-    col^T. op(a) is (m, n); c (m, r1 - r0) is allocated when None and beta == 0. packed may be
-    a PackedQuadrants (s as its quadrants' sums, all its rows): then strassen is as in
-    sgemm_packed, and the scheme needs no sums of s^T (the seven of s serve)."""
+    col^T. op(a) is (m, n); c (m, r1 - r0) is allocated when None and beta == 0.
+
+    packed may be a PackedQuadrants (s as its quadrants' sums): Strassen's scheme then needs
+    no sums of s^T (the seven of s serve), and strassen is as in sgemm_packed. c is the whole
+    product's (m, k) and rows (r0, r1) are rows of each half of s (within k/2): only c's
+    columns [r0, r1) and [k/2 + r0, k/2 + r1) are made, the others left as they are, so that
+    several callers may make disjoint columns of one c at once."""
     quads = isinstance(packed, PackedQuadrants)
     if not quads:
         packed = _packed(packed, "sgemm_packed_t")
     a = _matrix(a, "a")
+    m = a.shape[1] if trans_a else a.shape[0]
     if quads:
-        if rows is not None and tuple(rows) != (0, packed.k):
-            raise ValueError(f"sgemm_packed_t: a PackedQuadrants is read whole (rows None or "
-                             f"(0, {packed.k})), got rows={rows!r}")
-        r0, r1 = 0, packed.k
+        r0, r1 = (0, packed.k // 2) if rows is None else _range(rows, "rows", "sgemm_packed_t")
+        width = packed.k
     else:
         r0, r1 = (0, packed.k) if rows is None else _range(rows, "rows", "sgemm_packed_t")
+        width = max(r1 - r0, 0)
     if c is None:
         if beta != 0:
             raise ValueError("sgemm_packed_t: beta != 0 needs an existing c")
-        c = np.empty((a.shape[1] if trans_a else a.shape[0], max(r1 - r0, 0)), np.float32)
+        c = np.empty((m, width), np.float32)
     elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
-        c = _out(c, (a.shape[1] if trans_a else a.shape[0], r1 - r0), "c")  # the right error
+        c = _out(c, (m, width), "c")  # the right error
     if quads:
-        _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedQuadrants, a bool "
-                   "trans_a, numbers alpha and beta, None or a bool strassen, an int threads",
-                   _core.sgemm_packed_quadrants_t, a, packed.packs, c, trans_a=trans_a,
-                   alpha=alpha, beta=beta, strassen=-1 if strassen is None else int(bool(strassen)),
+        _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedQuadrants, a pair of "
+                   "ints rows, a bool trans_a, numbers alpha and beta, None or a bool strassen, "
+                   "an int threads", _core.sgemm_packed_quadrants_t, a, packed.packs, c,
+                   rows=(r0, r1), trans_a=trans_a, alpha=alpha, beta=beta,
+                   strassen=-1 if strassen is None else int(bool(strassen)),
                    threads=_threads(threads))
         return c
     _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedB, a pair of ints rows, a "

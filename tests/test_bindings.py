@@ -165,7 +165,11 @@ def sgemm_packed_quadrants_t_call(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     args.update(a=rand(rng, *((2 * k2, m) if args["trans_a"] else (m, 2 * k2))),
                 c=rand(rng, m, 2 * n2))
-    return Call(_core.sgemm_packed_quadrants_t, args, outputs=("c",), quadrants=("packs",))
+    if draw(st.booleans()):   # columns of each half of c
+        r0 = draw(st.integers(0, n2))
+        args["rows"] = (r0, draw(st.integers(r0, n2)))
+    return Call(_core.sgemm_packed_quadrants_t, args, outputs=("c",), ranges=("rows",),
+                quadrants=("packs",))
 
 
 def conv_sizes(draw):

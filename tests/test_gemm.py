@@ -864,14 +864,51 @@ def test_packed_quadrants_read_transposed_alpha_beta_and_blocks(kernel, alpha, b
                 assert taken == (m >= 8)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_quadrants_read_transposed_by_columns(kernel, threads):
+    """rows (r0, r1) of each half of s make only c's columns [r0, r1) and [k/2 + r0, k/2 + r1)
+    (the rest untouched), so that callers splitting the rows make the whole product, at once
+    from two threads, odd shares and empty ones included, by the scheme or not."""
+    rng = np.random.default_rng(24)
+    for m, n, k, cuts in [(9, 40, 46, [0, 7, 7, 16, 23]), (300, 802, 798, [0, 133, 399])]:
+        s = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        packed = ops.pack_quadrants(s, ops.packed_quadrants(k, n))
+        a = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+        for strassen in (True, False):
+            c = np.full((m, k), np.nan, np.float32)
+            shares = list(zip(cuts[:-1], cuts[1:]))
+            done = threading.Barrier(len(shares))
+
+            def part(rows):
+                ops.sgemm_packed_t(a, packed, c, rows=rows, strassen=strassen, threads=threads)
+                done.wait(timeout=60)
+
+            workers = [threading.Thread(target=part, args=(r,)) for r in shares[1:]]
+            for t in workers:
+                t.start()
+            ops.sgemm_packed_t(a, packed, c, rows=shares[0], strassen=strassen, threads=threads)
+            done.wait(timeout=60)
+            for t in workers:
+                t.join(timeout=60)
+            expect_close(c, a, s, c, trans_b=True, normwise=True)
+            alone = np.full((m, k), np.nan, np.float32)
+            ops.sgemm_packed_t(a, packed, alone, rows=(cuts[1], cuts[2]), strassen=strassen)
+            made = np.zeros(k, bool)
+            made[cuts[1]:cuts[2]] = made[k // 2 + cuts[1]:k // 2 + cuts[2]] = True
+            assert np.isnan(alone[:, ~made]).all() and not np.isnan(alone[:, made]).any()
+            np.testing.assert_array_equal(alone[:, made], c[:, made])
+
+
 def test_packed_quadrants_read_transposed_errors_say_what_was_expected():
     packed = ops.pack_quadrants(np.ones((20, 30), np.float32), ops.packed_quadrants(20, 30))
     cases = [
         (lambda: ops.sgemm_packed_t(np.ones((2, 20), np.float32), packed), ValueError,
          r"inner dimensions differ: op\(a\) is \(2, 20\) and s\^T, of quadrants \(15, 10\), "
          r"is \(30, 20\)"),
-        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(0, 10)),
-         ValueError, r"read whole \(rows None or \(0, 20\)\), got rows=\(0, 10\)"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(0, 11)),
+         ValueError, r"rows.*0 <= begin <= end <= 10, got"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(3, 2)),
+         ValueError, "rows"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed,
                                     np.ones((2, 30), np.float32)), ValueError, "expected shape"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, beta=1.0), ValueError,

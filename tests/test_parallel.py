@@ -187,6 +187,42 @@ def test_host_group_packs_in_quadrants_where_strassen_pays(images):
             d.close()
 
 
+@pytest.mark.parametrize("spec,counts", [
+    ("cpu:1,cpu:1", {"conv1": [3, 3], "conv2": [4, 5]}),
+    ("cpu:1,cpu:2,cpu:1", {"conv1": [1, 3, 2], "conv2": [2, 4, 3]}),
+])
+def test_host_group_weight_gradient_from_the_forward_quadrant_sums(spec, counts):
+    """In quadrants, col^T's sums are not packed: in a layer with an input gradient (conv2, 6
+    channels) the group makes the weight gradient with the input gradient, each device its
+    share of the columns of each half of dw, from the forward's sums read transposed; in one
+    without (conv1) each member makes its own kernels' from them. The weights stay those of
+    one reference device."""
+    from pyhet import _core, ops
+
+    shape = net_shape((2, 13, 12), (6, 9), 3, 5)
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((6,) + shape.input_shape).astype(np.float32),
+             rng.integers(0, shape.num_classes, 6)) for _ in range(3)]
+    want = train_weights(shape, "numpy", {"conv1": [6], "conv2": [9]}, data, CFG)
+    devices = make_devices(parse_devices(spec))
+    old = _core.set_gemm_strassen_min_dim(2)
+    try:
+        net = Net(shape, init_params(shape, 0), devices, counts, CpuBackend(1))
+        for x, y in data:
+            net.train_step(x, y, CFG)
+        conv1, conv2 = (c._shared for c in net.convs)
+        for shared in (conv1, conv2):
+            assert shared.quadrants and isinstance(shared.fwd, ops.PackedQuadrants)
+            assert shared.col_t is None
+        assert conv2.dw_from_fwd and conv2.dw_operand is None
+        assert not conv1.dw_from_fwd and conv1.dw_operand is conv1.fwd
+        assert_same_weights(net.params(), want[0])
+    finally:
+        _core.set_gemm_strassen_min_dim(old)
+        for d in devices:
+            d.close()
+
+
 def test_host_group_multiplies_all_its_kernels_at_once(reference):
     """A host group's update writes its members' new weights into their rows of one array of the
     whole layer (two, taking turns), and its backward their dy into one array, so that each

@@ -148,7 +148,9 @@ class CpuBackend:
         channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]. dw:
         ([dw_j (k_j, C*R*S), ...], fwd), the shards' weight gradients, of which this fills the
         columns of those rows: dy_j @ col[rows]^T, from col packed for the forward (fwd, read
-        transposed); or None."""
+        transposed); or None. Where fwd holds col's quadrants' sums (ops.PackedQuadrants),
+        the columns are instead a share of each half of dw's, in proportion to the channels
+        (Strassen's scheme makes the four quadrants of dw's columns together)."""
         r0, r1 = channels[0] * g.R * g.S, channels[1] * g.R * g.S
         block = dcol[r0:r1]
         kernels = sum(w2.shape[0] for w2, _ in parts)
@@ -162,8 +164,15 @@ class CpuBackend:
             dw_all = _joined_rows(grads) if dy_all is not None else None
             pairs = [(dw_all, dy_all)] if dw_all is not None else zip(
                 grads, (dy for _, dy in parts))
-            for dw_j, dy in pairs:
-                ops.sgemm_packed_t(dy, fwd, dw_j[:, r0:r1], rows=(r0, r1), threads=self.threads)
+            if isinstance(fwd, ops.PackedQuadrants):
+                half = fwd.k // 2
+                q = (channels[0] * half // g.C, channels[1] * half // g.C)
+                for dw_j, dy in pairs:
+                    ops.sgemm_packed_t(dy, fwd, dw_j, rows=q, threads=self.threads)
+            else:
+                for dw_j, dy in pairs:
+                    ops.sgemm_packed_t(dy, fwd, dw_j[:, r0:r1], rows=(r0, r1),
+                                       threads=self.threads)
         if dy_all is not None:
             w_all = _joined_rows([w2 for w2, _ in parts])
             if w_all is not None:
