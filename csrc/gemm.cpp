@@ -1324,7 +1324,8 @@ void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float*
         });
     r0 = 2 * M2;
   }
-  if (r0 < M) {  // C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
+  // the rest: C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
+  if (r0 < M) {
     const int64_t m = M - r0;
     float* c1 = C + r0 * ldc;
     float* c2 = c1 + c_half;

@@ -384,7 +384,8 @@ class SharedCol:
         """Size the buffers for a col of `shape` and the members {device: kernels}; x_shape:
         the input's (N, C, H, W), for the packing in quadrants (None: never). dw_from_fwd: the
         group can take its weight gradient from fwd (split by input channels with the input
-        gradient: shared_input_grad), so that col^T is not packed unless in quadrants."""
+        gradient: shared_input_grad), so that col^T is not packed (in quadrants it never is:
+        a member without that reads fwd's sums transposed for its own kernels)."""
         if self.col is None or self.col.shape != tuple(shape):
             self.col = np.empty(shape, np.float32)
         self.group_dw = len(members) >= 2 and bool(dw_from_fwd)
