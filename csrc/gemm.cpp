@@ -329,27 +329,25 @@ void pack_b_packed_t(const PackedB& src, int64_t row0, int64_t p0, int64_t kc, i
   const int64_t kcs = src.kc_step(), sliver = kcs * NR;
   const float* const data = src.block(0, 0);
   const int64_t block = src.slivers() * sliver;  // one K block of src
-  const float* rows[NR];
-  for (int64_t s = s0; s < s1; ++s) {
-    const int64_t n = std::min<int64_t>(NR, nc - s * NR);
-    for (int64_t jj = 0; jj < n; ++jj) {  // row r of src, at its sliver 0
-      const int64_t r = row0 + j0 + s * NR + jj;
-      rows[jj] = data + (r / kcs) * block + (r % kcs) * NR;
-    }
-    float* d = dst + s * stride;
-    for (int64_t p = p0; p < p0 + kc; p += NR) {  // the NR x NR tile of p's sliver of src
-      const int64_t m = std::min<int64_t>(NR, p0 + kc - p), off = (p / NR) * sliver;
-      float* t = d + (p - p0) * NR;
+  auto row_at = [&](int64_t r) {                 // row r of src, at its sliver 0
+    return data + (r / kcs) * block + (r % kcs) * NR;
+  };
+  // Tile by tile of p, sliver by sliver within: the NR rows of a sliver follow those of the one
+  // before in src (within a K block of src), so src is read in runs of its slivers' length
+  // rather than a tile from each of them in turn.
+  for (int64_t p = p0; p < p0 + kc; p += NR) {  // the NR x NR tiles of p's sliver of src
+    const int64_t m = std::min<int64_t>(NR, p0 + kc - p), off = (p / NR) * sliver;
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t n = std::min<int64_t>(NR, nc - s * NR), r = row0 + j0 + s * NR;
+      float* t = dst + s * stride + (p - p0) * NR;
 #ifdef __SSE2__
-      if (n == NR && m == NR && NR % 4 == 0) {
+      if (n == NR && m == NR && NR % 4 == 0 && r % kcs + NR <= kcs) {
+        const float* tile = row_at(r) + off;  // NR rows of NR floats, one after the other
         for (int jb = 0; jb < NR; jb += 4) {
-          const float* r0 = rows[jb] + off;
-          const float* r1 = rows[jb + 1] + off;
-          const float* r2 = rows[jb + 2] + off;
-          const float* r3 = rows[jb + 3] + off;
+          const float* r0 = tile + jb * NR;
           for (int pb = 0; pb < NR; pb += 4) {
-            __m128 a0 = _mm_loadu_ps(r0 + pb), a1 = _mm_loadu_ps(r1 + pb);
-            __m128 a2 = _mm_loadu_ps(r2 + pb), a3 = _mm_loadu_ps(r3 + pb);
+            __m128 a0 = _mm_loadu_ps(r0 + pb), a1 = _mm_loadu_ps(r0 + NR + pb);
+            __m128 a2 = _mm_loadu_ps(r0 + 2 * NR + pb), a3 = _mm_loadu_ps(r0 + 3 * NR + pb);
             _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
             _mm_storeu_ps(t + pb * NR + jb, a0);
             _mm_storeu_ps(t + (pb + 1) * NR + jb, a1);
@@ -360,8 +358,10 @@ void pack_b_packed_t(const PackedB& src, int64_t row0, int64_t p0, int64_t kc, i
         continue;
       }
 #endif
-      for (int64_t q = 0; q < m; ++q)
-        for (int64_t jj = 0; jj < NR; ++jj) t[q * NR + jj] = jj < n ? rows[jj][off + q] : 0.f;
+      for (int64_t jj = 0; jj < NR; ++jj) {
+        const float* row = jj < n ? row_at(r + jj) + off : nullptr;
+        for (int64_t q = 0; q < m; ++q) t[q * NR + jj] = row ? row[q] : 0.f;
+      }
     }
   }
 }
