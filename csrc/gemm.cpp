@@ -1202,138 +1202,124 @@ void sgemm_packed_t(bool trans_a, int64_t M, int64_t N, float alpha, const float
 // ---------------------------------------------------------------------------------------------
 // op(B) as seven packed sums of its quadrants, shared by several products
 
-void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
-                            const PackedB* const* packs, int strassen, float beta, float* C,
-                            int64_t ldc, int threads) {
-  using namespace gemm;
-  const Kernel& kernel = chosen_kernel();
+namespace gemm {
+namespace {
+
+// The seven packs of quadrant sums must be there, of one size, storage and micro-kernel: the
+// one in use (else std::invalid_argument naming `what`).
+void expect_packs(const Kernel& kernel, const PackedB* const* packs, const char* what) {
   for (int p = 0; p < 7; ++p) {
-    if (!packs[p]) throw std::invalid_argument("sgemm_packed_quadrants: a pack is missing");
+    if (!packs[p]) throw std::invalid_argument(std::string(what) + ": a pack is missing");
     if (packs[p]->K() != packs[0]->K() || packs[p]->N() != packs[0]->N() ||
         packs[p]->trans() != packs[0]->trans() ||
         std::strcmp(packs[p]->kernel(), packs[0]->kernel()) != 0)
-      throw std::invalid_argument("sgemm_packed_quadrants: the seven packs differ in size, "
+      throw std::invalid_argument(std::string(what) + ": the seven packs differ in size, "
                                   "storage or micro-kernel");
   }
-  expect_kernel(kernel, *packs[0], "sgemm_packed_quadrants");
-  const int64_t K2 = packs[0]->K(), N2 = packs[0]->N();
-  if (M <= 0 || N2 <= 0) return;
-  if (K2 <= 0 || alpha == 0.f) {
-    scale_c(M, 2 * N2, beta, C, ldc);
-    return;
-  }
-  // op(A) from row r, column block j (of K2 columns)
-  auto qa = [&](int64_t r, int j) {
-    return trans_a ? A + j * K2 * lda + r : A + r * lda + j * K2;
-  };
-  // rows [r, r + m) of C (+ C2) += the product of op(A)'s rows (a sum with A2) and pack p
-  auto product = [&](int64_t m, const float* A1, const float* A2, float a2, int p, float* C1,
-                     float al, float be, float* C2, float al2, float be2) {
-    Problem S{trans_a, packs[p]->trans(), m, N2, K2, al, be, A1, lda, nullptr, 0, C1, ldc};
-    S.A2 = A2;
-    S.a2 = a2;
-    S.C2 = C2;
-    S.alpha2 = al2;
-    S.beta2 = be2;
-    kernel.run(S, kernel.micro, kernel.blocks, threads, packs[p]);
-  };
-  const float al = alpha, be = beta;
-  const bool use = strassen > 0 ? M >= 2
-                                : strassen < 0 && packed_strassen_applies(M, K2, N2, threads);
-  int64_t r0 = 0;  // the first row left to the four products
-  if (use) {
-    const int64_t M2 = M / 2;
-    const Problem P{trans_a, packs[0]->trans(), M, 2 * N2, 2 * K2, alpha, beta, A, lda,
-                    nullptr, 0, C, ldc};
-    strassen_products(
-        kProducts, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
-        [](Quadrant) -> const float* { return nullptr; },  // op(B): the packs
-        [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * N2; },
-        [&](const Problem& S, int i) {
-          kernel.run(S, kernel.micro, kernel.blocks, threads, packs[i]);
-        });
-    r0 = 2 * M2;
-  }
-  if (r0 < M) {  // C1 = (A1 + A2) B11 + A2 (B21 - B11), C2 = A1 (B12 - B22) + (A1 + A2) B22
-    const int64_t m = M - r0;
-    float* c1 = C + r0 * ldc;
-    float* c2 = c1 + N2;
-    product(m, qa(r0, 0), qa(r0, 1), 1.f, 1, c1, al, be, nullptr, 0.f, 0.f);
-    product(m, qa(r0, 1), nullptr, 0.f, 3, c1, al, 1.f, nullptr, 0.f, 0.f);
-    product(m, qa(r0, 0), nullptr, 0.f, 2, c2, al, be, nullptr, 0.f, 0.f);
-    product(m, qa(r0, 0), qa(r0, 1), 1.f, 4, c2, al, 1.f, nullptr, 0.f, 0.f);
-  }
+  expect_kernel(kernel, *packs[0], what);
 }
 
-void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
-                              int64_t lda, const PackedB* const* packs, int64_t row0,
-                              int64_t rows, int strassen, float beta, float* C, int64_t ldc,
-                              int64_t c_half, int threads) {
-  using namespace gemm;
+}  // namespace
+}  // namespace gemm
+
+namespace gemm {
+namespace {
+
+// The rows of C left to four products of quadrant size (odd M, or the scheme not taken): C's
+// half c (0 or 1) += alpha * (op(A)'s half a + sa * its half a2) times the pack `pack` (or its
+// transpose), the first product into each half taking beta.
+struct FourProduct {
+  int pack, a, a2;
+  float sa;
+  int c;
+  bool first;
+};
+// C1 = (A1 + A2) B11 + A2 (B21 - B11), C2 = A1 (B12 - B22) + (A1 + A2) B22
+constexpr FourProduct kFour[4] = {
+    {1, 0, 1, 1.f, 0, true}, {3, 1, -1, 0.f, 0, false},
+    {2, 0, -1, 0.f, 1, true}, {4, 0, 1, 1.f, 1, false}};
+// C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
+constexpr FourProduct kFourT[4] = {
+    {1, 0, 1, -1.f, 0, true}, {5, 1, -1, 0.f, 0, false},
+    {6, 0, -1, 0.f, 1, true}, {4, 1, 0, -1.f, 1, false}};
+
+// C = alpha * op(A) (M, 2 K2) @ op(B) + beta * C, op(B) given by the seven packs of its
+// quadrants' sums: as packed (`transposed` false: op(B) (2 K2, 2 N2), N2 the packs' N), or
+// read transposed (true: op(B) = S^T, S's sums packed, N2 of the packs' K rows from row0).
+// C's halves (N2 columns each) start at C and C + c_half.
+void packed_quadrants_product(bool transposed, bool trans_a, int64_t M, float alpha,
+                              const float* A, int64_t lda, const PackedB* const* packs,
+                              int64_t row0, int64_t N2, int strassen, float beta, float* C,
+                              int64_t ldc, int64_t c_half, int threads) {
   const Kernel& kernel = chosen_kernel();
-  for (int p = 0; p < 7; ++p) {
-    if (!packs[p]) throw std::invalid_argument("sgemm_packed_quadrants_t: a pack is missing");
-    if (packs[p]->K() != packs[0]->K() || packs[p]->N() != packs[0]->N() ||
-        std::strcmp(packs[p]->kernel(), packs[0]->kernel()) != 0)
-      throw std::invalid_argument("sgemm_packed_quadrants_t: the seven packs differ in size or "
-                                  "micro-kernel");
-  }
-  expect_kernel(kernel, *packs[0], "sgemm_packed_quadrants_t");
-  // S's quadrants are (packs' K, K2): C's columns come from their rows [row0, row0 + N2),
-  // op(A)'s from their columns
-  const int64_t N2 = rows, K2 = packs[0]->N();
-  if (row0 < 0 || rows < 0 || row0 + rows > packs[0]->K())
-    throw std::invalid_argument("sgemm_packed_quadrants_t: rows [" + std::to_string(row0) +
-                                ", " + std::to_string(row0 + rows) + ") of quadrants of " +
-                                std::to_string(packs[0]->K()) + " rows");
+  const int64_t K2 = transposed ? packs[0]->N() : packs[0]->K();
   if (M <= 0 || N2 <= 0) return;
   if (K2 <= 0 || alpha == 0.f) {
     scale_c(M, N2, beta, C, ldc);
     scale_c(M, N2, beta, C + c_half, ldc);
     return;
   }
+  const bool trans_b = !transposed && packs[0]->trans();
   auto qa = [&](int64_t r, int j) {  // op(A) from row r, column block j (of K2 columns)
     return trans_a ? A + j * K2 * lda + r : A + r * lda + j * K2;
   };
-  // rows [r, r + m) of C (+ C2) += op(A)'s rows (a sum with A2) times pack p transposed
-  auto product = [&](int64_t m, const float* A1, const float* A2, float a2, int p, float* C1,
-                     float al, float be) {
-    Problem S{trans_a, false, m, N2, K2, al, be, A1, lda, nullptr, 0, C1, ldc};
-    S.A2 = A2;
-    S.a2 = a2;
-    S.bt = packs[p];
-    S.bt_row0 = row0;
-    kernel.run(S, kernel.micro, kernel.blocks, threads, nullptr);
+  // the problem S as a product with pack p: packed whole, or read transposed from row0
+  auto run = [&](Problem S, int p) {
+    if (transposed) {
+      S.bt = packs[p];
+      S.bt_row0 = row0;
+    }
+    kernel.run(S, kernel.micro, kernel.blocks, threads, transposed ? nullptr : packs[p]);
   };
-  const float al = alpha, be = beta;
   const bool use = strassen > 0 ? M >= 2
                                 : strassen < 0 && packed_strassen_applies(M, K2, N2, threads);
   int64_t r0 = 0;  // the first row left to the four products
   if (use) {
     const int64_t M2 = M / 2;
-    const Problem P{trans_a, false, M, 2 * N2, 2 * K2, alpha, beta, A, lda, nullptr, 0, C, ldc};
+    const Problem P{trans_a, trans_b, M, 2 * N2, 2 * K2, alpha, beta, A, lda, nullptr, 0, C,
+                    ldc};
     strassen_products(
-        kProductsT, P, M2, N2, K2, [&](Quadrant q) { return qa(q.i * M2, q.j); },
-        [](Quadrant) -> const float* { return nullptr; },  // S: the packs, read transposed
+        transposed ? kProductsT : kProducts, P, M2, N2, K2,
+        [&](Quadrant q) { return qa(q.i * M2, q.j); },
+        [](Quadrant) -> const float* { return nullptr; },  // op(B): the packs
         [&](Quadrant q) { return C + q.i * M2 * ldc + q.j * c_half; },
-        [&](const Problem& S, int i) {
-          Problem T = S;
-          T.bt = packs[kPackOfProductT[i]];
-          T.bt_row0 = row0;
-          kernel.run(T, kernel.micro, kernel.blocks, threads, nullptr);
-        });
+        [&](const Problem& S, int i) { run(S, transposed ? kPackOfProductT[i] : i); });
     r0 = 2 * M2;
   }
-  // the rest: C1 = (D1 - D2) S11^T + D2 (S11 + S12)^T, C2 = D1 (S21 + S22)^T + (D2 - D1) S22^T
   if (r0 < M) {
-    const int64_t m = M - r0;
-    float* c1 = C + r0 * ldc;
-    float* c2 = c1 + c_half;
-    product(m, qa(r0, 0), qa(r0, 1), -1.f, 1, c1, al, be);
-    product(m, qa(r0, 1), nullptr, 0.f, 5, c1, al, 1.f);
-    product(m, qa(r0, 0), nullptr, 0.f, 6, c2, al, be);
-    product(m, qa(r0, 1), qa(r0, 0), -1.f, 4, c2, al, 1.f);
+    for (const FourProduct& f : transposed ? kFourT : kFour) {
+      Problem S{trans_a, trans_b, M - r0, N2, K2, alpha, f.first ? beta : 1.f, qa(r0, f.a),
+                lda, nullptr, 0, C + r0 * ldc + f.c * c_half, ldc};
+      S.A2 = f.a2 >= 0 ? qa(r0, f.a2) : nullptr;
+      S.a2 = f.sa;
+      run(S, f.pack);
+    }
   }
+}
+
+}  // namespace
+}  // namespace gemm
+
+void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda,
+                            const PackedB* const* packs, int strassen, float beta, float* C,
+                            int64_t ldc, int threads) {
+  gemm::expect_packs(gemm::chosen_kernel(), packs, "sgemm_packed_quadrants");
+  const int64_t N2 = packs[0]->N();
+  gemm::packed_quadrants_product(false, trans_a, M, alpha, A, lda, packs, 0, N2, strassen, beta,
+                                 C, ldc, N2, threads);
+}
+
+void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
+                              int64_t lda, const PackedB* const* packs, int64_t row0,
+                              int64_t rows, int strassen, float beta, float* C, int64_t ldc,
+                              int64_t c_half, int threads) {
+  gemm::expect_packs(gemm::chosen_kernel(), packs, "sgemm_packed_quadrants_t");
+  if (row0 < 0 || rows < 0 || row0 + rows > packs[0]->K())
+    throw std::invalid_argument("sgemm_packed_quadrants_t: rows [" + std::to_string(row0) +
+                                ", " + std::to_string(row0 + rows) + ") of quadrants of " +
+                                std::to_string(packs[0]->K()) + " rows");
+  gemm::packed_quadrants_product(true, trans_a, M, alpha, A, lda, packs, row0, rows, strassen,
+                                 beta, C, ldc, c_half, threads);
 }
 
 }  // namespace pyhet
