@@ -113,7 +113,8 @@ void sgemm_packed_quadrants(bool trans_a, int64_t M, float alpha, const float* A
 // rows [row0, row0 + rows) of each half of S are made: C's two halves of `rows` columns each
 // start at C and at C + c_half (the whole product: row0 0, rows N2, c_half N2; C the block of
 // those columns in a whole one: C at its column row0, c_half N2), so that devices may split
-// the columns of one product. Requires 0 <= row0 <= row0 + rows <= N2.
+// the columns of one product. Requires 0 <= row0 <= row0 + rows <= N2 and c_half >= rows (the
+// halves apart).
 void sgemm_packed_quadrants_t(bool trans_a, int64_t M, float alpha, const float* A,
                               int64_t lda, const PackedB* const* packs, int64_t row0,
                               int64_t rows, int strassen, float beta, float* C, int64_t ldc,

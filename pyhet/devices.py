@@ -61,6 +61,7 @@ class _Shard:
         # col^T packed whole by the host group, for dw (or col's quadrants' sums packed for the
         # forward, read transposed: SharedCol.dw_operand); or None
         self.packed_col_t = None
+        self.dw_reads_fwd = False  # packed_col_t is col packed for the forward, read transposed
         self.dw_elsewhere = False  # the host group makes dw with the input gradient (dw_out)
         self.staged = None     # (w, b, vw, vb) after an update not yet committed
         self.spare = None      # the buffers of the state before the last commit, reused
@@ -250,6 +251,7 @@ class Device:
             out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer)
             return be.to_host(out)
         s.col, s.packed_col_t = shared.col, shared.dw_operand
+        s.dw_reads_fwd = s.packed_col_t is not None and s.packed_col_t is shared.fwd
         s.dw_elsewhere = shared.dw_from_fwd   # then col is not made: only fwd is
         out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer,
                                         packed=shared.fwd)
@@ -279,7 +281,9 @@ class Device:
                                    f"its weight gradient needs rows of a group array (dw_out), "
                                    f"got none")
             else:
-                s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t)
+                # packed_col_t None: a group of one, which made col
+                s.dw, s.db = be.block_grad_params(dy, s.col, s.w, layer, s.packed_col_t,
+                                                  transposed=s.dw_reads_fwd)
             result = (s.w.reshape(s.k, -1), dy) if dx_mode == "shared" else None
         else:
             dcol, s.dw, s.db = be.block_backward(dout, s.saved, s.col, s.w, dx_mode == "own")
@@ -292,7 +296,8 @@ class Device:
 
     def input_grad_part(self, parts, dcol, dx, g: ConvGeometry, channels, dw=None):
         """Channels [c0, c1) of a layer's input gradient from all host shards, and with dw
-        their columns of the group's weight gradient (see CpuBackend)."""
+        their share of the columns of the group's weight gradient (those channels' columns,
+        or in quadrants a share of each half in proportion to them: CpuBackend)."""
         self.backend.input_grad_part(parts, dcol, dx, g, channels, dw)
 
     # --- the two-phase update -------------------------------------------------------------
@@ -414,12 +419,14 @@ class SharedCol:
 
     @property
     def dw_operand(self):
-        """What a member's own weight gradient dy_i @ col^T reads: col_t, or fwd's quadrants'
-        sums (read transposed, ops.sgemm_packed_t); None where it has none (one device: col;
-        dw_from_fwd: the group makes it)."""
+        """What a member's own weight gradient dy_i @ col^T reads: col_t, or (in quadrants,
+        where col_t is not packed) fwd's sums, read transposed (ops.sgemm_packed_t: each
+        member transposes all of them, which a layer without an input gradient, the only one
+        that gets here, seldom pays: it needs an even channel count); None where it has none
+        (one device: col; dw_from_fwd: the group makes it)."""
         if self.fwd is None or self.group_dw:
             return None
-        return self.col_t if self.col_t is not None else self.fwd if self.quadrants else None
+        return self.col_t if self.col_t is not None else self.fwd
 
 
 def _quadrants_pay(rows: int, cols: int, members: dict, x_shape) -> bool:
@@ -460,7 +467,8 @@ def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry,
     """dx (N, C, H, W) of the layer from every shard's (w_j, dy_j) in parts, device i computing
     the rows of dcol and the channels of dx of channels[i]. dw: ([dw_j, ...], fwd), the
     shards' weight gradients (k_j, C*R*S), made here too, each device the columns of its
-    channels, from col packed for the forward (SharedCol.dw_from_fwd); or None."""
+    channels (in quadrants, a share of each half of them in proportion to its channels), from
+    col packed for the forward (SharedCol.dw_from_fwd); or None."""
     gather([devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
                               dcol, dx, g, ch, dw, tag=tag) for i, ch in channels.items()])
 

@@ -300,7 +300,11 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
     a = _matrix(a, "a")
     m = a.shape[1] if trans_a else a.shape[0]
     if quads:
-        r0, r1 = (0, packed.k // 2) if rows is None else _range(rows, "rows", "sgemm_packed_t")
+        half = packed.k // 2
+        r0, r1 = (0, half) if rows is None else _range(rows, "rows", "sgemm_packed_t")
+        if not 0 <= r0 <= r1 <= half:
+            raise ValueError(f"sgemm_packed_t: rows: expected a range (begin, end) with 0 <= "
+                             f"begin <= end <= {half} (the rows of a half), got ({r0}, {r1})")
         width = packed.k
     else:
         r0, r1 = (0, packed.k) if rows is None else _range(rows, "rows", "sgemm_packed_t")
@@ -308,6 +312,9 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
     if c is None:
         if beta != 0:
             raise ValueError("sgemm_packed_t: beta != 0 needs an existing c")
+        if quads and (r0, r1) != (0, packed.k // 2):
+            raise ValueError(f"sgemm_packed_t: rows={rows!r} of a PackedQuadrants make only "
+                             f"those columns of c, so they need an existing c")
         c = np.empty((m, width), np.float32)
     elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (m, width), "c")  # the right error

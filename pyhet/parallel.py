@@ -18,7 +18,9 @@ shards keep their weights (from their first update on) and write their dy in the
 array of the whole layer each, so that those rows are one product over all of the group's
 kernels (CpuBackend.input_grad_part), not one per shard. With the input gradient they split
 the weight gradient the same way, by input channels (the columns of every shard's dw of its
-channels, from the forward's packed operand read transposed: SharedCol.dw_from_fwd). The cpu devices
+channels, or, where the forward's operand is packed as its quadrants' sums, a share of each
+half of dw's columns in proportion to them; from the forward's packed operand read
+transposed: SharedCol.dw_from_fwd). The cpu devices
 placed on another MPI rank form a group of their own there: one message to the rank carries the
 layer input (forward) or their slices of the output gradient (backward), the rank runs the same
 shared im2col and channel-split input gradient, and one reply brings back their output slices or

@@ -906,9 +906,12 @@ def test_packed_quadrants_read_transposed_errors_say_what_was_expected():
          r"inner dimensions differ: op\(a\) is \(2, 20\) and s\^T, of quadrants \(15, 10\), "
          r"is \(30, 20\)"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(0, 11)),
-         ValueError, r"rows.*0 <= begin <= end <= 10, got"),
+         ValueError, r"rows.*0 <= begin <= end <= 10 \(the rows of a half\), got \(0, 11\)"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(3, 2)),
          ValueError, "rows"),
+        (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, rows=(0, 3)),
+         ValueError, r"rows=\(0, 3\) of a PackedQuadrants make only those columns of c, so "
+         r"they need an existing c"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed,
                                     np.ones((2, 30), np.float32)), ValueError, "expected shape"),
         (lambda: ops.sgemm_packed_t(np.ones((2, 30), np.float32), packed, beta=1.0), ValueError,

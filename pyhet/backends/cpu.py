@@ -109,14 +109,15 @@ class CpuBackend:
                                             threads=self.threads)
         return dy.reshape(y_shape[0], -1)
 
-    def block_grad_params(self, dy, col, w, key=None, packed=None):
+    def block_grad_params(self, dy, col, w, key=None, packed=None, transposed=False):
         """dy (K, N*OH*OW) -> dw (K, C, R, S) = dy @ col^T, db (K,); packed: col^T already
-        packed whole (a PackedB or PackedQuadrants of col^T), col's quadrants' sums packed for
-        the forward (read transposed), or None. With a key, dw is a kept array (a fresh one of
-        this size every step would cost its page faults every step)."""
+        packed whole (a PackedB, or a PackedQuadrants of its sums), or, with transposed, col
+        packed for the forward (a PackedB or PackedQuadrants), read transposed; or None. With
+        a key, dw is a kept array (a fresh one of this size every step would cost its page
+        faults every step)."""
         K = w.shape[0]
         dw = self.buffer(("dw", key), (K, col.shape[0])) if key is not None else None
-        if isinstance(packed, ops.PackedQuadrants) and not packed.trans_b:   # col's, for w @ col
+        if transposed:
             dw = ops.sgemm_packed_t(dy, packed, dw, threads=self.threads)
         elif packed is not None:
             dw = ops.sgemm_packed(dy, packed, dw, threads=self.threads)
