@@ -316,11 +316,12 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     not disturb each other), in rounds (d0 d1 ... d0 d1 ...) after two warm-up runs each, and
     the best time of each of the `rounds` is kept, so that a drift of the machine hits all of
     them alike; alike devices of this process (the same SPEC) take the mean of their best
-    times. These best times alone give the devices' relative speeds. Then, in `together`
-    more rounds (more where they are short: _layer_trial), all devices run a trial of about their share at once, and each device's
-    compute time is scaled by its median ratio of that to its fitted time alone (`contention`,
-    see _together): what the devices cost each other in a real step, and a typical time rather
-    than the best one, so that the predicted step time is what a step takes.
+    times. These best times alone give the devices' relative speeds. Then, in `together` more
+    rounds (more where they are short: _layer_trial), all devices run a trial of about their
+    share at once, and each device's compute time is scaled by its median ratio of that to its
+    fitted time alone (`contention`, see _together): what the devices cost each other in a real
+    step, and a typical time rather than the best one, so that the predicted step time is what a
+    step takes.
 
     Each device is timed alone at two kernel counts, and t(k) = intercept + k / slope fitted
     through them; the intercept is its fixed work (its own im2col and col2im of the whole

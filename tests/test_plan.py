@@ -244,8 +244,9 @@ def test_master_bottleneck():
 
 def test_a_timed_master_is_its_measured_time():
     """Where the master was timed here (Calibration.master_s), its time is the plan's master
-    term and sets the rate a DDP replica runs its fc layers at (its own rate times the one the
-    master reached over its devices'); --master-gflops still gives the FLOP model."""
+    term and sets the rate a DDP replica that computes like this machine's CPU cores runs its
+    fc layers at (its own rate times the one the master reached over the calibrated CPU
+    devices'); --master-gflops still gives the FLOP model."""
     M = 1e-5   # the master's measured seconds
     names, c = cal({"conv1": [4000.0, 2000.0], "conv2": [900.0, 450.0]})
     timed = plan.build_cluster(NET, N, (names, replace(c, master_s=M, cpu_like=[True, True])))
