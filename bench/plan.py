@@ -87,6 +87,7 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
             "plan_master_timed": p["master_timed"],
             "plan_gflops": {d["name"]: d["gflops"] for d in p["devices"]},
             "conv_s": s["conv_time_s"],
+            "step_parts_s": s.get("step_parts_s"),   # the run's step, part by part
             "plan_partition": p["partition"][layer],
             "step_s": s["step_time_s"]["median"],
             "partition": s["partition"][layer],

@@ -515,6 +515,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     per_epoch, total_steps = planned_steps(cfg, ds)
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
     step_times, step_images, conv_times, losses = [], [], [], []
+    part_times = []                          # {part: seconds} of each step (Net.train_step's)
     busy0 = {d.name: d.busy_s for d in net.devices}
     # the layers' phase times go on adding up over calibration, earlier fit() calls and the
     # evaluation: count only this run's steps
@@ -566,6 +567,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 step_images.append(int(xb.shape[0]))
                 conv_times.append(timer.parts.get("conv_forward", 0) +
                                   timer.parts.get("conv_backward", 0))
+                part_times.append(dict(timer.parts))
                 losses.append(loss)
                 bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
                 if callback is not None:
@@ -614,7 +616,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
                      epochs=step / per_epoch, steps=step, moved=moved, images=step_images,
-                     phases=phases, eval_s=eval_s)
+                     phases=phases, eval_s=eval_s, parts=part_times)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
 
@@ -638,13 +640,21 @@ def traffic(devices) -> dict:
 
 
 def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-            epochs, steps, images, phases, moved=None, eval_s=None) -> dict:
+            epochs, steps, images, phases, moved=None, eval_s=None, parts=None) -> dict:
     """The summary of a run. images: the images of each step (the last batch of an epoch, or a
     batch larger than the dataset, holds fewer than --batch-size); phases: {layer: {phase:
-    seconds}} of the steps alone; eval_s: the test split's evaluation, or None."""
+    seconds}} of the steps alone; eval_s: the test split's evaluation, or None; parts: each
+    step's {part: seconds} (Net.train_step's: conv_forward, fc, conv_backward, update)."""
     warm = 1 if len(step_times) > 1 else 0                          # the first step warms up
     timed = step_times[warm:]
     conv = conv_times[warm:]
+    parts = (parts or [])[warm:]
+    # each part's median over the timed steps, and what the step spent outside them (the
+    # step's median less the parts' medians: hand-offs, the failover's bookkeeping)
+    step_parts = {k: statistics.median(p.get(k, 0.0) for p in parts)
+                  for k in ("conv_forward", "fc", "conv_backward", "update")} if parts else None
+    if step_parts is not None and timed:
+        step_parts["other"] = max(0.0, statistics.median(timed) - sum(step_parts.values()))
     total = sum(step_times)
     devices = []
     for d in net.devices:
@@ -670,6 +680,11 @@ def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
         "test_loss": test["loss"] if test else None,
         "conv_time_fraction": (sum(conv) / sum(timed)) if timed and sum(timed) else None,
         "conv_time_s": statistics.median(conv) if conv else None,   # median per step
+        # the step's parts in order, medians per step: the conv layers' forward, the master's
+        # fc layers and loss (forward and backward), the conv layers' backward, the update of
+        # every layer; other: the rest of the step's median
+        "step_parts_s": ({k: round(v, 6) for k, v in step_parts.items()}
+                         if step_parts is not None else None),
         "dataset": ds.name,
         "arch": net.shape.arch,
         "kernels": list(net.shape.kernels),

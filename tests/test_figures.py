@@ -87,6 +87,35 @@ def test_phase_times_are_the_training_steps_alone():
     assert s["test_accuracy"] is not None
 
 
+def test_step_parts_are_medians_of_the_timed_steps():
+    """step_parts_s: each part of Net.train_step (conv forward, fc, conv backward, update) as its
+    median over the steps after the warm-up one, and the rest of the step's median as other."""
+    import statistics
+
+    x, y = arrays(40)
+    seen = []
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1,cpu:1") as net:
+        net.predict(x[:4])                     # starts the devices
+        inner = net._net.train_step
+
+        def spy(*args, **kwargs):
+            loss = inner(*args, **kwargs)
+            seen.append(dict(args[3].parts))   # the step's PartTimer
+            return loss
+        net._net.train_step = spy
+        s = net.fit(x, y, steps=6, batch_size=8)
+    assert len(seen) == 6
+    parts = s["step_parts_s"]
+    assert list(parts) == ["conv_forward", "fc", "conv_backward", "update", "other"]
+    for k in ("conv_forward", "fc", "conv_backward", "update"):
+        want = statistics.median(p[k] for p in seen[1:])
+        assert parts[k] == pytest.approx(round(want, 6), abs=1.5e-6), k
+        assert parts[k] > 0
+    rest = s["step_time_s"]["median"] - sum(statistics.median(p[k] for p in seen[1:])
+                                            for k in parts if k != "other")
+    assert parts["other"] == pytest.approx(round(max(0.0, rest), 6), abs=1.5e-6)
+
+
 def test_eval_time_is_null_without_a_test_split(cli, npz_dataset):
     import json
 

@@ -29,7 +29,7 @@ arch="16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N"
     echo "== $arch on $devices, bundled data"
     pyhet train --arch "$arch" --devices "$devices" --steps 200 --batch-size 64 --lr 0.05 \
       --save "$out/w-${devices//[:,]/_}.npz" --quiet --json > "$out/train.json" &&
-      python3 -c "import json; s = json.load(open('$out/train.json')); print('test accuracy', s['test_accuracy'], 'step', s['step_time_s'], 'partition', s['partition'])"
+      python3 -c "import json; s = json.load(open('$out/train.json')); print('test accuracy', s['test_accuracy'], 'step', s['step_time_s'], 'partition', s['partition']); print('step parts', s['step_parts_s'])"
     pyhet evaluate --weights "$out/w-${devices//[:,]/_}.npz" --devices "$devices" --json | tail -1
     pyhet predict --weights "$out/w-${devices//[:,]/_}.npz" --input "$out/x.npy" \
       --devices "$devices" 2>&1 | head -2
@@ -45,7 +45,9 @@ for r in json.load(open('$out/plan.json'))['rows']:
     for x in r['rounds']:
         print(f\"{r['devices']:>14} {r['batch_size']:>3}: plan conv {x['plan_conv_s']:.4f} s + \"
               f\"master {x['plan_master_s']:.4f} s; run conv {x['conv_s']:.4f} s + rest \"
-              f\"{x['step_s'] - x['conv_s']:.4f} s (update, fc layers, loss, hand-offs)\")"
+              f\"{x['step_s'] - x['conv_s']:.4f} s (update, fc layers, loss, hand-offs)\")
+        print(' ' * 20 + 'run parts: ' + ', '.join(f'{k} {v:.4f} s'
+                                                   for k, v in x['step_parts_s'].items()))"
     pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --cpu-devices 2,4 \
       --json "$out/scaling.json" 2>&1 | grep -v '^round'
   fi
