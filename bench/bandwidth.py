@@ -23,6 +23,7 @@ The namespaces and links are removed when it ends, also when interrupted. Withou
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -131,11 +132,15 @@ def rate_bits(rate: str):
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
         if rate.endswith(unit):
+            number = rate[:-len(unit)]
             try:
-                return float(rate[:-len(unit)]) * scale
+                bits = float(number) * scale
             except ValueError:
                 break
-    raise ValueError(f"a rate like 100mbit or 1gbit, or none, was expected: got {rate!r}")
+            if number.isascii() and math.isfinite(bits) and bits > 0:
+                return bits
+            break
+    raise ValueError(f"a rate > 0 like 100mbit or 1gbit, or none, was expected: got {rate!r}")
 
 
 # ================================================================================================

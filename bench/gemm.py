@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
-    if args.pause < 0:
+    if not args.pause >= 0:     # nan too
         parser.error(f"--pause must be >= 0, got {args.pause}")
     if args.plain_max_gflop < 0:
         parser.error(f"--plain-max-gflop must be >= 0, got {args.plain_max_gflop}")

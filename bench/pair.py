@@ -23,6 +23,7 @@ try:
 except ImportError:  # run as a script: python bench/pair.py
     import _util
 
+from pyhet import arch as arch_notation
 from pyhet.cli import Parser, positive
 
 
@@ -47,6 +48,11 @@ def parse_args(argv):
                 f"{args.configs}")
     if args.steps < 2:
         p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
+    if args.arch is not None:
+        try:
+            arch_notation.parse(args.arch)
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 

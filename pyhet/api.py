@@ -33,7 +33,7 @@ from . import evaluation
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
-from .errors import DataError, UsageError
+from .errors import DataError, UsageError, WeightsError
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, save_weights)
@@ -84,12 +84,16 @@ class Network:
                              f"{devices!r}")
         self.devices_spec, self.balance, self.seed = devices, balance, seed
         parse_devices(devices, gpu_count=cuda_device_count)  # a bad SPEC fails here, not later
+        if isinstance(classes, (str, bytes)):       # list("abc") would make three names
+            raise UsageError(f"classes must be a list of {self.num_classes} class names, got "
+                             f"{classes!r}")
         try:
             self.classes = check_class_names(None if classes is None else list(classes),
                                              self.num_classes)
         except (TypeError, ValueError) as e:
             raise UsageError(f"classes: {e}") from None
-        self.normalization = normalization
+        self.normalization = _checked_normalization(normalization, self.input_shape[0],
+                                                    UsageError, "normalization")
         self._params = (init_params(self.geometry, seed) if weights is None
                         else checked_params(weights, self.geometry))
         self._epochs = 0          # epochs begun by fit() so far: the next fit's data order
@@ -197,6 +201,11 @@ class Network:
         checkpoint_every = (None if checkpoint_every is None
                             else _positive(checkpoint_every, "checkpoint_every"))
         keep = _whole(keep, "keep", 0)
+        if callback is not None and not callable(callback):
+            raise UsageError(f"callback must be a function of one argument (the step's info), "
+                             f"got {callback!r}")
+        if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+            raise UsageError(f"checkpoint_dir must be a folder's path, got {checkpoint_dir!r}")
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                                  np.floating)):
@@ -288,10 +297,19 @@ class Network:
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """x (N, C, H, W) -> class probabilities (N, M) float32, each row summing to 1,
         computed batch by batch on the devices."""
+        return self._predict(x, batch_size, "x")
+
+    def _predict(self, x, batch_size, what: str) -> np.ndarray:
+        """predict(), its errors naming the images as `what`."""
         batch_size = _positive(batch_size, "batch_size")
-        xs = self._images(x)
+        xs = self._images(x, what)
+        batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
-        return evaluation.probabilities(net, xs, batch_size)
+        probs = evaluation.probabilities(net, xs, batch_size)
+        bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
+        if len(bad):
+            raise DataError(_overflow_message(what, bad, len(xs)))
+        return probs
 
     def evaluate(self, x: Optional[np.ndarray] = None, y: Optional[np.ndarray] = None, *,
                  dataset: Optional[str] = None, data_dir: Optional[str] = None,
@@ -314,12 +332,19 @@ class Network:
             ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
         else:
             xs, ys = self._xy(x, y, "x", "y")
+        batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
-        return evaluation.evaluate(net, xs, ys, batch_size)
+        result = evaluation.evaluate(net, xs, ys, batch_size)
+        if not math.isfinite(result["loss"]):
+            bad = np.flatnonzero(~np.isfinite(evaluation.logits(net, xs, batch_size)).all(axis=1))
+            raise DataError(_overflow_message("x" if dataset is None else f"dataset {dataset}",
+                                              bad, len(xs)))
+        return result
 
     def save(self, path: "str | os.PathLike") -> None:
         """Write the weights (float32, PyTorch's names and layout) and the network's
         description to an .npz; pyhet.load() needs nothing else."""
+        _check_path(path, "save")
         save_weights(path, self.params(), self.geometry, self.classes, self.normalization)
 
 
@@ -327,12 +352,48 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
          input_shape: Optional[Sequence[int]] = None) -> Network:
     """The Network saved in a weight file. input_shape (C, H, W) is needed only for files of
     earlier versions, which do not record it."""
+    _check_path(path, "load")
+    if input_shape is not None and not (isinstance(input_shape, (tuple, list)) and len(
+            input_shape) == 3 and all(_is_whole(v) and v >= 1 for v in input_shape)):
+        raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
+                         f"{input_shape!r}")
     geometry, meta = network_of_file(path, tuple(input_shape) if input_shape else None)
     params = load_weights(path, geometry)
     meta = meta or {}
+    normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],
+                                           WeightsError, f"weight file {os.fspath(path)}: its")
     return Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
-                   balance=balance, classes=meta.get("classes"),
-                   normalization=meta.get("normalization"), weights=params)
+                   balance=balance, classes=meta.get("classes"), normalization=normalization,
+                   weights=params)
+
+
+def _check_path(path, what: str) -> None:
+    """A file's path for save() or load(): a non-empty str or os.PathLike."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"{what}: expected a file's path (str or os.PathLike), got {path!r}")
+    if not os.fspath(path):
+        raise UsageError(f"{what}: an empty path; give a file name")
+
+
+def _checked_normalization(norm, channels: int, error, what: str):
+    """None, or a Normalization with one scale and one shift per channel of the images."""
+    if norm is None:
+        return None
+    if not isinstance(norm, Normalization):
+        raise error(f"{what} must be a pyhet.images.Normalization or None, got {norm!r}")
+    if len(norm.scale) != channels or len(norm.shift) != channels:
+        raise error(f"{what} normalization has {len(norm.scale)} scales and {len(norm.shift)} "
+                    f"shifts, but the images have {channels} channel"
+                    f"{'s' if channels != 1 else ''}: one of each per channel")
+    return norm
+
+
+def _overflow_message(what: str, bad, n: int) -> str:
+    """What to say of outputs that are not finite (float32 overflowed) on images `bad` of n."""
+    first = f", the first at index {int(bad[0])}" if len(bad) else ""
+    return (f"{what}: the network's outputs are not finite (they overflow float32) on "
+            f"{len(bad)} of {n} images{first}: the images or the weights are far too large; "
+            f"no result")
 
 
 def _close_all(devices) -> None:

@@ -24,9 +24,10 @@ DEFAULT_KERNELS = (32, 64)
 DEFAULT_KERNEL_SIZE = 5
 PAPER_ARCH = "500C5-P2-1500C5-P2"
 
-_CONV = re.compile(r"^(\d+)C(\d+)((?:[ps]\d+)*)$")
-_POOL = re.compile(r"^P(\d+)(?:s(\d+))?$")
-_FC = re.compile(r"^(\d+)N$")
+# ASCII digits only (\d would also take other scripts' digits, and int() reads them)
+_CONV = re.compile(r"^([0-9]+)C([0-9]+)((?:[ps][0-9]+)*)$")
+_POOL = re.compile(r"^P([0-9]+)(?:s([0-9]+))?$")
+_FC = re.compile(r"^([0-9]+)N$")
 _FORMS = "32C5, 32C3p1s2, P2, P3s2 or 256N"
 
 
@@ -53,7 +54,7 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
                                 f"{PAPER_ARCH!r}, got {type(spec).__name__}")
     if not spec.strip():
         raise ArchitectureError(f"empty --arch: expected blocks such as {PAPER_ARCH!r}")
-    if m := re.search(r"\d+C\d+(?:[ps]\d+)*[ps]-\d", spec):
+    if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*[ps]-[0-9]", spec):
         raise ArchitectureError(f"--arch {spec!r}: {m[0]!r}: padding and stride must be whole "
                                 f"numbers >= 0 and >= 1")
     convs: list[ConvSpec] = []
@@ -67,7 +68,7 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
                 raise ArchitectureError(f"{where}: a conv block after a fully connected layer; "
                                         f"conv blocks come first, then the fc layers")
             suffix = dict.fromkeys("ps")
-            for key, value in re.findall(r"([ps])(\d+)", m[3]):
+            for key, value in re.findall(r"([ps])([0-9]+)", m[3]):
                 if suffix[key] is not None:
                     raise ArchitectureError(f"{where}: {key!r} is given twice")
                 suffix[key] = int(value)
@@ -100,7 +101,9 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
             hidden.append(int(m[1]))
             previous = "fc"
         else:
-            raise ArchitectureError(f"{where}: not a block; expected forms like {_FORMS}")
+            ascii_only = "" if tok.isascii() else " (numbers in ASCII digits)"
+            raise ArchitectureError(f"{where}: not a block; expected forms like "
+                                    f"{_FORMS}{ascii_only}")
     if not convs:
         raise ArchitectureError(f"--arch {spec!r}: the network needs at least one conv block "
                                 f"(such as 32C5)")

@@ -26,6 +26,7 @@ import re
 
 import numpy as np
 
+from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
 from .model import arch_entry, check_finite, load_weights, read_weight_file, write_npz
@@ -143,22 +144,32 @@ class CheckpointDir:
         warning, for the one before it. Settings that differ from this run's are refused."""
         found = complete(self.folder)
         for i, path in enumerate(reversed(found)):
+            older = found[-2 - i] if i + 1 < len(found) else None
             try:
                 arrays, _ = read_weight_file(path)
-                meta = json.loads(str(arrays["meta"]))
+                meta = checked_meta(json.loads(str(arrays["meta"])))
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
             except (PyhetError, KeyError, ValueError) as e:
-                older = found[-2 - i] if i + 1 < len(found) else None
-                if self.log is not None:
-                    print(f"pyhet: warning: checkpoint {path} is damaged ({e}); "
-                          + (f"resuming from {older} instead" if older
-                             else "no older checkpoint: starting afresh"),
-                          file=self.log, flush=True)
+                self._skip(path, e, older)
                 continue
             self._check_settings(path, meta)
-            return path, load_weights(path, shape), moms, meta
+            params = load_weights(path, shape)
+            try:
+                check_momentum(moms, shape)
+            except ValueError as e:
+                self._skip(path, e, older)
+                continue
+            return path, params, moms, meta
         return None
+
+    def _skip(self, path, why, older):
+        """Say that a damaged checkpoint is passed over, and for which."""
+        if self.log is not None:
+            print(f"pyhet: warning: checkpoint {path} is damaged ({why}); "
+                  + (f"resuming from {older} instead" if older
+                     else "no older checkpoint: starting afresh"),
+                  file=self.log, flush=True)
 
     def _check_settings(self, path, meta: dict):
         stored = meta.get("settings") or {k: meta[k] for k in ("seed", "batch_size", "shuffle")
@@ -201,3 +212,62 @@ class CheckpointDir:
                     raise WeightsError(f"cannot delete the old checkpoint {old}: "
                                        f"{e.strerror or e}") from None
         return path
+
+
+# ================================================================================================
+# What a checkpoint must hold to be resumed from (an edited or foreign file is damaged)
+
+
+def checked_meta(meta) -> dict:
+    """The meta entry, if it has the form save() writes: the position (whole numbers >= 0),
+    the settings (a dict) and the plan (a dict, or None); else ValueError."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"its meta entry is {type(meta).__name__}, not a dict")
+    for key in ("step", "epoch", "batch"):
+        v = meta.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"its position {key!r} is {v!r}, not a whole number >= 0")
+    if not isinstance(meta.get("settings", {}), dict):
+        raise ValueError(f"its settings are {meta['settings']!r}, not a dict")
+    plan = meta.get("plan")
+    if plan is None:
+        return meta
+    if not isinstance(plan, dict):
+        raise ValueError(f"its plan is {plan!r}, not a dict")
+    devices = plan.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        raise ValueError(f"its plan's devices are {devices!r}, not a list of SPECs")
+    partition = plan.get("partition") or {}
+    if not isinstance(partition, dict) or not all(
+            isinstance(counts, list) and all(isinstance(k, int) and not isinstance(k, bool)
+                                             and k >= 0 for k in counts)
+            for counts in partition.values()):
+        raise ValueError(f"its plan's partition is {partition!r}, not kernel counts per layer")
+    cal = plan.get("calibration")
+    if cal is not None:
+        try:
+            Calibration(**cal)
+        except TypeError as e:
+            raise ValueError(f"its plan's calibration is not one ({e})") from None
+    if not isinstance(plan.get("balancer") or {}, dict):
+        raise ValueError(f"its plan's balancer state is {plan['balancer']!r}, not a dict")
+    return meta
+
+
+def check_momentum(moms: dict, shape: NetGeometry) -> None:
+    """Momentum arrays of every parameter (or of none: a checkpoint written before any step
+    has none), float32, of the parameters' shapes, finite; else ValueError."""
+    if not moms:
+        return
+    want = shape.param_shapes()
+    missing = [k for k in want if k not in moms]
+    extra = [k for k in moms if k not in want]
+    if missing or extra:
+        raise ValueError(f"momentum/ arrays missing for {', '.join(missing) or 'nothing'}, "
+                         f"unknown {', '.join(extra) or 'nothing'}")
+    for k, a in moms.items():
+        if a.dtype != np.float32 or a.shape != want[k]:
+            raise ValueError(f"momentum/{k} is {a.dtype} {a.shape}, expected float32 "
+                             f"{want[k]}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"momentum/{k} holds NaN or infinite values")

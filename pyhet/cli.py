@@ -23,14 +23,14 @@ import numpy as np
 
 from . import arch, plan
 from .api import load
-from .data import input_shape_of, read_images
+from .data import DATASETS, input_shape_of, read_images
 from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted, OutputError,
-                     PyhetError)
+                     PyhetError, UsageError)
 from .images import channel_last_message, looks_channel_last
 from .model import read_weight_file, write_npz
 from .report import calibrate_spec, describe_devices
 from .specs import check_ranks, cuda_device_count, parse_devices
-from .train import TrainConfig, train
+from .train import TrainConfig, check_file_destination, train
 from .transport import launched_rank, launched_size
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
@@ -51,15 +51,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         if launched_rank() != 0:
             self.exit(EXIT_USAGE)     # under mpiexec every rank parses; rank 0 says why
-        # pyhet bench passes --help on to the benchmark, which lists its own options
-        where = self.prog if self.add_help else self.prog.split()[0]
+        where = self.prog if "--help" in self._option_string_actions else self.prog.split()[0]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {where} --help)\n")
 
 
 def kernel_counts(text: str):
     try:
-        a, b = (int(v) for v in text.split(","))
-    except ValueError:
+        a, b = (_int(v) for v in text.split(","))
+    except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(f"expected two kernel counts as A,B (e.g. 500,1500), "
                                          f"got {text!r}") from None
     if a < 1 or b < 1:
@@ -126,6 +125,18 @@ def _timeout(text):
     return v
 
 
+def _dataset(text):
+    """A dataset's name (pyhet.data.DATASETS) or npz:FILE, checked now: a name that is not one
+    is a usage error, before any work (a FILE that cannot be read is found when it is read)."""
+    if text in DATASETS or (text.startswith("npz:") and text[len("npz:"):].strip()):
+        return text
+    if text.startswith("npz:"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected npz:FILE, the path of an .npz file "
+                                         f"after the colon")
+    raise argparse.ArgumentTypeError(f"unknown dataset {text!r}: expected one of "
+                                     f"{', '.join(DATASETS)}, or npz:FILE")
+
+
 def _device_spec(text):
     """A device SPEC, checked against the grammar now (auto is expanded later, when the GPUs
     are counted)."""
@@ -174,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a CNN")
     t.set_defaults(command_parser=t)
     _network_options(t)
-    t.add_argument("--dataset", default="bundled",
+    t.add_argument("--dataset", type=_dataset, default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
     t.add_argument("--data-dir", default=None, metavar="DIR")
     t.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
@@ -218,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(command_parser=d)
     d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
     _network_options(d)
-    d.add_argument("--dataset", default="bundled", help="gives the input shape")
+    d.add_argument("--dataset", type=_dataset, default="bundled", help="gives the input shape")
     d.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
     d.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -244,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
-    pl.add_argument("--dataset", default="bundled", help="gives the input shape")
+    pl.add_argument("--dataset", type=_dataset, default="bundled", help="gives the input shape")
     pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")
     pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -255,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(command_parser=e)
     e.add_argument("--weights", required=True, metavar="FILE.npz",
                    help="a file written by pyhet train --save (or Network.save)")
-    e.add_argument("--dataset", default="bundled",
+    e.add_argument("--dataset", type=_dataset, default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split)")
     e.add_argument("--data-dir", default=None, metavar="DIR")
     e.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
@@ -281,7 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help=f"run a benchmark from bench/ ({', '.join(BENCHMARKS)})",
                        add_help=False)
-    b.add_argument("name", choices=BENCHMARKS)
+    # -h before the benchmark's name lists the benchmarks; after it, the benchmark's options
+    b.add_argument("-h", "--help", action="help", help="list the benchmarks; pyhet bench NAME "
+                   "--help lists one's options")
+    b.add_argument("name", choices=BENCHMARKS, help="the benchmark (bench/NAME.py)")
     b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
     return p
 
@@ -361,23 +375,48 @@ def cmd_devices(args, parser) -> int:
     return 0
 
 
+# The most described devices one plan takes (its time grows with their number: 65,536 take
+# seconds; an absurd count would never end)
+MAX_PLAN_DEVICES = 2 ** 16
+
+
 def _sweep_counts(text, parser):
     name, eq, values = text.partition("=")
     try:
-        counts = [int(v) for v in values.split(",")] if name.strip() == "devices" and eq else []
-    except ValueError:
+        counts = [_int(v) for v in values.split(",")] if name.strip() == "devices" and eq else []
+    except argparse.ArgumentTypeError:
         counts = []
     if not counts or any(n < 1 for n in counts):
         parser.error(f"--sweep {text!r}: expected devices=N,N,... with counts >= 1, such as "
                      f"devices=1,2,4,8")
+    if max(counts) > MAX_PLAN_DEVICES:
+        parser.error(f"--sweep {text!r}: at most {MAX_PLAN_DEVICES:,} devices, got "
+                     f"{max(counts):,}")
     return counts
+
+
+def _plan_options(option, text, parse, parser):
+    """parse(text) of a --describe or --link value; its errors name the option and its
+    value."""
+    try:
+        return parse(text)
+    except UsageError as e:
+        message = str(e)
+        if not message.startswith(option):
+            message = f"{option} {text!r}: {message}"
+        parser.error(message)
 
 
 def cmd_plan(args, parser) -> int:
     parser = args.command_parser
     spec = network_spec(args, parser)
-    described = [d for text in args.describe for d in plan.parse_describe(text)]
-    links = [plan.parse_link(t) for t in args.link.split(",")] if args.link else [None]
+    described = [d for text in args.describe
+                 for d in _plan_options("--describe", text, plan.parse_describe, parser)]
+    if sum(d.count for d in described) > MAX_PLAN_DEVICES:
+        parser.error(f"--describe: at most {MAX_PLAN_DEVICES:,} devices in all, got "
+                     f"{sum(d.count for d in described):,} (count=)")
+    links = ([_plan_options("--link", t, plan.parse_link, parser) for t in args.link.split(",")]
+             if args.link else [None])
     if len(links) > 1 and args.sweep is None:
         parser.error("several --link values need --sweep (one column each)")
     if args.devices is None and not described:
@@ -478,6 +517,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    if args.output is not None:      # checked before any work, as --save is
+        check_file_destination(args.output, "--output")
     x = read_images(args.input)
     net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
     if looks_channel_last(x.shape, net.input_shape):
@@ -487,7 +528,7 @@ def cmd_predict(args) -> int:
                         f"but the network in {args.weights} ({net.arch}) takes "
                         f"{net.input_shape}")
     with net:
-        probs = net.predict(x, batch_size=args.batch_size)
+        probs = net._predict(x, args.batch_size, f"--input {args.input}")
     classes = probs.argmax(axis=1)
     if args.output:
         write_npz(args.output, {"classes": classes.astype(np.int64), "probabilities": probs})
@@ -663,6 +704,16 @@ def _null_stdout():
         os.close(fd)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning (more threads than cores, say) as one line on stderr, as pyhet's own warnings
+    are: no source file, no line of code."""
+    try:
+        print(f"pyhet: warning: {message}", file=sys.stderr if file is None else file,
+              flush=True)
+    except (OSError, ValueError):     # stderr closed: nowhere to say it
+        pass
+
+
 def entry():  # console script
     if sys.stdout is None:
         # fd 1 is closed: hold it with /dev/null, so that no file opened later becomes fd 1
@@ -671,6 +722,10 @@ def entry():  # console script
     sys.stdout = GuardedStdout(sys.stdout)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
+        # NumPy's floating-point warnings (overflow, invalid value) on a run that diverges: the
+        # run checks its losses and weights and says what went wrong in its own error line
+        warnings.filterwarnings("ignore", message=".*encountered in ", category=RuntimeWarning)
+        warnings.showwarning = _one_line_warning
         code = main()
         try:
             sys.stdout.flush()

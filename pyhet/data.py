@@ -27,6 +27,7 @@ Dimension letters: N images, C channels, H x W pixels. x (N, C, H, W), y (N,).
 import functools
 import gzip
 import io
+import math
 import os
 import pickle
 import struct
@@ -128,6 +129,9 @@ def load_dataset(name, data_dir=None, seed=0):
     """
     if not isinstance(name, str):
         raise DataError(f"dataset name must be a string, got {name!r}")
+    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+        raise DataError(f"data_dir must be a folder's path (str or os.PathLike), got "
+                        f"{data_dir!r}")
     if name.startswith("npz:"):
         return load_npz(name[len("npz:"):])
     if name == "bundled":
@@ -252,7 +256,7 @@ def read_idx(path, magic):
         raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header of "
                         f"{ndim} dimensions ({header} bytes); truncated file?")
     dims = struct.unpack(f">{ndim}I", data[4:header])
-    expected = int(np.prod(dims, dtype=np.int64))
+    expected = math.prod(dims)          # Python ints: 3 sizes of up to 2**32 - 1 overflow int64
     payload = len(data) - header
     if payload != expected:
         what = "truncated file?" if payload < expected else "trailing bytes"
@@ -261,6 +265,9 @@ def read_idx(path, magic):
                         f"holds {payload} ({what})")
     if dims[0] == 0:
         raise DataError(f"{path}: holds no {kind}s (the header says 0)")
+    if 0 in dims[1:]:
+        raise DataError(f"{path}: {kind}s of size {' x '.join(map(str, dims[1:]))}, expected "
+                        f"every size >= 1")
     return np.frombuffer(data, np.uint8, offset=header).reshape(dims)
 
 
@@ -269,6 +276,10 @@ def _find_idx_file(folder, stem, hint):
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():
             return folder / name
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_dir():
+            raise DataError(f"{folder / name}: a folder, not a file; expected the IDX file "
+                            f"{stem}[.gz]")
     if not folder.is_dir():
         raise DataError(f"{folder}: no such folder, expected the IDX files "
                         f"{stem}[.gz] etc. in it{hint}")
@@ -449,8 +460,11 @@ def _cifar_class_names(folder):
         d = _unpickle(meta_py)
         raw = d.get(b"label_names", d.get("label_names")) if isinstance(d, dict) else None
         if raw is not None:
-            names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n)
-                     for n in raw]
+            if not isinstance(raw, (list, tuple)) or not all(
+                    isinstance(n, (bytes, str)) for n in raw):
+                raise DataError(f"{meta_py}: 'label_names' should be a list of 10 names, got "
+                                f"{type(raw).__name__} {str(raw)[:80]}")
+            names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in raw]
     elif meta_txt.is_file():
         names = [line.strip() for line in meta_txt.read_text("utf-8", "replace").splitlines()
                  if line.strip()]

@@ -34,8 +34,23 @@ class Normalization:
 
     @classmethod
     def from_dict(cls, d) -> "Normalization":
-        return cls(tuple(float(np.float32(v)) for v in d["scale"]),
-                   tuple(float(np.float32(v)) for v in d["shift"]))
+        """From as_dict()'s form; anything else (lists of other lengths, values that are not
+        finite numbers) raises ValueError."""
+        if not isinstance(d, dict) or not all(
+                isinstance(d.get(k), list) and d[k] for k in ("scale", "shift")):
+            raise ValueError(f"a normalization must be {{'scale': [...], 'shift': [...]}}, "
+                             f"one number per channel, got {d!r}")
+        if len(d["scale"]) != len(d["shift"]):
+            raise ValueError(f"the normalization has {len(d['scale'])} scales but "
+                             f"{len(d['shift'])} shifts; expected one of each per channel")
+        values = {}
+        for k in ("scale", "shift"):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d[k]):
+                raise ValueError(f"the normalization's {k} must be numbers, got {d[k]!r}")
+            values[k] = tuple(float(np.float32(v)) for v in d[k])
+            if not np.isfinite(values[k]).all():
+                raise ValueError(f"the normalization's {k} must be finite, got {d[k]!r}")
+        return cls(values["scale"], values["shift"])
 
 
 def looks_channel_last(shape, input_shape=None) -> bool:
@@ -89,7 +104,11 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
 def prepare_labels(y, n, num_classes, what="y"):
     """Labels (n,) of integers in [0, num_classes) as int64; anything else raises DataError."""
     if not isinstance(y, np.ndarray):
-        y = np.asarray(y)
+        try:
+            y = np.asarray(y)
+        except (ValueError, TypeError) as e:     # a ragged list: [1, [2], 0]
+            raise DataError(f"{what}: expected {n} integer labels, got a "
+                            f"{type(y).__name__} that is not an array ({e})") from None
     if y.ndim != 1 or len(y) != n:
         raise DataError(f"{what}: expected {n} labels, shape ({n},), got shape {tuple(y.shape)}")
     if y.dtype.kind not in "iu":

@@ -2,13 +2,15 @@
 is and what it should be, never NumPy's advice to load pickles.
 
 np.load(allow_pickle=False) answers a file that is not an .npz with messages about pickled
-data, "No data left in file" or "File is not a zip file", and an array of Python objects with
-"Object arrays cannot be loaded when allow_pickle=False"; read() looks at the file's first bytes
-first, and reads every array on its own, so the error can name the array.
+data, "No data left in file" or "File is not a zip file", an array of Python objects with
+"Object arrays cannot be loaded when allow_pickle=False", and gives a member of the zip archive
+that is not an .npy array as its raw bytes; read() looks at the file's first bytes first, and
+reads every array on its own, so the error can name the array.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 import zlib
@@ -35,6 +37,8 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
             if head.startswith(NPY_MAGIC):
                 if not npy:
                     raise error(f"{path}: a single .npy array (np.save); expected {expected}")
+                _check_size(f, os.fstat(f.fileno()).st_size, path, None, error)
+                f.seek(0)
                 return _array(lambda: np.load(f, allow_pickle=False), path, None, error)
             if not head.startswith(ZIP_MAGICS):
                 kind = "an .npy or .npz file" if npy else "an .npz file (a zip archive)"
@@ -47,6 +51,8 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
                 raise error(f"{path}: not a readable .npz file ({e}); truncated?") from None
             with archive:
                 names = [k for k in archive.files if keys is None or k in keys]
+                for k in names:
+                    _check_member_size(archive.zip, k, path, error)
                 return {k: _array(lambda: archive[k], path, k, error) for k in names}
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
@@ -60,11 +66,51 @@ def read_names(path) -> list:
         return [n[:-len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
 
 
+def _check_size(fp, size: int, path, key, error) -> None:
+    """An .npy array at the start of fp (of `size` bytes in all) whose header promises more
+    data than there is: a truncated or damaged file, said so before NumPy allocates what the
+    header promises (which ends in MemoryError, or in the machine's memory taken). Anything
+    that is not an .npy header is left to np.load."""
+    what = f"array {key!r}" if key is not None else "the array"
+    try:
+        version = np.lib.format.read_magic(fp)
+        header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = header(fp)
+        have = size - fp.tell()
+    except Exception:        # any failure here, np.load reports in its own words
+        return
+    if dtype.hasobject:
+        return               # refused by np.load(allow_pickle=False)
+    if any(d < 0 for d in shape):
+        raise error(f"{path}: the header of {what} gives the shape {shape}; truncated or "
+                    f"damaged file?")
+    need = math.prod(shape) * dtype.itemsize
+    if need > have:
+        raise error(f"{path}: the header of {what} promises {dtype} of shape {shape} "
+                    f"({need:,} bytes), the file holds {max(have, 0):,}; truncated file?")
+
+
+def _check_member_size(zf, key, path, error) -> None:
+    """_check_size of the archive's member `key` (KEY.npy, or KEY as np.load also reads)."""
+    names = zf.namelist()
+    member = key + ".npy" if key + ".npy" in names else key if key in names else None
+    if member is None:
+        return
+    try:
+        info = zf.getinfo(member)
+        m = zf.open(member)
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError):
+        return               # np.load's reading of it says what is wrong
+    with m:
+        _check_size(m, info.file_size, path, key, error)
+
+
 def _array(load, path, key, error):
     """load() of one array, its failures said in one line naming it."""
     what = f"array {key!r}" if key is not None else "the array"
     try:
-        return load()
+        a = load()
     except ValueError as e:
         if "allow_pickle" in str(e) or "pickle" in str(e).lower():
             raise error(f"{path}: {what} holds Python objects (a pickle), which pyhet does not "
@@ -72,3 +118,8 @@ def _array(load, path, key, error):
         raise error(f"{path}: {what} cannot be read ({e})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise error(f"{path}: {what} cannot be read ({e}); truncated file?") from None
+    if not isinstance(a, np.ndarray):
+        # np.load gives the raw bytes of a member of the archive that is not an .npy array
+        raise error(f"{path}: {what} is not an .npy array (np.save's format) but "
+                    f"{len(a)} bytes of something else")
+    return a

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from .calibrate import Calibration
@@ -34,7 +35,8 @@ MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as c
 # The description grammar: sizes, bandwidths, latencies, devices
 
 
-_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?"
+# ASCII digits only (\d would take other scripts' digits too, which float() reads)
+_NUMBER = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e([+-]?[0-9]+))?"
 _BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _BYTES = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
 _MEMORY = {"": 1, "b": 1, **{p + s: 2 ** (10 * (i + 1)) for i, p in enumerate("kmgt")
@@ -46,9 +48,23 @@ def _quantity(text: str, units: dict, what: str, example: str) -> float:
     m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
     if not m or m[3] not in units:
         raise UsageError(f"{what} {text!r}: expected a number and a unit such as {example}")
-    value = float(m[1]) * 10 ** int(m[2] or 0) * units[m[3]]
+    value = float(f"{m[1]}e{m[2] or 0}") * units[m[3]]
     if not math.isfinite(value):
         raise UsageError(f"{what} {text!r}: expected a finite number")
+    return value
+
+
+def _plain(text: str, what: str, whole: bool = False) -> float:
+    """A number without a unit (gflops=, factor=; count= a whole one) -> float (int)."""
+    m = re.fullmatch(r"[0-9]+" if whole else _NUMBER, text.strip().lower())
+    if not m:
+        raise UsageError(f"{what}={text}: expected " + ("a whole number such as 4" if whole
+                                                         else "a number such as 2.5 or 1e3"))
+    if whole:
+        return int(m[0])
+    value = float(f"{m[1]}e{m[2] or 0}")
+    if not math.isfinite(value):
+        raise UsageError(f"{what}={text}: expected a finite number")
     return value
 
 
@@ -134,15 +150,15 @@ def parse_describe(text: str) -> list[Described]:
         try:
             d = Described(
                 name,
-                gflops=float(fields["gflops"]) if "gflops" in fields else None,
+                gflops=_plain(fields["gflops"], "gflops") if "gflops" in fields else None,
                 like=fields.get("like"),
-                factor=float(fields.get("factor", 1)),
+                factor=_plain(fields.get("factor", "1"), "factor"),
                 memory=parse_memory(fields["mem"]) if "mem" in fields else None,
                 overhead_s=parse_latency(fields["overhead"]) if "overhead" in fields else None,
                 link=(Link(parse_latency(fields.get("lat", "50us")), parse_bandwidth(fields["bw"]))
                       if "bw" in fields else None),
-                count=int(fields.get("count", 1)))
-        except ValueError as e:
+                count=_plain(fields.get("count", "1"), "count", whole=True))
+        except (ValueError, OverflowError) as e:
             raise UsageError(f"{where}: {e}") from None
         moved = d.gflops is None and d.like is None and set(fields) <= {"bw", "lat"}
         if moved and d.link is None:
@@ -362,6 +378,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
+    twice = [n for n, c in Counter(names).items() if c > 1]
+    if twice:   # a plan's table and JSON name each device once
+        raise UsageError(f"--describe: two devices named {twice[0]!r} (the devices: "
+                         f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); give "
+                         f"each its own NAME")
     for j, g in enumerate(net.blocks):
         costs[g.name] = [replace(c, forward_share=g.forward_share(need_dx=j > 0))
                          for c in costs[g.name]]

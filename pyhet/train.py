@@ -116,6 +116,8 @@ def check_file_destination(path, option: str) -> None:
         raise UsageError(f"{option} '': give a file name")
     if os.path.isdir(path):
         raise UsageError(f"{option} {path}: a folder, not a file")
+    if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        raise UsageError(f"{option} {path}: names a folder (it ends in {path[-1]}), not a file")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: the folder {folder} does not exist")

@@ -19,7 +19,9 @@ import pytest
 import pyhet
 from conftest import load_npz, make_npz_dataset
 from pyhet import data
-from pyhet.errors import ArchitectureError, DeviceError, PyhetError, WeightsError
+from pyhet.errors import (ArchitectureError, DataError, DeviceError, PyhetError, UsageError,
+                          WeightsError)
+from pyhet.images import Normalization
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ARCH = "4C3p1-P2-5C3s2-6N"          # 12x12 -> conv 12x12 -> pool 6x6 -> conv 3x3 -> 6 -> fc
@@ -161,6 +163,10 @@ def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
     ({"classes": ["a"]}, PyhetError, ["classes", "3 strings"]),
     ({"arch": "99999999C3-100000000N"}, DeviceError, ["GiB", "available"]),
     ({"devices": ["cpu:1"]}, PyhetError, ["devices", "SPEC string"]),
+    ({"classes": "abc"}, PyhetError, ["classes", "list of 3 class names", "'abc'"]),
+    ({"normalization": "x"}, PyhetError, ["normalization", "Normalization or None", "'x'"]),
+    ({"normalization": Normalization((1.0, 1.0), (0.0, 0.0))}, PyhetError,
+     ["normalization", "2 scales", "1 channel"]),
 ])
 def test_network_refuses_bad_arguments(kwargs, error, words):
     args = {"arch": ARCH, "input_shape": (1, 12, 12), "num_classes": 3, **kwargs}
@@ -191,6 +197,11 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
     (lambda n, x, y: n.predict(x.tolist()), ["numpy array", "list"]),
     (lambda n, x, y: n.predict(x, batch_size=0), ["batch_size", ">= 1"]),
     (lambda n, x, y: n.evaluate(x, None), ["y"]),
+    (lambda n, x, y: n.fit(x, [0, [1]] + [0] * 38, steps=1), ["y", "40 integer labels"]),
+    (lambda n, x, y: n.fit(x, y, steps=1, callback=3), ["callback", "function", "3"]),
+    (lambda n, x, y: n.fit(x, y, steps=1, checkpoint_dir=3), ["checkpoint_dir", "3"]),
+    (lambda n, x, y: n.save(None), ["save", "path", "None"]),
+    (lambda n, x, y: n.save(""), ["save", "empty path"]),
 ])
 def test_network_methods_refuse_bad_input(call, words):
     x, y = arrays()
@@ -233,6 +244,65 @@ def test_load_refuses_bad_files(tmp_path):
     np.savez(tmp_path / "other.npz", a=np.zeros(3, np.float32))
     with pytest.raises(WeightsError, match="no network description"):
         pyhet.load(tmp_path / "other.npz")
+    with pytest.raises(UsageError, match="load: expected a file's path .* got None"):
+        pyhet.load(None)
+    with pytest.raises(UsageError, match=r"input_shape must be \(C, H, W\).*'abc'"):
+        pyhet.load(tmp_path / "w.npz", input_shape="abc")
+
+
+@pytest.mark.parametrize("norm,words", [
+    ({"scale": [1.0, 2.0], "shift": [0.0]}, ["2 scales but 1 shifts"]),
+    ({"scale": [float("nan")], "shift": [0.0]}, ["scale must be finite"]),
+    ({"scale": ["a"], "shift": [0.0]}, ["scale must be numbers"]),
+    ([1.0], ["'scale'", "one number per channel"]),
+    ({"scale": [1.0, 1.0], "shift": [0.0, 0.0]}, ["2 scales and 2 shifts", "1 channel"]),
+])
+def test_load_refuses_a_normalization_that_does_not_fit(tmp_path, norm, words):
+    """How raw images are prepared, from the weight file: refused when it cannot be applied to
+    the network's images (which would end in NumPy's error, or NaN probabilities)."""
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        net.save(tmp_path / "w.npz")
+    w = load_npz(tmp_path / "w.npz")
+    meta = json.loads(str(w["arch"]))
+    np.savez(tmp_path / "norm.npz", **{**w, "arch": np.array(json.dumps(
+        {**meta, "normalization": norm}))})
+    with pytest.raises(WeightsError) as e:
+        pyhet.load(tmp_path / "norm.npz", devices="numpy")
+    for word in ["norm.npz", "normalization", *words]:
+        assert word in str(e.value), (word, str(e.value))
+
+
+def test_a_batch_larger_than_the_images_is_not_a_memory_error(cli, tmp_path):
+    """predict and evaluate need no batch larger than their images: a batch size of 10**12 on
+    8 images gives what the default does, where the memory check refused it (a million GiB)."""
+    x, y = arrays(8)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        want_p, want_e = net.predict(x), net.evaluate(x, y)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        np.testing.assert_array_equal(net.predict(x, batch_size=10**12), want_p)
+        assert net.evaluate(x, y, batch_size=10**12) == want_e
+        net.save(tmp_path / "w.npz")
+    np.save(tmp_path / "x.npy", x)
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "x.npy",
+              "--devices", "numpy", "--batch-size", str(10**12))
+    assert res.code == 0 and len(res.out.splitlines()) == 8, res.err
+
+
+def test_outputs_that_overflow_are_an_error_not_nan_probabilities():
+    """Images so large that the network's outputs overflow float32: predict() and evaluate()
+    raise DataError naming the images, where they gave NaN probabilities and an accuracy of
+    argmax(NaN) before."""
+    x, y = arrays(4)
+    x[2] = np.clip(np.random.default_rng(0).standard_normal((1, 12, 12)) * 1e39, -3e38, 3e38)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        with np.errstate(all="ignore"):
+            logits = net.predict(x[[0]])
+            assert np.isfinite(logits).all()
+            with pytest.raises(DataError, match=r"^x: .*not finite.* on 1 of 4 images, the "
+                                                 r"first at index 2"):
+                net.predict(x)
+            with pytest.raises(DataError, match=r"^x: .*not finite.*index 2"):
+                net.evaluate(x, y)
 
 
 # ================================================================ pyhet evaluate / predict

@@ -19,6 +19,7 @@ import pytest
 from conftest import assert_same_weights, numeric_grad, train_weights
 from pyhet import arch
 from pyhet.backends import numpy_ref as ref
+from pyhet.errors import ArchitectureError
 from pyhet.geometry import ConvGeometry
 from pyhet.model import init_params, load_weights, network_of_file, save_weights
 from pyhet.optim import SGDConfig
@@ -165,6 +166,20 @@ def test_a_deep_network_of_the_documentation_builds():
         (1, 1, 2, 2), (2, 1, 1, 1), (1, 1, 2, 2), (1, 1, 1, 1)]
     assert shape.features == 40 * 3 * 3
     assert list(shape.param_shapes())[-2:] == ["fc.weight", "fc.bias"]
+
+
+@pytest.mark.parametrize("spec,block", [
+    ("\uff13C3", "\uff13C3"),                 # a fullwidth 3
+    ("3C3p\u0661", "3C3p\u0661"),               # an Arabic-Indic 1
+    ("3C3-P\u0968", "P\u0968"),                 # a Devanagari 2
+    ("3C3-\u0661\u0660N", "\u0661\u0660N"),
+])
+def test_numbers_are_ascii_digits(spec, block):
+    """int() reads any script's digits; the notation takes ASCII ones only, as --devices does."""
+    with pytest.raises(ArchitectureError) as e:
+        arch.parse(spec)
+    for w in (repr(block), "not a block", "ASCII digits"):
+        assert w in str(e.value), (w, str(e.value))
 
 
 def partition_of(shape, spec, counts=None):

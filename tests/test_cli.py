@@ -437,8 +437,8 @@ def test_other_errors_exit_1_with_one_line(cli, npz_dataset, tmp_path, case):
     res = cli("train", *[a for k, v in argv.items() for a in (f"--{k}", v)],
               "--kernels", "3,4", "--steps", "1", "--quiet", "--json", *extra)
     # bad option values, device SPECs and combinations are usage errors
-    usage = case in ("tpu:0", "cpu:0", "cpu:1@2", "cpu:x", "resume without checkpoint dir",
-                     "momentum 1")
+    usage = case in ("unknown dataset", "tpu:0", "cpu:0", "cpu:1@2", "cpu:x",
+                     "resume without checkpoint dir", "momentum 1")
     assert_one_error_line(res, *words, code=2 if usage else 1)
 
 
@@ -451,17 +451,33 @@ def test_unusable_gpu_exits_1(cli, npz_dataset):
     assert_one_error_line(res, "gpu")
 
 
-def test_debug_shows_a_traceback(cli_process):
-    res = cli_process("--debug", "train", "--dataset", "no-such-set", "--quiet")
+def test_debug_shows_a_traceback(cli_process, tmp_path):
+    absent = f"npz:{tmp_path / 'no-such-set.npz'}"
+    res = cli_process("--debug", "train", "--dataset", absent, "--quiet")
     assert res.code == 1
     assert "Traceback" in res.err and "DataError" in res.err and "no-such-set" in res.err
-    plain = cli_process("train", "--dataset", "no-such-set", "--quiet")
+    plain = cli_process("train", "--dataset", absent, "--quiet")
     assert plain.code == 1 and "Traceback" not in plain.err
 
 
-def test_debug_after_the_command_is_accepted(cli_process):
+@pytest.mark.parametrize("command", ["train", "evaluate", "devices", "plan"])
+@pytest.mark.parametrize("name,words", [
+    ("no-such-set", ["no-such-set", "bundled", "npz:FILE"]),
+    ("npz:", ["npz:", "after the colon"]),
+])
+def test_a_dataset_name_that_is_none_is_a_usage_error(cli, command, name, words):
+    """--dataset is checked before any work: a name that is not a dataset is a bad option value
+    (exit 2), in every command that takes one."""
+    extra = {"evaluate": ["--weights", "w.npz"], "devices": ["--no-calibrate"],
+             "plan": ["--describe", "cpu:gflops=10,count=2"]}.get(command, [])
+    res = cli(command, "--dataset", name, *extra)
+    assert_one_error_line(res, "--dataset", *words, code=2)
+
+
+def test_debug_after_the_command_is_accepted(cli_process, tmp_path):
     """`pyhet train ... --debug` (where a user would add it) works as well."""
-    res = cli_process("train", "--dataset", "no-such-set", "--quiet", "--debug")
+    res = cli_process("train", "--dataset", f"npz:{tmp_path / 'no-such-set.npz'}", "--quiet",
+                      "--debug")
     assert res.code == 1, res.err
     assert "Traceback" in res.err and "no-such-set" in res.err
 
@@ -578,3 +594,15 @@ def test_bare_train_learns_the_bundled_data(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 * 188 and summary["dataset"] == "bundled"
     assert summary["test_accuracy"] >= 0.75, summary
+
+
+def test_bench_help_lists_the_benchmarks(cli):
+    """`pyhet bench --help` (before a benchmark's name) lists them and exits 0; after a name,
+    --help is the benchmark's own."""
+    from pyhet.cli import BENCHMARKS
+
+    res = cli("bench", "--help")
+    assert res.code == 0, res.err
+    assert res.out.startswith("usage: pyhet bench") and all(b in res.out for b in BENCHMARKS)
+    res = cli("bench", "pair", "--help")
+    assert res.code == 0 and res.out.startswith("usage: pyhet bench pair"), res.err

@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +225,7 @@ IDX_DAMAGE = {
     "label out of range": (TEST_LABELS, lambda: idx_bytes(np.full(12, 10, np.uint8), 0x801)),
     "zero images": (TRAIN_IMAGES, lambda: idx_bytes(np.zeros((0, 28, 28), np.uint8), 0x803)),
     "test images of another size": (TEST_IMAGES, lambda: idx_bytes(_images(12, (27, 28)), 0x803)),
+    "images of zero height": (TRAIN_IMAGES, lambda: idx_bytes(_images(30, (0, 28)), 0x803)),
 }
 
 
@@ -244,6 +246,32 @@ GZ_DAMAGE = {
         lambda good: good[:20] + bytes(b ^ 0xFF for b in good[20:60]) + good[60:],
     "wrong CRC": lambda good: good[:-8] + bytes(b ^ 0xFF for b in good[-8:-4]) + good[-4:],
 }
+
+
+def test_idx_header_sizes_are_read_whole(tmp_path):
+    """Sizes whose product passes 2**63 (an int64 would wrap) are said as they are; images of
+    zero height are refused in words, not taken for another size."""
+    write_idx_dir(tmp_path, gz=False)
+    huge = 2**32 - 1
+    _corrupt(tmp_path, TRAIN_IMAGES, struct.pack(">IIII", 0x803, huge, huge, huge))
+    with pytest.raises(DataError, match=f"= {huge ** 3} bytes of data, the file holds 0"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+    _corrupt(tmp_path, TRAIN_IMAGES, idx_bytes(_images(30, (0, 28)), 0x803))
+    with pytest.raises(DataError, match="images of size 0 x 28, expected every size >= 1"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_idx_file_that_is_a_folder(tmp_path):
+    write_idx_dir(tmp_path, gz=False)
+    (tmp_path / TEST_LABELS).unlink()
+    (tmp_path / TEST_LABELS).mkdir()
+    with pytest.raises(DataError, match=re.escape(TEST_LABELS) + ": a folder, not a file"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
+def test_data_dir_must_be_a_path():
+    with pytest.raises(DataError, match="data_dir must be a folder's path .* got 3"):
+        load_dataset("mnist", data_dir=3)
 
 
 @pytest.mark.parametrize("damage", list(GZ_DAMAGE))
@@ -337,6 +365,14 @@ def test_cifar_label_names_from_meta(tmp_path):
     names = [f"thing{i}" for i in range(10)]
     write_cifar_py(tmp_path / "cifar-10-batches-py", cifar_arrays(), label_names=names)
     assert load_dataset("cifar10", data_dir=str(tmp_path)).classes == names
+
+
+@pytest.mark.parametrize("names", [5, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], ids=["int", "ints"])
+def test_cifar_label_names_that_are_not_names(tmp_path, names):
+    write_cifar_py(tmp_path / "cifar-10-batches-py", cifar_arrays(), label_names=names)
+    with pytest.raises(DataError, match="batches.meta: 'label_names' should be a list of 10 "
+                                        "names"):
+        load_dataset("cifar10", data_dir=str(tmp_path))
 
 
 def test_cifar_missing_everything(tmp_path, monkeypatch):
@@ -570,7 +606,7 @@ def test_npz_missing_key_is_named(tmp_path):
         load_dataset(f"npz:{path}")
 
 
-@pytest.mark.parametrize("kind", ["garbage", "npy", "object array"])
+@pytest.mark.parametrize("kind", ["garbage", "npy", "object array", "member not an array"])
 def test_npz_unreadable_file(tmp_path, kind):
     path = tmp_path / "weird.npz"
     if kind == "garbage":
@@ -578,9 +614,37 @@ def test_npz_unreadable_file(tmp_path, kind):
     elif kind == "npy":
         with open(path, "wb") as f:
             np.save(f, GOOD_X)
-    else:
+    elif kind == "object array":
         np.savez(path, x=np.array([GOOD_X, "a"], dtype=object), y=GOOD_Y)
+    else:    # np.load gives such a member as its raw bytes
+        np.savez(path, y=GOOD_Y)
+        with zipfile.ZipFile(path, "a") as z:
+            z.writestr("x.npy", b"no array here")
     with raises_naming("weird.npz"):
+        load_dataset(f"npz:{path}")
+    if kind == "member not an array":
+        with pytest.raises(DataError, match="array 'x' is not an .npy array .* 13 bytes"):
+            load_dataset(f"npz:{path}")
+
+
+def _npy_header_only(shape, data=b""):
+    """An .npy file of float32 whose header gives `shape`, followed by `data` only."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape!r}, }}"
+    header = header.ljust(117) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_npz_header_promising_more_than_the_file_holds(tmp_path, compression):
+    """A header of 10**12 images over 64 bytes: said to be truncated, before NumPy allocates
+    576 TB (which ended in "out of memory")."""
+    path = tmp_path / "lies.npz"
+    np.savez(path, y=GOOD_Y)
+    with zipfile.ZipFile(path, "a", compression=compression) as z:
+        z.writestr("x.npy", _npy_header_only((10**12, 1, 12, 12), bytes(64)))
+    with pytest.raises(DataError, match=r"lies.npz: the header of array 'x' promises float32 "
+                                        r"of shape \(1000000000000, 1, 12, 12\) "
+                                        r"\(576,000,000,000,000 bytes\), the file holds 64"):
         load_dataset(f"npz:{path}")
 
 

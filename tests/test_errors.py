@@ -7,10 +7,12 @@ written, and resuming a run that has nothing left to do.
 x (N, C, H, W) images, y (N,) labels.
 """
 
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -54,6 +56,36 @@ def files(tmp_path_factory):
     np.save(f["NPY_OBJECTS"], np.array([1, None], dtype=object), allow_pickle=True)
     f["IMAGES"] = d / "x.npy"
     np.save(f["IMAGES"], np.zeros((2, 1, 12, 12), np.float32))
+    f["NOWHERE"] = d / "no-such-folder" / "out.npz"
+    f["SLASHED"] = f"{d / 'out.npz'}/"                 # a folder's name, which does not exist
+    # finite images so large that the network's outputs overflow float32 (NaN probabilities)
+    f["NPY_HUGE_HEADER"] = d / "huge-header.npy"     # 10**12 images promised, 64 bytes held
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000, 1, 12, 12), }"
+    f["NPY_HUGE_HEADER"].write_bytes(b"\x93NUMPY\x01\x00" + (118).to_bytes(2, "little")
+                                     + (header.ljust(117) + "\n").encode() + bytes(64))
+    f["NPY_OVERFLOW"] = d / "overflow.npy"
+    np.save(f["NPY_OVERFLOW"], np.clip(rng.standard_normal((2, 1, 12, 12)) * 1e39, -3e38,
+                                       3e38).astype(np.float32))
+    # a member of the archive that is not an .npy array (np.load gives its raw bytes)
+    weights = dict(np.load(f["WEIGHTS"]))
+    f["WEIGHTS_JUNK_MEMBER"] = d / "w-junk-member.npz"
+    f["X_JUNK_MEMBER"] = d / "x-junk-member.npz"
+    for path, arrays, junk in ((f["WEIGHTS_JUNK_MEMBER"], weights, "conv1.weight"),
+                               (f["X_JUNK_MEMBER"], {"x": None, "y": y}, "x")):
+        with zipfile.ZipFile(path, "w") as z:
+            for k, v in arrays.items():
+                buf = io.BytesIO()
+                if k != junk:
+                    np.save(buf, v)
+                z.writestr(k + ".npy", buf.getvalue() if k != junk else b"not an array")
+    # weights whose description gives raw images two channels' normalization, the network one
+    meta = json.loads(str(weights["arch"]))
+    f["WEIGHTS_TWO_CHANNELS"] = d / "w-two-channels.npz"
+    np.savez(f["WEIGHTS_TWO_CHANNELS"], **{**weights, "arch": np.array(json.dumps(
+        {**meta, "normalization": {"scale": [1.0, 1.0], "shift": [0.0, 0.0]}}))})
+    f["WEIGHTS_HALF_CLASS"] = d / "w-half-class.npz"        # int() would read 3.5 as 3
+    np.savez(f["WEIGHTS_HALF_CLASS"], **{**weights, "arch": np.array(json.dumps(
+        {**meta, "num_classes": meta["num_classes"] + 0.5}))})
     return f
 
 
@@ -77,13 +109,19 @@ BAD = [
     (TRAIN + ["--devices", "3/cpu:1"], 2, ["rank 3", "mpiexec"]),
     (TRAIN + ["--resume"], 2, ["--resume", "--checkpoint-dir"]),
     (TRAIN + ["--kernels", "3,4", "--arch", "3C3"], 2, ["--arch", "--kernels"]),
+    (TRAIN + ["--kernels", "\u0663,4"], 2, ["--kernels", "A,B"]),
+    (["train", "--arch", "\uff13C3"], 2, ["--arch", "ASCII digits"]),
+    (["train", "--arch", "3C3p\u0661"], 2, ["--arch", "block 1", "ASCII digits"]),
     (TRAIN + ["--frobnicate"], 2, ["pyhet train", "unrecognized", "--frobnicate"]),
     # --- train: files and sizes (1)
     (TRAIN + ["--init", "DIR"], 1, ["folder", "not a file"]),
     (TRAIN + ["--init", "EMPTY"], 1, ["empty file"]),
     (TRAIN + ["--init", "TEXT"], 1, ["not an .npz file"]),
     (TRAIN + ["--init", "TRUNCATED"], 1, ["truncated"]),
+    (TRAIN + ["--init", "WEIGHTS_JUNK_MEMBER"], 1, ["'conv1.weight'", "not an .npy array"]),
+    (TRAIN + ["--dataset", "npz:X_JUNK_MEMBER"], 1, ["'x'", "not an .npy array"]),
     (TRAIN + ["--save", "DIR"], 2, ["--save", "a folder, not a file"]),
+    (TRAIN + ["--save", "SLASHED"], 2, ["--save", "out.npz/", "ends in /", "not a file"]),
     (TRAIN + ["--dataset", "npz:DIR"], 1, ["folder"]),
     (TRAIN + ["--dataset", "npz:OBJECTS"], 1, ["'y'", "Python objects"]),
     (TRAIN + ["--dataset", "npz:TEXT"], 1, ["not an .npz file", "x (N, C, H, W)"]),
@@ -117,11 +155,46 @@ BAD = [
     (PREDICT + ["--input", "DIR"], 1, ["folder"]),
     (PREDICT + ["--input", "EMPTY"], 1, ["empty file"]),
     (PREDICT + ["--input", "TEXT"], 1, ["not an .npy or .npz file"]),
-    (PREDICT + ["--input", "IMAGES", "--output", "DIR"], 1, ["cannot write", "directory"]),
+    (PREDICT + ["--input", "X_JUNK_MEMBER"], 1, ["'x'", "not an .npy array"]),
+    (PREDICT + ["--input", "NPY_OVERFLOW"], 1, ["--input", "overflow.npy", "not finite"]),
+    (PREDICT + ["--input", "NPY_HUGE_HEADER"], 1,
+     ["huge-header.npy", "header", "576,000,000,000,000 bytes", "holds 64", "truncated"]),
+    (PREDICT + ["--input", "IMAGES", "--output", "DIR"], 2, ["--output", "a folder, not a file"]),
+    (PREDICT + ["--input", "IMAGES", "--output", ""], 2, ["--output ''", "give a file name"]),
+    (PREDICT + ["--input", "IMAGES", "--output", "NOWHERE"], 2, ["--output", "does not exist"]),
+    (PREDICT + ["--input", "MISSING", "--output", "DIR"], 2, ["--output"]),   # before reading
+    (["evaluate", "--weights", "WEIGHTS_JUNK_MEMBER", "--devices", "cpu:1"], 1,
+     ["'conv1.weight'", "not an .npy array"]),
+    (["evaluate", "--weights", "WEIGHTS_HALF_CLASS", "--devices", "cpu:1"], 1,
+     ["w-half-class.npz", "num_classes", ".5 is not a whole number"]),
+    (["predict", "--weights", "WEIGHTS_TWO_CHANNELS", "--devices", "cpu:1", "--input",
+      "IMAGES"], 1, ["w-two-channels.npz", "normalization", "2 scales", "1 channel"]),
+    # --- plan: figures that cannot be read, counts that would never end
+    (["plan", "--describe", "g:gflops=1", "--sweep", "devices=\u0663"], 2, ["--sweep"]),
+    (["plan", "--describe", "g:gflops=1", "--sweep", "devices=2,99999999999"], 2,
+     ["--sweep", "at most 65,536", "99,999,999,999"]),
+    (["plan", "--describe", "g:gflops=1,count=99999999999"], 2,
+     ["--describe", "at most 65,536", "count="]),
+    (["plan", "--describe", "g:gflops=1", "--link", "1e999gbit"], 2,
+     ["--link '1e999gbit'", "a finite number"]),
+    (["plan", "--describe", "g:gflops=1", "--link", "1gbit@1e999s"], 2, ["--link", "a finite number"]),
+    (["plan", "--describe", "g:gflops=1,mem=1e999G"], 2, ["--describe", "a finite number"]),
+    (["plan", "--describe", "g:gflops=1", "--link", "fast"], 2, ["--link 'fast'", "bandwidth"]),
+    (["plan", "--describe", "g:gflops=1,count=1.5"], 2, ["count=1.5", "a whole number"]),
+    (["plan", "--describe", "g:gflops=\u0661\u0660"], 2, ["gflops=", "a number such as"]),
+    (["plan", "--describe", "g:gflops=1e999"], 2, ["gflops=1e999", "a finite number"]),
+    (["plan", "--describe", "g:gflops=1;g:gflops=2"], 2, ["two devices named 'g'"]),
+    (["plan", "--describe", "g:gflops=1,count=2;g.1:gflops=3"], 2,
+     ["two devices named 'g.1'", "g.0, g.1, g.1"]),
+    (["plan", "--devices", "cpu:1", "--describe", "d0:gflops=2"], 2, ["two devices named 'd0'"]),
     (PREDICT + ["--input", "IMAGES", "--batch-size", "0"], 2, ["--batch-size"]),
     (PREDICT + ["--input", "IMAGES", "--devices", "numpy:2"], 2, ["--devices"]),
     # --- bench: argparse errors and option values, before anything is measured
-    (["bench", "nosuch"], 2, ["invalid choice", "nosuch"]),
+    (["bench", "nosuch"], 2, ["invalid choice", "nosuch", "pyhet bench --help"]),
+    (["bench"], 2, ["pyhet bench", "required", "name"]),
+    (["bench", "gemm", "--pause", "nan"], 2, ["pyhet bench gemm", "--pause", "nan"]),
+    (["bench", "pair", "--arch", "x"], 2, ["pyhet bench pair", "--arch 'x'", "not a block"]),
+    (["bench", "bandwidth", "--rates", "0mbit"], 2, ["pyhet bench bandwidth", "> 0", "0mbit"]),
     (["bench", "gemm", "--repeat", "0"], 2, ["pyhet bench gemm", "--repeat"]),
     (["bench", "gemm", "--frob"], 2, ["pyhet bench gemm", "--frob"]),
     (["bench", "step", "--kernels", "a"], 2, ["pyhet bench step", "--kernels"]),
@@ -216,6 +289,32 @@ def test_a_closed_stdout_is_one_line_and_the_run_still_saves(files, tmp_path):
         assert "conv1.weight" in w.files
 
 
+# ================================================================ warnings, and NumPy's
+
+def test_a_run_that_diverges_says_so_in_one_line_without_numpy_warnings(files, tmp_path):
+    """lr 1e30 makes the loss NaN at step 2: NumPy warns of invalid values on the way, which the
+    command keeps to itself (its own error says it all)."""
+    p = _pyhet(_argv(TRAIN, files)[:-3] + ["--steps", "2", "--quiet", "--lr", "1e30"], tmp_path,
+               subprocess.PIPE)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the loss became nan at step 2" in lines[0], p.stderr
+
+
+def test_a_warning_is_one_line(files, tmp_path):
+    """More cpu threads than cores: a warning, in one line (no source file, no line of code)."""
+    cores = len(os.sched_getaffinity(0))
+    if cores >= 1024:
+        pytest.skip("a cpu device takes at most 1024 threads")
+    argv = _argv(TRAIN, files)
+    argv[argv.index("--devices") + 1] = f"cpu:{cores + 1}"
+    p = _pyhet(argv, tmp_path, subprocess.PIPE)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"pyhet: warning: the cpu devices use {cores + 1} threads in all but this process may "
+        f"run on {cores} cores: they will compete for them"], p.stderr
+
+
 # ================================================================ nothing left to resume
 
 def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
@@ -239,6 +338,56 @@ def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
             assert "final train loss: n/a" in res.out
     with np.load(done) as c, np.load(tmp_path / "w.npz") as w:
         np.testing.assert_array_equal(c["conv1.weight"], w["conv1.weight"])
+
+
+# ================================================================ checkpoints that were edited
+
+def _meta(meta, **change):
+    return {"meta": np.array(json.dumps({**meta, **change}))}
+
+
+DAMAGED_CHECKPOINT = {
+    # what is changed in the newest checkpoint: (its arrays, given the meta and momentum) and
+    # the words of the warning
+    "meta a list": (lambda m, v: {"meta": np.array("[1]")}, ["meta entry is list"]),
+    "no step": (lambda m, v: {"meta": np.array(json.dumps(
+        {k: x for k, x in m.items() if k != "step"}))}, ["'step' is None"]),
+    "step a string": (lambda m, v: _meta(m, step="x"), ["'step' is 'x'"]),
+    "step negative": (lambda m, v: _meta(m, step=-5), ["'step' is -5"]),
+    "settings a list": (lambda m, v: _meta(m, settings=[1]), ["settings are [1]"]),
+    "plan a string": (lambda m, v: _meta(m, plan="junk"), ["plan is 'junk'"]),
+    "partition not counts": (lambda m, v: _meta(m, plan={**m["plan"], "partition": 5}),
+                             ["partition is 5"]),
+    "momentum of another shape": (lambda m, v: {"momentum/conv1.weight": v[:1]},
+                                  ["momentum/conv1.weight", "expected float32 (3, 1, 3, 3)"]),
+    "momentum NaN": (lambda m, v: {"momentum/conv1.weight": np.full_like(v, np.nan)},
+                     ["momentum/conv1.weight", "NaN"]),
+    "momentum float64": (lambda m, v: {"momentum/conv1.weight": v.astype(np.float64)},
+                         ["momentum/conv1.weight", "float64"]),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_CHECKPOINT))
+def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
+    """A checkpoint whose meta entry or momentum is not what pyhet writes is damaged: --resume
+    says so in one warning and goes on from the one before it (here: from the start), where it
+    ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
+    ckpt = tmp_path / "ckpt"
+    argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--checkpoint-dir", ckpt],
+                 files)
+    assert cli(*argv, "--steps", "1").code == 0
+    path = ckpt / "checkpoint-000000001.npz"
+    arrays = dict(np.load(path))
+    change, words = DAMAGED_CHECKPOINT[damage]
+    np.savez(path, **{**arrays, **change(json.loads(str(arrays["meta"])),
+                                         arrays["momentum/conv1.weight"])})
+    res = cli(*argv, "--steps", "2", "--resume", "--json")
+    assert res.code == 0, res.err
+    lines = [line for line in res.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.err, res.err
+    for w in [str(path), "is damaged", "starting afresh", *words]:
+        assert w in lines[0], (w, lines[0])
+    assert json.loads(res.out.splitlines()[-1])["steps"] == 2
 
 
 # ================================================================ channel-last images in the API
