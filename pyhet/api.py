@@ -39,7 +39,8 @@ from .model import (check_class_names, checked_params, init_params, load_weights
                     network_of_file, save_weights)
 from .specs import cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, check_memory,
-                    open_devices, plan_record, run_settings, run_steps, with_plan)
+                    largest_batch, open_devices, plan_record, run_settings, run_steps,
+                    with_plan)
 
 __all__ = ["Network", "load"]
 
@@ -243,7 +244,7 @@ class Network:
             self._params = params
             start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
             print(f"resuming from {path} (step {start['step']})", file=log)
-        net = self._start(cfg.batch_size, log if cfg.progress else None)
+        net = self._start(largest_batch(cfg, ds), log if cfg.progress else None)
         if found:
             net.set_momentum(moms)
         balance = (DynamicBalance(net, self._calibration)

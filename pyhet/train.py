@@ -413,10 +413,17 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
                 folder.close()
 
 
+def largest_batch(cfg: TrainConfig, ds) -> int:
+    """The most images a step trains: --batch-size, or the whole training split where that is
+    smaller (the size the devices' memory and calibration are for)."""
+    return min(cfg.batch_size, len(ds.x_train))
+
+
 def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
     ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     shape = arch_notation.build(cfg.network, ds.input_shape, ds.num_classes)
-    check_memory(shape, cfg.batch_size)
+    batch = largest_batch(cfg, ds)
+    check_memory(shape, batch)
 
     start = {"step": 0, "epoch": 0, "batch": 0}
     moms, plan = {}, None
@@ -447,10 +454,10 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
             stop.devices = list(devices)
         links = {}
         if devices.link is not None:   # each rank's link, at the size of the largest input
-            links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(cfg.batch_size)))
+            links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch)))
                                                        for g in shape.blocks))
         planned, balancer_state = reused_plan(plan, devices, shape, cfg, log)
-        net, cal = build_net(shape, params, devices, cfg.balance, cfg.batch_size, cfg.seed,
+        net, cal = build_net(shape, params, devices, cfg.balance, batch, cfg.seed,
                              log if cfg.progress else None, cfg.deterministic, planned)
         if moms:
             net.set_momentum(moms)
@@ -606,7 +613,8 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     # on the whole test split, in batches of the training size (the memory the devices were
     # sized for)
     t_eval = time.perf_counter()
-    test = evaluate(net, ds.x_test, ds.y_test, cfg.batch_size) if ds.x_test is not None else None
+    test = (evaluate(net, ds.x_test, ds.y_test, largest_batch(cfg, ds))
+            if ds.x_test is not None else None)
     eval_s = time.perf_counter() - t_eval if test is not None else None
     if test is not None and not math.isfinite(test["loss"]):
         # finite weights so large that the outputs overflow float32

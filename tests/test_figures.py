@@ -116,6 +116,21 @@ def test_step_parts_are_medians_of_the_timed_steps():
     assert parts["other"] == pytest.approx(round(max(0.0, rest), 6), abs=1.5e-6)
 
 
+def test_a_batch_size_beyond_the_data_sizes_memory_for_the_data(cli, npz_dataset):
+    """A --batch-size far above the training split trains batches of the whole split: memory,
+    calibration and the test split's evaluation are sized for that, not refused for the
+    batch size given."""
+    import json
+
+    res = cli(*train_argv(npz_dataset(n=16, n_test=40), "--steps", "2", "--json",
+                          "--batch-size", str(10 ** 9)))
+    assert res.code == 0, res.err
+    s = json.loads(res.out.strip().splitlines()[-1])
+    assert s["batch_size"] == 10 ** 9 and s["steps"] == 2 and s["epochs"] == 2
+    assert s["images_per_s"] <= 16 / s["step_time_s"]["min"] * (1 + 1e-9)
+    assert s["test_accuracy"] is not None
+
+
 def test_eval_time_is_null_without_a_test_split(cli, npz_dataset):
     import json
 
