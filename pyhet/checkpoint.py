@@ -29,7 +29,8 @@ import numpy as np
 from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
-from .model import arch_entry, check_finite, load_weights, read_weight_file, write_npz
+from .model import (arch_entry, check_finite, checked_params, load_weights,
+                    read_weight_file, write_npz)
 
 NAME = re.compile(r"^checkpoint-(\d+)\.npz$")
 TMP = re.compile(r"^\.checkpoint-\d+\.npz\.tmp$")
@@ -157,7 +158,7 @@ class CheckpointDir:
             params = load_weights(path, shape)
             try:
                 check_momentum(moms, shape)
-            except ValueError as e:
+            except WeightsError as e:
                 self._skip(path, e, older)
                 continue
             return path, params, moms, meta
@@ -256,18 +257,6 @@ def checked_meta(meta) -> dict:
 
 def check_momentum(moms: dict, shape: NetGeometry) -> None:
     """Momentum arrays of every parameter (or of none: a checkpoint written before any step
-    has none), float32, of the parameters' shapes, finite; else ValueError."""
-    if not moms:
-        return
-    want = shape.param_shapes()
-    missing = [k for k in want if k not in moms]
-    extra = [k for k in moms if k not in want]
-    if missing or extra:
-        raise ValueError(f"momentum/ arrays missing for {', '.join(missing) or 'nothing'}, "
-                         f"unknown {', '.join(extra) or 'nothing'}")
-    for k, a in moms.items():
-        if a.dtype != np.float32 or a.shape != want[k]:
-            raise ValueError(f"momentum/{k} is {a.dtype} {a.shape}, expected float32 "
-                             f"{want[k]}")
-        if not np.isfinite(a).all():
-            raise ValueError(f"momentum/{k} holds NaN or infinite values")
+    has none), float32, of the parameters' shapes, finite; else WeightsError."""
+    if moms:
+        checked_params(moms, shape, "momentum", copy=False)

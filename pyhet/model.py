@@ -211,27 +211,29 @@ def network_of_file(path, input_shape=None) -> tuple[NetGeometry, dict | None]:
     return net, None
 
 
-def checked_params(weights: dict, net: NetGeometry) -> dict:
-    """Copies of the network's parameters from {name: array}: every name present, float32,
-    the network's shapes, finite; else WeightsError."""
+def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
+                   copy: bool = True) -> dict:
+    """Copies (or, copy=False, the arrays themselves) of the network's parameters from {name:
+    array}: every name present, float32, the network's shapes, finite; else WeightsError,
+    which calls them `what` (weights, a checkpoint's momentum)."""
     if not isinstance(weights, dict):
-        raise WeightsError(f"weights must be a dict of arrays, got {type(weights).__name__}")
+        raise WeightsError(f"{what} must be a dict of arrays, got {type(weights).__name__}")
     want = net.param_shapes()
     missing = [k for k in want if k not in weights]
     extra = [k for k in weights if k not in want]
     if missing or extra:
-        raise WeightsError(f"weights for {net.arch}: missing {', '.join(missing) or 'nothing'}, "
+        raise WeightsError(f"{what} for {net.arch}: missing {', '.join(missing) or 'nothing'}, "
                            f"unknown {', '.join(map(str, extra)) or 'nothing'}")
     out = {}
     for k, shape in want.items():
         a = weights[k]
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
-            raise WeightsError(f"weights for {net.arch}: {k} must be a float32 array of shape "
+            raise WeightsError(f"{what} for {net.arch}: {k} must be a float32 array of shape "
                                f"{shape}, got {getattr(a, 'dtype', type(a).__name__)} "
                                f"{getattr(a, 'shape', '')}")
         if not np.isfinite(a).all():
-            raise WeightsError(f"weights for {net.arch}: {k} holds NaN or infinite values")
-        out[k] = np.array(a, np.float32)
+            raise WeightsError(f"{what} for {net.arch}: {k} holds NaN or infinite values")
+        out[k] = np.array(a, np.float32) if copy else a
     return out
 
 

@@ -359,11 +359,14 @@ DAMAGED_CHECKPOINT = {
     "partition not counts": (lambda m, v: _meta(m, plan={**m["plan"], "partition": 5}),
                              ["partition is 5"]),
     "momentum of another shape": (lambda m, v: {"momentum/conv1.weight": v[:1]},
-                                  ["momentum/conv1.weight", "expected float32 (3, 1, 3, 3)"]),
+                                  ["momentum for", "conv1.weight", "shape (3, 1, 3, 3)",
+                                   "(1, 1, 3, 3)"]),
     "momentum NaN": (lambda m, v: {"momentum/conv1.weight": np.full_like(v, np.nan)},
-                     ["momentum/conv1.weight", "NaN"]),
+                     ["momentum for", "conv1.weight", "NaN"]),
     "momentum float64": (lambda m, v: {"momentum/conv1.weight": v.astype(np.float64)},
-                         ["momentum/conv1.weight", "float64"]),
+                         ["momentum for", "conv1.weight", "float64"]),
+    "momentum of an unknown layer": (lambda m, v: {"momentum/conv9.weight": v},
+                                     ["momentum for", "unknown conv9.weight"]),
 }
 
 
