@@ -23,17 +23,16 @@ try:
 except ImportError:  # run as a script: python bench/pair.py
     import _util
 
-from pyhet import arch as arch_notation
-from pyhet.cli import Parser, positive
+from pyhet.cli import Parser, arch_spec, dataset, positive
 
 
 def parse_args(argv):
     p = Parser(prog="pyhet bench pair", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="cpu:2;cpu:1,cpu:1",
                    help="--devices SPECs separated by ';', the reference first")
-    p.add_argument("--dataset", default="bundled")
-    p.add_argument("--arch", default=None, metavar="SPEC", help="the network (default: pyhet "
-                   "train's)")
+    p.add_argument("--dataset", type=dataset, default="bundled")
+    p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
+                   help="the network (default: pyhet train's)")
     p.add_argument("--batch-size", type=positive(int), default=64)
     p.add_argument("--steps", type=positive(int), default=100,
                    help="training steps per run (the first warms up)")
@@ -48,11 +47,6 @@ def parse_args(argv):
                 f"{args.configs}")
     if args.steps < 2:
         p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
-    if args.arch is not None:
-        try:
-            arch_notation.parse(args.arch)
-        except ValueError as e:
-            p.error(str(e))
     return args
 
 

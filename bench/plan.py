@@ -29,8 +29,7 @@ try:
 except ImportError:  # run as a script: python bench/plan.py
     import _util
 
-from pyhet import arch as arch_notation
-from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.cli import Parser, arch_spec, kernel_counts, positive
 
 
 def parse_args(argv):
@@ -39,7 +38,7 @@ def parse_args(argv):
                    help="--devices SPECs, separated by ';'")
     p.add_argument("--batch-sizes", default="16,32", help="comma-separated")
     p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--arch", default=None, metavar="SPEC",
+    p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
                    help="the network in --arch notation (instead of --kernels)")
     p.add_argument("--steps", type=positive(int), default=6,
                    help="training steps per run (the first warms up)")
@@ -52,8 +51,6 @@ def parse_args(argv):
     args.configs = _util.device_configs(p, args.configs)
     try:
         kernel_counts(args.kernels)
-        if args.arch is not None:
-            arch_notation.parse(args.arch)
         args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))

@@ -38,9 +38,9 @@ from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, save_weights)
 from .specs import cuda_device_count, parse_devices
-from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net, check_memory,
-                    largest_batch, open_devices, plan_record, run_settings, run_steps,
-                    with_plan)
+from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
+                    check_file_destination, check_memory, largest_batch, open_devices,
+                    plan_record, run_settings, run_steps, with_plan)
 
 __all__ = ["Network", "load"]
 
@@ -346,6 +346,7 @@ class Network:
         """Write the weights (float32, PyTorch's names and layout) and the network's
         description to an .npz; pyhet.load() needs nothing else."""
         _check_path(path, "save")
+        check_file_destination(path, "save")     # a folder, a missing one: before writing
         save_weights(path, self.params(), self.geometry, self.classes, self.normalization)
 
 

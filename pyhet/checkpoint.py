@@ -155,6 +155,13 @@ class CheckpointDir:
                 self._skip(path, e, older)
                 continue
             self._check_settings(path, meta)
+            problem = plan_problem(meta.get("plan"))
+            if problem is not None:
+                meta["plan"] = None
+                if self.log is not None:
+                    print(f"pyhet: warning: checkpoint {path}: its plan cannot be reused "
+                          f"({problem}): planning the partition afresh", file=self.log,
+                          flush=True)
             params = load_weights(path, shape)
             try:
                 check_momentum(moms, shape)
@@ -220,8 +227,8 @@ class CheckpointDir:
 
 
 def checked_meta(meta) -> dict:
-    """The meta entry, if it has the form save() writes: the position (whole numbers >= 0),
-    the settings (a dict) and the plan (a dict, or None); else ValueError."""
+    """The meta entry, if it has the form save() writes: the position (whole numbers >= 0) and
+    the settings (a dict); else ValueError. Its plan is advice, checked by plan_problem."""
     if not isinstance(meta, dict):
         raise ValueError(f"its meta entry is {type(meta).__name__}, not a dict")
     for key in ("step", "epoch", "batch"):
@@ -230,29 +237,36 @@ def checked_meta(meta) -> dict:
             raise ValueError(f"its position {key!r} is {v!r}, not a whole number >= 0")
     if not isinstance(meta.get("settings", {}), dict):
         raise ValueError(f"its settings are {meta['settings']!r}, not a dict")
-    plan = meta.get("plan")
+    return meta
+
+
+def plan_problem(plan) -> "str | None":
+    """What keeps a checkpoint's plan (devices, partition, calibration, balancer state) from
+    being reused, or None: a plan of another form (an edited file, or one of a version whose
+    calibration held other fields) is planned afresh, while the checkpoint's weights,
+    momentum and position are resumed."""
     if plan is None:
-        return meta
+        return None
     if not isinstance(plan, dict):
-        raise ValueError(f"its plan is {plan!r}, not a dict")
+        return f"it is {plan!r}, not a dict"
     devices = plan.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-        raise ValueError(f"its plan's devices are {devices!r}, not a list of SPECs")
+        return f"its devices are {devices!r}, not a list of SPECs"
     partition = plan.get("partition") or {}
     if not isinstance(partition, dict) or not all(
             isinstance(counts, list) and all(isinstance(k, int) and not isinstance(k, bool)
                                              and k >= 0 for k in counts)
             for counts in partition.values()):
-        raise ValueError(f"its plan's partition is {partition!r}, not kernel counts per layer")
+        return f"its partition is {partition!r}, not kernel counts per layer"
     cal = plan.get("calibration")
     if cal is not None:
         try:
             Calibration(**cal)
         except TypeError as e:
-            raise ValueError(f"its plan's calibration is not one ({e})") from None
+            return f"its calibration is not one of this version ({e})"
     if not isinstance(plan.get("balancer") or {}, dict):
-        raise ValueError(f"its plan's balancer state is {plan['balancer']!r}, not a dict")
-    return meta
+        return f"its balancer state is {plan['balancer']!r}, not a dict"
+    return None
 
 
 def check_momentum(moms: dict, shape: NetGeometry) -> None:

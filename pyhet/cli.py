@@ -13,6 +13,7 @@ import importlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -23,7 +24,7 @@ import numpy as np
 
 from . import arch, plan
 from .api import load
-from .data import DATASETS, input_shape_of, read_images
+from .data import input_shape_of, name_problem, read_images
 from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted, OutputError,
                      PyhetError, UsageError)
 from .images import channel_last_message, looks_channel_last
@@ -69,7 +70,8 @@ def kernel_counts(text: str):
 def _int(text):
     """A whole number in ASCII digits (int() would also read other scripts' digits)."""
     t = text.strip()
-    if not (t.isascii() and t.lstrip("+-").isdigit()):
+    # one sign at most, and no more digits than any count here needs (int() refuses 4,300)
+    if not re.fullmatch(r"[+-]?[0-9]{1,18}", t):
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(t)
 
@@ -125,16 +127,12 @@ def _timeout(text):
     return v
 
 
-def _dataset(text):
+def dataset(text):
     """A dataset's name (pyhet.data.DATASETS) or npz:FILE, checked now: a name that is not one
     is a usage error, before any work (a FILE that cannot be read is found when it is read)."""
-    if text in DATASETS or (text.startswith("npz:") and text[len("npz:"):].strip()):
-        return text
-    if text.startswith("npz:"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected npz:FILE, the path of an .npz file "
-                                         f"after the colon")
-    raise argparse.ArgumentTypeError(f"unknown dataset {text!r}: expected one of "
-                                     f"{', '.join(DATASETS)}, or npz:FILE")
+    if name_problem(text) is not None:
+        raise argparse.ArgumentTypeError(name_problem(text))
+    return text
 
 
 def _device_spec(text):
@@ -147,8 +145,17 @@ def _device_spec(text):
     return text
 
 
+def arch_spec(text):
+    """A network in --arch notation, checked now (pyhet.arch.parse)."""
+    try:
+        arch.parse(text)
+    except ArchitectureError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def _network_options(p):
-    p.add_argument("--arch", metavar="SPEC", default=None,
+    p.add_argument("--arch", type=arch_spec, metavar="SPEC", default=None,
                    help="the network in CNN-paper notation, e.g. 32C5-P2-64C3p1s2-P2-256N "
                         "(default: the --kernels shorthand)")
     p.add_argument("--kernels", type=kernel_counts, default=None, metavar="A,B",
@@ -166,10 +173,6 @@ def network_spec(args, parser) -> str:
         if args.kernels is not None or args.kernel_size is not None:
             parser.error("--arch describes the whole network: give it without --kernels and "
                          "--kernel-size")
-        try:
-            arch.parse(args.arch)
-        except ArchitectureError as e:
-            parser.error(str(e))
         return args.arch
     return arch.shorthand(args.kernels or arch.DEFAULT_KERNELS,
                           args.kernel_size or arch.DEFAULT_KERNEL_SIZE)
@@ -185,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a CNN")
     t.set_defaults(command_parser=t)
     _network_options(t)
-    t.add_argument("--dataset", type=_dataset, default="bundled",
+    t.add_argument("--dataset", type=dataset, default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
     t.add_argument("--data-dir", default=None, metavar="DIR")
     t.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
@@ -229,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(command_parser=d)
     d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
     _network_options(d)
-    d.add_argument("--dataset", type=_dataset, default="bundled", help="gives the input shape")
+    d.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
     d.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
     d.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -255,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
-    pl.add_argument("--dataset", type=_dataset, default="bundled", help="gives the input shape")
+    pl.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
     pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")
     pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -266,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(command_parser=e)
     e.add_argument("--weights", required=True, metavar="FILE.npz",
                    help="a file written by pyhet train --save (or Network.save)")
-    e.add_argument("--dataset", type=_dataset, default="bundled",
+    e.add_argument("--dataset", type=dataset, default="bundled",
                    help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split)")
     e.add_argument("--data-dir", default=None, metavar="DIR")
     e.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
@@ -415,6 +418,9 @@ def cmd_plan(args, parser) -> int:
     if sum(d.count for d in described) > MAX_PLAN_DEVICES:
         parser.error(f"--describe: at most {MAX_PLAN_DEVICES:,} devices in all, got "
                      f"{sum(d.count for d in described):,} (count=)")
+    if args.sweep is None:   # before any calibration (a sweep numbers its devices itself)
+        _plan_options("--describe", described, lambda d: plan.check_distinct(
+            plan.described_names(d)), parser)
     links = ([_plan_options("--link", t, plan.parse_link, parser) for t in args.link.split(",")]
              if args.link else [None])
     if len(links) > 1 and args.sweep is None:

@@ -121,6 +121,15 @@ def iterate_batches(x, y, batch_size, shuffle, rng=None):
 
 # ================================================================ entry point
 
+def name_problem(name: str) -> "str | None":
+    """What is wrong with a dataset's name (neither one of DATASETS nor npz:FILE), or None."""
+    if name in DATASETS or (name.startswith("npz:") and name[len("npz:"):].strip()):
+        return None
+    if name.startswith("npz:"):
+        return f"{name!r}: expected npz:FILE, the path of an .npz file after the colon"
+    return f"unknown dataset {name!r}: expected one of {', '.join(DATASETS)}, or npz:FILE"
+
+
 def load_dataset(name, data_dir=None, seed=0):
     """The Dataset called `name` (one of DATASETS, or "npz:FILE").
 
@@ -132,6 +141,8 @@ def load_dataset(name, data_dir=None, seed=0):
     if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
         raise DataError(f"data_dir must be a folder's path (str or os.PathLike), got "
                         f"{data_dir!r}")
+    if name_problem(name) is not None:
+        raise DataError(name_problem(name))
     if name.startswith("npz:"):
         return load_npz(name[len("npz:"):])
     if name == "bundled":
@@ -148,10 +159,8 @@ def load_dataset(name, data_dir=None, seed=0):
         return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint)
     if name == "cifar10":
         return load_cifar10(data_dir)
-    if name == "synthetic":
-        return make_synthetic(seed)
-    raise DataError(f"unknown dataset {name!r}: expected one of "
-                    f"{', '.join(DATASETS)}, or npz:FILE")
+    assert name == "synthetic", name       # name_problem let no other name through
+    return make_synthetic(seed)
 
 
 # Image shape (C, H, W) and class count of the named datasets, known without reading them.

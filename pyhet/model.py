@@ -142,8 +142,9 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             meta = json.loads(str(entry))
             if not isinstance(meta, dict) or not isinstance(meta.get("arch"), str):
                 raise ValueError("no 'arch' string")
-            meta["input_shape"] = tuple(_whole(v, "input_shape") for v in meta["input_shape"])
-            meta["num_classes"] = _whole(meta["num_classes"], "num_classes")
+            meta["input_shape"] = tuple(_whole_entry(v, "input_shape")
+                                        for v in meta["input_shape"])
+            meta["num_classes"] = _whole_entry(meta["num_classes"], "num_classes")
             norm = meta.get("normalization")
             meta["normalization"] = None if norm is None else Normalization.from_dict(norm)
             meta["classes"] = check_class_names(meta.get("classes"), meta["num_classes"])
@@ -153,7 +154,7 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
     return arrays, meta
 
 
-def _whole(v, what: str) -> int:
+def _whole_entry(v, what: str) -> int:
     """A whole number of a network description (int() would read 1.5 as 1); else ValueError."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{what}: {v!r} is not a whole number")

@@ -56,12 +56,14 @@ def _quantity(text: str, units: dict, what: str, example: str) -> float:
 
 def _plain(text: str, what: str, whole: bool = False) -> float:
     """A number without a unit (gflops=, factor=; count= a whole one) -> float (int)."""
-    m = re.fullmatch(r"[0-9]+" if whole else _NUMBER, text.strip().lower())
+    # a leading + as float() takes it; a count of at most 18 digits (int() refuses 4,300)
+    m = re.fullmatch(r"\+?([0-9]{1,18})" if whole else r"\+?" + _NUMBER,
+                     text.strip().lower())
     if not m:
         raise UsageError(f"{what}={text}: expected " + ("a whole number such as 4" if whole
                                                          else "a number such as 2.5 or 1e3"))
     if whole:
-        return int(m[0])
+        return int(m[1])
     value = float(f"{m[1]}e{m[2] or 0}")
     if not math.isfinite(value):
         raise UsageError(f"{what}={text}: expected a finite number")
@@ -178,6 +180,27 @@ def parse_describe(text: str) -> list[Described]:
     if not out:
         raise UsageError(f"--describe {text!r}: no device described")
     return out
+
+
+def _entry_name(d: Described, j: int, own_count: bool) -> str:
+    """The name of the j-th device of a described entry: NAME where the entry is one device
+    (count=1, not in a sweep), else NAME.j (in a sweep, j counts every device)."""
+    return d.name if d.count == 1 and own_count else f"{d.name}.{j}"
+
+
+def described_names(described) -> list:
+    """The names of the described devices, as a plan (not a sweep) gives them."""
+    return [_entry_name(d, j, True) for d in described if d.gflops is not None or
+            d.like is not None for j in range(d.count)]
+
+
+def check_distinct(names) -> None:
+    """UsageError where two devices share a name: a plan's table and JSON name each once."""
+    twice = [n for n, c in Counter(names).items() if c > 1]
+    if twice:
+        raise UsageError(f"--describe: two devices named {twice[0]!r} (the devices: "
+                         f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); give "
+                         f"each its own NAME")
 
 
 # ================================================================================================
@@ -350,8 +373,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                              f"{', '.join(known) or 'none'})")
         link = d.link if d.link is not None else default_link
         for j in range(d.count):
-            names.append(d.name if d.count == 1 and count is None else
-                         f"{d.name}.{j if count is None else len(names)}")
+            names.append(_entry_name(d, j if count is None else len(names), count is None))
             links.append(link)
             for g in net.blocks:
                 if d.like is not None:
@@ -378,11 +400,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
-    twice = [n for n, c in Counter(names).items() if c > 1]
-    if twice:   # a plan's table and JSON name each device once
-        raise UsageError(f"--describe: two devices named {twice[0]!r} (the devices: "
-                         f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); give "
-                         f"each its own NAME")
+    check_distinct(names)
     for j, g in enumerate(net.blocks):
         costs[g.name] = [replace(c, forward_share=g.forward_share(need_dx=j > 0))
                          for c in costs[g.name]]

@@ -523,7 +523,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     per_epoch, total_steps = planned_steps(cfg, ds)
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
-    step_times, step_images, conv_times, losses = [], [], [], []
+    step_times, step_images, losses = [], [], []
     part_times = []                          # {part: seconds} of each step (Net.train_step's)
     busy0 = {d.name: d.busy_s for d in net.devices}
     # the layers' phase times go on adding up over calibration, earlier fit() calls and the
@@ -574,8 +574,6 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                     balance.after_step(step)
                 step_times.append(dt)
                 step_images.append(int(xb.shape[0]))
-                conv_times.append(timer.parts.get("conv_forward", 0) +
-                                  timer.parts.get("conv_backward", 0))
                 part_times.append(dict(timer.parts))
                 losses.append(loss)
                 bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
@@ -624,9 +622,9 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                             + f"; try a smaller --lr (now {cfg.lr:g})")
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
-    result = summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
+    result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,
                      epochs=step / per_epoch, steps=step, moved=moved, images=step_images,
-                     phases=phases, eval_s=eval_s, parts=part_times)
+                     phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
 
@@ -649,16 +647,17 @@ def traffic(devices) -> dict:
     return {r: {"sent": p.sent, "received": p.received} for r, p in sorted(peers.items())}
 
 
-def summary(cfg, ds, net, step_times, conv_times, losses, busy, train_s, test,
-            epochs, steps, images, phases, moved=None, eval_s=None, parts=None) -> dict:
-    """The summary of a run. images: the images of each step (the last batch of an epoch, or a
-    batch larger than the dataset, holds fewer than --batch-size); phases: {layer: {phase:
-    seconds}} of the steps alone; eval_s: the test split's evaluation, or None; parts: each
-    step's {part: seconds} (Net.train_step's: conv_forward, fc, conv_backward, update)."""
+def summary(cfg, ds, net, step_times, parts, losses, busy, train_s, test,
+            epochs, steps, images, phases, moved=None, eval_s=None) -> dict:
+    """The summary of a run. parts: each step's {part: seconds} (Net.train_step's:
+    conv_forward, fc, conv_backward, update); images: the images of each step (the last batch
+    of an epoch, or a batch larger than the dataset, holds fewer than --batch-size); phases:
+    {layer: {phase: seconds}} of the steps alone; eval_s: the test split's evaluation, or
+    None."""
     warm = 1 if len(step_times) > 1 else 0                          # the first step warms up
     timed = step_times[warm:]
-    conv = conv_times[warm:]
-    parts = (parts or [])[warm:]
+    parts = parts[warm:]
+    conv = [p.get("conv_forward", 0) + p.get("conv_backward", 0) for p in parts]
     # each part's median over the timed steps, and what the step spent outside them (the
     # step's median less the parts' medians: hand-offs, the failover's bookkeeping)
     step_parts = {k: statistics.median(p.get(k, 0.0) for p in parts)

@@ -202,6 +202,8 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
     (lambda n, x, y: n.fit(x, y, steps=1, checkpoint_dir=3), ["checkpoint_dir", "3"]),
     (lambda n, x, y: n.save(None), ["save", "path", "None"]),
     (lambda n, x, y: n.save(""), ["save", "empty path"]),
+    (lambda n, x, y: n.save("/"), ["save /", "a folder, not a file"]),
+    (lambda n, x, y: n.save("/no-such-folder-here/w.npz"), ["save", "does not exist"]),
 ])
 def test_network_methods_refuse_bad_input(call, words):
     x, y = arrays()

@@ -177,7 +177,8 @@ BAD = [
      ["--describe", "at most 65,536", "count="]),
     (["plan", "--describe", "g:gflops=1", "--link", "1e999gbit"], 2,
      ["--link '1e999gbit'", "a finite number"]),
-    (["plan", "--describe", "g:gflops=1", "--link", "1gbit@1e999s"], 2, ["--link", "a finite number"]),
+    (["plan", "--describe", "g:gflops=1", "--link", "1gbit@1e999s"], 2,
+     ["--link", "a finite number"]),
     (["plan", "--describe", "g:gflops=1,mem=1e999G"], 2, ["--describe", "a finite number"]),
     (["plan", "--describe", "g:gflops=1", "--link", "fast"], 2, ["--link 'fast'", "bandwidth"]),
     (["plan", "--describe", "g:gflops=1,count=1.5"], 2, ["count=1.5", "a whole number"]),
@@ -355,9 +356,6 @@ DAMAGED_CHECKPOINT = {
     "step a string": (lambda m, v: _meta(m, step="x"), ["'step' is 'x'"]),
     "step negative": (lambda m, v: _meta(m, step=-5), ["'step' is -5"]),
     "settings a list": (lambda m, v: _meta(m, settings=[1]), ["settings are [1]"]),
-    "plan a string": (lambda m, v: _meta(m, plan="junk"), ["plan is 'junk'"]),
-    "partition not counts": (lambda m, v: _meta(m, plan={**m["plan"], "partition": 5}),
-                             ["partition is 5"]),
     "momentum of another shape": (lambda m, v: {"momentum/conv1.weight": v[:1]},
                                   ["momentum for", "conv1.weight", "shape (3, 1, 3, 3)",
                                    "(1, 1, 3, 3)"]),
@@ -390,6 +388,45 @@ def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
     assert len(lines) == 1 and "Traceback" not in res.err, res.err
     for w in [str(path), "is damaged", "starting afresh", *words]:
         assert w in lines[0], (w, lines[0])
+    assert json.loads(res.out.splitlines()[-1])["steps"] == 2
+
+
+PLAN_NOT_REUSED = {
+    # a checkpoint whose plan is not of this version's form: (its new plan, given the old
+    # one) and the words of the warning
+    "a string": (lambda plan: "junk", ["it is 'junk'"]),
+    "partition not counts": (lambda plan: {**plan, "partition": 5}, ["partition is 5"]),
+    "a calibration field of another version": (
+        lambda plan: {**plan, "calibration": {**plan["calibration"], "alone": {}}},
+        ["calibration is not one of this version", "'alone'"]),
+    "balancer state a list": (lambda plan: {**plan, "balancer": [1]}, ["balancer state is [1]"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAN_NOT_REUSED))
+def test_resume_plans_afresh_where_a_checkpoint_plan_cannot_be_reused(cli, files, tmp_path,
+                                                                     case):
+    """The plan is advice: a checkpoint whose plan cannot be reused is resumed from (its
+    weights, momentum and position), with the partition planned afresh and a warning that
+    says why."""
+    ckpt = tmp_path / "ckpt"
+    argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--devices", "cpu:1,cpu:1",
+                  "--quiet", "--checkpoint-dir", ckpt], files)
+    assert cli(*argv, "--steps", "1").code == 0
+    path = ckpt / "checkpoint-000000001.npz"
+    arrays = dict(np.load(path))
+    meta = json.loads(str(arrays["meta"]))
+    assert isinstance(meta["plan"], dict) and meta["plan"]["calibration"]
+    change, words = PLAN_NOT_REUSED[case]
+    np.savez(path, **{**arrays, **_meta(meta, plan=change(meta["plan"]))})
+    res = cli(*argv, "--steps", "2", "--resume", "--json")
+    assert res.code == 0, res.err
+    assert "Traceback" not in res.err and "is damaged" not in res.err, res.err
+    warning = [line for line in res.err.splitlines() if "warning" in line]
+    assert len(warning) == 1, res.err
+    for w in [str(path), "plan cannot be reused", "planning the partition afresh", *words]:
+        assert w in warning[0], (w, warning[0])
+    assert f"resuming from {path} (step 1)" in res.err
     assert json.loads(res.out.splitlines()[-1])["steps"] == 2
 
 

@@ -29,7 +29,8 @@ arch="16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N"
     echo "== $arch on $devices, bundled data"
     pyhet train --arch "$arch" --devices "$devices" --steps 200 --batch-size 64 --lr 0.05 \
       --save "$out/w-${devices//[:,]/_}.npz" --quiet --json > "$out/train.json" &&
-      python3 -c "import json; s = json.load(open('$out/train.json')); print('test accuracy', s['test_accuracy'], 'step', s['step_time_s'], 'partition', s['partition']); print('step parts', s['step_parts_s'])"
+      python3 -c "import json; s = json.load(open('$out/train.json')); print('test accuracy', s['test_accuracy'], 'step', s['step_time_s'], 'partition', s['partition'])
+print('step parts', s['step_parts_s'])"
     pyhet evaluate --weights "$out/w-${devices//[:,]/_}.npz" --devices "$devices" --json | tail -1
     pyhet predict --weights "$out/w-${devices//[:,]/_}.npz" --input "$out/x.npy" \
       --devices "$devices" 2>&1 | head -2
