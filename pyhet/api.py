@@ -36,7 +36,7 @@ from .checkpoint import CheckpointDir
 from .errors import DataError, UsageError, WeightsError
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
-                    network_of_file, save_weights)
+                    network_of_file, read_weight_file, save_weights)
 from .specs import cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
                     check_file_destination, check_memory, largest_batch, open_devices,
@@ -359,8 +359,9 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
             input_shape) == 3 and all(_is_whole(v) and v >= 1 for v in input_shape)):
         raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
                          f"{input_shape!r}")
-    geometry, meta = network_of_file(path, tuple(input_shape) if input_shape else None)
-    params = load_weights(path, geometry)
+    read = read_weight_file(path)
+    geometry, meta = network_of_file(path, tuple(input_shape) if input_shape else None, read)
+    params = load_weights(path, geometry, read)
     meta = meta or {}
     normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],
                                            WeightsError, f"weight file {os.fspath(path)}: its")

@@ -147,7 +147,8 @@ class CheckpointDir:
         for i, path in enumerate(reversed(found)):
             older = found[-2 - i] if i + 1 < len(found) else None
             try:
-                arrays, _ = read_weight_file(path)
+                read = read_weight_file(path)
+                arrays = read[0]
                 meta = checked_meta(json.loads(str(arrays["meta"])))
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
@@ -162,7 +163,7 @@ class CheckpointDir:
                     print(f"pyhet: warning: checkpoint {path}: its plan cannot be reused "
                           f"({problem}): planning the partition afresh", file=self.log,
                           flush=True)
-            params = load_weights(path, shape)
+            params = load_weights(path, shape, read)
             try:
                 check_momentum(moms, shape)
             except WeightsError as e:

@@ -181,11 +181,12 @@ def check_class_names(names, num_classes: int):
 _LEGACY = re.compile(r"^conv[12]\.(weight|bias)$|^fc\.(weight|bias)$")
 
 
-def network_of_file(path, input_shape=None) -> tuple[NetGeometry, dict | None]:
+def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dict | None]:
     """The network a weight file was saved from, and its description. A file without one (the
     two-block networks of earlier versions) is read as ``AC{k}-P2-BC{k}-P2`` from its arrays;
-    then input_shape (C, H, W) must be given, since the file does not hold it."""
-    arrays, meta = read_weight_file(path)
+    then input_shape (C, H, W) must be given, since the file does not hold it. read: the file's
+    read_weight_file(), where the caller has it (a file is read once)."""
+    arrays, meta = read if read is not None else read_weight_file(path)
     if meta is not None:
         try:
             net = arch_notation.build(meta["arch"], meta["input_shape"], meta["num_classes"])
@@ -238,10 +239,11 @@ def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
     return out
 
 
-def load_weights(path, net: NetGeometry) -> dict:
-    """Read a weight file (or checkpoint) and check it against the network it must fit."""
+def load_weights(path, net: NetGeometry, read=None) -> dict:
+    """Read a weight file (or checkpoint) and check it against the network it must fit. read:
+    the file's read_weight_file(), where the caller has it (a file is read once)."""
     path = os.fspath(path)
-    arrays, meta = read_weight_file(path)
+    arrays, meta = read if read is not None else read_weight_file(path)
     if meta is not None and (meta["arch"] != net.arch or
                              tuple(meta["input_shape"]) != tuple(net.input_shape) or
                              meta["num_classes"] != net.num_classes):

@@ -217,6 +217,34 @@ def test_network_methods_refuse_bad_input(call, words):
         assert w in str(e.value), (w, str(e.value))
 
 
+def test_a_weight_file_or_checkpoint_is_read_once(tmp_path, monkeypatch):
+    """pyhet.load and a resumed fit read their file once (a paper-network checkpoint is about
+    150 MB): the network, the weights and the momentum all come from that one read."""
+    from pyhet import npzfile
+
+    x, y = arrays()
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=tmp_path / "ckpt")
+        net.save(tmp_path / "w.npz")
+        want = net.params()
+    reads = []
+    real = npzfile.read
+
+    def counted(path, *args, **kwargs):
+        reads.append(Path(path).name)
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(npzfile, "read", counted)
+    loaded = pyhet.load(tmp_path / "w.npz", devices="numpy")
+    assert reads == ["w.npz"]
+    for k, v in loaded.params().items():
+        np.testing.assert_array_equal(v, want[k])
+    reads.clear()
+    with loaded:
+        loaded.fit(x, y, steps=3, batch_size=8, checkpoint_dir=tmp_path / "ckpt", resume=True)
+    assert reads[:1] == ["checkpoint-000000002.npz"] and "checkpoint-000000002.npz" not in \
+        reads[1:], reads
+
+
 def test_load_refuses_bad_files(tmp_path):
     with pytest.raises(WeightsError, match="no such file"):
         pyhet.load(tmp_path / "missing.npz")
