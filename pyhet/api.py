@@ -72,11 +72,7 @@ class Network:
             raise UsageError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {balance!r}")
         seed = _whole(seed, "seed", 0)
-        if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3 and all(
-                _is_whole(v) and v >= 1 for v in input_shape)):
-            raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
-                             f"{input_shape!r}")
-        shape = tuple(int(v) for v in input_shape)
+        shape = _input_shape(input_shape)
         self.geometry: NetGeometry = arch_notation.build(arch, shape,
                                                          _whole(num_classes, "num_classes", 2))
         check_memory(self.geometry, 1)
@@ -355,12 +351,9 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
     """The Network saved in a weight file. input_shape (C, H, W) is needed only for files of
     earlier versions, which do not record it."""
     _check_path(path, "load")
-    if input_shape is not None and not (isinstance(input_shape, (tuple, list)) and len(
-            input_shape) == 3 and all(_is_whole(v) and v >= 1 for v in input_shape)):
-        raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
-                         f"{input_shape!r}")
+    input_shape = None if input_shape is None else _input_shape(input_shape)
     read = read_weight_file(path)
-    geometry, meta = network_of_file(path, tuple(input_shape) if input_shape else None, read)
+    geometry, meta = network_of_file(path, input_shape, read)
     params = load_weights(path, geometry, read)
     meta = meta or {}
     normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],
@@ -368,6 +361,15 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
     return Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
                    balance=balance, classes=meta.get("classes"), normalization=normalization,
                    weights=params)
+
+
+def _input_shape(input_shape) -> tuple:
+    """(C, H, W) as ints, from three whole numbers >= 1; else UsageError."""
+    if not (isinstance(input_shape, (tuple, list)) and len(input_shape) == 3 and all(
+            _is_whole(v) and v >= 1 for v in input_shape)):
+        raise UsageError(f"input_shape must be (C, H, W), three whole numbers >= 1, got "
+                         f"{input_shape!r}")
+    return tuple(int(v) for v in input_shape)
 
 
 def _check_path(path, what: str) -> None:

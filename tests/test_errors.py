@@ -171,6 +171,11 @@ BAD = [
       "IMAGES"], 1, ["w-two-channels.npz", "normalization", "2 scales", "1 channel"]),
     # --- plan: figures that cannot be read, counts that would never end
     (["plan", "--describe", "g:gflops=1", "--sweep", "devices=\u0663"], 2, ["--sweep"]),
+    (["plan", "--describe", "g:gflops=1", "--sweep", "devices=1,+-2"], 2, ["--sweep", "+-2"]),
+    (["plan", "--describe", "g:gflops=1", "--sweep", "devices=" + "9" * 5000], 2,
+     ["--sweep", "expected devices=N"]),
+    (["plan", "--describe", "g:gflops=1,count=" + "9" * 5000], 2, ["count=", "a whole number"]),
+    (TRAIN + ["--batch-size=-+3"], 2, ["--batch-size", "a whole number", "'-+3'"]),
     (["plan", "--describe", "g:gflops=1", "--sweep", "devices=2,99999999999"], 2,
      ["--sweep", "at most 65,536", "99,999,999,999"]),
     (["plan", "--describe", "g:gflops=1,count=99999999999"], 2,
