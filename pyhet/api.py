@@ -98,6 +98,7 @@ class Network:
         self._net = None
         self._calibration = None
         self._finalizer = None
+        self._planned_for = None  # (batch, trained): the batch the devices were planned for
 
     # --- description --------------------------------------------------------------------------
 
@@ -132,8 +133,14 @@ class Network:
 
     # --- devices ------------------------------------------------------------------------------
 
-    def _start(self, batch_size: int, log=None):
-        """The Net on running devices, partitioned for this batch size (first call only)."""
+    def _start(self, batch_size: int, log=None, training: bool = False):
+        """The Net on running devices, partitioned for this batch size on the first call, and
+        again for training's batch size when only predict() or evaluate() used it before (a
+        partition timed on one image would serve a fit() of 64 badly); a net that has trained
+        keeps its partition (and its momentum)."""
+        if (training and self._net is not None and not self._planned_for[1]
+                and self._planned_for[0] != batch_size):
+            self.close()          # no momentum yet: the weights are all there is to keep
         if self._net is None:
             check_memory(self.geometry, batch_size)
             self._devices = open_devices(self.devices_spec)
@@ -146,6 +153,9 @@ class Network:
             except BaseException:
                 self.close()
                 raise
+            self._planned_for = (batch_size, False)
+        if training:
+            self._planned_for = (self._planned_for[0], True)
         return self._net
 
     def close(self) -> None:
@@ -158,6 +168,7 @@ class Network:
         if self._finalizer is not None:
             self._finalizer()          # closes the devices, once
         self._devices, self._net, self._calibration, self._finalizer = [], None, None, None
+        self._planned_for = None
 
     def __enter__(self) -> "Network":
         return self
@@ -183,7 +194,8 @@ class Network:
         Training runs `epochs` passes, or `steps` optimizer steps when given. Each epoch's
         order comes from (seed, epoch), and a later fit() goes on with the next epoch's order.
         The devices are partitioned for the batch size of their first use (the first fit(),
-        predict() or evaluate()). callback(info) is called after every step with
+        predict() or evaluate()), and once more for the first fit()'s when only predict() or
+        evaluate() used them before with another batch size. callback(info) is called after every step with
         {"step", "steps", "epoch", "loss", "step_time_s", "images"}; progress=True also draws
         a bar on stderr. Momentum carries over to the next fit() while the devices run.
         Returns the summary that ``pyhet train --json`` prints (test accuracy from x_test and
@@ -240,7 +252,8 @@ class Network:
             self._params = params
             start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
             print(f"resuming from {path} (step {start['step']})", file=log)
-        net = self._start(largest_batch(cfg, ds), log if cfg.progress else None)
+        net = self._start(largest_batch(cfg, ds), log if cfg.progress else None,
+                          training=True)
         if found:
             net.set_momentum(moms)
         balance = (DynamicBalance(net, self._calibration)
@@ -331,12 +344,12 @@ class Network:
             xs, ys = self._xy(x, y, "x", "y")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
-        result = evaluation.evaluate(net, xs, ys, batch_size)
-        if not math.isfinite(result["loss"]):
-            bad = np.flatnonzero(~np.isfinite(evaluation.logits(net, xs, batch_size)).all(axis=1))
+        z = evaluation.logits(net, xs, batch_size)
+        bad = np.flatnonzero(~np.isfinite(z).all(axis=1))   # finite logits: a finite loss
+        if len(bad):
             raise DataError(_overflow_message("x" if dataset is None else f"dataset {dataset}",
                                               bad, len(xs)))
-        return result
+        return evaluation.score(z, ys, self.num_classes)
 
     def save(self, path: "str | os.PathLike") -> None:
         """Write the weights (float32, PyTorch's names and layout) and the network's

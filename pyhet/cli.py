@@ -154,6 +154,11 @@ def arch_spec(text):
     return text
 
 
+DATA_DIR_HELP = ("the folder of the fashion-mnist, mnist or cifar10 files (default: "
+                 "/usr/share/datasets/fashion-mnist, ~/.cache/pyhet/mnist, "
+                 "~/.cache/pyhet/cifar10)")
+
+
 def _network_options(p):
     p.add_argument("--arch", type=arch_spec, metavar="SPEC", default=None,
                    help="the network in CNN-paper notation, e.g. 32C5-P2-64C3p1s2-P2-256N "
@@ -189,20 +194,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(command_parser=t)
     _network_options(t)
     t.add_argument("--dataset", type=dataset, default="bundled",
-                   help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE")
-    t.add_argument("--data-dir", default=None, metavar="DIR")
+                   help="bundled, fashion-mnist, mnist, cifar10, synthetic or npz:FILE "
+                        "(default bundled)")
+    t.add_argument("--data-dir", default=None, metavar="DIR", help=DATA_DIR_HELP)
     t.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
                    help="e.g. cpu:1,cpu:1@0.5 or numpy or gpu:0,cpu (default auto)")
-    t.add_argument("--balance", choices=("dynamic", "static", "even"), default="dynamic")
-    t.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
-    t.add_argument("--epochs", type=positive(int), default=2, metavar="E")
+    t.add_argument("--balance", choices=("dynamic", "static", "even"), default="dynamic",
+                   help="dynamic: calibrated, then moved while training (default); static: "
+                        "calibrated once; even: equal shares")
+    t.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
+                   help="images per step (default 64)")
+    t.add_argument("--epochs", type=positive(int), default=2, metavar="E",
+                   help="passes over the training split (default 2)")
     t.add_argument("--steps", type=positive(int), default=None, metavar="S",
                    help="stop after S optimizer steps (overrides --epochs)")
-    t.add_argument("--lr", type=positive(float), default=0.01)
+    t.add_argument("--lr", type=positive(float), default=0.01,
+                   help="SGD's learning rate (default 0.01)")
     t.add_argument("--momentum", type=_momentum, default=0.9, metavar="M",
                    help="in [0, 1) (default 0.9)")
-    t.add_argument("--weight-decay", type=_non_negative_float, default=0.0, metavar="WD")
-    t.add_argument("--seed", type=_non_negative_int, default=0, metavar="S")
+    t.add_argument("--weight-decay", type=_non_negative_float, default=0.0, metavar="WD",
+                   help="L2 penalty, as torch.optim.SGD's (default 0)")
+    t.add_argument("--seed", type=_non_negative_int, default=0, metavar="S",
+                   help="of the initial weights and the batches' order (default 0)")
     t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
     t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
@@ -230,10 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("devices", help="list the devices and their calibrated speed on a network")
     d.set_defaults(command_parser=d)
-    d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
+    d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
+                   help="the devices to list (default auto)")
     _network_options(d)
     d.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
-    d.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
+    d.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
+                   help="the batch calibrated on (default 64)")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
     d.add_argument("--json", action="store_true", help="print the listing as JSON")
     d.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -259,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
     pl.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
-    pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N")
+    pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
+                    help="images per step (default 64)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")
     pl.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                     help="show tracebacks on errors")
@@ -270,9 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--weights", required=True, metavar="FILE.npz",
                    help="a file written by pyhet train --save (or Network.save)")
     e.add_argument("--dataset", type=dataset, default="bundled",
-                   help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split)")
-    e.add_argument("--data-dir", default=None, metavar="DIR")
-    e.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
+                   help="bundled, fashion-mnist, mnist, cifar10 or npz:FILE (its test split; "
+                        "default bundled)")
+    e.add_argument("--data-dir", default=None, metavar="DIR", help=DATA_DIR_HELP)
+    e.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
+                   help="as pyhet train's (default auto)")
     e.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                    help="images per forward pass (default 64, pyhet train's default)")
     e.add_argument("--json", action="store_true", help="print the result as JSON (last line)")
@@ -281,15 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("predict", help="class probabilities of images under saved weights")
     r.set_defaults(command_parser=r)
-    r.add_argument("--weights", required=True, metavar="FILE.npz")
+    r.add_argument("--weights", required=True, metavar="FILE.npz",
+                   help="a file written by pyhet train --save (or Network.save)")
     r.add_argument("--input", required=True, metavar="FILE",
                    help="images (N, C, H, W): an .npy array, or an .npz with array x; float32 "
                         "is used as it is, uint8 is prepared as the training images were")
     r.add_argument("--output", metavar="OUT.npz",
                    help="write arrays classes (N,) and probabilities (N, M) instead of "
                         "printing one JSON line per image")
-    r.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC")
-    r.add_argument("--batch-size", type=positive(int), default=256, metavar="N")
+    r.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
+                   help="as pyhet train's (default auto)")
+    r.add_argument("--batch-size", type=positive(int), default=256, metavar="N",
+                   help="images per forward pass (default 256)")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 

@@ -27,9 +27,12 @@ def probabilities(net, x, batch_size: int):
 def evaluate(net, x, y, batch_size: int) -> dict:
     """The mean cross-entropy loss, the accuracy and the accuracy of each class (None for a
     class with no image) on x (N, C, H, W) with labels y (N,)."""
-    z = logits(net, x, batch_size)
+    return score(logits(net, x, batch_size), y, net.shape.num_classes)
+
+
+def score(z, y, M: int) -> dict:
+    """evaluate() of logits z (N, M) already computed, with labels y (N,)."""
     y = np.asarray(y)
-    M = net.shape.num_classes
     with np.errstate(over="ignore", invalid="ignore"):   # overflowing logits: the loss says so
         loss, _ = ref.softmax_cross_entropy(z.astype(np.float64), y)
     pred = z.argmax(axis=1)

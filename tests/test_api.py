@@ -114,6 +114,37 @@ def test_network_can_be_used_again_after_close():
     assert pyhet_threads() == []
 
 
+def test_a_fit_after_predict_alone_is_planned_for_its_own_batch(monkeypatch):
+    """predict(x[:1]) first plans the devices at batch 1; the first fit() plans them again at
+    its batch (the weights carried over), and from then on the partition and momentum stay."""
+    from pyhet import api
+    planned = []
+    real = api.build_net
+
+    def spy(geometry, params, devices, balance, batch_size, *rest):
+        planned.append(batch_size)
+        return real(geometry, params, devices, balance, batch_size, *rest)
+
+    x, y = arrays()
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy", seed=2) as alone:
+        want = alone.fit(x, y, steps=3, batch_size=8, shuffle=False)
+    monkeypatch.setattr(api, "build_net", spy)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1,numpy", seed=2) as net:
+        first = net.predict(x[:1])
+        net.evaluate(x[:5], y[:5])              # batch 5, but not training: no new plan
+        assert planned == [1]
+        weights = net.params()
+        got = net.fit(x, y, steps=3, batch_size=8, shuffle=False)
+        assert planned == [1, 8]
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-5)
+        net.fit(x, y, steps=1, batch_size=4)     # trained: its partition and momentum stay
+        net.predict(x[:1])
+        assert planned == [1, 8]
+    assert not np.array_equal(net.params()["fc.weight"], weights["fc.weight"])
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy", weights=weights) as same:
+        np.testing.assert_allclose(same.predict(x[:1]), first, rtol=1e-5, atol=1e-7)
+
+
 def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):
     """Network.fit on an npz's arrays trains exactly as `pyhet train` does on that npz."""
     path = tmp_path / "d.npz"
