@@ -163,7 +163,13 @@ class CheckpointDir:
                     print(f"pyhet: warning: checkpoint {path}: its plan cannot be reused "
                           f"({problem}): planning the partition afresh", file=self.log,
                           flush=True)
-            params = load_weights(path, shape, read)
+            try:
+                params = load_weights(path, shape, read)
+            except WeightsError as e:
+                if "network" not in (meta.get("settings") or {}):
+                    raise    # an earlier version's checkpoint, which may be of another network
+                self._skip(path, e, older)  # its settings name this network: the file is damaged
+                continue
             try:
                 check_momentum(moms, shape)
             except WeightsError as e:

@@ -370,6 +370,13 @@ DAMAGED_CHECKPOINT = {
                          ["momentum for", "conv1.weight", "float64"]),
     "momentum of an unknown layer": (lambda m, v: {"momentum/conv9.weight": v},
                                      ["momentum for", "unknown conv9.weight"]),
+    # the settings name this network, so weights of another shape are damage, as momentum's
+    "weights of another shape": (lambda m, v: {"conv1.weight": v[:1]},
+                                 ["conv1.weight", "(3, 1, 3, 3)", "(1, 1, 3, 3)"]),
+    "weights float64": (lambda m, v: {"conv1.weight": v.astype(np.float64)},
+                        ["conv1.weight", "float64"]),
+    "weights missing": (lambda m, v: {"conv1.weight": None}, ["conv1.weight"]),
+    "weights NaN": (lambda m, v: {"conv1.weight": np.full_like(v, np.nan)}, ["conv1.weight"]),
 }
 
 
@@ -385,8 +392,9 @@ def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
     path = ckpt / "checkpoint-000000001.npz"
     arrays = dict(np.load(path))
     change, words = DAMAGED_CHECKPOINT[damage]
-    np.savez(path, **{**arrays, **change(json.loads(str(arrays["meta"])),
-                                         arrays["momentum/conv1.weight"])})
+    changed = {**arrays, **change(json.loads(str(arrays["meta"])),
+                                  arrays["momentum/conv1.weight"])}
+    np.savez(path, **{k: v for k, v in changed.items() if v is not None})
     res = cli(*argv, "--steps", "2", "--resume", "--json")
     assert res.code == 0, res.err
     lines = [line for line in res.err.splitlines() if line.strip()]
@@ -394,6 +402,25 @@ def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
     for w in [str(path), "is damaged", "starting afresh", *words]:
         assert w in lines[0], (w, lines[0])
     assert json.loads(res.out.splitlines()[-1])["steps"] == 2
+
+
+def test_resume_refuses_an_earlier_versions_checkpoint_of_another_network(cli, files, tmp_path):
+    """A checkpoint whose settings do not name its network (an earlier version's) and whose
+    weights are not of this run's network may be of another network: refused, not passed
+    over, and left as it was."""
+    ckpt = tmp_path / "ckpt"
+    argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--checkpoint-dir", ckpt],
+                 files)
+    assert cli(*argv, "--steps", "1").code == 0
+    path = ckpt / "checkpoint-000000001.npz"
+    arrays = dict(np.load(path))
+    meta = {k: v for k, v in json.loads(str(arrays["meta"])).items() if k != "settings"}
+    np.savez(path, **{**arrays, **_meta(meta), "conv1.weight": arrays["conv1.weight"][:1]})
+    before = path.read_bytes()
+    res = cli(*argv, "--steps", "2", "--resume")
+    assert res.code == 1 and "Traceback" not in res.err, res.err
+    assert "conv1.weight" in res.err and "damaged" not in res.err, res.err
+    assert path.read_bytes() == before
 
 
 PLAN_NOT_REUSED = {
