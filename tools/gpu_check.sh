@@ -2,7 +2,8 @@
 # The GPU checks, as one script for a machine with a CUDA GPU and CuPy already installed:
 # build pyhet, run the GPU tests, train, evaluate and predict with a four-block network on the
 # GPU alone and beside the CPU cores, check pyhet plan's predictions of gpu:0 and gpu:0 with the
-# CPU cores against measured steps, and time them (bench scaling).
+# CPU cores against measured steps, time them (bench scaling), and run the tests of the GEMM's
+# AVX-512 kernel (skipped on CPUs without it).
 #   bash tools/gpu_check.sh [--no-scaling] [OUTDIR]   (logs and JSON go to OUTDIR, default
 #                                                      ./gpu-check; --no-scaling skips the two
 #                                                      timings, plan and scaling: about 5 min
@@ -52,4 +53,8 @@ for r in json.load(open('$out/plan.json'))['rows']:
     pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --cpu-devices 2,4 \
       --json "$out/scaling.json" 2>&1 | grep -v '^round'
   fi
+  # the GEMM's AVX-512 kernel, whose tests skip on CPUs without it (an Intel Xeon has it)
+  python3 -c "from pyhet import ops; print('GEMM kernel in use:', ops.gemm_kernel())"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -k avx512 "$src/tests/test_gemm.py" \
+    "$src/tests/test_ops.py" 2>&1 | tail -4
 } 2>&1 | tee "$out/gpu_check.log"
