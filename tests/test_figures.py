@@ -66,7 +66,8 @@ def test_phase_times_are_the_training_steps_alone():
     xt, yt = arrays(400, seed=1)
     steps = 3
     with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1") as net:
-        net.predict(xt)                        # starts the devices, and runs their phases
+        # starts the devices (planned for fit()'s batch, so fit keeps them), runs their phases
+        net.predict(xt, batch_size=8)
         convs = net._net.convs
         before = {c.name: dict(c.phases.parts) for c in convs}
         after = {}
@@ -95,7 +96,7 @@ def test_step_parts_are_medians_of_the_timed_steps():
     x, y = arrays(40)
     seen = []
     with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1,cpu:1") as net:
-        net.predict(x[:4])                     # starts the devices
+        net.predict(x[:8])                     # starts the devices, for fit()'s batch
         inner = net._net.train_step
 
         def spy(*args, **kwargs):
