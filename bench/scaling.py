@@ -209,17 +209,40 @@ def part2(args, shape, params, x, y, static_ref):
     close_at = next((k for k in range(len(after))
                      if after[k]["step_s"] <= 1.05 * best_s and
                      statistics.median(t["step_s"] for t in after[k:]) <= 1.05 * best_s), None)
-    tail = [t["step_s"] for t in after[conv2_at + 1:]] or [after[-1]["step_s"]]
-    settled_s = statistics.median(tail)
+    # the steps that ran on conv2's final partition (a trace row's partition is the one after
+    # its step): none where it moved at the last step, which then has not been seen to settle
+    tail = [t["step_s"] for t in after[conv2_at + 1:]]
+    settled_s = statistics.median(tail) if tail else None
+    seen = (lambda k: k + 1 if k + 1 < len(after) else None)
     return {"trace": trace, "change_at_step": before + 1,
-            "conv2_settled_after_steps": conv2_at + 1,
-            "partition_settled_after_steps": all_at + 1,
+            "conv2_settled_after_steps": seen(conv2_at),
+            "partition_settled_after_steps": seen(all_at),
             "within_5pct_of_best_static_after_steps": None if close_at is None else close_at + 1,
             "settled_step_s": settled_s,
             "best_static_step_s": best_s, "best_static_partition": best_partition,
             "calibrated_static_step_s": static_ref,
-            "settled_over_best_static": settled_s / best_s,
+            "settled_over_best_static": None if settled_s is None else settled_s / best_s,
             "final_partition": {"conv1": after[-1]["conv1"], "conv2": after[-1]["conv2"]}}
+
+
+def settling_summary(dyn: dict, steps: int) -> str:
+    """Part 2's findings in words (dyn: part2's result; steps: those after the change)."""
+    best = (f"the best static partition for the new speeds "
+            f"({'/'.join(str(v) for v in dyn['best_static_partition']['conv2'].values())} for "
+            f"conv2, proportional to 1 : 0.5) {dyn['best_static_step_s']:.3f} s")
+    if dyn["conv2_settled_after_steps"] is None:
+        return (f"after the change: conv2's partition still moved at the last of the {steps} "
+                f"steps after it, so it has not been seen to settle (give more "
+                f"--dynamic-steps); {best}")
+    both = dyn["partition_settled_after_steps"]
+    close = dyn["within_5pct_of_best_static_after_steps"]
+    return (f"after the change: conv2's partition settled in {dyn['conv2_settled_after_steps']} "
+            f"steps (both layers' in {'more' if both is None else both}); the step time is "
+            + (f"within 5% of the best static partition's from step {close} on"
+               if close is not None else
+               f"not within 5% of the best static partition's in the {steps} steps")
+            + f".\nsettled step time {dyn['settled_step_s']:.3f} s; {best}: ratio "
+              f"{dyn['settled_over_best_static']:.3f}")
 
 
 def main(argv=None) -> int:
@@ -257,15 +280,7 @@ def main(argv=None) -> int:
                              [[t["step"], t["d1_speed"], t["step_s"],
                                "/".join(map(str, t["conv1"])), "/".join(map(str, t["conv2"]))]
                               for t in dyn["trace"]]))
-    close = dyn["within_5pct_of_best_static_after_steps"]
-    print(f"after the change: conv2's partition settled in {dyn['conv2_settled_after_steps']} "
-          f"steps (both layers' in {dyn['partition_settled_after_steps']}); the step time is "
-          f"within 5% of the best static partition's from step "
-          f"{'never' if close is None else close} on.\n"
-          f"settled step time {dyn['settled_step_s']:.3f} s; the best static partition for the "
-          f"new speeds ({'/'.join(str(v) for v in dyn['best_static_partition']['conv2'].values())}"
-          f" for conv2, proportional to 1 : 0.5) {dyn['best_static_step_s']:.3f} s: ratio "
-          f"{dyn['settled_over_best_static']:.3f}")
+    print(settling_summary(dyn, args.dynamic_steps))
 
     result = {"benchmark": "scaling", "system": info, "kernels": list(args.kernels),
               "batch_size": args.batch_size, "configs": rows, "dynamic": dyn}

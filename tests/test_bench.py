@@ -87,6 +87,27 @@ def test_bench_scaling(tmp_path, capsys):
     assert len(res["dynamic"]["trace"]) == 4 + 3 and "Part 2" in out
 
 
+def test_scaling_says_when_the_partition_was_not_seen_to_settle():
+    """Part 2's summary: a partition that moved at the last step has not been seen to settle
+    (no settled time, no ratio); one that settled gives its steps and its time's ratio."""
+    import importlib
+    scaling = importlib.import_module("pyhet.bench.scaling")
+    after = [{"conv2": c} for c in ([8, 7], [8, 7], [10, 5])]   # each step's partition after it
+    assert scaling._settled(after, lambda t: t["conv2"]) == 2   # moved at the last step
+    dyn = {"best_static_partition": {"conv2": {"d0": 10, "d1": 5}}, "best_static_step_s": 1.0,
+           "conv2_settled_after_steps": None, "partition_settled_after_steps": None,
+           "within_5pct_of_best_static_after_steps": None, "settled_step_s": None,
+           "settled_over_best_static": None}
+    text = scaling.settling_summary(dyn, 3)
+    assert "not been seen to settle" in text and "--dynamic-steps" in text
+    assert "ratio" not in text and "10/5" in text
+    dyn.update({"conv2_settled_after_steps": 2, "partition_settled_after_steps": 2,
+                "within_5pct_of_best_static_after_steps": 3, "settled_step_s": 1.02,
+                "settled_over_best_static": 1.02})
+    text = scaling.settling_summary(dyn, 3)
+    assert "settled in 2 steps" in text and "from step 3 on" in text and "ratio 1.020" in text
+
+
 def test_bench_bandwidth(tmp_path, capsys):
     """Two rates on a tiny network, without DDP; where root, ip, tc or mpiexec is missing it
     says so and does nothing. It leaves no namespace behind."""
