@@ -90,12 +90,16 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
             "partition": s["partition"][layer],
             "train_model_step_s": s.get("predicted_step_time_s"),
             "contention": {d: v["contention"] for d, v in
-                           p["layers"][layer]["devices"].items()}}
+                           p["layers"][layer]["devices"].items()},
+            # both whole (a few kB): where a plan misses, its layers, devices and calibration
+            # beside the run's phases, devices and partition, for study after the run
+            "plan": p, "run": s}
 
 
 def summarise(spec: str, batch: int, runs: list) -> dict:
     """A row: the last round's partitions and contention, medians of the times and ratios."""
-    row = {"devices": spec, "batch_size": batch, **runs[-1]}
+    row = {"devices": spec, "batch_size": batch,
+           **{k: v for k, v in runs[-1].items() if k not in ("plan", "run")}}
     for key in ("plan_step_s", "step_s", "train_model_step_s", "plan_conv_s", "plan_master_s",
                 "conv_s"):
         row[key] = median(r[key] for r in runs)

@@ -300,6 +300,9 @@ def test_bench_plan(tmp_path, capsys):
         assert r["plan_step_s"] > 0 and r["step_s"] > 0
         # the row's figures are the medians of its rounds' (of two: their mean)
         assert len(r["rounds"]) == 2
+        for x in r["rounds"]:       # each round's plan and training summary, whole
+            assert x["plan"]["predicted_step_s"] == x["plan_step_s"]
+            assert x["run"]["step_time_s"]["median"] == x["step_s"]
         for key in ("plan_step_s", "step_s"):
             assert r[key] == pytest.approx(sum(x[key] for x in r["rounds"]) / 2)
         assert r["plan_ratio"] == pytest.approx(
