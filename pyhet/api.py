@@ -195,11 +195,11 @@ class Network:
         order comes from (seed, epoch), and a later fit() goes on with the next epoch's order.
         The devices are partitioned for the batch size of their first use (the first fit(),
         predict() or evaluate()), and once more for the first fit()'s when only predict() or
-        evaluate() used them before with another batch size. callback(info) is called after every step with
-        {"step", "steps", "epoch", "loss", "step_time_s", "images"}; progress=True also draws
-        a bar on stderr. Momentum carries over to the next fit() while the devices run.
-        Returns the summary that ``pyhet train --json`` prints (test accuracy from x_test and
-        y_test, or the dataset's test split).
+        evaluate() used them before with another batch size. callback(info) is called after
+        every step with {"step", "steps", "epoch", "loss", "step_time_s", "images"};
+        progress=True also draws a bar on stderr. Momentum carries over to the next fit()
+        while the devices run. Returns the summary that ``pyhet train --json`` prints (test
+        accuracy from x_test and y_test, or the dataset's test split).
 
         checkpoint_dir, resume, overwrite, checkpoint_every, keep: checkpoints as ``pyhet
         train`` writes them (the folder is locked while fit() runs and belongs to one fit();
