@@ -179,12 +179,16 @@ def best_static(args, shape, params, x, y, speeds):
         c.close()
 
 
-def _settled(after, key):
-    """Index in `after` of the first step from which key(step) no longer changes."""
-    k = len(after) - 1
-    while k > 0 and key(after[k - 1]) == key(after[-1]):
-        k -= 1
-    return k
+def _settled(start, after, key):
+    """The step after the change (1, 2, ...) at which key(step) last changed, from `start`
+    (its value before the change; after[i] holds the partition after step i + 1): 0 where it
+    never moved; None where it moved at the last step, which no step then ran on (not seen to
+    settle)."""
+    last, value = 0, start
+    for i, t in enumerate(after, 1):
+        if key(t) != value:
+            last, value = i, key(t)
+    return None if last and last == len(after) else last
 
 
 def part2(args, shape, params, x, y, static_ref):
@@ -202,21 +206,20 @@ def part2(args, shape, params, x, y, static_ref):
         c.close()
     best_s, best_partition = best_static(args, shape, params, x, y, [1.0, 0.5])
     after = trace[before:]
-    # settled: the step from which the partition no longer changes (conv2 is 99% of the work)
-    conv2_at = _settled(after, lambda t: t["conv2"])
-    all_at = _settled(after, lambda t: (t["conv1"], t["conv2"]))
+    # settled: the step after which the partition no longer changes (conv2 is 99% of the work)
+    conv2_key, all_key = (lambda t: t["conv2"]), (lambda t: (t["conv1"], t["conv2"]))
+    conv2_at = _settled(conv2_key(trace[before - 1]), after, conv2_key)
+    all_at = _settled(all_key(trace[before - 1]), after, all_key)
     # the first step from which the step time stays, in median, within 5% of the best static
     close_at = next((k for k in range(len(after))
                      if after[k]["step_s"] <= 1.05 * best_s and
                      statistics.median(t["step_s"] for t in after[k:]) <= 1.05 * best_s), None)
-    # the steps that ran on conv2's final partition (a trace row's partition is the one after
-    # its step): none where it moved at the last step, which then has not been seen to settle
-    tail = [t["step_s"] for t in after[conv2_at + 1:]]
-    settled_s = statistics.median(tail) if tail else None
-    seen = (lambda k: k + 1 if k + 1 < len(after) else None)
+    # the steps that ran on conv2's final partition: none where it moved at the last step
+    settled_s = None if conv2_at is None else statistics.median(
+        t["step_s"] for t in after[conv2_at:])
     return {"trace": trace, "change_at_step": before + 1,
-            "conv2_settled_after_steps": seen(conv2_at),
-            "partition_settled_after_steps": seen(all_at),
+            "conv2_settled_after_steps": conv2_at,
+            "partition_settled_after_steps": all_at,
             "within_5pct_of_best_static_after_steps": None if close_at is None else close_at + 1,
             "settled_step_s": settled_s,
             "best_static_step_s": best_s, "best_static_partition": best_partition,
@@ -230,14 +233,19 @@ def settling_summary(dyn: dict, steps: int) -> str:
     best = (f"the best static partition for the new speeds "
             f"({'/'.join(str(v) for v in dyn['best_static_partition']['conv2'].values())} for "
             f"conv2, proportional to 1 : 0.5) {dyn['best_static_step_s']:.3f} s")
-    if dyn["conv2_settled_after_steps"] is None:
+    conv2, both = dyn["conv2_settled_after_steps"], dyn["partition_settled_after_steps"]
+    if conv2 is None:
         return (f"after the change: conv2's partition still moved at the last of the {steps} "
                 f"steps after it, so it has not been seen to settle (give more "
                 f"--dynamic-steps); {best}")
-    both = dyn["partition_settled_after_steps"]
+    moved = (f"conv2's partition settled in {conv2} steps" if conv2 else
+             f"conv2's partition did not move in the {steps} steps")
+    if both is None:
+        moved += " (conv1's still moved at the last step)"
+    elif both > conv2:
+        moved += f" (conv1's in {both})"
     close = dyn["within_5pct_of_best_static_after_steps"]
-    return (f"after the change: conv2's partition settled in {dyn['conv2_settled_after_steps']} "
-            f"steps (both layers' in {'more' if both is None else both}); the step time is "
+    return (f"after the change: {moved}; the step time is "
             + (f"within 5% of the best static partition's from step {close} on"
                if close is not None else
                f"not within 5% of the best static partition's in the {steps} steps")

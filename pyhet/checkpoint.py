@@ -141,8 +141,10 @@ class CheckpointDir:
 
     def newest(self, shape: NetGeometry):
         """(path, params, momentum, meta) of the newest complete checkpoint that can be read,
-        or None when there is none. A damaged one (cut short, overwritten) is skipped with a
-        warning, for the one before it. Settings that differ from this run's are refused."""
+        or None when there is none. A damaged one (cut short, overwritten; its meta, weights
+        or momentum not as pyhet writes them) is skipped with a warning, for the one before
+        it. Settings that differ from this run's are refused, and so are weights that do not
+        load from an earlier version's checkpoint, whose settings do not name its network."""
         found = complete(self.folder)
         for i, path in enumerate(reversed(found)):
             older = found[-2 - i] if i + 1 < len(found) else None

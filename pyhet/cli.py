@@ -156,7 +156,7 @@ def arch_spec(text):
 
 DATA_DIR_HELP = ("the folder of the fashion-mnist, mnist or cifar10 files (default: "
                  "/usr/share/datasets/fashion-mnist, ~/.cache/pyhet/mnist, "
-                 "~/.cache/pyhet/cifar10)")
+                 "~/.cache/pyhet/cifar10; ~/.cache is $XDG_CACHE_HOME where set)")
 
 
 def _network_options(p):
@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=_non_negative_float, default=0.0, metavar="WD",
                    help="L2 penalty, as torch.optim.SGD's (default 0)")
     t.add_argument("--seed", type=_non_negative_int, default=0, metavar="S",
-                   help="of the initial weights and the batches' order (default 0)")
+                   help="of the initial weights, the batches' order and the synthetic data "
+                        "(default 0)")
     t.add_argument("--no-shuffle", action="store_true", help="batches in file order")
     t.add_argument("--init", metavar="FILE.npz", help="start from these weights")
     t.add_argument("--save", metavar="FILE.npz", help="write the final weights")
@@ -246,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
                    help="the devices to list (default auto)")
     _network_options(d)
-    d.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
+    d.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape (default bundled)")
     d.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                    help="the batch calibrated on (default 64)")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
-    pl.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape")
+    pl.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape (default bundled)")
     pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                     help="images per step (default 64)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")

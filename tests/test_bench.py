@@ -88,12 +88,21 @@ def test_bench_scaling(tmp_path, capsys):
 
 
 def test_scaling_says_when_the_partition_was_not_seen_to_settle():
-    """Part 2's summary: a partition that moved at the last step has not been seen to settle
-    (no settled time, no ratio); one that settled gives its steps and its time's ratio."""
+    """Part 2: the step at which the partition last moved after the change (0: never); a move
+    at the last step has not been seen to settle (no settled time, no ratio)."""
     import importlib
     scaling = importlib.import_module("pyhet.bench.scaling")
-    after = [{"conv2": c} for c in ([8, 7], [8, 7], [10, 5])]   # each step's partition after it
-    assert scaling._settled(after, lambda t: t["conv2"]) == 2   # moved at the last step
+    key = (lambda t: t["conv2"])
+
+    def after(*parts):          # each step's partition after it
+        return [{"conv2": p} for p in parts]
+
+    assert scaling._settled([8, 7], after([10, 5], [10, 5], [10, 5]), key) == 1
+    assert scaling._settled([8, 7], after([8, 7], [9, 6], [9, 6]), key) == 2
+    assert scaling._settled([8, 7], after([8, 7], [8, 7], [10, 5]), key) is None
+    assert scaling._settled([8, 7], after([8, 7], [8, 7]), key) == 0      # never moved
+    assert scaling._settled([8, 7], after([8, 7]), key) == 0             # one step, no move
+    assert scaling._settled([8, 7], after([9, 6]), key) is None          # one step, a move
     dyn = {"best_static_partition": {"conv2": {"d0": 10, "d1": 5}}, "best_static_step_s": 1.0,
            "conv2_settled_after_steps": None, "partition_settled_after_steps": None,
            "within_5pct_of_best_static_after_steps": None, "settled_step_s": None,
@@ -101,11 +110,14 @@ def test_scaling_says_when_the_partition_was_not_seen_to_settle():
     text = scaling.settling_summary(dyn, 3)
     assert "not been seen to settle" in text and "--dynamic-steps" in text
     assert "ratio" not in text and "10/5" in text
-    dyn.update({"conv2_settled_after_steps": 2, "partition_settled_after_steps": 2,
+    dyn.update({"conv2_settled_after_steps": 2, "partition_settled_after_steps": None,
                 "within_5pct_of_best_static_after_steps": 3, "settled_step_s": 1.02,
                 "settled_over_best_static": 1.02})
     text = scaling.settling_summary(dyn, 3)
-    assert "settled in 2 steps" in text and "from step 3 on" in text and "ratio 1.020" in text
+    assert "settled in 2 steps (conv1's still moved at the last step)" in text
+    assert "from step 3 on" in text and "ratio 1.020" in text
+    dyn.update({"conv2_settled_after_steps": 0, "partition_settled_after_steps": 0})
+    assert "did not move in the 3 steps;" in scaling.settling_summary(dyn, 3)
 
 
 def test_bench_bandwidth(tmp_path, capsys):

@@ -376,15 +376,16 @@ DAMAGED_CHECKPOINT = {
     "weights float64": (lambda m, v: {"conv1.weight": v.astype(np.float64)},
                         ["conv1.weight", "float64"]),
     "weights missing": (lambda m, v: {"conv1.weight": None}, ["conv1.weight"]),
-    "weights NaN": (lambda m, v: {"conv1.weight": np.full_like(v, np.nan)}, ["conv1.weight"]),
+    "weights NaN": (lambda m, v: {"conv1.weight": np.full_like(v, np.nan)},
+                    ["conv1.weight", "NaN or infinite"]),
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGED_CHECKPOINT))
 def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
-    """A checkpoint whose meta entry or momentum is not what pyhet writes is damaged: --resume
-    says so in one warning and goes on from the one before it (here: from the start), where it
-    ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
+    """A checkpoint whose meta entry, weights or momentum are not what pyhet writes is damaged:
+    --resume says so in one warning and goes on from the one before it (here: from the start),
+    where it ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
     ckpt = tmp_path / "ckpt"
     argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--checkpoint-dir", ckpt],
                  files)

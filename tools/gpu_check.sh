@@ -53,7 +53,7 @@ for r in json.load(open('$out/plan.json'))['rows']:
     pyhet bench scaling --steps 3 --rounds 1 --dynamic-steps 8 --cpu-devices 2,4 \
       --json "$out/scaling.json" 2>&1 | grep -v '^round'
   fi
-  # the GEMM's AVX-512 kernel, whose tests skip on CPUs without it (an Intel Xeon has it)
+  # the GEMM's AVX-512 kernel, whose tests skip on CPUs without it (most server Xeons have it)
   python3 -c "from pyhet import ops; print('GEMM kernel in use:', ops.gemm_kernel())"
   timeout 240 python3 -m pytest -q -p no:cacheprovider -k avx512 "$src/tests/test_gemm.py" \
     "$src/tests/test_ops.py" 2>&1 | tail -4
