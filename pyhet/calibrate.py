@@ -219,16 +219,18 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
                  seed: int) -> float:
     """The device's typical time for the whole layer g, as a training step runs it (after a
-    warm-up, the median of three runs where `model_s` is under 0.2 s, and of more where they
-    take less than TRIAL_BUDGET_S together, else one), over its
-    cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer factor
-    of a single device. The model is fitted on the best of trials of a few kernels; the whole
+    warm-up, the median of three runs where they take at most WHOLE_BUDGET_S together by
+    `model_s`, and of more where they take less than TRIAL_BUDGET_S together, else one), over
+    its cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer
+    factor of a single device. The model is fitted on the best of trials of a few kernels; the whole
     layer can run faster (a cpu device's GEMM runs products whose every dimension is at least
     768 by Strassen's scheme, about 6% faster, which the trials are too small for) or slower
     (a typical time rather than the best; the update and the step's hand-offs; caches that
     hold a trial's operands and not the layer's)."""
     trial = replace(g, name=f"calibrate/{g.name}/whole")
-    rounds = 3 if model_s < 0.2 else 1   # the median of three where that is cheap
+    # the median of three where that is cheap enough: one run of a second moved by 10% on a
+    # shared machine, and a single device's plan is this time
+    rounds = 3 if 3 * model_s <= WHOLE_BUDGET_S else 1
     times = [max(busy[0], wall)
              for busy, wall in _layer_trial([device], trial, [g.K], x, need_dx, rounds, seed)]
     return min(2.0, max(0.5, float(np.median(times)) / model_s))
@@ -300,6 +302,7 @@ def _alike(d) -> tuple:
 
 
 TRIAL_BUDGET_S = 0.3   # a layer trial's runs go on to this many seconds (_layer_trial)
+WHOLE_BUDGET_S = 4.0   # a single device's whole-layer runs: three where they fit (_whole_layer)
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
 # A device can run its share faster among the others than its fit alone says: the layer as a
 # step runs it can take Strassen's scheme where the trials are too small for it (a host

@@ -423,6 +423,30 @@ def test_the_together_trial_runs_the_layer_as_training_does():
             d.close()
 
 
+def test_the_whole_layer_runs_three_times_where_they_fit_the_budget(monkeypatch):
+    """A single device's whole-layer factor is the median of three runs over its model where
+    three take at most WHOLE_BUDGET_S, else of one (a one-second run moves by a tenth on a
+    shared machine, and the single device's plan is that time)."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet.geometry import ConvGeometry
+
+    asked = []
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        asked.append(rounds)
+        return [([t], t) for t in (1.3, 0.9, 1.0)[:rounds]]
+
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    g = ConvGeometry("t", 3, 8, 8, 4, 3, 3)
+    budget = calibrate_module.WHOLE_BUDGET_S
+    assert calibrate_module._whole_layer(None, g, None, True, budget / 3, 0) == pytest.approx(
+        1.0 / (budget / 3))
+    assert calibrate_module._whole_layer(None, g, None, True, 1.0, 0) == pytest.approx(1.0)
+    assert calibrate_module._whole_layer(None, g, None, True, budget / 2, 0) == pytest.approx(
+        min(2.0, 1.3 / (budget / 2)))
+    assert asked == [3, 3, 1]
+
+
 def test_a_single_device_times_the_whole_layer(monkeypatch):
     """The cost model is fitted on the best of trials of a few kernels, which can miss how the
     whole layer runs (the GEMM's Strassen scheme takes only big products; a typical time, not
