@@ -381,17 +381,22 @@ DAMAGED_CHECKPOINT = {
 }
 
 
-@pytest.mark.parametrize("damage", list(DAMAGED_CHECKPOINT))
-def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
-    """A checkpoint whose meta entry, weights or momentum are not what pyhet writes is damaged:
-    --resume says so in one warning and goes on from the one before it (here: from the start),
-    where it ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
+def _one_checkpoint(cli, files, tmp_path):
+    """(argv of a run with a checkpoint folder, the path of its one checkpoint, its arrays)."""
     ckpt = tmp_path / "ckpt"
     argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--checkpoint-dir", ckpt],
                  files)
     assert cli(*argv, "--steps", "1").code == 0
     path = ckpt / "checkpoint-000000001.npz"
-    arrays = dict(np.load(path))
+    return argv, path, dict(np.load(path))
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_CHECKPOINT))
+def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
+    """A checkpoint whose meta entry, weights or momentum are not what pyhet writes is damaged:
+    --resume says so in one warning and goes on from the one before it (here: from the start),
+    where it ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
+    argv, path, arrays = _one_checkpoint(cli, files, tmp_path)
     change, words = DAMAGED_CHECKPOINT[damage]
     changed = {**arrays, **change(json.loads(str(arrays["meta"])),
                                   arrays["momentum/conv1.weight"])}
@@ -409,12 +414,7 @@ def test_resume_refuses_an_earlier_versions_checkpoint_of_another_network(cli, f
     """A checkpoint whose settings do not name its network (an earlier version's) and whose
     weights are not of this run's network may be of another network: refused, not passed
     over, and left as it was."""
-    ckpt = tmp_path / "ckpt"
-    argv = _argv(["train", "--dataset", "npz:DATA", *TINY, "--quiet", "--checkpoint-dir", ckpt],
-                 files)
-    assert cli(*argv, "--steps", "1").code == 0
-    path = ckpt / "checkpoint-000000001.npz"
-    arrays = dict(np.load(path))
+    argv, path, arrays = _one_checkpoint(cli, files, tmp_path)
     meta = {k: v for k, v in json.loads(str(arrays["meta"])).items() if k != "settings"}
     np.savez(path, **{**arrays, **_meta(meta), "conv1.weight": arrays["conv1.weight"][:1]})
     before = path.read_bytes()
