@@ -222,11 +222,11 @@ def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: flo
     warm-up, the median of three runs where they take at most WHOLE_BUDGET_S together by
     `model_s`, and of more where they take less than TRIAL_BUDGET_S together, else one), over
     its cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer
-    factor of a single device. The model is fitted on the best of trials of a few kernels; the whole
-    layer can run faster (a cpu device's GEMM runs products whose every dimension is at least
-    768 by Strassen's scheme, about 6% faster, which the trials are too small for) or slower
-    (a typical time rather than the best; the update and the step's hand-offs; caches that
-    hold a trial's operands and not the layer's)."""
+    factor of a single device. The model is fitted on the best of trials of a few kernels;
+    the whole layer can run faster (a cpu device's GEMM runs products whose every dimension is
+    at least 768 by Strassen's scheme, about 6% faster, which the trials are too small for) or
+    slower (a typical time rather than the best; the update and the step's hand-offs; caches
+    that hold a trial's operands and not the layer's)."""
     trial = replace(g, name=f"calibrate/{g.name}/whole")
     # the median of three where that is cheap enough: one run of a second moved by 10% on a
     # shared machine, and a single device's plan is this time

@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--devices", type=_device_spec, default="auto", metavar="SPEC",
                    help="the devices to list (default auto)")
     _network_options(d)
-    d.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape (default bundled)")
+    d.add_argument("--dataset", type=dataset, default="bundled",
+                   help="gives the input shape (default bundled)")
     d.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                    help="the batch calibrated on (default 64)")
     d.add_argument("--no-calibrate", action="store_true", help="only list the devices")
@@ -274,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
-    pl.add_argument("--dataset", type=dataset, default="bundled", help="gives the input shape (default bundled)")
+    pl.add_argument("--dataset", type=dataset, default="bundled",
+                    help="gives the input shape (default bundled)")
     pl.add_argument("--batch-size", type=positive(int), default=64, metavar="N",
                     help="images per step (default 64)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON (last line)")

@@ -420,6 +420,7 @@ def test_resume_refuses_an_earlier_versions_checkpoint_of_another_network(cli, f
     before = path.read_bytes()
     res = cli(*argv, "--steps", "2", "--resume")
     assert res.code == 1 and "Traceback" not in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1, res.err
     assert "conv1.weight" in res.err and "damaged" not in res.err, res.err
     assert path.read_bytes() == before
 
