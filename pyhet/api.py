@@ -99,6 +99,7 @@ class Network:
         self._calibration = None
         self._finalizer = None
         self._planned_for = None  # (batch, trained): the batch the devices were planned for
+        self._batch_high = 0      # the largest batch the running devices have been given
 
     # --- description --------------------------------------------------------------------------
 
@@ -153,7 +154,10 @@ class Network:
             except BaseException:
                 self.close()
                 raise
-            self._planned_for = (batch_size, False)
+            self._planned_for, self._batch_high = (batch_size, False), batch_size
+        elif batch_size > self._batch_high:   # a larger batch than the devices have run
+            check_memory(self.geometry, batch_size, self._batch_high)
+            self._batch_high = batch_size
         if training:
             self._planned_for = (self._planned_for[0], True)
         return self._net
@@ -168,7 +172,7 @@ class Network:
         if self._finalizer is not None:
             self._finalizer()          # closes the devices, once
         self._devices, self._net, self._calibration, self._finalizer = [], None, None, None
-        self._planned_for = None
+        self._planned_for, self._batch_high = None, 0
 
     def __enter__(self) -> "Network":
         return self

@@ -187,20 +187,25 @@ def memory_needed(shape: NetGeometry, batch: int) -> int:
             + max(g.fixed_bytes(batch) for g in shape.blocks))
 
 
-def check_memory(shape: NetGeometry, batch: int) -> None:
+def check_memory(shape: NetGeometry, batch: int, held_batch: int = 0) -> None:
     """Refuse, before anything is allocated, a network that cannot fit in this machine's
-    available memory at this batch size, naming its largest parameter."""
+    available memory at this batch size, naming its largest parameter. held_batch: the batch
+    the network already runs at (its memory is held, not available); only the rest is
+    checked."""
     free = host_available_memory()
     need = memory_needed(shape, batch)
-    if free is None or need <= free:
+    more = need - (memory_needed(shape, held_batch) if held_batch else 0)
+    if free is None or more <= free:
         return
     shapes = shape.param_shapes()
     params = sum(math.prod(s) for s in shapes.values())
     largest = max(shapes, key=lambda k: math.prod(shapes[k]))
+    held = (f", {more / 2**30:,.1f} GiB more than at batch {held_batch}, which it runs at"
+            if held_batch else "")
     raise DeviceError(f"the network {shape.arch} on {'x'.join(map(str, shape.input_shape))} "
                       f"images with {shape.num_classes:,} classes needs at least "
-                      f"{need / 2**30:,.1f} GiB at batch {batch} ({params:,} parameters, the "
-                      f"largest {largest} {shapes[largest]}; the conv outputs and im2col "
+                      f"{need / 2**30:,.1f} GiB at batch {batch}{held} ({params:,} parameters, "
+                      f"the largest {largest} {shapes[largest]}; the conv outputs and im2col "
                       f"matrices), but this machine has {free / 2**30:.1f} GiB available")
 
 

@@ -160,6 +160,30 @@ def test_a_fit_after_predict_alone_is_planned_for_its_own_batch(monkeypatch):
         np.testing.assert_allclose(same.predict(x[:1]), first, rtol=1e-5, atol=1e-7)
 
 
+def test_a_larger_batch_on_running_devices_is_checked_against_the_memory_left(monkeypatch):
+    """A network running at batch 8 is given 64: only what 64 needs beyond 8 has to be
+    available (the rest is held). Too little is a DeviceError that names both batches and
+    loses nothing; enough trains."""
+    from pyhet import train
+    from pyhet.train import memory_needed
+    x, y = arrays(n=64)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        net.fit(x, y, steps=1, batch_size=8)
+        before = net.params()
+        more = memory_needed(net.geometry, 64) - memory_needed(net.geometry, 8)
+        monkeypatch.setattr(train, "host_available_memory", lambda: more - 1)
+        for call in (lambda: net.fit(x, y, steps=1, batch_size=64),
+                     lambda: net.predict(x, batch_size=64)):
+            with pytest.raises(DeviceError, match="at batch 64.*more than at batch 8"):
+                call()
+        net.predict(x[:8], batch_size=8)          # what it already runs at: not checked
+        for k, v in net.params().items():
+            np.testing.assert_array_equal(v, before[k], err_msg=k)
+        monkeypatch.setattr(train, "host_available_memory", lambda: more)
+        net.fit(x, y, steps=1, batch_size=64)
+        assert not np.array_equal(net.params()["fc.weight"], before["fc.weight"])
+
+
 def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):
     """Network.fit on an npz's arrays trains exactly as `pyhet train` does on that npz."""
     path = tmp_path / "d.npz"
