@@ -374,11 +374,12 @@ def cmd_devices(args, parser) -> int:
     print(f"host: {h['cores']} cores, OpenMP {'on' if h['openmp'] else 'off'}, GEMM kernel "
           f"{h['gemm_kernel']}, {h['memory_available_gib']:.1f} GiB available")
     gpus = report["gpus"]
-    if gpus and "error" in gpus[0]:
+    if gpus and "index" not in gpus[0]:
         print(f"GPUs: none ({gpus[0]['error']})")
     else:
         for g in gpus:
-            print(f"GPU {g['index']}: {g['name']}, {g['memory_free'] / 2**30:.1f} of "
+            print(f"GPU {g['index']}: cannot be used ({g['error']})" if "error" in g else
+                  f"GPU {g['index']}: {g['name']}, {g['memory_free'] / 2**30:.1f} of "
                   f"{g['memory_total'] / 2**30:.1f} GiB free")
     net = report["network"]
     print(f"\n--devices {args.devices} on {net['arch']}, input "

@@ -136,7 +136,21 @@ class Device:
         self.fault = Fault(phase, step)
 
     def close(self):
+        """Stop the worker thread, first dropping the shards and the backend's cached memory
+        (a GPU's pool blocks) on it; a device that failed may fail this too, and is stopped all
+        the same."""
+        try:
+            self._pool.submit(self._release).result()
+        except Exception:
+            pass
         self._pool.shutdown(wait=True)
+
+    def _release(self):
+        for layer in list(self._shards):
+            self.drop_shard(layer)
+        free_cache = getattr(self.backend, "free_cache", None)
+        if free_cache is not None:
+            free_cache()
 
     def wake(self):
         """Cut short the idling of an emulated slow device (@S), now and from now on: a run
@@ -246,8 +260,9 @@ class Device:
             s.saved = s.col = s.packed_col_t = None
             return np.zeros(s.g.out_batch_shape(0, x.shape[0]), np.float32)
         s.dw_elsewhere = False
-        if shared is None:
-            s.col, s.packed_col_t = be.im2col(be.asarray(x), s.g, key=layer), None
+        if shared is None:   # (the last batch's arrays go first: an evaluation, which has no
+            s.saved = s.col = s.packed_col_t = None   # backward to drop them, holds one at a time)
+            s.col = be.im2col(be.asarray(x), s.g, key=layer)
             out, s.saved = be.block_forward(s.col, x.shape, s.w, s.b, s.g, key=layer)
             return be.to_host(out)
         s.col, s.packed_col_t = shared.col, shared.dw_operand

@@ -83,7 +83,7 @@ class MaxPool2d(Layer):
         return y
 
     def backward(self, dy):
-        return ref.maxpool_backward(dy, self.arg, self.x_shape)
+        return ref.maxpool_backward(dy, self.arg, self.x_shape, self.k, self.stride)
 
 
 class Flatten(Layer):

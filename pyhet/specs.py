@@ -89,6 +89,12 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
         else:
             out.append(DeviceSpec(kind, n if kind == "cpu" else (n or 0) if kind == "gpu"
                                   else None, speed, rank))
+    gpus = [(d.rank or 0, d.arg) for d in out if d.kind == "gpu"]   # (no rank: the master's)
+    for rank, index in gpus:
+        if gpus.count((rank, index)) > 1:   # two devices on one GPU: each would count all of
+            where = f" on rank {rank}" if rank else ""               # its memory as its own
+            raise DeviceSpecError(f"gpu:{index}{where} is named more than once in {spec!r}: "
+                                  f"a GPU can be one device only")
     return out
 
 

@@ -76,6 +76,9 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("\u0661/cpu:1", "not of the form"),
     ("cpu:5000", "at most 1024 threads"),
     ("cpu:100000000000", "at most 1024 threads"),
+    ("gpu:0,cpu:1,gpu", "gpu:0 is named more than once in 'gpu:0,cpu:1,gpu'"),
+    ("1/gpu:1,1/gpu:1@0.5", "gpu:1 on rank 1 is named more than once"),
+    ("gpu:0,0/gpu:0", "gpu:0 is named more than once"),
 ])
 def test_bad_specs_are_refused_clearly(spec, message):
     with pytest.raises(DeviceSpecError, match=re.escape(message)) as info:
@@ -100,6 +103,7 @@ def fake_cupy(count=1, driver=True):
     """A stand-in for CuPy over NumPy arrays: enough of its API for the GPU backend."""
     cp = types.ModuleType("cupy")
     cp.asarray, cp.ascontiguousarray, cp.asnumpy = np.asarray, np.ascontiguousarray, np.asarray
+    cp.float32 = np.float32
 
     class Device:
         def __init__(self, i):
@@ -126,7 +130,11 @@ def fake_cupy(count=1, driver=True):
     cp.cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(
         getDeviceCount=count_fn, memGetInfo=lambda: (8 << 30, 16 << 30),
         getDeviceProperties=lambda i: {"name": b"Stand-in GPU"}))
-    cp.get_default_memory_pool = lambda: types.SimpleNamespace(free_bytes=lambda: 0)
+    pool = types.SimpleNamespace(free_bytes=lambda: 1 << 30, used_bytes=lambda: 3 << 30,
+                                 get_limit=lambda: cp.pool_limit, released=[])
+    pool.free_all_blocks = lambda: pool.released.append(True)
+    cp.get_default_memory_pool = lambda: pool
+    cp.pool_limit = 0      # CuPy's pool limit in bytes (0: none)
     cp.synchronized = []   # the GPUs Device.synchronize was called on, in order
     cp.sync_s = 0.0        # how long each synchronize waits
     return cp
@@ -148,6 +156,38 @@ def test_gpu_number_that_is_not_there(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
     with pytest.raises(DeviceError, match=r"gpu:3 was asked for, but this machine has GPUs 0..0"):
         make_backend(DeviceSpec("gpu", 3))
+
+
+def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypatch):
+    from pyhet.backends.cuda import describe_gpus
+    cp = fake_cupy(count=2)
+
+    def busy():
+        raise RuntimeError("cudaErrorDevicesUnavailable: CUDA-capable device(s) is/are busy")
+    cp.cuda.runtime.memGetInfo = busy
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    with pytest.raises(DeviceError, match="gpu:1 cannot be used: RuntimeError: cudaErrorDev"):
+        make_backend(DeviceSpec("gpu", 1))
+    assert [sorted(g) for g in describe_gpus()] == [["error", "index"]] * 2
+
+
+def test_a_gpus_free_memory_counts_the_pools_free_blocks_and_its_limit(monkeypatch):
+    """Free: the driver's 8 GiB and the pool's 1 GiB of free blocks; a pool limit of 5 GiB
+    with 3 GiB in use leaves 2; one below what is in use, nothing. close() gives the pool's
+    free blocks back."""
+    cp = fake_cupy(count=1)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    gpu, = make_devices(parse_devices("gpu:0"))
+    try:
+        assert gpu.free_memory() == 9 << 30
+        cp.pool_limit = 5 << 30
+        assert gpu.free_memory() == 2 << 30
+        cp.pool_limit = 2 << 30
+        assert gpu.free_memory() == 0
+        assert cp.get_default_memory_pool().released == []
+    finally:
+        gpu.close()
+    assert cp.get_default_memory_pool().released == [True]
 
 
 def test_gpu_backend_code_trains_like_one_device(monkeypatch):

@@ -19,12 +19,13 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import conftest
 from conftest import assert_trains_like_one_device
 from pyhet import _core, arch
+from pyhet.backends import numpy_ref
 from pyhet.geometry import conv_out_size, pool_out_size
 from pyhet.model import init_params
 
@@ -102,9 +103,56 @@ def same_weights_at_their_scale(shape, rtol=1e-4):
     return compare
 
 
+# A max-pool window whose two largest values are this close (relative to the larger) may pick
+# the other one on another device
+NEAR_TIE = 1e-4
+
+
+class TieFlip(AssertionError):
+    """The weights differ, and the reference run met a near tie in a max-pool window."""
+
+
+def smallest_pool_gap(x, arg, k, stride):
+    """Over the windows of maxpool_forward(x, k, stride) whose maximum is > 0, the smallest gap
+    between it and the runner-up, relative to the maximum (inf: none). Windows of zeros (after
+    ReLU) are left out: whichever wins, ReLU passes it no gradient."""
+    s = k if stride is None else stride
+    N, C, H, W = x.shape
+    PH, PW = arg.shape[2], arg.shape[3]
+    rows, cols = (np.arange(PH) * s)[:, None], (np.arange(PW) * s)[None, :]
+    top = np.full(arg.shape, -np.inf, x.dtype)
+    second = np.full(arg.shape, -np.inf, x.dtype)
+    for i in range(k):
+        for j in range(k):
+            v = x[:, :, i:i + s * PH:s, j:j + s * PW:s]
+            chosen = (rows + i) * W + cols + j == arg
+            top = np.where(chosen, v, top)
+            second = np.where(chosen, second, np.maximum(second, v))
+    positive = top > 0
+    if not positive.any():
+        return np.inf
+    return float(((top - second)[positive] / top[positive]).min())
+
+
 def check(shape, spec, partition, seed, images, strassen):
     """assert_trains_like_one_device (as same_weights_at_their_scale checks), the Strassen
-    threshold lowered to 2 or not, every device closed after."""
+    threshold lowered to 2 or not, every device closed after.
+
+    Weights that differ where a max-pool window of the reference run (the numpy device's) held
+    two maxima within NEAR_TIE of each other raise TieFlip: a float32 rounding apart between
+    devices (another order of the sums; Strassen's scheme, which rounds equal columns of a
+    product unequally, so that even the exact ties of a kernel over padding alone break) can
+    send the gradient to the other one, as valid a gradient, not a rounding of this one
+    (8C4p2-P3s1-4C2s2-P2s1-8C1p1 on 2x10x9: conv1.weight 3.9e-4 apart after three steps on
+    one cpu:1, one kernel's weights, its bias exact). Without a near tie, it is a failure."""
+    gaps = []
+    real_pool = numpy_ref.maxpool_forward
+
+    def pool(x, k=2, stride=None):
+        out, arg = real_pool(x, k, stride)
+        gaps.append(smallest_pool_gap(x, arg, k, stride))
+        return out, arg
+
     # a threshold of 2 takes Strassen's scheme wherever a product's sizes allow it, and the
     # host group's quadrant sums where the layer's input has an even batch and channel count
     # and a member on one thread has 2 kernels or more (cpu:2 needs products big enough to
@@ -112,8 +160,14 @@ def check(shape, spec, partition, seed, images, strassen):
     old = _core.set_gemm_strassen_min_dim(2) if strassen else None
     threads = set(threading.enumerate())
     try:
-        with mock.patch.object(conftest, "assert_same_weights", same_weights_at_their_scale(shape)):
+        with mock.patch.object(conftest, "assert_same_weights",
+                               same_weights_at_their_scale(shape)), \
+                mock.patch.object(numpy_ref, "maxpool_forward", pool):
             assert_trains_like_one_device(shape, spec, partition, seed=seed, n=images)
+    except AssertionError as e:
+        if min(gaps, default=np.inf) < NEAR_TIE:
+            raise TieFlip(f"{e} (a max-pool window's two maxima {min(gaps):.1e} apart)") from e
+        raise
     finally:
         if strassen:
             _core.set_gemm_strassen_min_dim(old)
@@ -132,7 +186,23 @@ def test_any_network_split_any_way_trains_like_one_device(net, kinds, classes, i
     input_shape, spec = net
     shape = arch.build(spec, input_shape, classes)   # raises if a drawn block did not fit
     partition = data.draw(partitions(shape, len(kinds)), label="partition")
-    check(shape, ",".join(kinds), partition, seed, images, strassen)
+    try:
+        check(shape, ",".join(kinds), partition, seed, images, strassen)
+    except TieFlip:
+        assume(False)   # rare: two in the 2,000 examples of one hunt
+
+
+@pytest.mark.parametrize("spec,input_shape,images,seed,strassen", [
+    ("8C4p2-P3s1-4C2s2-P2s1-8C1p1", (2, 10, 9), 4, 0, False),   # a near tie
+    ("4C1p1-8C1-4C4p1s2-P2s1", (2, 15, 16), 3, 1, True),        # ties over padding alone
+])
+def test_the_weights_that_differ_came_from_a_max_pool_tie(spec, input_shape, images, seed,
+                                                          strassen):
+    """The two examples where one cpu:1 ended apart from the numpy device: the reference met a
+    near tie, and check() says so (TieFlip) rather than passing or failing as rounding."""
+    shape = arch.build(spec, input_shape, 4)
+    with pytest.raises(TieFlip, match="apart"):
+        check(shape, "cpu:1", {g.name: [g.K] for g in shape.blocks}, seed, images, strassen)
 
 
 def test_a_one_entry_bias_trained_to_near_zero_is_measured_at_its_scale():

@@ -302,7 +302,13 @@ def test_maxpool_matches_reference(geom, ties, threads, seed):
     np.testing.assert_array_equal(arg, rarg)
     dout = rand(rng, *out.shape)
     np.testing.assert_allclose(ops.maxpool_backward(dout, arg, x.shape, threads=threads),
-                               ref.maxpool_backward(dout, rarg, x.shape), rtol=1e-6, atol=1e-6)
+                               ref.maxpool_backward(dout, rarg, x.shape, k, s), rtol=1e-6,
+                               atol=1e-6)
+    # the reference's rounds of windows that do not overlap (a fixed order of the sums on a
+    # GPU too) add every gradient once, as one scatter-add does: exact on whole numbers
+    whole = rng.integers(-50, 50, out.shape).astype(np.float64)
+    np.testing.assert_array_equal(ref.maxpool_backward(whole, rarg, x.shape, k, s),
+                                  ref.maxpool_backward(whole, rarg, x.shape))
 
 
 def test_maxpool_propagates_nan_like_torch():
@@ -331,11 +337,11 @@ def fused_reference(y, b, k, s):
     return r, out, arg
 
 
-def fused_grad_reference(dout, rarg, r):
+def fused_grad_reference(dout, rarg, r, k, s):
     """dy (K, N, H, W) of the fused op, in float64: maxpool_backward then relu_backward. The
     fused op keeps the arg of a NaN output (a NaN beats ReLU), so its gradient reaches the NaN
     input, where relu_backward (as torch's) would drop it: the reference passes it there too."""
-    d = ref.maxpool_backward(dout.astype(np.float64), rarg, r.shape)
+    d = ref.maxpool_backward(dout.astype(np.float64), rarg, r.shape, k, s)
     return np.where(np.isnan(r), d, ref.relu_backward(d, r)).transpose(1, 0, 2, 3)
 
 
@@ -358,7 +364,7 @@ def check_fused(y, b, k, s, threads, rng):
     dy = ops.bias_relu_maxpool_backward(dout, arg, y.shape, k, s, threads=threads)
     assert dy.dtype == np.float32 and dy.shape == y.shape
     terms = (-(-k // s)) ** 2  # ceil(k / s) squared
-    np.testing.assert_allclose(dy, fused_grad_reference(dout, rarg, r), rtol=1e-6,
+    np.testing.assert_allclose(dy, fused_grad_reference(dout, rarg, r, k, s), rtol=1e-6,
                                atol=1e-6 * terms * (np.abs(dout).max() + 1))
 
 

@@ -49,6 +49,11 @@ class CudaBackend:
         self.index = index
         self.device = cp.cuda.Device(index)
         self.threads = 1
+        try:   # a GPU that is counted but cannot be used (busy, exclusive, failed) fails here
+            with self.device:
+                cp.cuda.runtime.memGetInfo()
+        except Exception as e:
+            raise DeviceError(f"gpu:{index} cannot be used: {type(e).__name__}: {e}") from None
 
     def _use(self):
         self.device.use()
@@ -64,7 +69,7 @@ class CudaBackend:
 
     def asarray(self, a):
         self._use()
-        return self.cp.ascontiguousarray(self.cp.asarray(a))
+        return self.cp.ascontiguousarray(self.cp.asarray(a, dtype=self.cp.float32))
 
     def to_host(self, a):
         self._use()
@@ -73,8 +78,17 @@ class CudaBackend:
     def free_memory(self):
         self._use()
         free, _total = self.cp.cuda.runtime.memGetInfo()
-        # CuPy's pool keeps freed blocks for reuse: count them as free too
-        return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+        pool = self.cp.get_default_memory_pool()   # (its figures are the current GPU's)
+        # the pool keeps freed blocks for reuse: they count as free too; and a limit set on it
+        # (CUPY_GPU_MEMORY_LIMIT, set_limit) caps what it may hold, the blocks in use included
+        free = int(free) + int(pool.free_bytes())
+        limit = int(pool.get_limit())
+        return free if limit <= 0 else max(0, min(free, limit - int(pool.used_bytes())))
+
+    def free_cache(self):
+        """Give the pool's free blocks back to the GPU (Device.close, after the shards went)."""
+        self._use()
+        self.cp.get_default_memory_pool().free_all_blocks()
 
     # --- the conv block, on the reference code over CuPy arrays; g: the layer's ConvGeometry --
 
@@ -114,9 +128,13 @@ def describe_gpus() -> list[dict]:
         return [{"error": str(e)}]
     out = []
     for i in range(n):
-        with cp.cuda.Device(i):
-            props = cp.cuda.runtime.getDeviceProperties(i)
-            free, total = cp.cuda.runtime.memGetInfo()
+        try:
+            with cp.cuda.Device(i):
+                props = cp.cuda.runtime.getDeviceProperties(i)
+                free, total = cp.cuda.runtime.memGetInfo()
+        except Exception as e:   # one GPU that cannot be used: said, and the others listed
+            out.append({"index": i, "error": f"{type(e).__name__}: {e}"})
+            continue
         name = props.get("name", b"?")
         out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
                     "memory_total": int(total), "memory_free": int(free)})

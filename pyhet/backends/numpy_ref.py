@@ -149,14 +149,28 @@ def maxpool_forward(x, k: int = 2, stride: int | None = None):
     return y, arg
 
 
-def maxpool_backward(dy, arg, x_shape):
-    """dy, arg (N, C, PH, PW) -> dx (N, C, H, W): each gradient goes to its window's maximum."""
+def maxpool_backward(dy, arg, x_shape, k: int | None = None, stride: int | None = None):
+    """dy, arg (N, C, PH, PW) -> dx (N, C, H, W): each gradient goes to its window's maximum.
+
+    Given the window k (and stride, default k), the windows are taken in ceil(k / stride)^2
+    rounds of windows that do not overlap, so that no round adds twice to one place: the sums
+    come in a fixed order on every array module (a GPU's scatter-add adds by atomics, in an
+    order that changes from run to run where windows overlap). Without k, one scatter-add."""
     xp = array_module(dy)
     N, C, H, W = x_shape
-    P = arg.shape[2] * arg.shape[3]                       # (not -1: N * C may be 0)
+    PH, PW = arg.shape[2], arg.shape[3]
     dx = xp.zeros((N * C, H * W), dy.dtype)
     planes = xp.arange(N * C)[:, None]
-    _scatter_add(dx, (planes, arg.reshape(N * C, P)), dy.reshape(N * C, P))
+    if k is None:
+        _scatter_add(dx, (planes, arg.reshape(N * C, PH * PW)), dy.reshape(N * C, PH * PW))
+        return dx.reshape(x_shape)
+    m = -(-k // (k if stride is None else stride))   # windows m apart do not overlap
+    a, d = arg.reshape(N * C, PH, PW), dy.reshape(N * C, PH, PW)
+    for i in range(min(m, PH)):
+        for j in range(min(m, PW)):
+            idx, part = a[:, i::m, j::m], d[:, i::m, j::m]
+            n = idx.shape[1] * idx.shape[2]                 # (not -1: N * C may be 0)
+            dx[planes, idx.reshape(N * C, n)] += part.reshape(N * C, n)   # no index twice
     return dx.reshape(x_shape)
 
 
@@ -228,15 +242,15 @@ def conv_block_forward(col, x_shape, w, b, stride: int = 1, pad: int = 0, pool: 
     pool_stride = pool if pool_stride is None else pool_stride
     r = relu_forward(conv2d_forward_col(col, x_shape, w, b, stride, pad))
     if pool == 1 and pool_stride == 1:
-        return r, (r, None)
+        return r, (r, None, 1, 1)
     out, arg = maxpool_forward(r, pool, pool_stride)
-    return out, (r, arg)
+    return out, (r, arg, pool, pool_stride)
 
 
 def conv_block_backward(dout, saved, col, w, need_dcol: bool = True):
     """dout (N, K, PH, PW) -> dcol (C*R*S, N*OH*OW) or None, dw (K, C, R, S), db (K,)."""
-    r, arg = saved
-    dr = dout if arg is None else maxpool_backward(dout, arg, r.shape)
+    r, arg, pool, pool_stride = saved
+    dr = dout if arg is None else maxpool_backward(dout, arg, r.shape, pool, pool_stride)
     return conv2d_backward_col(relu_backward(dr, r), col, w, need_dcol)
 
 
