@@ -19,10 +19,12 @@ argument value is a UsageError, which is also a ValueError.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
 import sys
+import threading
 import weakref
 from typing import Callable, Optional, Sequence
 
@@ -43,6 +45,30 @@ from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
                     plan_record, run_settings, run_steps, with_plan)
 
 __all__ = ["Network", "load"]
+
+
+def _one_at_a_time(in_callback: bool):
+    """A Network method that runs alone: a call from another thread waits for the running one
+    to end; a call from fit()'s callback (the thread that runs fit) is refused unless
+    `in_callback` (reading the weights, predicting, evaluating between steps is fine;
+    training or closing inside a step's callback is not)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            me = threading.get_ident()
+            if self._owner == me:          # from inside the running call: fit's callback
+                if not in_callback:
+                    raise UsageError(f"{method.__name__}() cannot be called from fit()'s "
+                                     f"callback: fit() is still running")
+                return method(self, *args, **kwargs)
+            with self._turn:
+                self._owner = me
+                try:
+                    return method(self, *args, **kwargs)
+                finally:
+                    self._owner = None
+        return run
+    return wrap
 
 
 class Network:
@@ -99,6 +125,8 @@ class Network:
         self._calibration = None
         self._finalizer = None
         self._planned_for = None  # (batch, trained): the batch the devices were planned for
+        self._turn = threading.Lock()    # one call at a time (_one_at_a_time)
+        self._owner = None               # the thread of the call under way
         self._batch_high = 0      # the largest batch the running devices have been given
 
     # --- description --------------------------------------------------------------------------
@@ -121,6 +149,7 @@ class Network:
         """{layer: {device: kernels}} while the devices run, else None."""
         return self._net.partition() if self._net is not None else None
 
+    @_one_at_a_time(in_callback=True)
     def params(self) -> dict:
         """The weights, {name: float32 array} in PyTorch's layout and names (copies)."""
         if self._net is not None:
@@ -141,7 +170,7 @@ class Network:
         keeps its partition (and its momentum)."""
         if (training and self._net is not None and not self._planned_for[1]
                 and self._planned_for[0] != batch_size):
-            self.close()          # no momentum yet: the weights are all there is to keep
+            self._close()         # no momentum yet: the weights are all there is to keep
         if self._net is None:
             check_memory(self.geometry, batch_size)
             self._devices = open_devices(self.devices_spec)
@@ -152,7 +181,7 @@ class Network:
                     self.geometry, self._params, self._devices, self.balance, batch_size,
                     self.seed, log)
             except BaseException:
-                self.close()
+                self._close()
                 raise
             self._planned_for, self._batch_high = (batch_size, False), batch_size
         elif batch_size > self._batch_high:   # a larger batch than the devices have run
@@ -162,8 +191,12 @@ class Network:
             self._planned_for = (self._planned_for[0], True)
         return self._net
 
+    @_one_at_a_time(in_callback=False)
     def close(self) -> None:
         """Stop the devices and their threads; the weights are kept (momentum is dropped)."""
+        self._close()
+
+    def _close(self) -> None:
         if self._net is not None:
             try:
                 self._params = self._net.params()
@@ -182,6 +215,7 @@ class Network:
 
     # --- training -----------------------------------------------------------------------------
 
+    @_one_at_a_time(in_callback=False)
     def fit(self, x: Optional[np.ndarray] = None, y: Optional[np.ndarray] = None, *,
             dataset: Optional[str] = None, data_dir: Optional[str] = None,
             epochs: int = 1, steps: Optional[int] = None, batch_size: int = 64,
@@ -252,7 +286,7 @@ class Network:
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
         if found:      # the checkpoint's weights and momentum, on freshly planned devices
             path, params, moms, meta = found
-            self.close()
+            self._close()
             self._params = params
             start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
             print(f"resuming from {path} (step {start['step']})", file=log)
@@ -308,6 +342,7 @@ class Network:
 
     # --- using it -----------------------------------------------------------------------------
 
+    @_one_at_a_time(in_callback=True)
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
         """x (N, C, H, W) -> class probabilities (N, M) float32, each row summing to 1,
         computed batch by batch on the devices."""
@@ -325,6 +360,7 @@ class Network:
             raise DataError(_overflow_message(what, bad, len(xs)))
         return probs
 
+    @_one_at_a_time(in_callback=True)
     def evaluate(self, x: Optional[np.ndarray] = None, y: Optional[np.ndarray] = None, *,
                  dataset: Optional[str] = None, data_dir: Optional[str] = None,
                  batch_size: int = 64) -> dict:
@@ -355,6 +391,7 @@ class Network:
                                               bad, len(xs)))
         return evaluation.score(z, ys, self.num_classes)
 
+    @_one_at_a_time(in_callback=True)
     def save(self, path: "str | os.PathLike") -> None:
         """Write the weights (float32, PyTorch's names and layout) and the network's
         description to an .npz; pyhet.load() needs nothing else."""

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,54 @@ def test_a_larger_batch_on_running_devices_is_checked_against_the_memory_left(mo
         monkeypatch.setattr(train, "host_available_memory", lambda: more)
         net.fit(x, y, steps=1, batch_size=64)
         assert not np.array_equal(net.params()["fc.weight"], before["fc.weight"])
+
+
+def test_calls_from_two_threads_run_one_after_the_other():
+    """A fit() started while another thread's fit() runs waits for it: the steps do not
+    interleave, and the weights are those of the two fits one after the other."""
+    x, y = arrays()
+    order, inside = [], threading.Event()
+
+    def record(name):
+        def callback(info):
+            order.append((name, info["step"]))
+            inside.set()
+            time.sleep(0.01)             # room for the other thread to cut in, were it let
+        return callback
+
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        first = threading.Thread(target=lambda: net.fit(x, y, steps=5, batch_size=8,
+                                                        callback=record("a")))
+        first.start()
+        assert inside.wait(60)
+        net.fit(x, y, steps=2, batch_size=8, callback=record("b"))   # waits its turn
+        first.join(60)
+        got = net.params()
+    assert order == [("a", s) for s in range(1, 6)] + [("b", 1), ("b", 2)]
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as same:
+        same.fit(x, y, steps=5, batch_size=8)
+        same.fit(x, y, steps=2, batch_size=8)
+        want = same.params()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_a_callback_may_read_and_predict_but_not_train_or_close():
+    x, y = arrays()
+    seen = []
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        def callback(info):
+            seen.append((net.params()["fc.bias"].copy(), net.predict(x[:2]).shape))
+        net.fit(x, y, steps=2, batch_size=8, callback=callback)
+        assert len(seen) == 2 and seen[0][1] == (2, 3)
+        assert not np.array_equal(seen[0][0], seen[1][0])          # a step apart
+        for call in (lambda: net.fit(x, y, steps=1), net.close):
+            def refuse(info, call=call):
+                call()
+            with pytest.raises(UsageError, match=r"cannot be called from fit\(\)'s callback"):
+                net.fit(x, y, steps=1, batch_size=8, callback=refuse)
+        net.fit(x, y, steps=1, batch_size=8)                        # usable after
+    assert pyhet_threads() == []
 
 
 def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):
