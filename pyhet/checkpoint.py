@@ -21,11 +21,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
+import stat
 
 import numpy as np
 
+from . import files
 from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
@@ -84,7 +87,15 @@ class CheckpointDir:
                              f"{e.strerror or e}") from None
         self._lock(option)
         try:
-            for n in os.listdir(self.folder):      # writes that a killed process left behind
+            names = os.listdir(self.folder)
+            for n in names:       # a folder (or a FIFO) named as a checkpoint is not one
+                p = os.path.join(self.folder, n)
+                there = (files.not_regular(p) if NAME.match(n) else
+                         files.temp_in_the_way(p) if TMP.match(n) else None)
+                if there is not None:
+                    raise UsageError(f"{option} {self.folder}: {n} is {there}, not a "
+                                     f"checkpoint file: move it away")
+            for n in names:       # writes that a killed process left behind
                 if TMP.match(n):
                     os.remove(os.path.join(self.folder, n))
             found = complete(self.folder)
@@ -103,11 +114,24 @@ class CheckpointDir:
 
     def _lock(self, option):
         path = os.path.join(self.folder, LOCK)
+        there = files.temp_in_the_way(path)
+        if there is None and os.path.islink(path):
+            there = "a symbolic link"
+        if there is not None:     # never written through: the pid would land in its target
+            raise UsageError(f"{option} {self.folder}: its lock file {LOCK} is {there}, not "
+                             f"a regular file: remove it")
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                               0o644)
         except OSError as e:
             raise UsageError(f"{option} {self.folder}: cannot write in it: "
                              f"{e.strerror or e}") from None
+        mode = os.fstat(self._fd).st_mode
+        if not stat.S_ISREG(mode):    # it changed since: a link is refused by O_NOFOLLOW
+            os.close(self._fd)
+            self._fd = None
+            raise UsageError(f"{option} {self.folder}: its lock file {LOCK} is "
+                             f"{files.kind(mode)}, not a regular file: remove it")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -151,7 +175,7 @@ class CheckpointDir:
             try:
                 read = read_weight_file(path)
                 arrays = read[0]
-                meta = checked_meta(json.loads(str(arrays["meta"])))
+                meta = checked_meta(json.loads(str(arrays["meta"])), self.settings)
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
             except (PyhetError, KeyError, ValueError) as e:
@@ -235,18 +259,51 @@ class CheckpointDir:
 # What a checkpoint must hold to be resumed from (an edited or foreign file is damaged)
 
 
-def checked_meta(meta) -> dict:
-    """The meta entry, if it has the form save() writes: the position (whole numbers >= 0) and
-    the settings (a dict); else ValueError. Its plan is advice, checked by plan_problem."""
+def checked_meta(meta, settings: "dict | None" = None) -> dict:
+    """The meta entry, if it has the form save() writes: a known format, the position (whole
+    numbers >= 0) and the settings (a dict); else ValueError. Given this run's settings (those
+    of run_settings), also: each stored setting of the kind this run's is (a number, a string,
+    a bool), and a position that training can reach: the batch within an epoch of
+    train_images / batch_size, the step at most the batches of the epochs begun (a run that
+    goes on from an earlier fit() starts at a later epoch, at step 0). Its plan is advice,
+    checked by plan_problem."""
     if not isinstance(meta, dict):
         raise ValueError(f"its meta entry is {type(meta).__name__}, not a dict")
+    form = meta.get("format", 1)
+    if not isinstance(form, int) or isinstance(form, bool) or not 1 <= form <= FORMAT:
+        raise ValueError(f"its format is {form!r}, not one of 1..{FORMAT}")
     for key in ("step", "epoch", "batch"):
         v = meta.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"its position {key!r} is {v!r}, not a whole number >= 0")
-    if not isinstance(meta.get("settings", {}), dict):
-        raise ValueError(f"its settings are {meta['settings']!r}, not a dict")
+    stored = meta.get("settings", {})
+    if not isinstance(stored, dict):
+        raise ValueError(f"its settings are {stored!r}, not a dict")
+    if not settings:
+        return meta
+    for key in set(stored) & set(settings) & set(SETTINGS):
+        if _kind(stored[key]) != _kind(settings[key]):
+            raise ValueError(f"its setting {key!r} is {stored[key]!r}, not a "
+                             f"{_kind(settings[key])}")
+    images, batch_size = settings.get("train_images"), settings.get("batch_size")
+    if isinstance(images, int) and isinstance(batch_size, int) and images > 0 < batch_size:
+        per_epoch = -(-images // batch_size)
+        if meta["batch"] >= per_epoch:
+            raise ValueError(f"its position is batch {meta['batch']} of an epoch, which has "
+                             f"{per_epoch} batches of {batch_size}")
+        if meta["step"] > meta["epoch"] * per_epoch + meta["batch"]:
+            raise ValueError(f"its position is step {meta['step']}, more than the "
+                             f"{meta['epoch'] * per_epoch + meta['batch']} batches before "
+                             f"epoch {meta['epoch']}'s batch {meta['batch']}")
     return meta
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "string" if isinstance(value, str) else type(value).__name__
 
 
 def plan_problem(plan) -> "str | None":
@@ -273,8 +330,64 @@ def plan_problem(plan) -> "str | None":
             Calibration(**cal)
         except TypeError as e:
             return f"its calibration is not one of this version ({e})"
+        problem = calibration_problem(cal, len(devices),
+                                      set(partition) or set(cal.get("speeds") or {}))
+        if problem is not None:
+            return f"its calibration {problem}"
     if not isinstance(plan.get("balancer") or {}, dict):
         return f"its balancer state is {plan['balancer']!r}, not a dict"
+    return None
+
+
+def _numbers(values, n: int, low: float, strict: bool = False) -> bool:
+    """A list of n finite numbers >= low (> low where strict), none of them bool."""
+    return (isinstance(values, list) and len(values) == n and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        and (v > low if strict else v >= low) for v in values))
+
+
+def calibration_problem(cal: dict, n: int, layers: set) -> "str | None":
+    """What is wrong with a checkpoint's calibration (Calibration's fields as a dict) for n
+    devices and these layers, or None: per layer, n speeds > 0, overheads >= 0, whole-number
+    caps; the optional fields of the same form, where given."""
+    def per_layer(name, check, optional=True):
+        table = cal.get(name)
+        if table is None and optional:
+            return None
+        if not isinstance(table, dict) or (not optional and set(table) != layers):
+            return f"has {name} {table!r}, not one entry for each of {sorted(layers)}"
+        for layer, v in table.items():
+            if not check(v):
+                return f"has {name} {v!r} for {layer}"
+        return None
+
+    def optional_parts(v):
+        return isinstance(v, list) and len(v) == n and all(
+            p is None or (isinstance(p, dict) and _numbers(list(p.values()), len(p), 0.0))
+            for p in v)
+
+    checks = [("speeds", lambda v: _numbers(v, n, 0.0, strict=True), False),
+              ("overheads", lambda v: _numbers(v, n, 0.0), False),
+              ("caps", lambda v: _numbers(v, n, 0) and all(isinstance(c, int) for c in v),
+               False),
+              ("contention", lambda v: _numbers(v, n, 0.0, strict=True), True),
+              ("whole", lambda v: _numbers(v, n, 0.0, strict=True), True),
+              ("fits", lambda v: isinstance(v, list) and len(v) == n
+               and all(_numbers(f, 3, 0.0) for f in v), True),
+              ("phases", lambda v: isinstance(v, list) and len(v) == 4
+               and all(_numbers(p, n, 0.0, strict=i % 2 == 0) for i, p in enumerate(v)), True),
+              ("parts", optional_parts, True)]
+    for name, check, optional in checks:
+        problem = per_layer(name, check, optional)
+        if problem is not None:
+            return problem
+    master = cal.get("master_s")
+    if master is not None and not _numbers([master], 1, 0.0):
+        return f"has master_s {master!r}"
+    cpu_like = cal.get("cpu_like")
+    if cpu_like is not None and not (isinstance(cpu_like, list) and len(cpu_like) == n
+                                     and all(isinstance(c, bool) for c in cpu_like)):
+        return f"has cpu_like {cpu_like!r}"
     return None
 
 

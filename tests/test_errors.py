@@ -361,6 +361,14 @@ DAMAGED_CHECKPOINT = {
     "step a string": (lambda m, v: _meta(m, step="x"), ["'step' is 'x'"]),
     "step negative": (lambda m, v: _meta(m, step=-5), ["'step' is -5"]),
     "settings a list": (lambda m, v: _meta(m, settings=[1]), ["settings are [1]"]),
+    "a format to come": (lambda m, v: _meta(m, format=99), ["format is 99, not one of 1..2"]),
+    "a step training cannot have reached": (lambda m, v: _meta(m, step=10**30),
+                                            [f"step {10**30}, more than the 1 batches"]),
+    "a batch past the epoch's end": (lambda m, v: _meta(m, batch=10**9),
+                                     ["batch 1000000000 of an epoch, which has"]),
+    "lr a string": (lambda m, v: _meta(m, settings={**m["settings"],
+                                                    "lr": str(m["settings"]["lr"])}),
+                    ["setting 'lr' is '0.01', not a number"]),
     "momentum of another shape": (lambda m, v: {"momentum/conv1.weight": v[:1]},
                                   ["momentum for", "conv1.weight", "shape (3, 1, 3, 3)",
                                    "(1, 1, 3, 3)"]),
@@ -435,6 +443,33 @@ PLAN_NOT_REUSED = {
         ["calibration is not one of this version", "'alone'"]),
     "balancer state a list": (lambda plan: {**plan, "balancer": [1]}, ["balancer state is [1]"]),
 }
+
+
+def _calibration(plan, name, layer, value):
+    """The plan with one entry of its calibration changed (value None: the layer taken out)."""
+    table = {k: v for k, v in (plan["calibration"][name] or {}).items() if k != layer}
+    if value is not None:
+        table[layer] = value
+    return {**plan, "calibration": {**plan["calibration"], name: table}}
+
+
+PLAN_NOT_REUSED.update({
+    # calibrations that once ended the resumed run in a traceback
+    "speeds zero": (lambda plan: _calibration(plan, "speeds", "conv1", [0.0, 0.0]),
+                    ["calibration has speeds [0.0, 0.0] for conv1"]),
+    "speeds strings": (lambda plan: _calibration(plan, "speeds", "conv1", ["a", "b"]),
+                       ["has speeds ['a', 'b'] for conv1"]),
+    "speeds of one device": (lambda plan: _calibration(plan, "speeds", "conv1", [5.0]),
+                             ["has speeds [5.0] for conv1"]),
+    "speeds of a layer missing": (lambda plan: _calibration(plan, "speeds", "conv2", None),
+                                  ["has speeds", "not one entry for each of ['conv1', 'conv2']"]),
+    "phases junk": (lambda plan: _calibration(plan, "phases", "conv1", "x"),
+                    ["has phases 'x' for conv1"]),
+    "fits junk": (lambda plan: _calibration(plan, "fits", "conv1", [["a"], ["b"]]),
+                  ["has fits [['a'], ['b']] for conv1"]),
+    "whole not numbers": (lambda plan: _calibration(plan, "whole", "conv1", [None, None]),
+                          ["has whole [None, None] for conv1"]),
+})
 
 
 @pytest.mark.parametrize("case", list(PLAN_NOT_REUSED))
