@@ -70,18 +70,31 @@ def _plain(text: str, what: str, whole: bool = False) -> float:
     return value
 
 
+# The ranges a described quantity must lie in: wider than any hardware, narrow enough that the
+# model's sums stay finite numbers (a latency of 1e300 s made the partition NaN)
+GFLOPS_RANGE = (1e-6, 1e9)   # a kiloFLOP/s to an exaFLOP/s
+FACTOR_RANGE = (1e-6, 1e6)
+BANDWIDTH_RANGE = (1 / 8, 1e15)   # bytes/s: 1 bit/s to a petabyte/s
+MAX_SECONDS = 3600.0         # a latency or fixed work of at most an hour
+
+
 def parse_bandwidth(text: str) -> float:
     """'10gbit' (bits/s: bit, kbit, mbit, gbit, tbit) or '1.2GB' (bytes/s) -> bytes/s (> 0)."""
     units = {**{k: v / 8 for k, v in _BITS.items()}, **_BYTES}
     v = _quantity(text, units, "bandwidth", "10gbit or 1.2GB")
     if v <= 0:
         raise UsageError(f"bandwidth {text!r}: must be > 0")
+    if not BANDWIDTH_RANGE[0] <= v <= BANDWIDTH_RANGE[1]:
+        raise UsageError(f"bandwidth {text!r}: expected 1bit to 1000TB (a second)")
     return v
 
 
-def parse_latency(text: str) -> float:
-    """'50us', '1ms', '0.002' (seconds) -> s (>= 0)."""
-    return _quantity(text, _SECONDS, "latency", "50us, 1ms or 0.002")
+def parse_latency(text: str, what: str = "latency") -> float:
+    """'50us', '1ms', '0.002' (seconds) -> s (0 to MAX_SECONDS)."""
+    v = _quantity(text, _SECONDS, what, "50us, 1ms or 0.002")
+    if not 0 <= v <= MAX_SECONDS:
+        raise UsageError(f"{what} {text!r}: expected 0 to {MAX_SECONDS:g} s")
+    return v
 
 
 def parse_memory(text: str) -> float:
@@ -156,7 +169,8 @@ def parse_describe(text: str) -> list[Described]:
                 like=fields.get("like"),
                 factor=_plain(fields.get("factor", "1"), "factor"),
                 memory=parse_memory(fields["mem"]) if "mem" in fields else None,
-                overhead_s=parse_latency(fields["overhead"]) if "overhead" in fields else None,
+                overhead_s=(parse_latency(fields["overhead"], "overhead")
+                            if "overhead" in fields else None),
                 link=(Link(parse_latency(fields.get("lat", "50us")), parse_bandwidth(fields["bw"]))
                       if "bw" in fields else None),
                 count=_plain(fields.get("count", "1"), "count", whole=True))
@@ -168,12 +182,14 @@ def parse_describe(text: str) -> list[Described]:
                              f"calibrated device of that name, its link as bw= (and lat=)")
         if not moved and (d.gflops is None) == (d.like is None):
             raise UsageError(f"{where}: give its speed as gflops=G, or as like=DEVICE "
-                             f"(a calibrated device) with an optional factor=F, not both")
+                             f"(a calibrated device) with an optional factor=F" +
+                             (", not both" if d.gflops is not None else ""))
         if "lat" in fields and d.link is None:
             raise UsageError(f"{where}: lat= needs bw= (the link's bandwidth)")
-        for label, v in (("gflops", d.gflops), ("factor", d.factor)):
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise UsageError(f"{where}: {label} must be > 0, got {v}")
+        for label, v, (low, high) in (("gflops", d.gflops, GFLOPS_RANGE),
+                                      ("factor", d.factor, FACTOR_RANGE)):
+            if v is not None and not (math.isfinite(v) and low <= v <= high):
+                raise UsageError(f"{where}: {label} must be {low:g} to {high:g}, got {v:g}")
         if d.count < 1:
             raise UsageError(f"{where}: count must be >= 1, got {d.count}")
         out.append(d)

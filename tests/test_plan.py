@@ -367,7 +367,16 @@ def test_sweep_rows():
     ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
     ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit"]),
     ("a:gflops=5,bw=10parsecs", ["bandwidth", "10parsecs"]),
-    ("a:gflops=0", ["gflops", "> 0"]),
+    ("a:gflops=0", ["gflops must be 1e-06 to 1e+09, got 0"]),
+    # quantities beyond any hardware, whose sums in the model were no longer numbers
+    ("a:gflops=1e-300,bw=10gbit", ["gflops must be 1e-06 to 1e+09, got 1e-300"]),
+    ("a:gflops=1e300", ["gflops", "1e+300"]),
+    ("a:gflops=1,bw=10gbit,lat=1e300s", ["latency '1e300s': expected 0 to 3600 s"]),
+    ("a:gflops=1,overhead=1e300s", ["overhead '1e300s': expected 0 to 3600 s"]),
+    ("a:gflops=1,bw=1e300gbit", ["bandwidth '1e300gbit': expected 1bit to 1000TB"]),
+    ("a:gflops=1,bw=1e-300bit", ["bandwidth '1e-300bit'"]),
+    ("a:like=d0,factor=1e9", ["factor must be 1e-06 to 1e+06"]),
+    ("d0:bw=1gbit,count=2", ["give its speed as gflops=G, or as like=DEVICE"]),
     ("a:like=d0,gflops=3", ["gflops", "like"]),
     ("a:gflops=3,count=0", ["count"]),
     ("gflops=3", ["NAME"]),
@@ -387,6 +396,9 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
     (["--describe", "a:like=d7"], ["like=d7"]),
     (["--describe", "d3:bw=1gbit"], ["d3", "calibrated device"]),
     (["--describe", "x:lat=1ms"], ["bw="]),
+    (["--describe", "a:gflops=1", "--link", "1gbit@1e300s"], ["latency", "3600 s"]),
+    (["--describe", "a:gflops=1", "--master-gflops", "1e300"], ["at most 1e+09"]),
+    (["--describe", "a:gflops=1", "--ddp-speed", "1e300"], ["at most 1e+06"]),
 ])
 def test_bad_plans_are_usage_errors(cli, argv, words):
     from test_cli import assert_one_error_line
