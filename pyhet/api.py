@@ -378,7 +378,10 @@ class Network:
                 raise DataError(f"dataset {dataset} has {'x'.join(map(str, ds.input_shape))} "
                                 f"images, but the network takes "
                                 f"{'x'.join(map(str, self.input_shape))}")
-            xs = ds.x_test
+            # raw pixels as this network's training images were prepared (its normalisation,
+            # which may be another dataset's: as predict() does), not as the dataset's own
+            xs = (ds.x_test if ds.x_test_raw is None
+                  else self._images(ds.x_test_raw, f"dataset {dataset}'s test images"))
             ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
         else:
             xs, ys = self._xy(x, y, "x", "y")

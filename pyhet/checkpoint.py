@@ -178,7 +178,9 @@ class CheckpointDir:
                 meta = checked_meta(json.loads(str(arrays["meta"])), self.settings)
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
-            except (PyhetError, KeyError, ValueError) as e:
+            except (PyhetError, KeyError, ValueError, RecursionError) as e:
+                if isinstance(e, RecursionError):   # JSON nested past Python's stack
+                    e = ValueError("its meta entry is nested too deeply to be pyhet's")
                 self._skip(path, e, older)
                 continue
             self._check_settings(path, meta)

@@ -87,13 +87,16 @@ def _float(text):
     return v
 
 
-def positive(kind):
+def positive(kind, high=None):
     parse_kind = _int if kind is int else _float
 
     def parse(text):
         v = parse_kind(text)
         if not v > 0:
             raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
+                                             f"{text!r}")
         return v
     return parse
 
@@ -269,9 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "with --sweep, several: one column each, for every described device")
     pl.add_argument("--sweep", default=None, metavar="devices=N,N,...",
                     help="a table of predicted speedups over these counts of described devices")
-    pl.add_argument("--master-gflops", type=positive(float), default=None, metavar="G",
+    pl.add_argument("--master-gflops", type=positive(float, plan.GFLOPS_RANGE[1]), default=None,
+                    metavar="G",
                     help="the master's rate for its fc layers (default: its machine's devices)")
-    pl.add_argument("--ddp-speed", type=positive(float), default=1.0, metavar="F",
+    pl.add_argument("--ddp-speed", type=positive(float, plan.FACTOR_RANGE[1]), default=1.0,
+                    metavar="F",
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
     _network_options(pl)
@@ -547,9 +552,23 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _same_file(a, b) -> bool:
+    """Whether the paths name one file (the same file by device and inode where both are
+    there, else the same path with links resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def cmd_predict(args) -> int:
     if args.output is not None:      # checked before any work, as --save is
         check_file_destination(args.output, "--output")
+        for option, given in (("--weights", args.weights),
+                              ("--input", os.path.expanduser(args.input))):
+            if _same_file(args.output, given):
+                raise UsageError(f"--output {args.output}: the same file as {option} {given}, "
+                                 f"which writing it would replace: give another name")
     x = read_images(args.input)
     net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
     if looks_channel_last(x.shape, net.input_shape):

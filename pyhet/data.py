@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import npzfile
+from . import files, npzfile
 from .errors import DataError
 from .images import Normalization, channel_last_message, looks_channel_last
 
@@ -76,6 +76,9 @@ class Dataset:
     source: str                    # where it was read from
     # how raw uint8 images became x: per channel x = raw * scale + shift (None: raw / 255)
     normalization: "Normalization | None" = None
+    # the test split's raw uint8 pixels (M, C, H, W) where the file held pixels, else None:
+    # a trained network's evaluate() prepares them as its own training images were
+    x_test_raw: "np.ndarray | None" = None
 
     @property
     def input_shape(self):
@@ -216,7 +219,8 @@ def _labels(y):
 def _read_file(path):
     """The bytes of `path`, gunzipped when its name ends in .gz."""
     try:
-        data = path.read_bytes()
+        with files.open_regular(path, DataError) as f:    # a FIFO: refused, not waited on
+            data = f.read()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:
@@ -286,8 +290,9 @@ def _find_idx_file(folder, stem, hint):
         if (folder / name).is_file():
             return folder / name
     for name in (stem, stem + ".gz"):
-        if (folder / name).is_dir():
-            raise DataError(f"{folder / name}: a folder, not a file; expected the IDX file "
+        there = files.not_regular(folder / name)      # a folder, a FIFO, ...
+        if there is not None:
+            raise DataError(f"{folder / name}: {there}, not a file; expected the IDX file "
                             f"{stem}[.gz]")
     if not folder.is_dir():
         raise DataError(f"{folder}: no such folder, expected the IDX files "
@@ -318,7 +323,7 @@ def _load_idx_dataset(name, folder, classes, hint):
     xtr, xte, norm = _normalise(x_train[:, None], x_test[:, None])  # (N, 1, H, W)
     return Dataset(name, xtr, _labels(y_train), xte, _labels(y_test),
                    num_classes=len(classes), classes=list(classes), source=str(folder),
-                   normalization=norm)
+                   normalization=norm, x_test_raw=x_test[:, None])
 
 
 def _check_label_range(y, num_classes, path):
@@ -475,8 +480,8 @@ def _cifar_class_names(folder):
                                 f"{type(raw).__name__} {str(raw)[:80]}")
             names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in raw]
     elif meta_txt.is_file():
-        names = [line.strip() for line in meta_txt.read_text("utf-8", "replace").splitlines()
-                 if line.strip()]
+        text = _read_file(meta_txt).decode("utf-8", "replace")
+        names = [line.strip() for line in text.splitlines() if line.strip()]
     if names is None:
         return list(CIFAR10_CLASSES)
     if len(names) != 10:
@@ -497,7 +502,8 @@ def load_cifar10(data_dir=None):
     classes = _cifar_class_names(folder)
     xtr, xte, norm = _normalise(x_train, x_test)
     return Dataset("cifar10", xtr, _labels(y_train), xte, _labels(y_test),
-                   num_classes=10, classes=classes, source=str(folder), normalization=norm)
+                   num_classes=10, classes=classes, source=str(folder), normalization=norm,
+                   x_test_raw=x_test)
 
 
 # ================================================================ synthetic
@@ -523,6 +529,10 @@ def make_synthetic(seed=0):
 
 # ================================================================ npz:FILE
 
+# The most classes an npz dataset's labels may imply without the file's 'num_classes' saying so
+MAX_INFERRED_CLASSES = 2**16
+
+
 def load_npz(filename):
     """The npz dataset README describes: x (N, C, H, W) float32 (used as is) or
     uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
@@ -542,6 +552,14 @@ def load_npz(filename):
     largest = int(y.max()) if y_test is None else max(int(y.max()), int(y_test.max()))
     if num_classes is None:
         num_classes = largest + 1
+        if num_classes > MAX_INFERRED_CLASSES:   # a stray label, more likely than that many
+            which = "y" if int(y.max()) == largest else "y_test"
+            i = int(np.argmax(y if which == "y" else y_test))
+            raise DataError(f"{path}: {which}[{i}] = {largest} would make {num_classes:,} "
+                            f"classes (the classes are 0 to the largest label where the file "
+                            f"gives no 'num_classes'); expected labels below "
+                            f"{MAX_INFERRED_CLASSES:,}, or 'num_classes' in the file if so many "
+                            f"are meant")
     else:
         if num_classes.size != 1 or num_classes.dtype.kind not in "iu":
             raise DataError(f"{path}: 'num_classes' should be one integer, got "
@@ -565,7 +583,9 @@ def load_npz(filename):
 
     return Dataset(f"npz:{filename}", images(x), _labels(y), images(x_test),
                    None if y_test is None else _labels(y_test),
-                   num_classes=num_classes, classes=None, source=str(path))
+                   num_classes=num_classes, classes=None, source=str(path),
+                   x_test_raw=x_test if x_test is not None and x_test.dtype == np.uint8
+                   else None)
 
 
 def read_images(filename):
@@ -576,7 +596,7 @@ def read_images(filename):
                           "with one in x", keys=("x",), npy=True)
     if isinstance(loaded, dict):
         if "x" not in loaded:
-            names = npzfile.read_names(path)
+            names = npzfile.read_names(path, DataError)
             raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
                             f"{', '.join(sorted(names)) or 'no arrays'}")
         loaded = loaded["x"]
@@ -591,7 +611,7 @@ def _npz_arrays(arrays, path):
     """x, y, x_test, y_test, num_classes of an npz dataset's arrays (None where absent)."""
     for key in ("x", "y"):
         if key not in arrays:
-            names = npzfile.read_names(path)
+            names = npzfile.read_names(path, DataError)
             raise DataError(f"{path}: no array {key!r}; expected x (N, C, H, W) and "
                             f"y (N,), found {', '.join(sorted(names)) or 'no arrays'}")
     if ("x_test" in arrays) != ("y_test" in arrays):

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from . import arch as arch_notation
-from . import npzfile
+from . import files, npzfile
 from .images import Normalization
 from .errors import TrainingError, WeightsError
 from .geometry import NetGeometry
@@ -73,22 +73,40 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     (``.NAME.tmp``, which no ``*.npz`` pattern matches), flushed to disk (os.fsync), renamed
     over `path`, and the folder synced, so that a crash, a full disk or Ctrl-C at any moment
     leaves either the earlier file or the new one, complete, and no temporary file (but for
-    SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened)."""
+    SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened).
+    The temporary file is always made anew (a leftover one, or a link at its name, is removed,
+    never followed); a FIFO, a device or a folder at `path` is refused, never replaced."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{name}.tmp")
+    tmp = files.temp_name(path)
+    # never replace a FIFO, a device or a folder (a link to one included); a link to a regular
+    # file is itself replaced by the new file, its target left as it was
+    there = files.not_regular(path)
+    if there is not None:
+        raise WeightsError(f"cannot write {what} {path}: it is {there}, not a regular file")
+    in_the_way = files.temp_in_the_way(tmp)
+    if in_the_way is not None:
+        raise WeightsError(f"cannot write {what} {path}: its temporary file {tmp} is "
+                           f"{in_the_way}: move it away")
+    made = False
     try:
-        with open(tmp, "wb") as fh:
+        if os.path.lexists(tmp):   # a write cut short, or a link: removed, never followed
+            os.unlink(tmp)
+        fd = files.create_new(tmp)
+        made = True
+        with os.fdopen(fd, "wb") as fh:
             _savez(fh, arrays, name)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        made = False
         _sync_folder(folder)
     except BaseException as e:     # OSError, and KeyboardInterrupt or SIGTERM mid-write
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        if made:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         if isinstance(e, OSError):
             raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
         raise
@@ -148,6 +166,9 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             norm = meta.get("normalization")
             meta["normalization"] = None if norm is None else Normalization.from_dict(norm)
             meta["classes"] = check_class_names(meta.get("classes"), meta["num_classes"])
+        except RecursionError:    # JSON nested deeper than Python's parser goes
+            raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
+                               f"description (JSON nested too deeply)") from None
         except (ValueError, TypeError, KeyError) as e:
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
                                f"description ({e})") from None

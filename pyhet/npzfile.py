@@ -17,6 +17,8 @@ import zlib
 
 import numpy as np
 
+from . import files
+
 NPY_MAGIC = b"\x93NUMPY"                          # an .npy file (np.save)
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")       # a zip archive (np.savez), or an empty one
 
@@ -29,7 +31,7 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
     if os.path.isdir(path):
         raise error(f"{path}: a folder, not a file; expected {expected}")
     try:
-        with open(path, "rb") as f:
+        with files.open_regular(path, error) as f:      # a FIFO: refused, not waited on
             head = f.read(len(NPY_MAGIC))
             f.seek(0)
             if not head:
@@ -60,10 +62,13 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
         raise error(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
-def read_names(path) -> list:
+def read_names(path, error) -> list:
     """The names of the arrays in an .npz file that read() has read."""
-    with zipfile.ZipFile(path) as z:
-        return [n[:-len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
+    try:
+        with files.open_regular(path, error) as f, zipfile.ZipFile(f) as z:
+            return [n[:-len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
+    except (OSError, zipfile.BadZipFile) as e:      # changed since read() read it
+        raise error(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
 
 
 def _check_size(fp, size: int, path, key, error) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import math
 import os
 import statistics
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arch as arch_notation
-from . import ops
+from . import files, ops
 from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
@@ -121,7 +122,42 @@ def check_file_destination(path, option: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    # a link to a regular file may stay: write_npz replaces the link, not its target
+    there = files.not_regular(path)
+    if there is not None:
+        raise UsageError(f"{option} {path}: {there}, not a regular file; give a file's name "
+                         f"(the file written would take its place)")
+    tmp = files.temp_name(path)
+    in_the_way = files.temp_in_the_way(tmp)
+    if in_the_way is not None:
+        raise UsageError(f"{option} {path}: the name of its temporary file {tmp} is taken by "
+                         f"{in_the_way}: move it away")
+    _probe_folder(path, tmp, option)
+
+
+def _probe_folder(path, tmp, option: str) -> None:
+    """Make and remove a new file named as write_npz's temporary one (or, where a leftover has
+    that name, one of the same length): the folder takes it (os.access says yes to root in
+    /proc or /sys, or on a read-only mount), and the name is not too long."""
+    folder = os.path.dirname(tmp)
+    for probe in (tmp, f"{tmp[:-3]}p{os.getpid() % 100:02d}"):
+        try:
+            fd = files.create_new(probe, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            why = ("is not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                   else "cannot take a new file")
+            raise UsageError(f"{option} {path}: the folder {folder} {why} "
+                             f"({e.strerror or e})") from None
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError as e:
+            raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
+                             f"{folder} ({e.strerror or e})") from None
+        return
+    if not os.access(folder, os.W_OK | os.X_OK):   # both names taken: the plain check
         raise UsageError(f"{option} {path}: the folder {folder} is not writable")
 
 
@@ -572,9 +608,16 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 step += 1
                 if not math.isfinite(loss):
                     bar.close()
-                    raise TrainingError(f"the loss became {loss} at step {step} (epoch "
-                                        f"{epoch + 1}, batch {b + 1}): training diverged; try a "
-                                        f"smaller --lr (now {cfg.lr})")
+                    where = f"at step {step} (epoch {epoch + 1}, batch {b + 1})"
+                    if step == start["step"] + 1:   # before this run's first update
+                        peak = float(np.abs(xb).max()) if xb.size else 0.0
+                        raise TrainingError(
+                            f"the loss is {loss} {where}, before this run updated any weight: "
+                            f"the network's outputs overflow on these inputs (their largest "
+                            f"magnitude is {peak:.3g}; images as the network expects them are "
+                            f"of order 1) or weights it started from")
+                    raise TrainingError(f"the loss became {loss} {where}: training diverged; "
+                                        f"try a smaller --lr (now {cfg.lr})")
                 if balance is not None:
                     balance.after_step(step)
                 step_times.append(dt)

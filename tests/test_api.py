@@ -233,6 +233,24 @@ def test_a_callback_may_read_and_predict_but_not_train_or_close():
     assert pyhet_threads() == []
 
 
+def test_a_datasets_pixels_are_evaluated_as_the_networks_training_images_were(tmp_path):
+    """A network trained on a named dataset keeps its normalisation: the same uint8 pixels
+    give the same evaluation from an npz dataset's test split (scaled only, for training) as
+    from arrays, as predict() prepares them; and a named dataset's own statistics give way to
+    the network's."""
+    bundled = data.load_dataset("bundled")
+    pixels, labels = bundled.x_test_raw[:40], bundled.y_test[:40]
+    assert pixels.dtype == np.uint8
+    path = tmp_path / "pixels.npz"
+    np.savez(path, x=pixels, y=labels, x_test=pixels, y_test=labels)
+    with pyhet.Network("4C5-P2-8N", (1, 28, 28), 10, devices="numpy") as net:
+        net.fit(dataset="bundled", steps=3, batch_size=16)
+        want = net.evaluate(pixels, labels, batch_size=40)
+        assert net.evaluate(dataset=f"npz:{path}", batch_size=40) == want
+        probs = net.predict(pixels, batch_size=40)
+        assert want["accuracy"] == np.mean(probs.argmax(axis=1) == labels)
+
+
 def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):
     """Network.fit on an npz's arrays trains exactly as `pyhet train` does on that npz."""
     path = tmp_path / "d.npz"

@@ -504,6 +504,18 @@ def test_diverging_loss_stops_with_exit_1(cli_process, npz_dataset, tmp_path):
     assert not out.exists()
 
 
+def test_a_loss_that_overflows_before_any_update_blames_the_inputs_not_the_lr(cli_process,
+                                                                             npz_dataset):
+    """The first step's loss comes before any update: where it is not finite, the inputs (or
+    the weights the run started from) are the cause, which a smaller --lr cannot mend."""
+    data = npz_dataset(n=16, x=np.full((16, 1, 12, 12), 3.4e38, np.float32))
+    res = cli_process("train", "--dataset", f"npz:{data}", "--arch", "4C3-P2-8N", "--devices",
+                      "cpu:1", "--steps", "3", "--quiet")
+    assert_one_error_line(res, "the loss is inf at step 1", "before this run updated any weight",
+                          "largest magnitude is 3.4e+38", code=1)
+    assert "--lr" not in res.err
+
+
 # ================================================================ help, imports
 
 def test_help_in_a_process(cli_process):

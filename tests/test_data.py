@@ -600,6 +600,18 @@ def test_npz_damage_names_the_file(tmp_path, damage):
         load_dataset(f"npz:{path}")
 
 
+def test_a_stray_label_is_named_not_taken_for_a_huge_number_of_classes(tmp_path):
+    """Without 'num_classes' the classes are 0 to the largest label: a label of 2**62 made a
+    network of 4.6e18 classes, refused as too large for memory; now the label is named. With
+    'num_classes' in the file, 2**16 classes or more are taken as meant."""
+    path = _npz(tmp_path, x=GOOD_X, y=np.array([0, 1, 2**62, 3]))
+    with pytest.raises(DataError, match=rf"y\[2\] = {2**62} would make .* classes.*'num_classes'"):
+        load_dataset(f"npz:{path}")
+    path = _npz(tmp_path, name="many.npz", x=GOOD_X, y=np.array([0, 1, 2**16, 3]),
+                num_classes=np.array(2**16 + 1))
+    assert load_dataset(f"npz:{path}").num_classes == 2**16 + 1
+
+
 def test_npz_missing_key_is_named(tmp_path):
     path = _npz(tmp_path, x=GOOD_X, labels=GOOD_Y)
     with pytest.raises(DataError, match="no array 'y'.*labels"):

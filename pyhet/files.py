@@ -1,0 +1,69 @@
+"""Files named by the user: what a path is, reading one without waiting on a FIFO, and where
+a file will be written (pyhet.model.write_npz's temporary name beside it)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+         (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def kind(mode: int) -> str:
+    """What a file of this st_mode is, in words: "a regular file", "a FIFO", ..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((words for test, words in KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path, error):
+    """`path` opened for reading (binary) if it is a regular file (or a link to one). A FIFO,
+    a device or a socket raises `error` ("PATH: not a regular file (a FIFO)") before anything
+    is read: open() would wait on a FIFO for a writer forever. A missing file raises
+    FileNotFoundError, as open() does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{os.fspath(path)}: not a regular file ({kind(mode)})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def temp_name(path) -> str:
+    """The hidden temporary file that write_npz writes `path` to: ``.NAME.tmp`` beside it."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(folder, f".{name}.tmp")
+
+
+def not_regular(path) -> "str | None":
+    """What stands at `path` when it is there but is no regular file ("a FIFO"), following
+    links; None when it is a regular file or is not there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else kind(mode)
+
+
+def temp_in_the_way(tmp) -> "str | None":
+    """What stands at the temporary name `tmp` that write_npz may not remove: a folder, a
+    FIFO, ... (not following links). A regular file (a write that was cut short) or a link
+    is removed by write_npz; None for those and for nothing there."""
+    try:
+        mode = os.lstat(tmp).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISLNK(mode) else kind(mode)
+
+
+def create_new(path, mode: int = 0o666) -> int:
+    """A descriptor of a new regular file at `path`, opened for writing: never an existing
+    file, nor a link's target (O_EXCL, O_NOFOLLOW); FileExistsError where one is there."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                   | getattr(os, "O_CLOEXEC", 0), mode)
