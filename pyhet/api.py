@@ -411,6 +411,10 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
     input_shape = None if input_shape is None else _input_shape(input_shape)
     read = read_weight_file(path)
     geometry, meta = network_of_file(path, input_shape, read)
+    if meta is not None and input_shape is not None and input_shape != geometry.input_shape:
+        raise UsageError(f"load: input_shape {input_shape} was given, but weight file "
+                         f"{os.fspath(path)} records {geometry.input_shape}; leave it out (only "
+                         f"files of earlier versions need it)")
     params = load_weights(path, geometry, read)
     meta = meta or {}
     normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],

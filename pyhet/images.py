@@ -35,7 +35,7 @@ class Normalization:
     @classmethod
     def from_dict(cls, d) -> "Normalization":
         """From as_dict()'s form; anything else (lists of other lengths, values that are not
-        finite numbers) raises ValueError."""
+        finite numbers, a scale that is not > 0) raises ValueError."""
         if not isinstance(d, dict) or not all(
                 isinstance(d.get(k), list) and d[k] for k in ("scale", "shift")):
             raise ValueError(f"a normalization must be {{'scale': [...], 'shift': [...]}}, "
@@ -50,6 +50,8 @@ class Normalization:
             values[k] = tuple(float(np.float32(v)) for v in d[k])
             if not np.isfinite(values[k]).all():
                 raise ValueError(f"the normalization's {k} must be finite, got {d[k]!r}")
+        if any(v <= 0 for v in values["scale"]):   # 1 / (255 std): a pixel's scale is > 0
+            raise ValueError(f"the normalization's scale must be > 0, got {d['scale']!r}")
         return cls(values["scale"], values["shift"])
 
 

@@ -160,8 +160,13 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             meta = json.loads(str(entry))
             if not isinstance(meta, dict) or not isinstance(meta.get("arch"), str):
                 raise ValueError("no 'arch' string")
+            if meta.get("format", 1) != FORMAT:
+                raise ValueError(f"its format is {meta.get('format')!r}, this version reads "
+                                 f"{FORMAT}")
             meta["input_shape"] = tuple(_whole_entry(v, "input_shape")
                                         for v in meta["input_shape"])
+            if len(meta["input_shape"]) != 3:
+                raise ValueError(f"input_shape {list(meta['input_shape'])} is not (C, H, W)")
             meta["num_classes"] = _whole_entry(meta["num_classes"], "num_classes")
             norm = meta.get("normalization")
             meta["normalization"] = None if norm is None else Normalization.from_dict(norm)

@@ -331,7 +331,12 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     known = {}   # calibrated name -> {layer: Cost}
     own = {}     # calibrated name -> {layer: Cost} of a copy on another machine
     described = list(described)
-    moved = {d.name for d in described if d.gflops is None and d.like is None}
+    moving = [d.name for d in described if d.gflops is None and d.like is None]
+    twice = sorted({n for n in moving if moving.count(n) > 1})
+    if twice:   # one link per device: a second would silently take the first's place
+        raise UsageError(f"--describe: the link of {twice[0]} is given twice; give each "
+                         f"calibrated device one bw= (and lat=)")
+    moved = set(moving)
     entries = [d for d in described if d.gflops is not None or d.like is not None]
     if count is not None:
         if not entries:

@@ -63,7 +63,7 @@ def test_readme_example_runs_as_written(tmp_path):
     assert len(classes) == 5
 
 
-# ================================================================ fit, predict, evaluate, save, load
+# =============================================================== fit, predict, evaluate, save, load
 
 def test_fit_predict_evaluate_save_load_and_no_threads_left(tmp_path):
     x, y = arrays()
@@ -437,11 +437,21 @@ def test_load_refuses_bad_files(tmp_path):
         pyhet.load(None)
     with pytest.raises(UsageError, match=r"input_shape must be \(C, H, W\).*'abc'"):
         pyhet.load(tmp_path / "w.npz", input_shape="abc")
+    with pytest.raises(UsageError, match=r"input_shape \(1, 30, 30\) was given, but weight "
+                                         r"file .* records \(1, 12, 12\)"):
+        pyhet.load(tmp_path / "w.npz", input_shape=(1, 30, 30))
+    for change, words in (({"input_shape": [1, 12]}, r"input_shape \[1, 12\] is not \(C, H, W\)"),
+                          ({"format": 2}, "its format is 2, this version reads 1")):
+        np.savez(tmp_path / "edited.npz", **{**w, "arch": np.array(json.dumps(
+            {**meta, **change}))})
+        with pytest.raises(WeightsError, match=words):
+            pyhet.load(tmp_path / "edited.npz")
 
 
 @pytest.mark.parametrize("norm,words", [
     ({"scale": [1.0, 2.0], "shift": [0.0]}, ["2 scales but 1 shifts"]),
     ({"scale": [float("nan")], "shift": [0.0]}, ["scale must be finite"]),
+    ({"scale": [0.0], "shift": [0.0]}, ["scale must be > 0"]),
     ({"scale": ["a"], "shift": [0.0]}, ["scale must be numbers"]),
     ([1.0], ["'scale'", "one number per channel"]),
     ({"scale": [1.0, 1.0], "shift": [0.0, 0.0]}, ["2 scales and 2 shifts", "1 channel"]),

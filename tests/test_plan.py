@@ -397,6 +397,8 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
     (["--describe", "d3:bw=1gbit"], ["d3", "calibrated device"]),
     (["--describe", "x:lat=1ms"], ["bw="]),
     (["--describe", "a:gflops=1", "--link", "1gbit@1e300s"], ["latency", "3600 s"]),
+    (["--devices", "cpu:1,cpu:1", "--describe", "d1:bw=1gbit;d1:bw=2gbit"],
+     ["the link of d1 is given twice"]),
     (["--describe", "a:gflops=1", "--master-gflops", "1e300"], ["at most 1e+09"]),
     (["--describe", "a:gflops=1", "--ddp-speed", "1e300"], ["at most 1e+06"]),
 ])
