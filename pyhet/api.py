@@ -379,8 +379,10 @@ class Network:
                                 f"images, but the network takes "
                                 f"{'x'.join(map(str, self.input_shape))}")
             # raw pixels as this network's training images were prepared (its normalisation,
-            # which may be another dataset's: as predict() does), not as the dataset's own
-            xs = (ds.x_test if ds.x_test_raw is None
+            # which may be another dataset's: as predict() does), not as the dataset's own; a
+            # network that records none (trained on arrays, an earlier version's file) takes
+            # the dataset's images as they are
+            xs = (ds.x_test if ds.x_test_raw is None or self.normalization is None
                   else self._images(ds.x_test_raw, f"dataset {dataset}'s test images"))
             ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
         else:

@@ -266,9 +266,9 @@ def checked_meta(meta, settings: "dict | None" = None) -> dict:
     numbers >= 0) and the settings (a dict); else ValueError. Given this run's settings (those
     of run_settings), also: each stored setting of the kind this run's is (a number, a string,
     a bool), and a position that training can reach: the batch within an epoch of
-    train_images / batch_size, the step at most the batches of the epochs begun (a run that
-    goes on from an earlier fit() starts at a later epoch, at step 0). Its plan is advice,
-    checked by plan_problem."""
+    train_images / batch_size (the checkpoint's own), the step at most the batches of the
+    epochs begun (a run that goes on from an earlier fit() starts at a later epoch, at step 0).
+    Its plan is advice, checked by plan_problem."""
     if not isinstance(meta, dict):
         raise ValueError(f"its meta entry is {type(meta).__name__}, not a dict")
     form = meta.get("format", 1)
@@ -287,8 +287,12 @@ def checked_meta(meta, settings: "dict | None" = None) -> dict:
         if _kind(stored[key]) != _kind(settings[key]):
             raise ValueError(f"its setting {key!r} is {stored[key]!r}, not a "
                              f"{_kind(settings[key])}")
-    images, batch_size = settings.get("train_images"), settings.get("batch_size")
-    if isinstance(images, int) and isinstance(batch_size, int) and images > 0 < batch_size:
+    # the checkpoint's own epoch length (a run with another batch size is refused afterwards,
+    # by _check_settings, naming both: not taken for damage here)
+    images = stored.get("train_images")
+    batch_size = stored.get("batch_size", meta.get("batch_size"))
+    if (isinstance(images, int) and isinstance(batch_size, int) and images > 0 < batch_size
+            and not isinstance(images, bool) and not isinstance(batch_size, bool)):
         per_epoch = -(-images // batch_size)
         if meta["batch"] >= per_epoch:
             raise ValueError(f"its position is batch {meta['batch']} of an epoch, which has "

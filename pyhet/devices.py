@@ -143,7 +143,8 @@ class Device:
             self._pool.submit(self._release).result()
         except Exception:
             pass
-        self._pool.shutdown(wait=True)
+        finally:        # (Ctrl-C while waiting too)
+            self._pool.shutdown(wait=True)
 
     def _release(self):
         for layer in list(self._shards):

@@ -67,3 +67,17 @@ def create_new(path, mode: int = 0o666) -> int:
     file, nor a link's target (O_EXCL, O_NOFOLLOW); FileExistsError where one is there."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                    | getattr(os, "O_CLOEXEC", 0), mode)
+
+
+def destination_problem(path) -> "str | None":
+    """Why write_npz may not write `path`, or None: a FIFO, a device or a folder there (a link
+    to one included: a link to a regular file is itself replaced, its target left as it was),
+    or something write_npz may not remove at its temporary name."""
+    there = not_regular(path)
+    if there is not None:
+        return f"it is {there}, not a regular file"
+    tmp = temp_name(path)
+    in_the_way = temp_in_the_way(tmp)
+    if in_the_way is not None:
+        return f"its temporary file {tmp} is {in_the_way}: move it away"
+    return None

@@ -79,15 +79,9 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
     tmp = files.temp_name(path)
-    # never replace a FIFO, a device or a folder (a link to one included); a link to a regular
-    # file is itself replaced by the new file, its target left as it was
-    there = files.not_regular(path)
-    if there is not None:
-        raise WeightsError(f"cannot write {what} {path}: it is {there}, not a regular file")
-    in_the_way = files.temp_in_the_way(tmp)
-    if in_the_way is not None:
-        raise WeightsError(f"cannot write {what} {path}: its temporary file {tmp} is "
-                           f"{in_the_way}: move it away")
+    problem = files.destination_problem(path)   # never replaces a FIFO, a device, a folder
+    if problem is not None:
+        raise WeightsError(f"cannot write {what} {path}: {problem}")
     made = False
     try:
         if os.path.lexists(tmp):   # a write cut short, or a link: removed, never followed

@@ -89,12 +89,16 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
         else:
             out.append(DeviceSpec(kind, n if kind == "cpu" else (n or 0) if kind == "gpu"
                                   else None, speed, rank))
-    gpus = [(d.rank or 0, d.arg) for d in out if d.kind == "gpu"]   # (no rank: the master's)
-    for rank, index in gpus:
-        if gpus.count((rank, index)) > 1:   # two devices on one GPU: each would count all of
-            where = f" on rank {rank}" if rank else ""               # its memory as its own
-            raise DeviceSpecError(f"gpu:{index}{where} is named more than once in {spec!r}: "
-                                  f"a GPU can be one device only")
+    # two devices on one GPU: each would count all of its memory as its own (an entry without
+    # a rank is placed on every rank, so it clashes with the same GPU on any rank)
+    gpus = [(d.rank, d.arg) for d in out if d.kind == "gpu"]
+    for i, (rank, index) in enumerate(gpus):
+        for other, same in gpus[i + 1:]:
+            if same == index and (rank is None or other is None or rank == other):
+                where = "" if rank is None and other is None else \
+                    f" on rank {rank if rank is not None else other}"
+                raise DeviceSpecError(f"gpu:{index}{where} is named more than once in "
+                                      f"{spec!r}: a GPU can be one device only")
     return out
 
 

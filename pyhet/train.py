@@ -122,17 +122,10 @@ def check_file_destination(path, option: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"{option} {path}: the folder {folder} does not exist")
-    # a link to a regular file may stay: write_npz replaces the link, not its target
-    there = files.not_regular(path)
-    if there is not None:
-        raise UsageError(f"{option} {path}: {there}, not a regular file; give a file's name "
-                         f"(the file written would take its place)")
-    tmp = files.temp_name(path)
-    in_the_way = files.temp_in_the_way(tmp)
-    if in_the_way is not None:
-        raise UsageError(f"{option} {path}: the name of its temporary file {tmp} is taken by "
-                         f"{in_the_way}: move it away")
-    _probe_folder(path, tmp, option)
+    problem = files.destination_problem(path)   # write_npz's own refusals, before any work
+    if problem is not None:
+        raise UsageError(f"{option} {path}: {problem}")
+    _probe_folder(path, files.temp_name(path), option)
 
 
 def _probe_folder(path, tmp, option: str) -> None:
@@ -370,6 +363,11 @@ class DynamicBalance:
 
     def _busy(self):
         return {d.name: dict(d.busy_by_tag) for d in self.net.devices}
+
+    def rebase(self):
+        """Measure the next step from now: the devices' work since the last step (fit's
+        callback) is no step's."""
+        self.last = self._busy()
 
     def after_step(self, step: int):
         now = self._busy()
@@ -626,8 +624,17 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 losses.append(loss)
                 bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
                 if callback is not None:
+                    before = ({d.name: d.busy_s for d in net.devices},
+                              {c.name: dict(c.phases.parts) for c in net.convs},
+                              traffic(net.devices))
                     callback({"step": step, "steps": total_steps, "epoch": epoch + 1,
                               "loss": loss, "step_time_s": dt, "images": int(xb.shape[0])})
+                    # what the callback ran on the devices (an evaluation, a predict) is no
+                    # step's: out of the summary's busy, phase and traffic figures, and of the
+                    # balancer's next measurement
+                    _leave_out(net, before, busy0, phases0, traffic0)
+                    if balance is not None:
+                        balance.rebase()
                 # where the next step starts
                 position = ({"step": step, "epoch": epoch, "batch": b + 1} if b + 1 < per_epoch
                             else {"step": step, "epoch": epoch + 1, "batch": 0})
@@ -686,6 +693,20 @@ def _stop(stop, step: int, position, saved: dict, save_checkpoint):
         stop.check(f"at step {step}")
     path = saved["path"] if saved["step"] == step and saved["path"] else save_checkpoint(position)
     stop.check(f"after step {step}: wrote the checkpoint {path} (continue with --resume)")
+
+
+def _leave_out(net, before, busy0, phases0, traffic0) -> None:
+    """Add the devices' work since `before` (busy, phases, traffic) to the run's starting
+    figures, so that the run's totals leave it out."""
+    busy, phases, moved = before
+    for d in net.devices:
+        busy0[d.name] += d.busy_s - busy[d.name]
+    for c in net.convs:
+        for k, v in c.phases.parts.items():
+            phases0[c.name][k] = phases0[c.name].get(k, 0.0) + v - phases[c.name].get(k, 0.0)
+    for r, t in traffic(net.devices).items():
+        for k, v in t.items():
+            traffic0[r][k] += v - moved[r][k]
 
 
 def traffic(devices) -> dict:

@@ -249,6 +249,30 @@ def test_a_datasets_pixels_are_evaluated_as_the_networks_training_images_were(tm
         assert net.evaluate(dataset=f"npz:{path}", batch_size=40) == want
         probs = net.predict(pixels, batch_size=40)
         assert want["accuracy"] == np.mean(probs.argmax(axis=1) == labels)
+    # a network that records no normalisation (trained on arrays, or an earlier version's
+    # file) takes a named dataset's test images as the dataset prepares them
+    with pyhet.Network("4C5-P2-8N", (1, 28, 28), 10, devices="numpy") as net:
+        assert net.normalization is None
+        assert net.evaluate(dataset="bundled", batch_size=500) == net.evaluate(
+            bundled.x_test, bundled.y_test, batch_size=500)
+
+
+def test_work_a_callback_runs_on_the_devices_is_no_steps():
+    """Evaluations from fit's callback (three a step, each about ten steps' work) stay out of
+    the summary's busy and phase times, which are the steps' alone."""
+    x, y = arrays(n=400)
+
+    def run(callback):
+        with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", seed=1) as net:
+            summary = net.fit(x, y, steps=4, batch_size=8, shuffle=False,
+                              callback=callback and (lambda info: [net.evaluate(x, y)
+                                                                   for _ in range(3)]))
+        return (summary["devices"][0]["busy_s"],
+                sum(sum(p.values()) for p in summary["phase_time_s"].values()))
+
+    alone, with_evaluations = run(None), run(True)
+    assert with_evaluations[0] < 3 * alone[0] and with_evaluations[1] < 3 * alone[1], (
+        alone, with_evaluations)
 
 
 def test_fit_is_seeded_and_equals_the_command_line(cli, tmp_path):

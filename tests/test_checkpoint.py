@@ -217,6 +217,8 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
     (["--weight-decay", "0"], ["--weight-decay", "0.001", "0.0"]),
     (["--seed", "4"], ["--seed", "3", "4"]),
     (["--batch-size", "4"], ["--batch-size", "8", "4"]),
+    # a position past the end of an epoch of this run's batches is still the other batch size
+    (["--batch-size", "16"], ["--batch-size", "8", "16"]),
     (["--no-shuffle"], ["shuffle", "True", "False"]),
     (["--kernels", "3,5"], ["the network", "3C3-P2-4C3-P2", "3C3-P2-5C3-P2"]),
     (["DATA"], ["training images", "24", "32"]),
@@ -224,13 +226,14 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
 def test_resume_refuses_other_settings_naming_them(cli, npz_dataset, tmp_path, change, words):
     data = npz_dataset(n=24)
     ck = tmp_path / "ck"
-    assert cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", ck)).code == 0
+    # five steps of 8 of 24 images: epoch 1, batch 2 (an epoch of 16s has 2 batches)
+    assert cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck)).code == 0
     if change == ["DATA"]:
         data, change = npz_dataset(n=32), []        # the same file, now of 32 images
-    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--resume", *change))
+    res = cli(*train_argv(data, "--steps", "6", "--checkpoint-dir", ck, "--resume", *change))
     line = one_line(res.err)
     assert res.code == 2, res.err
-    for w in ("checkpoint-000000002.npz", *words):
+    for w in ("checkpoint-000000005.npz", *words):
         assert w in line, (w, line)
 
 

@@ -78,7 +78,8 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("cpu:100000000000", "at most 1024 threads"),
     ("gpu:0,cpu:1,gpu", "gpu:0 is named more than once in 'gpu:0,cpu:1,gpu'"),
     ("1/gpu:1,1/gpu:1@0.5", "gpu:1 on rank 1 is named more than once"),
-    ("gpu:0,0/gpu:0", "gpu:0 is named more than once"),
+    ("gpu:0,0/gpu:0", "gpu:0 on rank 0 is named more than once"),
+    ("gpu:0,1/gpu:0", "gpu:0 on rank 1 is named more than once"),   # gpu:0 is on every rank
 ])
 def test_bad_specs_are_refused_clearly(spec, message):
     with pytest.raises(DeviceSpecError, match=re.escape(message)) as info:

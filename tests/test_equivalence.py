@@ -19,7 +19,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 import conftest
@@ -104,12 +104,17 @@ def same_weights_at_their_scale(shape, rtol=1e-4):
 
 
 # A max-pool window whose two largest values are this close (relative to the larger) may pick
-# the other one on another device
-NEAR_TIE = 1e-4
+# the other one on another device: float32 roundings apart (the two failures found were 1.2e-7
+# and 1.2e-6 apart), and rare (about one max-pool call in a hundred holds such a window)
+NEAR_TIE = 1e-5
 
 
 class TieFlip(AssertionError):
     """The weights differ, and the reference run met a near tie in a max-pool window."""
+
+    def __init__(self, message, gap):
+        super().__init__(message)
+        self.gap = gap
 
 
 def smallest_pool_gap(x, arg, k, stride):
@@ -165,14 +170,16 @@ def check(shape, spec, partition, seed, images, strassen):
                 mock.patch.object(numpy_ref, "maxpool_forward", pool):
             assert_trains_like_one_device(shape, spec, partition, seed=seed, n=images)
     except AssertionError as e:
-        if min(gaps, default=np.inf) < NEAR_TIE:
-            raise TieFlip(f"{e} (a max-pool window's two maxima {min(gaps):.1e} apart)") from e
+        gap = min(gaps, default=np.inf)
+        if gap < NEAR_TIE:
+            raise TieFlip(f"{e} (a max-pool window's two maxima {gap:.1e} apart)", gap) from e
         raise
     finally:
         if strassen:
             _core.set_gemm_strassen_min_dim(old)
     # every device closed (its worker joined), or hundreds of examples would pile up threads
     assert set(threading.enumerate()) <= threads
+    return min(gaps, default=np.inf)
 
 
 # cpu:1 and cpu:2 ask for more threads than two cores have: slower, the same weights
@@ -189,6 +196,7 @@ def test_any_network_split_any_way_trains_like_one_device(net, kinds, classes, i
     try:
         check(shape, ",".join(kinds), partition, seed, images, strassen)
     except TieFlip:
+        event("weights apart after a max-pool tie: example set aside")
         assume(False)   # rare: two in the 2,000 examples of one hunt
 
 
@@ -198,11 +206,17 @@ def test_any_network_split_any_way_trains_like_one_device(net, kinds, classes, i
 ])
 def test_the_weights_that_differ_came_from_a_max_pool_tie(spec, input_shape, images, seed,
                                                           strassen):
-    """The two examples where one cpu:1 ended apart from the numpy device: the reference met a
-    near tie, and check() says so (TieFlip) rather than passing or failing as rounding."""
+    """The two examples where one cpu:1 ended apart from the numpy device (on a Zen 3 with the
+    avx2-fma kernel; whether the tie breaks the other way depends on the roundings of both
+    GEMMs, so on the CPU): the reference meets a near tie, and check() either passes or says
+    so (TieFlip), never fails as rounding."""
     shape = arch.build(spec, input_shape, 4)
-    with pytest.raises(TieFlip, match="apart"):
-        check(shape, "cpu:1", {g.name: [g.K] for g in shape.blocks}, seed, images, strassen)
+    try:
+        gap = check(shape, "cpu:1", {g.name: [g.K] for g in shape.blocks}, seed, images,
+                    strassen)
+    except TieFlip as e:
+        gap = e.gap
+    assert gap < NEAR_TIE
 
 
 def test_a_one_entry_bias_trained_to_near_zero_is_measured_at_its_scale():
