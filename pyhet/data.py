@@ -295,7 +295,7 @@ def _find_idx_file(folder, stem, hint):
             raise DataError(f"{folder / name}: {there}, not a file; expected the IDX file "
                             f"{stem}[.gz]")
     if not folder.is_dir():
-        raise DataError(f"{folder}: no such folder, expected the IDX files "
+        raise DataError(f"{folder}: {_not_a_folder(folder)}, expected the IDX files "
                         f"{stem}[.gz] etc. in it{hint}")
     raise DataError(f"{folder / stem}[.gz]: no such file{hint}")
 
@@ -326,6 +326,14 @@ def _load_idx_dataset(name, folder, classes, hint):
                    normalization=norm, x_test_raw=x_test[:, None])
 
 
+def _not_a_folder(path) -> str:
+    """Why a data folder is none, in words: "no such folder", or what is there instead."""
+    try:
+        return f"{files.kind(os.stat(path).st_mode)}, not a folder"
+    except OSError:
+        return "no such folder"
+
+
 def _check_label_range(y, num_classes, path):
     bad = np.flatnonzero((y < 0) | (y >= num_classes))
     if len(bad):
@@ -354,7 +362,7 @@ def _find_cifar_folder(data_dir):
         if (folder / "data_batch_1").is_file() or (folder / "test_batch").is_file():
             return folder, "py"
     if not root.is_dir():
-        raise DataError(f"{root}: no such folder, expected CIFAR-10 in it "
+        raise DataError(f"{root}: {_not_a_folder(root)}, expected CIFAR-10 in it "
                         f"(cifar-10-batches-py/ or cifar-10-batches-bin/){hint}")
     archives = [p.name for p in root.glob("cifar-10-*.tar.gz")]
     extract = f"; found {archives[0]}: extract it with tar xzf" if archives else ""

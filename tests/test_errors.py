@@ -134,7 +134,10 @@ BAD = [
     (TRAIN + ["--dataset", "npz:HUGE_CLASSES"], 1, ["1,000,000,000,000 classes", "GiB"]),
     (["train", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1", "--quiet"], 1,
      ["1000000C5", "GiB", "available"]),
-    (TRAIN + ["--dataset", "mnist", "--data-dir", "DATA"], 1, ["no such folder"]),
+    (TRAIN + ["--dataset", "mnist", "--data-dir", "DATA"], 1,
+     ["data.npz: a regular file, not a folder, expected the IDX files"]),
+    (TRAIN + ["--dataset", "cifar10", "--data-dir", "/nonexistent/pyhet-data"], 1,
+     ["no such folder, expected CIFAR-10 in it"]),
     (TRAIN + ["--dataset", "cifar10", "--data-dir", "DIR"], 1, ["no CIFAR-10 batches"]),
     # --- devices
     (["devices", "--devices", "tpu"], 2, ["--devices", "tpu"]),
