@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .devices import Device
-from .geometry import ConvGeometry
+from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
 from .partition import balanced_phases, phases_time
 
@@ -358,7 +358,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         for d in devices:
             free = d.free_memory()
             memory.append(g.K if free is None else int(
-                max(0, free * 0.8 - g.fixed_bytes(batch)) // g.bytes_per_kernel(batch)))
+                max(0, free * 0.8 - g.fixed_bytes(batch)) // g.bytes_per_kernel(
+                    batch, GPU_OUTPUTS if d.kind == "gpu" else 2)))
         one_group = len({d.group for d in devices}) == 1 and devices[0].group is not None
         larger = [_trial_kernels(d, g.K, memory[i]) for i, d in enumerate(devices)]
         trials = []  # (device index, kernels)

@@ -28,6 +28,10 @@ def pool_out_size(size: int, k: int, stride: int) -> int:
     return (size - k) // stride + 1
 
 
+# Arrays of a conv output's size per kernel that a GPU holds at the peak of a step
+GPU_OUTPUTS = 5
+
+
 @dataclass(frozen=True)
 class ConvGeometry:
     """One conv block: input (C, H, W), K kernels of R x S with stride and zero padding, ReLU,
@@ -123,11 +127,14 @@ class ConvGeometry:
 
     # --- cost ---------------------------------------------------------------------------------
 
-    def bytes_per_kernel(self, N: int) -> int:
+    def bytes_per_kernel(self, N: int, outputs: int = 2) -> int:
         """Memory a kernel costs a device: its weights, gradient and momentum, the update's
-        staged weights and momentum (pyhet.failover's two-phase update), and its conv output
-        and that output's gradient."""
-        return 4 * (5 * self.col_rows + 2 * self.positions(N))
+        staged weights and momentum (pyhet.failover's two-phase update), and `outputs` arrays
+        of its conv output's size: 2 on the host (the output and its gradient: the C++ core
+        fuses the block), GPU_OUTPUTS on a GPU (the reference's array expressions keep the
+        conv output, ReLU's, and in the backward max-pool's and ReLU's gradients beside the
+        output's gradient)."""
+        return 4 * (5 * self.col_rows + outputs * self.positions(N))
 
     def fixed_bytes(self, N: int) -> int:
         """Memory a device needs whatever its share: the input and its gradient, and two

@@ -17,6 +17,7 @@ from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import MIN_CONTENTION, Calibration, calibrate
 from pyhet.devices import make_backend, make_devices
 from pyhet.errors import DeviceError, DeviceSpecError
+from pyhet.geometry import GPU_OUTPUTS
 from pyhet.links import Link
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
@@ -623,8 +624,9 @@ def test_a_gpu_is_timed_on_the_whole_layer_and_a_quarter_of_it(monkeypatch):
         assert flat.fits["conv2"][0][:2] == pytest.approx([0.02 * 0.005 / 300, 0.98 * 0.005])
         fake_timings(monkeypatch, time_block, busy)
         seen.clear()   # a GPU whose memory holds 60 kernels of conv2 is timed at 60 and 15
+        g2 = shape.blocks[1]       # (a GPU's kernel: GPU_OUTPUTS arrays of its output's size)
         monkeypatch.setattr(devices[0], "free_memory", lambda: int(
-            (shape.blocks[1].fixed_bytes(4) + 60.5 * shape.blocks[1].bytes_per_kernel(4)) / 0.8))
+            (g2.fixed_bytes(4) + 60.5 * g2.bytes_per_kernel(4, GPU_OUTPUTS)) / 0.8))
         calibrate(devices[:1], shape.blocks[1:], 4)
         assert sorted(set(k for _, _, k in seen)) == [15, 60]
     finally:
