@@ -537,8 +537,10 @@ def make_synthetic(seed=0):
 
 # ================================================================ npz:FILE
 
-# The most classes an npz dataset's labels may imply without the file's 'num_classes' saying so
-MAX_INFERRED_CLASSES = 2**16
+# The most classes an npz dataset's labels may imply without the file's 'num_classes' saying so:
+# the core's sizes are C ints, so more is a stray label (a label of 2**62 read as 4.6e18
+# classes was refused for the memory it would take)
+MAX_INFERRED_CLASSES = 2**31 - 1
 
 
 def load_npz(filename):
@@ -560,14 +562,13 @@ def load_npz(filename):
     largest = int(y.max()) if y_test is None else max(int(y.max()), int(y_test.max()))
     if num_classes is None:
         num_classes = largest + 1
-        if num_classes > MAX_INFERRED_CLASSES:   # a stray label, more likely than that many
+        if num_classes > MAX_INFERRED_CLASSES:   # a stray label
             which = "y" if int(y.max()) == largest else "y_test"
             i = int(np.argmax(y if which == "y" else y_test))
             raise DataError(f"{path}: {which}[{i}] = {largest} would make {num_classes:,} "
                             f"classes (the classes are 0 to the largest label where the file "
                             f"gives no 'num_classes'); expected labels below "
-                            f"{MAX_INFERRED_CLASSES:,}, or 'num_classes' in the file if so many "
-                            f"are meant")
+                            f"{MAX_INFERRED_CLASSES:,}")
     else:
         if num_classes.size != 1 or num_classes.dtype.kind not in "iu":
             raise DataError(f"{path}: 'num_classes' should be one integer, got "
