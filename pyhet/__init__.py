@@ -11,9 +11,36 @@
 See README.md for the network notation, the device SPEC and the weight files.
 """
 
-from . import errors, ops
-from .api import Network, load
-from .data import Dataset, load_dataset
+
+
+def _loading_interrupted() -> None:
+    """Ctrl-C while the `pyhet` command loads its modules (NumPy, the core: up to a second on
+    a busy machine): its status and one line (rank 0's, under mpiexec), as later on, not a
+    traceback. Where pyhet is imported by a program of its own, nothing: it re-raises."""
+    import os
+    import sys
+
+    argv = getattr(sys, "orig_argv", [])       # `python -m pyhet`: argv[0] is "-m" by now
+    command = os.path.basename(sys.argv[0] or "") == "pyhet" or (
+        "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "pyhet")
+    if command:
+        from .transport import launched_rank, launched_size
+        if launched_rank() == 0:
+            print("pyhet: interrupted", file=sys.stderr, flush=True)
+        if launched_size() > 1:   # under mpiexec: end by the signal, so that the launcher
+            import signal        # ends the other ranks (an exit status alone it waits out)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(130)
+
+
+try:
+    from . import errors, ops
+    from .api import Network, load
+    from .data import Dataset, load_dataset
+except KeyboardInterrupt:
+    _loading_interrupted()
+    raise
 
 __version__ = "0.1.0"
 __all__ = ["Network", "load", "load_dataset", "Dataset", "errors", "ops", "__version__"]

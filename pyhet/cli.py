@@ -7,32 +7,38 @@ usage errors (argparse's own included), 1 for the rest; no traceback unless --de
 
 from __future__ import annotations
 
-import argparse
-import errno
-import importlib
-import json
-import math
-import os
-import re
-import signal
-import sys
-import time
-import traceback
-import warnings
+from . import _loading_interrupted
 
-import numpy as np
+try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
+    import argparse
+    import errno
+    import importlib
+    import json
+    import math
+    import os
+    import re
+    import signal
+    import sys
+    import time
+    import traceback
+    import warnings
 
-from . import arch, plan
-from .api import load
-from .data import input_shape_of, name_problem, read_images
-from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted, OutputError,
-                     PyhetError, UsageError)
-from .images import channel_last_message, looks_channel_last
-from .model import read_weight_file, write_npz
-from .report import calibrate_spec, describe_devices
-from .specs import check_ranks, cuda_device_count, parse_devices
-from .train import TrainConfig, check_file_destination, train
-from .transport import launched_rank, launched_size
+    import numpy as np
+
+    from . import arch, plan
+    from .api import load
+    from .data import input_shape_of, name_problem, read_images
+    from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
+                         OutputError, PyhetError, UsageError)
+    from .images import channel_last_message, looks_channel_last
+    from .model import read_weight_file, write_npz
+    from .report import calibrate_spec, describe_devices
+    from .specs import check_ranks, cuda_device_count, parse_devices
+    from .train import TrainConfig, check_file_destination, train
+    from .transport import launched_rank, launched_size
+except KeyboardInterrupt:
+    _loading_interrupted()
+    raise
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 BENCHMARKS = ("gemm", "step", "scaling", "bandwidth", "ranks", "paper", "plan", "pair")
@@ -639,6 +645,11 @@ def main(argv=None) -> int:
               "for this machine", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt as e:
+        if ranks > 1:   # Ctrl-C while MPI starts, before run_rank's handlers: once it has
+            # started, the other ranks would wait for this one for ever
+            _abort_if_started("pyhet: interrupted" if launched_rank() == 0 else None, 130)
+            if launched_rank() != 0:
+                return 130
         # SIGINT or SIGTERM while training (pyhet.interrupt) says what it saved; a bare Ctrl-C
         # elsewhere is a KeyboardInterrupt
         print(f"pyhet: {e.message}" if isinstance(e, Interrupted) else "pyhet: interrupted",
@@ -655,6 +666,11 @@ def run_rank(args, parser, ranks: int) -> int:
             return EXIT_ERROR          # rank 0 says why
         raise PyhetError(f"pyhet {args.command} runs in one process: start it without mpiexec "
                          f"(only pyhet train spreads its devices over MPI ranks)")
+    # While MPI starts (MPI_Init waits for every rank, in C, where no Python handler runs),
+    # Ctrl-C or SIGTERM ends this rank by the signal itself, so that the launcher ends the
+    # others; once it has started, the handlers below end the job through MPI_Abort.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
     comm = mpi.MPI.COMM_WORLD
@@ -663,8 +679,12 @@ def run_rank(args, parser, ranks: int) -> int:
                          f"mpi4py was built for another MPI than this mpiexec's")
     if comm.Get_rank() != 0:
         # a serving rank says nothing: rank 0 reports every error (a device that cannot be
-        # made reaches it through the hello), and Ctrl-C reaches the job through rank 0
+        # made reaches it through the hello), and Ctrl-C reaches the job through rank 0; a
+        # SIGTERM (a scheduler's) ends the job, rank 0 saying so where it got one too
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: (
+            time.sleep(1.0),   # where rank 0 got it too, it reports and ends the job first
+            _abort(comm, f"pyhet: rank {comm.Get_rank()} terminated by SIGTERM", 143)))
         try:
             specs = parse_devices(args.devices, gpu_count=cuda_device_count)
             check_ranks(specs, ranks)
@@ -672,8 +692,10 @@ def run_rank(args, parser, ranks: int) -> int:
         except PyhetError:
             return EXIT_ERROR
         return 0
-    # Ctrl-C ends the whole job at once (the other ranks wait for messages that will not come)
+    # Ctrl-C or SIGTERM ends the whole job at once (the other ranks wait for messages that will
+    # not come)
     signal.signal(signal.SIGINT, lambda *_: _abort(comm, "pyhet: interrupted", 130))
+    signal.signal(signal.SIGTERM, lambda *_: _abort(comm, "pyhet: terminated by SIGTERM", 143))
     try:
         return cmd_train(args, parser, comm)
     except SystemExit as e:            # a usage error: argparse has said why
@@ -695,8 +717,24 @@ def _abort(comm, message, status: int):
         print(message, file=sys.stderr, flush=True)
     sys.stderr.flush()
     time.sleep(0.3)    # the launcher forwards our stderr before it ends the job
+    try:               # MPI_Abort's own line ("Abort(130) on node 0 ...") is not ours to print
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+    except OSError:
+        pass
     comm.Abort(status)
     os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
+
+
+def _abort_if_started(message, status: int) -> None:
+    """_abort where MPI has started in this process (else nothing: no rank waits on it)."""
+    try:
+        from mpi4py import MPI
+        started = MPI.Is_initialized() and not MPI.Is_finalized()
+    except BaseException:
+        return
+    if started:
+        _abort(MPI.COMM_WORLD, message, status)
 
 
 # ================================================================================================

@@ -549,7 +549,15 @@ def arm_faults(devices) -> None:
     """Give the devices of a run the faults that PYHET_FAULT asks for (pyhet.faults; testing
     only). Called once the run's devices are all made, those on other ranks included."""
     for name, fault in from_environment([d.name for d in devices]).items():
-        next(d for d in devices if d.name == name).fault = fault
+        device = next(d for d in devices if d.name == name)
+        remote = getattr(device, "peer", None) is not None    # (mpi.RemoteDevice)
+        if remote and fault.phase in ("im2col", "input_gradient"):
+            # on its own rank these run inside the master's forward and backward requests,
+            # which are all a fault there is checked at: it would never fire
+            raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank}, where "
+                              f"{fault.phase} is part of the forward or backward request: give "
+                              f"forward, backward or update")
+        device.fault = fault
 
 
 def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:

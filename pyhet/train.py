@@ -325,9 +325,15 @@ def left_out(devices, partition: dict, cal) -> list:
                     one[max(range(len(one)), key=lambda j: one[j])] -= 1
                     one[i] += 1
                     with_one = cal.predicted(layer, one)
-                    than = "more than" if with_one > others else "as long as"
-                    why = (f"one kernel on it would make the layer take {with_one:.4g} s, "
-                           f"{than} the {others:.4g} s the other devices take")
+                    if with_one >= others:
+                        why = (f"one kernel on it would make the layer take {with_one:.4g} s, "
+                               f"{'as long as' if with_one == others else 'more than'} the "
+                               f"{others:.4g} s the other devices take")
+                    else:   # the split is of whole kernels, rounded: not every count is tried
+                        why = (f"the split in whole kernels left it none, though one kernel on "
+                               f"it is predicted at {with_one:.4g} s against the "
+                               f"{others:.4g} s the other devices take "
+                               f"({100 * (1 - with_one / others):.1f}% less)")
                 notes.append({"device": d.name, "layer": layer, "overhead_s": round(o, 6),
                               "layer_time_s": round(others, 6), "why": why})
     return notes

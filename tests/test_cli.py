@@ -9,6 +9,8 @@ x (N, C, H, W) images, y (N,) labels; weights in PyTorch's layout (see pyhet.mod
 
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -514,6 +516,29 @@ def test_a_loss_that_overflows_before_any_update_blames_the_inputs_not_the_lr(cl
     assert_one_error_line(res, "the loss is inf at step 1", "before this run updated any weight",
                           "largest magnitude is 3.4e+38", code=1)
     assert "--lr" not in res.err
+
+
+def test_ctrl_c_while_the_command_loads_is_its_status_and_one_line(monkeypatch, capsys):
+    """pyhet._loading_interrupted: for the `pyhet` command (or python -m pyhet) a Ctrl-C while
+    its modules load ends it with 130 and one line; a program that imports pyhet gets its
+    KeyboardInterrupt back (the function returns, the import re-raises)."""
+    import pyhet
+
+    def exit_(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(os, "_exit", exit_)
+    for var in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for argv, orig in ((["/usr/bin/pyhet", "train"], ["python", "/usr/bin/pyhet", "train"]),
+                       (["-m", "train"], ["python", "-m", "pyhet", "train"])):
+        monkeypatch.setattr(sys, "argv", argv)
+        monkeypatch.setattr(sys, "orig_argv", orig)
+        with pytest.raises(SystemExit) as e:
+            pyhet._loading_interrupted()
+        assert e.value.code == 130 and capsys.readouterr().err == "pyhet: interrupted\n"
+    monkeypatch.setattr(sys, "argv", ["myprog.py"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "myprog.py"])
+    assert pyhet._loading_interrupted() is None and capsys.readouterr().err == ""
 
 
 # ================================================================ help, imports

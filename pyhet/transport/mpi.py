@@ -27,6 +27,7 @@ Letters as in pyhet.geometry.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -142,16 +143,43 @@ class Peer:
         self.rate: float | None = None    # the fastest receive seen, bytes/s (pacing polls)
         self._rate_lock = threading.Lock()  # the devices' worker threads share a peer
         self.link: Link | None = None     # as measured by MasterLink.measure_links
+        self._until = threading.local()   # a request's deadline, per worker thread
+        self.silent = False               # it did not answer within timeout: not asked again
+
+    @contextlib.contextmanager
+    def request(self):
+        """One request and its reply, within `timeout` together (not each message in turn: a
+        stalled rank was named after twice the time --timeout gives)."""
+        self._until.t = None if self.timeout is None else time.monotonic() + self.timeout
+        try:
+            yield
+        finally:
+            self._until.t = None
+
+    def _left(self):
+        """The seconds the message under way may take: the request's time left, or timeout."""
+        until = getattr(self._until, "t", None)
+        return self.timeout if until is None else max(0.0, until - time.monotonic())
 
     def _wait(self, req, status=None, patient=True):
-        wait(req, self.timeout, self.on_timeout, status, patient)
+        self._watch(wait, req, self._left(), self.on_timeout, status, patient)
+
+    def _watch(self, wait_for, *args, **kwargs):
+        """wait_for(*args), remembering a rank that did not answer in time (silent): closing
+        its devices would only wait for it again."""
+        try:
+            wait_for(*args, **kwargs)
+        except DeviceError as e:
+            if getattr(e, "ends_run", False):
+                self.silent = True
+            raise
 
     def _transfer(self, req, nbytes: int, timed: bool = False):
         """Wait for a transfer of nbytes that is under way, polls paced by the rate seen;
         timed: a receive, whose rate counts."""
         start = time.perf_counter()
-        wait(req, self.timeout, self.on_timeout, patient=False,
-             pause=transfer_pause(nbytes, self.rate))
+        self._watch(wait, req, self._left(), self.on_timeout, patient=False,
+                    pause=transfer_pause(nbytes, self.rate))
         took = time.perf_counter() - start
         if timed and nbytes >= PACE_MIN_BYTES and took > 0:
             with self._rate_lock:
@@ -256,8 +284,9 @@ class RemoteDevice(Device):
 
     def _request(self, op: str, arrays=()):
         """(reply arrays, seconds computed on the rank: one per device the request was for)."""
-        self.peer.send(request_tag(self.index), op, arrays)
-        reply, out, _ = self.peer.receive(reply_tag(self.index))
+        with self.peer.request():
+            self.peer.send(request_tag(self.index), op, arrays)
+            reply, out, _ = self.peer.receive(reply_tag(self.index))
         if reply == "error":
             raise DeviceError(untext(out[0]))
         return out[:-1], out[-1]     # every reply ends with the rank's compute time
@@ -343,6 +372,9 @@ class RemoteDevice(Device):
         if self._closed:
             return
         self._closed = True
+        if self.peer.silent:   # it did not answer before: the job is ended by the caller
+            super().close()
+            return
         timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
         try:
             self.submit("close", self._call, "close").result()
@@ -391,8 +423,9 @@ class MasterLink:
                 best = float("inf")
                 for i in range(rounds + 1):
                     t0 = time.perf_counter()
-                    peer.send(TAG_ECHO, "ok", [a], patient=False)
-                    peer.receive(TAG_ECHO, patient=False)
+                    with peer.request():
+                        peer.send(TAG_ECHO, "ok", [a], patient=False)
+                        peer.receive(TAG_ECHO, patient=False)
                     if i:
                         best = min(best, time.perf_counter() - t0)
                 times[a.nbytes] = best
