@@ -671,8 +671,16 @@ def run_rank(args, parser, ranks: int) -> int:
     # others; once it has started, the handlers below end the job through MPI_Abort.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a rank that never starts (stopped, unreachable) would keep the others in MPI's start-up,
+    # which holds the interpreter: after --timeout, SIGALRM's default action ends this rank,
+    # and mpiexec the job, saying so in its own words
+    limit = args.timeout if args.timeout is not None else STARTUP_TIMEOUT_S
+    if math.isfinite(limit):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, limit)
     from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
+    signal.setitimer(signal.ITIMER_REAL, 0)
     comm = mpi.MPI.COMM_WORLD
     if comm.Get_size() != ranks:
         raise PyhetError(f"the launcher started {ranks} ranks but MPI sees {comm.Get_size()}: "
@@ -724,6 +732,9 @@ def _abort(comm, message, status: int):
         pass
     comm.Abort(status)
     os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
+
+
+STARTUP_TIMEOUT_S = 300.0   # MPI's start-up without --timeout: as long as a request may take
 
 
 def _abort_if_started(message, status: int) -> None:

@@ -272,6 +272,23 @@ def test_a_rank_that_stops_or_dies_ends_the_run(tmp_path, signal_name):
     assert pids_with(str(data)) == [], "processes left behind"
 
 
+def test_a_rank_that_never_starts_mpi_ends_the_job_after_the_timeout(tmp_path, data):
+    """Rank 1 is not pyhet at all (it never starts MPI, as a rank stopped before it did):
+    rank 0's start-up, which waits for it inside MPI where no handler runs, ends after
+    --timeout by SIGALRM, and mpiexec the job; nothing is left."""
+    import time
+
+    argv = [MPIEXEC, "-n", "1", sys.executable, "-m", "pyhet", "train", "--dataset",
+            f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--steps", "2",
+            "--timeout", "3", "--quiet", ":", "-n", "1", "sleep", "47"]
+    start = time.monotonic()
+    p = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    assert p.returncode != 0 and took < 3 + 20, (p.returncode, took, p.stderr)
+    time.sleep(1)
+    assert pids_with("sleep 47") == [] and pids_with(str(data)) == [], "processes left"
+
+
 def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
     """One epoch on two ranks with checkpoints, then --resume in one process on other devices:
     the weights of two uninterrupted epochs."""
