@@ -397,6 +397,22 @@ def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
     assert "link_fixed_s" not in cal.as_dict(devices)["conv2"]["d0"]
 
 
+def test_a_left_out_device_is_told_the_reason_its_model_gives():
+    """left_out's reasons against a cost model (cal.predicted): a kernel that would make the
+    layer slower, or as slow; and one predicted faster, which the split in whole kernels
+    left out (it said "as long as" of a time 0.4% shorter)."""
+    devices = [types.SimpleNamespace(name=n) for n in ("d0", "d1")]
+    for with_one, words in ((4.0, "more than the 3 s"), (3.0, "as long as the 3 s"),
+                            (2.9, "split in whole kernels left it none, though one kernel on "
+                                  "it is predicted at 2.9 s against the 3 s the other devices "
+                                  "take (3.3% less)")):
+        cal = types.SimpleNamespace(
+            overheads={"conv1": [1.0, 0.0]}, parts=None, caps={"conv1": [8, 8]},
+            predicted=lambda layer, counts, w=with_one: 3.0 if counts == [0, 8] else w)
+        (note,) = left_out(devices, {"conv1": [0, 8]}, cal)
+        assert note["device"] == "d0" and words in note["why"], note["why"]
+
+
 def test_link_time_is_latency_per_message_plus_bytes_over_bandwidth():
     assert Link(1e-3, 1e6).seconds(2e6, messages=6) == pytest.approx(6e-3 + 2.0)
     assert Link(1e-3, None).seconds(2e6, messages=2) == pytest.approx(2e-3)   # unresolved: free
