@@ -35,7 +35,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .report import calibrate_spec, describe_devices
     from .specs import check_ranks, cuda_device_count, parse_devices
     from .train import TrainConfig, check_file_destination, train
-    from .transport import launched_rank, launched_size
+    from .transport import DEFAULT_TIMEOUT, launched_rank, launched_size
 except KeyboardInterrupt:
     _loading_interrupted()
     raise
@@ -674,7 +674,7 @@ def run_rank(args, parser, ranks: int) -> int:
     # a rank that never starts (stopped, unreachable) would keep the others in MPI's start-up,
     # which holds the interpreter: after --timeout, SIGALRM's default action ends this rank,
     # and mpiexec the job, saying so in its own words
-    limit = args.timeout if args.timeout is not None else STARTUP_TIMEOUT_S
+    limit = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT
     if math.isfinite(limit):
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.setitimer(signal.ITIMER_REAL, limit)
@@ -732,9 +732,6 @@ def _abort(comm, message, status: int):
         pass
     comm.Abort(status)
     os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
-
-
-STARTUP_TIMEOUT_S = 300.0   # MPI's start-up without --timeout: as long as a request may take
 
 
 def _abort_if_started(message, status: int) -> None:

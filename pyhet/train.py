@@ -570,11 +570,9 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     step, epoch, skip = start["step"], start["epoch"], start["batch"]
     step_times, step_images, losses = [], [], []
     part_times = []                          # {part: seconds} of each step (Net.train_step's)
-    busy0 = {d.name: d.busy_s for d in net.devices}
-    # the layers' phase times go on adding up over calibration, earlier fit() calls and the
-    # evaluation: count only this run's steps
-    phases0 = {conv.name: dict(conv.phases.parts) for conv in net.convs}
-    traffic0 = traffic(net.devices)
+    # the devices' busy times, the layers' phase times and the traffic go on adding up over
+    # calibration, earlier fit() calls and the evaluation: count only this run's steps
+    busy0, phases0, traffic0 = _counters(net)
     failover = Failover(net, getattr(net, "calibration", None), balance, log)
     t_train = time.perf_counter()
     saved = {"step": step, "path": None}     # the checkpoint of the step just made, if any
@@ -630,9 +628,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 losses.append(loss)
                 bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
                 if callback is not None:
-                    before = ({d.name: d.busy_s for d in net.devices},
-                              {c.name: dict(c.phases.parts) for c in net.convs},
-                              traffic(net.devices))
+                    before = _counters(net)
                     callback({"step": step, "steps": total_steps, "epoch": epoch + 1,
                               "loss": loss, "step_time_s": dt, "images": int(xb.shape[0])})
                     # what the callback ran on the devices (an evaluation, a predict) is no
@@ -699,6 +695,12 @@ def _stop(stop, step: int, position, saved: dict, save_checkpoint):
         stop.check(f"at step {step}")
     path = saved["path"] if saved["step"] == step and saved["path"] else save_checkpoint(position)
     stop.check(f"after step {step}: wrote the checkpoint {path} (continue with --resume)")
+
+
+def _counters(net) -> tuple:
+    """What the devices have done so far: ({device: busy s}, {layer: {phase: s}}, traffic)."""
+    return ({d.name: d.busy_s for d in net.devices},
+            {c.name: dict(c.phases.parts) for c in net.convs}, traffic(net.devices))
 
 
 def _leave_out(net, before, busy0, phases0, traffic0) -> None:

@@ -160,7 +160,8 @@ def test_gpu_number_that_is_not_there(monkeypatch):
         make_backend(DeviceSpec("gpu", 3))
 
 
-def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypatch):
+def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypatch,
+                                                                        capsys):
     from pyhet.backends.cuda import describe_gpus
     cp = fake_cupy(count=2)
 
@@ -171,6 +172,13 @@ def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypat
     with pytest.raises(DeviceError, match="gpu:1 cannot be used: RuntimeError: cudaErrorDev"):
         make_backend(DeviceSpec("gpu", 1))
     assert [sorted(g) for g in describe_gpus()] == [["error", "index"]] * 2
+    from pyhet.cli import main
+    assert main(["devices", "--devices", "cpu:1", "--arch", "4C3-P2-8N", "--dataset",
+                 "synthetic", "--batch-size", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for i in (0, 1):
+        assert f"GPU {i}: cannot be used (RuntimeError: cudaErrorDevicesUnavailable" in \
+            lines[1 + i], lines
 
 
 def test_a_gpus_free_memory_counts_the_pools_free_blocks_and_its_limit(monkeypatch):

@@ -311,11 +311,15 @@ def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
         assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
 
 
-@pytest.mark.parametrize("signal_name, status, line", [
-    ("SIGINT", 130, "pyhet: interrupted"), ("SIGTERM", 143, "pyhet: terminated by SIGTERM")])
-def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, status, line):
-    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's) to mpiexec: the job ends within seconds, with
-    130 or 143 and one line on stderr (not MPI_Abort's own), nothing left."""
+@pytest.mark.parametrize("signal_name, to_rank, status, line", [
+    ("SIGINT", None, 130, "pyhet: interrupted"),
+    ("SIGTERM", None, 143, "pyhet: terminated by SIGTERM"),
+    ("SIGTERM", 1, 143, "pyhet: rank 1 terminated by SIGTERM")])   # rank 1 alone gets it
+def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, to_rank, status,
+                                                  line):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's) to mpiexec, or SIGTERM to a serving rank
+    alone: the job ends within seconds, with 130 or 143 and one line on stderr (not
+    MPI_Abort's own), nothing left."""
     import signal
     import time
 
@@ -331,7 +335,10 @@ def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, status
             while rank_pid(str(data), 1) is None and time.monotonic() < deadline:
                 time.sleep(0.5)
             time.sleep(2)
-            p.send_signal(getattr(signal, signal_name))
+            if to_rank is None:
+                p.send_signal(getattr(signal, signal_name))
+            else:
+                os.kill(rank_pid(str(data), to_rank), getattr(signal, signal_name))
             start = time.monotonic()
             _, err = p.communicate(timeout=30)
             took = time.monotonic() - start

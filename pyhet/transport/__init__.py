@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 
+# seconds a rank may take to answer one request (its compute included), and MPI's start-up
+DEFAULT_TIMEOUT = 300.0
+
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 

@@ -42,6 +42,7 @@ from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
 from ..specs import DeviceSpec, check_threads, for_rank, parse_devices
+from . import DEFAULT_TIMEOUT
 
 try:
     from mpi4py import MPI
@@ -62,7 +63,6 @@ DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "stage", "free", "close",
        "hello", "reshard", "group_forward", "group_backward", "commit")
 TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
-DEFAULT_TIMEOUT = 300.0
 
 
 def request_tag(device: int) -> int:
