@@ -564,6 +564,7 @@ def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:
     """Device objects for the specs, all in this process, named d0, d1, ... or `names`. If one
     cannot be made, those made before it are closed (no worker thread is left behind)."""
     names = names if names is not None else [f"d{i}" for i in range(len(specs))]
+    ops.warn_about_environment()
     devices: list[Device] = []
     try:
         for name, s in zip(names, specs):

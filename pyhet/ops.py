@@ -74,6 +74,32 @@ def strassen_min_dim() -> int:
     return _core.gemm_strassen_min_dim()
 
 
+STRASSEN_ENV = "PYHET_GEMM_STRASSEN"
+_STRASSEN_VALUES = ("0", "off", "1", "on", "")   # the core reads 0 and off as off, all else on
+_strassen_env_told = False
+
+
+def strassen_environment_problem() -> "str | None":
+    """What is wrong with PYHET_GEMM_STRASSEN in the environment, or None: the core takes 0 and
+    off for off and any other value for on, so a misspelt off (``false``, ``OFF``) would keep
+    Strassen's scheme on without a word."""
+    value = os.environ.get(STRASSEN_ENV)
+    if value is None or value in _STRASSEN_VALUES:
+        return None
+    return (f"{STRASSEN_ENV}={value!r} is none of 0, off, 1, on: Strassen's scheme stays "
+            f"{'off' if strassen_min_dim() == 0 else 'on'}")
+
+
+def warn_about_environment() -> None:
+    """Warn once per process about a PYHET_GEMM_STRASSEN the core does not read as meant."""
+    global _strassen_env_told
+    problem = strassen_environment_problem()
+    if problem and not _strassen_env_told:
+        _strassen_env_told = True
+        import warnings
+        warnings.warn(problem, RuntimeWarning, stacklevel=3)
+
+
 def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether an (m, n) x k product on `threads` threads runs by Strassen's scheme (on several
     threads each of its seven products must also be big enough to wake them for)."""

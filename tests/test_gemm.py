@@ -373,6 +373,24 @@ def test_strassen_environment_switch(value, dim, tmp_path):
     assert out.split() == [str(dim), "1" if dim == 0 else "0"]
 
 
+@pytest.mark.parametrize("value,said", [("false", "on"), ("OFF", "on"), ("off", None),
+                                        ("1", None)])
+def test_a_strassen_switch_the_core_does_not_read_is_named(value, said, tmp_path):
+    """The core reads only 0 and off as off: any other value but 1, on or empty is named in one
+    warning line, with what the core made of it, when the command makes its devices."""
+    env = dict(os.environ, PYHET_GEMM_STRASSEN=value)
+    run = subprocess.run([sys.executable, "-m", "pyhet", "train", "--arch", "4C3-P2", "--steps",
+                          "1", "--dataset", "synthetic", "--devices", "cpu:1", "--quiet"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    warned = [ln for ln in run.stderr.splitlines() if "PYHET_GEMM_STRASSEN" in ln]
+    if said is None:
+        assert warned == [], run.stderr
+    else:
+        assert warned == [f"pyhet: warning: PYHET_GEMM_STRASSEN={value!r} is none of 0, off, "
+                          f"1, on: Strassen's scheme stays {said}"], run.stderr
+
+
 # ------------------------------------------------------------------------------------------------
 # Concurrency: each Python thread's call has its own OpenMP team and its own pack buffers
 
