@@ -93,13 +93,17 @@ def _float(text):
     return v
 
 
-def positive(kind, high=None):
+def positive(kind, high=None, low=None):
+    """A value > 0 (and from low, to high, where given)."""
     parse_kind = _int if kind is int else _float
 
     def parse(text):
         v = parse_kind(text)
         if not v > 0:
             raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        if low is not None and v < low:
+            raise argparse.ArgumentTypeError(f"expected a value of at least {low:g}, got "
+                                             f"{text!r}")
         if high is not None and v > high:
             raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
                                              f"{text!r}")
@@ -278,10 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "with --sweep, several: one column each, for every described device")
     pl.add_argument("--sweep", default=None, metavar="devices=N,N,...",
                     help="a table of predicted speedups over these counts of described devices")
-    pl.add_argument("--master-gflops", type=positive(float, plan.GFLOPS_RANGE[1]), default=None,
+    pl.add_argument("--master-gflops", type=positive(float, *plan.GFLOPS_RANGE[::-1]), default=None,
                     metavar="G",
                     help="the master's rate for its fc layers (default: its machine's devices)")
-    pl.add_argument("--ddp-speed", type=positive(float, plan.FACTOR_RANGE[1]), default=1.0,
+    pl.add_argument("--ddp-speed", type=positive(float, *plan.FACTOR_RANGE[::-1]), default=1.0,
                     metavar="F",
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")

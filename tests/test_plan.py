@@ -401,6 +401,8 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
      ["the link of d1 is given twice"]),
     (["--describe", "a:gflops=1", "--master-gflops", "1e300"], ["at most 1e+09"]),
     (["--describe", "a:gflops=1", "--ddp-speed", "1e300"], ["at most 1e+06"]),
+    (["--describe", "a:gflops=1", "--master-gflops", "1e-300"], ["at least 1e-06"]),
+    (["--describe", "a:gflops=1", "--ddp-speed", "1e-300"], ["at least 1e-06"]),
 ])
 def test_bad_plans_are_usage_errors(cli, argv, words):
     from test_cli import assert_one_error_line
