@@ -187,7 +187,9 @@ def test_balancer_ignores_noise_when_balanced():
 # In training: the emulated speed of a device changes mid-training
 
 
-def test_dynamic_balancing_follows_a_speed_change_in_training():
+def _train_through_a_speed_change(change: int) -> list:
+    """d1's share of conv2 after each of 30 steps on two cpu:1 devices, d1 4x slower from step
+    `change` on (the test hook)."""
     # big enough that a layer's work (tens of ms) outweighs the fixed cost of handing it to
     # the devices' threads
     shape = net_shape((3, 32, 32), (48, 192), 5, 10)
@@ -195,7 +197,6 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
     x = rng.standard_normal((32, 3, 32, 32)).astype(np.float32)
     y = rng.integers(0, 10, 32)
     devices = make_devices(parse_devices("cpu:1,cpu:1"))
-    change = 6
     try:
         cal = calibrate(devices, shape.blocks, 32)
         part = {g.name: balanced(g.K, cal.speeds[g.name]) for g in shape.blocks}
@@ -211,6 +212,19 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
     finally:
         for d in devices:
             d.close()
+    return history
+
+
+def test_dynamic_balancing_follows_a_speed_change_in_training():
+    change = 6
+    # Other work on the machine slows one core more than the other, and the balancer is right
+    # to follow that: then the equal devices are not equal before the change, and the run
+    # says nothing about the change. Such a run is tried again, twice at most (seen once in CI,
+    # on 2 cores shared with MPI tests: d1's share fell to 0.01 before the change).
+    for _ in range(3):
+        history = _train_through_a_speed_change(change)
+        if all(0.4 <= s <= 0.6 for s in history[:change - 1]):
+            break
     report = " ".join(f"{s:.2f}" for s in history)
     assert all(0.4 <= s <= 0.6 for s in history[:change - 1]), report   # even machines, even
     # within 15 steps of the change d1 has lost most of its share: about a fifth is right (it
