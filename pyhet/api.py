@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import io
-import math
 import os
 import sys
 import threading
@@ -35,7 +34,7 @@ from . import evaluation
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
-from .errors import DataError, UsageError, WeightsError
+from .errors import DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, read_weight_file, save_weights)
@@ -65,6 +64,11 @@ def _one_at_a_time(in_callback: bool):
                 self._owner = me
                 try:
                     return method(self, *args, **kwargs)
+                except NoDeviceLeftError:
+                    # every device failed: they are stopped, and the next call starts them
+                    # afresh from the weights of the last whole step
+                    self._close()
+                    raise
                 finally:
                     self._owner = None
         return run
@@ -120,6 +124,9 @@ class Network:
         self._params = (init_params(self.geometry, seed) if weights is None
                         else checked_params(weights, self.geometry))
         self._epochs = 0          # epochs begun by fit() so far: the next fit's data order
+        # False for a file of an earlier version (load()), which does not say how its
+        # training images were prepared
+        self._records_normalization = True
         self._devices: list = []
         self._net = None
         self._calibration = None
@@ -207,6 +214,13 @@ class Network:
         self._devices, self._net, self._calibration, self._finalizer = [], None, None, None
         self._planned_for, self._batch_high = None, 0
 
+    def _not_copied(self, *args):
+        raise TypeError("a pyhet.Network runs devices and cannot be copied or pickled: save() "
+                        "it and load() the file, or build a Network from its params() "
+                        "(weights=)")
+
+    __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = _not_copied
+
     def __enter__(self) -> "Network":
         return self
 
@@ -257,13 +271,19 @@ class Network:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                                  np.floating)):
                 raise UsageError(f"{name} must be a number, got {value!r}")
+        # as Python floats: a NumPy scalar (np.float64 from np.logspace) would make float64 of
+        # the float32 weights it multiplies, and cannot be written to a checkpoint's JSON
+        lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
+        shuffle, progress, resume, overwrite = (
+            _flag(v, name) for name, v in (("shuffle", shuffle), ("progress", progress),
+                                           ("resume", resume), ("overwrite", overwrite)))
         ds = self._training_data(x, y, dataset, data_dir, x_test, y_test)
         cfg = TrainConfig(arch=self.arch, dataset=ds.name, devices=self.devices_spec,
                           balance=self.balance, batch_size=batch_size, epochs=epochs,
                           steps=steps, lr=lr, momentum=momentum, weight_decay=weight_decay,
                           seed=self.seed, shuffle=shuffle, progress=progress,
                           checkpoint_dir=None if checkpoint_dir is None else os.fspath(
-                              checkpoint_dir), resume=bool(resume), overwrite=bool(overwrite),
+                              checkpoint_dir), resume=resume, overwrite=overwrite,
                           checkpoint_every=checkpoint_every, keep=keep)
         try:
             cfg.check()
@@ -302,11 +322,14 @@ class Network:
                                                           False),
                                self.classes, self.normalization)
 
-        result = run_steps(cfg, ds, net, start, log, balance, callback,
-                           save_checkpoint=save if folder is not None else None)
-        per_epoch = math.ceil(len(ds.x_train) / cfg.batch_size)
-        self._epochs = start["epoch"] + math.ceil(
-            (result["steps"] - start["step"] + start["batch"]) / per_epoch)
+        at = dict(start)       # where the next step starts, after each step
+        try:
+            result = run_steps(cfg, ds, net, start, log, balance, callback,
+                               save_checkpoint=save if folder is not None else None, at=at)
+        finally:
+            # the epochs begun, also when training stopped early (Ctrl-C, a callback's error):
+            # the next fit() goes on with the next epoch's order
+            self._epochs = at["epoch"] + (1 if at["batch"] else 0)
         return with_plan(result, net, self._devices, self._calibration, balance)
 
     def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:
@@ -378,11 +401,12 @@ class Network:
                 raise DataError(f"dataset {dataset} has {'x'.join(map(str, ds.input_shape))} "
                                 f"images, but the network takes "
                                 f"{'x'.join(map(str, self.input_shape))}")
-            # raw pixels as this network's training images were prepared (its normalisation,
-            # which may be another dataset's: as predict() does), not as the dataset's own; a
-            # network that records none (trained on arrays, an earlier version's file) takes
-            # the dataset's images as they are
-            xs = (ds.x_test if ds.x_test_raw is None or self.normalization is None
+            # raw pixels as this network's training images were prepared, as predict() does:
+            # by its normalisation, which may be another dataset's, or / 255 where it has none
+            # (trained on uint8 arrays or an npz file of them); not as the dataset's own. Only
+            # a file of an earlier version, which records nothing of how its images were
+            # prepared, takes the dataset's images as they are.
+            xs = (ds.x_test if ds.x_test_raw is None or not self._records_normalization
                   else self._images(ds.x_test_raw, f"dataset {dataset}'s test images"))
             ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
         else:
@@ -402,7 +426,12 @@ class Network:
         description to an .npz; pyhet.load() needs nothing else."""
         _check_path(path, "save")
         check_file_destination(path, "save")     # a folder, a missing one: before writing
-        save_weights(path, self.params(), self.geometry, self.classes, self.normalization)
+        params = self.params()
+        bad = [k for k, v in params.items() if not np.isfinite(v).all()]
+        if bad:      # a fit() that diverged: a file that load() would refuse
+            raise TrainingError(f"save {os.fspath(path)}: {', '.join(bad)} hold NaN or infinite "
+                                f"values (training diverged): nothing written")
+        save_weights(path, params, self.geometry, self.classes, self.normalization)
 
 
 def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dynamic",
@@ -421,9 +450,11 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
     meta = meta or {}
     normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],
                                            WeightsError, f"weight file {os.fspath(path)}: its")
-    return Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
-                   balance=balance, classes=meta.get("classes"), normalization=normalization,
-                   weights=params)
+    net = Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
+                  balance=balance, classes=meta.get("classes"), normalization=normalization,
+                  weights=params)
+    net._records_normalization = bool(meta.get("records_normalization", False))
+    return net
 
 
 def _input_shape(input_shape) -> tuple:
@@ -477,6 +508,13 @@ def _whole(v, name, minimum: int) -> int:
     if not _is_whole(v) or v < minimum:
         raise UsageError(f"{name} must be a whole number >= {minimum}, got {v!r}")
     return int(v)
+
+
+def _flag(v, name) -> bool:
+    """A bool argument: True or False (NumPy's too), never a value read as one ("no")."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    raise UsageError(f"{name} must be True or False, got {v!r}")
 
 
 def _positive(v, name) -> int:

@@ -32,7 +32,7 @@ from . import files
 from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
-from .model import (arch_entry, check_finite, checked_params, load_weights,
+from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
                     read_weight_file, write_npz)
 
 NAME = re.compile(r"^checkpoint-(\d+)\.npz$")
@@ -233,7 +233,10 @@ class CheckpointDir:
         arrays = dict(net.params())
         # never a checkpoint of weights that diverged (the loss, computed before the update,
         # may still have been finite)
-        check_finite(arrays, position["step"], self.settings.get("lr", float("nan")),
+        st = self.settings
+        check_finite(arrays, position["step"],
+                     divergence_advice(st.get("lr", float("nan")), st.get("momentum", 0.0),
+                                       st.get("weight_decay", 0.0)),
                      "neither this checkpoint nor a weight file was written")
         for name, (vw, vb) in net.momentum().items():
             if vw is not None:

@@ -9,6 +9,7 @@ the run at once.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -52,3 +53,37 @@ class Interruption:
         """Raise Interrupted if a signal asked to stop (detail: what was done about it)."""
         if self.signum is not None:
             raise Interrupted(self.signum, detail)
+
+
+class HeldSigint:
+    """SIGINT held back for the length of a `with` block, then handled as it would have been:
+    a step's commit (every layer's new weights made current, then the fc layers' update) is
+    never cut in two by Ctrl-C, which would leave some layers a step ahead of the others. Only
+    in the main thread, where Python runs handlers, and where the handler is Python's (one set
+    outside Python is left alone). A signal that comes while the block raises is dropped: the
+    error ends the call anyway."""
+
+    __slots__ = ("_old", "_got")
+
+    def __enter__(self):
+        self._old, self._got = None, None
+        if threading.current_thread() is threading.main_thread():
+            old = signal.getsignal(signal.SIGINT)
+            if old is not None:
+                self._old = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum, frame):
+        self._got = (signum, frame)
+
+    def __exit__(self, kind, value, tb):
+        old, got = self._old, self._got
+        if old is None:
+            return
+        signal.signal(signal.SIGINT, old)
+        if got is None or kind is not None:
+            return
+        if callable(old):
+            old(*got)                        # default_int_handler: KeyboardInterrupt
+        elif old == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)

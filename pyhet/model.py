@@ -17,6 +17,7 @@ still load: their shape is read off the arrays.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -28,6 +29,7 @@ import numpy as np
 from . import arch as arch_notation
 from . import files, npzfile
 from .images import Normalization
+from .interrupt import HeldSigint
 from .errors import TrainingError, WeightsError
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
@@ -162,6 +164,8 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             if len(meta["input_shape"]) != 3:
                 raise ValueError(f"input_shape {list(meta['input_shape'])} is not (C, H, W)")
             meta["num_classes"] = _whole_entry(meta["num_classes"], "num_classes")
+            # files of earlier versions record no normalisation, not even none
+            meta["records_normalization"] = "normalization" in meta
             norm = meta.get("normalization")
             meta["normalization"] = None if norm is None else Normalization.from_dict(norm)
             meta["classes"] = check_class_names(meta.get("classes"), meta["num_classes"])
@@ -378,6 +382,8 @@ class Net:
                                       self.devices, partition[g.name], need_dx=i > 0)
                       for i, g in enumerate(net.blocks)]
         self.head = Head(net, params, host)
+        # no device on another rank (pyhet.transport.mpi.RemoteDevice has a peer)
+        self._local = all(getattr(d, "peer", None) is None for d in self.devices)
 
     def forward(self, x):
         """x (N, C, H, W) -> logits (N, M)."""
@@ -405,10 +411,13 @@ class Net:
             for conv in self.convs:
                 conv.step(cfg)
             # every device of every layer has updated: only now does the step become final
-            # (a device that fails before this leaves every layer as it was; pyhet.failover)
-            for conv in self.convs:
-                conv.commit()
-            self.head.update(cfg)
+            # (a device that fails before this leaves every layer as it was; pyhet.failover),
+            # and Ctrl-C waits until every layer has it (here, where it only swaps arrays: a
+            # device on another rank answers its commit, and Ctrl-C there ends every rank)
+            with HeldSigint() if self._local else contextlib.nullcontext():
+                for conv in self.convs:
+                    conv.commit()
+                self.head.update(cfg)
         return float(loss)
 
     def params(self) -> dict:
@@ -461,12 +470,25 @@ class Net:
                 for conv in self.convs}
 
 
-def check_finite(params: dict, step: int, lr: float, consequence: "str | None") -> None:
+def divergence_advice(lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> str:
+    """What to change when training diverged. The weight decay's own part of SGD's update,
+    w <- w - lr (m v + wd w), makes the weights grow by itself once lr x wd > 2 (1 + m) (the
+    heavy-ball method's limit on a quadratic): then the decay is to blame, else the lr."""
+    limit = 2 * (1 + momentum)
+    if weight_decay > 0 and lr * weight_decay > limit:
+        return (f"--lr x --weight-decay is {lr * weight_decay:g}, and above {limit:g} (with "
+                f"--momentum {momentum:g}) the decay alone makes the weights grow: try a "
+                f"smaller --weight-decay (now {weight_decay:g}) or --lr (now {lr:g})")
+    return f"try a smaller --lr (now {lr:g})"
+
+
+def check_finite(params: dict, step: int, advice: str, consequence: "str | None") -> None:
     """TrainingError if any weight is NaN or infinite (an update too large for float32: the
-    loss, computed before the update, may still have been finite)."""
+    loss, computed before the update, may still have been finite). advice: what to change
+    (divergence_advice)."""
     for name, w in params.items():
         if not np.isfinite(w).all():
             raise TrainingError(f"{name} holds NaN or infinite values after step {step}: "
                                 f"training diverged"
                                 + (f"; {consequence}" if consequence else "")
-                                + f"; try a smaller --lr (now {lr:g})")
+                                + f"; {advice}")

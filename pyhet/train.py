@@ -32,7 +32,8 @@ from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
 from .interrupt import Interruption
-from .model import Net, check_finite, init_params, load_weights, save_weights
+from .model import (Net, check_finite, divergence_advice, init_params, load_weights,
+                    save_weights)
 from .optim import SGDConfig
 from .partition import Balancer, balanced, even
 from .progress import Progress
@@ -554,13 +555,14 @@ def planned_steps(cfg: TrainConfig, ds: Dataset) -> tuple:
 
 
 def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance=None,
-              callback=None, save_checkpoint=None, stop=None) -> dict:
+              callback=None, save_checkpoint=None, stop=None, at=None) -> dict:
     """The step loop from `start` ({"step", "epoch", "batch"}) to the end, then the test split's
     evaluation, --save and the summary. callback(info) is called after every step with
     {"step", "steps", "epoch", "loss", "step_time_s", "images"}. save_checkpoint(position)
     writes a checkpoint of the step just made and returns its path (position: the step and the
     next batch, {"step", "epoch", "batch"}), at each epoch's end, every cfg.checkpoint_every
-    steps and at the end. stop: a pyhet.interrupt.Interruption, asked after every step.
+    steps and at the end. stop: a pyhet.interrupt.Interruption, asked after every step. at: a
+    dict updated to the position after every step (where training got, should it stop early).
 
     Non-finite numbers: the loss is checked after every step (it costs nothing), the weights
     before every checkpoint and once after the last step, before the evaluation and --save; a
@@ -619,7 +621,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                             f"magnitude is {peak:.3g}; images as the network expects them are "
                             f"of order 1) or weights it started from")
                     raise TrainingError(f"the loss became {loss} {where}: training diverged; "
-                                        f"try a smaller --lr (now {cfg.lr})")
+                                        + _advice(cfg))
                 if balance is not None:
                     balance.after_step(step)
                 step_times.append(dt)
@@ -640,6 +642,8 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 # where the next step starts
                 position = ({"step": step, "epoch": epoch, "batch": b + 1} if b + 1 < per_epoch
                             else {"step": step, "epoch": epoch + 1, "batch": 0})
+                if at is not None:
+                    at.update(position)
                 if save_checkpoint is not None and (position["batch"] == 0 or
                                                     step == total_steps or
                                                     (every and step % every == 0)):
@@ -663,7 +667,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     phases = {conv.name: {k: v - phases0[conv.name].get(k, 0.0)
                           for k, v in conv.phases.parts.items()} for conv in net.convs}
     params = net.params()
-    check_finite(params, step, cfg.lr, "the weights were not saved" if cfg.save else None)
+    check_finite(params, step, _advice(cfg), "the weights were not saved" if cfg.save else None)
 
     # on the whole test split, in batches of the training size (the memory the devices were
     # sized for)
@@ -676,7 +680,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
         raise TrainingError(f"the test loss is {test['loss']} after step {step}: the network's "
                             f"outputs overflow, training diverged"
                             + ("; the weights were not saved" if cfg.save else "")
-                            + f"; try a smaller --lr (now {cfg.lr:g})")
+                            + "; " + _advice(cfg))
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,
@@ -684,6 +688,10 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                      phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
+
+
+def _advice(cfg: TrainConfig) -> str:
+    return divergence_advice(cfg.lr, cfg.momentum, cfg.weight_decay)
 
 
 def _stop(stop, step: int, position, saved: dict, save_checkpoint):

@@ -249,10 +249,22 @@ def test_a_datasets_pixels_are_evaluated_as_the_networks_training_images_were(tm
         assert net.evaluate(dataset=f"npz:{path}", batch_size=40) == want
         probs = net.predict(pixels, batch_size=40)
         assert want["accuracy"] == np.mean(probs.argmax(axis=1) == labels)
-    # a network that records no normalisation (trained on arrays, or an earlier version's
-    # file) takes a named dataset's test images as the dataset prepares them
+    # a network that records no statistics (trained on uint8 arrays or npz pixels) takes a
+    # named dataset's raw test pixels / 255, as predict() does: not the dataset's statistics
     with pyhet.Network("4C5-P2-8N", (1, 28, 28), 10, devices="numpy") as net:
         assert net.normalization is None
+        net.fit(dataset=f"npz:{path}", steps=3, batch_size=16)
+        assert net.normalization is None
+        by_255 = net.evaluate(bundled.x_test_raw, bundled.y_test, batch_size=500)
+        assert net.evaluate(dataset="bundled", batch_size=500) == by_255
+        assert by_255 != net.evaluate(bundled.x_test, bundled.y_test, batch_size=500)
+        net.save(tmp_path / "w.npz")
+    # a file of an earlier version records nothing of it: the dataset's own preparation
+    w = load_npz(tmp_path / "w.npz")
+    entry = json.loads(str(w["arch"]))
+    del entry["normalization"]
+    np.savez(tmp_path / "earlier.npz", **{**w, "arch": np.array(json.dumps(entry))})
+    with pyhet.load(tmp_path / "earlier.npz", devices="numpy") as net:
         assert net.evaluate(dataset="bundled", batch_size=500) == net.evaluate(
             bundled.x_test, bundled.y_test, batch_size=500)
 

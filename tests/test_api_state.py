@@ -1,0 +1,221 @@
+"""The Network's state through what can go wrong in a fit(): hyperparameters given as NumPy
+scalars, flags given as other values, every device failing, Ctrl-C in a step's commit, training
+that diverges, a fit that stops early, and copies. Each ends with the network's weights at a
+whole step (checked against a run that did not go wrong), or with a clear error that leaves
+them as they were."""
+
+import copy
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+
+import pyhet
+from pyhet import model
+from pyhet.errors import NoDeviceLeftError, TrainingError, UsageError
+
+ARCH = "4C3-P2-8N"
+SHAPE = (1, 8, 8)
+
+
+def data(n=32, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, *SHAPE)).astype(np.float32), rng.integers(0, 3, n)
+
+
+def trained(steps, devices="cpu:1", **fit):
+    """The weights after `steps` steps of a fit that nothing disturbed."""
+    x, y = data()
+    with pyhet.Network(ARCH, SHAPE, 3, devices=devices, seed=3) as net:
+        net.fit(x, y, steps=steps, batch_size=8, **fit)
+        return net.params()
+
+
+def assert_same(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == np.float32, (k, got[k].dtype)
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------------
+# Values of other types
+
+
+@pytest.mark.parametrize("devices", ["cpu:1", "numpy"])
+@pytest.mark.parametrize("kind", [np.float64, np.float32])
+def test_numpy_scalar_hyperparameters_train_as_python_floats(devices, kind, tmp_path):
+    """lr and weight_decay as NumPy scalars (np.logspace gives np.float64) train as the same
+    Python floats do: float32 weights (np.float64 * a float32 array is float64 under NumPy 2),
+    and checkpoints that can be written (JSON) and resumed."""
+    lr, wd, mom = kind(0.05), kind(0.01), kind(0.0)
+    want = trained(3, devices, lr=float(lr), weight_decay=float(wd), momentum=0.0)
+    x, y = data()
+    ck = tmp_path / "ck"
+    with pyhet.Network(ARCH, SHAPE, 3, devices=devices, seed=3) as net:
+        net.fit(x, y, steps=3, batch_size=8, lr=lr, weight_decay=wd, momentum=mom,
+                checkpoint_dir=ck, checkpoint_every=1)
+        assert_same(net.params(), want)
+    # the checkpoint of step 3 is whole: a resume to step 3 has nothing left to train
+    with pyhet.Network(ARCH, SHAPE, 3, devices=devices, seed=3) as net:
+        s = net.fit(x, y, steps=3, batch_size=8, lr=lr, weight_decay=wd, momentum=mom,
+                    checkpoint_dir=ck, resume=True)
+        assert s["steps"] == 3
+        assert_same(net.params(), want)
+
+
+@pytest.mark.parametrize("flag", ["shuffle", "progress", "resume", "overwrite"])
+@pytest.mark.parametrize("value", ["no", 0, 1, None])
+def test_flags_are_bools_not_values_read_as_one(flag, value, tmp_path):
+    """overwrite="no" used to be read as True, and deleted another run's checkpoints."""
+    x, y = data()
+    ck = tmp_path / "ck"
+    with pyhet.Network(ARCH, SHAPE, 3, devices="numpy", seed=3) as net:
+        net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=ck)
+        before = sorted(p.name for p in ck.iterdir())
+        with pytest.raises(UsageError, match=f"{flag} must be True or False, got {value!r}"):
+            net.fit(x, y, steps=1, batch_size=8, checkpoint_dir=ck, **{flag: value})
+    assert sorted(p.name for p in ck.iterdir()) == before
+    with pyhet.Network(ARCH, SHAPE, 3, devices="numpy", seed=3) as net:
+        net.fit(x, y, steps=1, batch_size=8, shuffle=np.bool_(False))    # NumPy's bool is one
+
+
+# ------------------------------------------------------------------------------------------------
+# Every device failing
+
+
+def test_after_every_device_failed_the_next_call_starts_them_afresh(monkeypatch):
+    """The network keeps the weights of the last whole step, and the next call starts its
+    devices again (it used to fail with 'need at least one array to concatenate' until
+    close())."""
+    x, y = data()
+    monkeypatch.setenv("PYHET_FAULT", "d0:forward:2")
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(NoDeviceLeftError, match="no device is left"):
+            net.fit(x, y, steps=3, batch_size=8)
+        assert net.partition is None                   # stopped
+        monkeypatch.delenv("PYHET_FAULT")
+        assert_same(net.params(), trained(1))           # step 1's weights
+        probs = net.predict(x)
+        assert probs.shape == (32, 3) and np.isfinite(probs).all()
+        net.fit(x, y, steps=1, batch_size=8)
+        assert net.partition == {"conv1": {"d0": 4}}
+
+
+# ------------------------------------------------------------------------------------------------
+# Ctrl-C in a step's commit
+
+
+def test_ctrl_c_while_a_step_commits_leaves_every_layer_at_that_step(monkeypatch):
+    """SIGINT that comes between the conv layers' commit and the fc layers' update (here from
+    inside the update: a real signal to this process) is held until the whole step is made:
+    every layer is at step 1, none left at step 0; and then it is a KeyboardInterrupt."""
+    x, y = data()
+    real = model.Head.update
+
+    def update(self, cfg):
+        sgd, calls = self.host.sgd_update, []
+
+        def interrupted(*args):
+            calls.append(1)
+            if len(calls) == 2:                 # after fc1.weight, before fc1.bias
+                os.kill(os.getpid(), signal.SIGINT)
+            return sgd(*args)
+        self.host.sgd_update = interrupted
+        try:
+            real(self, cfg)
+        finally:
+            self.host.sgd_update = sgd
+
+    monkeypatch.setattr(model.Head, "update", update)
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(KeyboardInterrupt):
+            net.fit(x, y, steps=3, batch_size=8)
+        got = net.params()
+    monkeypatch.setattr(model.Head, "update", real)
+    assert_same(got, trained(1))
+
+
+def test_ctrl_c_outside_the_commit_is_not_held():
+    """The hold is for the commit alone: SIGINT in a callback is a KeyboardInterrupt at once,
+    and the handler is Python's again after fit()."""
+    x, y = data()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    seen = []
+
+    def callback(info):
+        seen.append(info["step"])
+        os.kill(os.getpid(), signal.SIGINT)
+        seen.append("after")                    # never reached
+
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(KeyboardInterrupt):
+            net.fit(x, y, steps=3, batch_size=8, callback=callback)
+        assert_same(net.params(), trained(1))
+    assert seen == [1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ------------------------------------------------------------------------------------------------
+# Divergence, an early stop, copies
+
+
+def test_save_refuses_weights_that_diverged(tmp_path):
+    x, y = data()
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(TrainingError, match="training diverged"):
+            net.fit(x, y, steps=1, batch_size=8, lr=1e300)
+        with pytest.raises(TrainingError, match="NaN or infinite values .* nothing written"):
+            net.save(tmp_path / "w.npz")
+    assert not (tmp_path / "w.npz").exists()
+
+
+@pytest.mark.parametrize("wd,momentum,blamed", [
+    (1e10, 0.9, "--weight-decay"), (50.0, 0.0, "--weight-decay"), (1.0, 0.9, "--lr")])
+def test_divergence_names_the_weight_decay_where_it_alone_grows_the_weights(
+        wd, momentum, blamed):
+    """w <- w - lr (m v + wd w) grows the weights by itself once lr x wd > 2 (1 + m)."""
+    advice = model.divergence_advice(0.1, momentum, wd)
+    assert advice.startswith("try a smaller " + blamed) or (
+        blamed == "--weight-decay" and "try a smaller --weight-decay" in advice), advice
+    if blamed == "--weight-decay":
+        assert f"--lr x --weight-decay is {0.1 * wd:g}" in advice
+
+
+def test_a_diverging_weight_decay_is_named_on_the_command_line(cli_process, tmp_path):
+    x, y = data(37)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    res = cli_process("train", "--arch", ARCH, "--dataset", f"npz:{tmp_path / 'd.npz'}", "--devices",
+              "cpu:1", "--steps", "3", "--weight-decay", "1e10", "--quiet")
+    assert res.code == 1 and "try a smaller --weight-decay (now 1e+10)" in res.err, res.err
+
+
+def test_a_fit_that_stopped_early_is_followed_by_the_next_epochs_order():
+    """A fit stopped by its callback after 2 of the epoch's 4 steps has begun epoch 1: the next
+    fit trains epoch 2's order, not epoch 1's batches again."""
+    x, y = data()
+    seen = []
+
+    def stop_at_2(info):
+        seen.append((info["epoch"], info["step"]))
+        if info["step"] == 2:
+            raise KeyboardInterrupt
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(KeyboardInterrupt):
+            net.fit(x, y, epochs=1, batch_size=8, callback=stop_at_2)
+        net.fit(x, y, epochs=1, batch_size=8,
+                callback=lambda i: seen.append((i["epoch"], i["step"])))
+    assert seen == [(1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (2, 4)]
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps])
+def test_a_network_is_not_copied_but_says_how_to(how):
+    """A copy shared the devices (closing it closed the original's); pickle failed on a lock."""
+    x, _ = data()
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        net.predict(x)
+        with pytest.raises(TypeError, match=r"cannot be copied or pickled: save\(\)"):
+            how(net)
+        assert net.predict(x).shape == (32, 3)
