@@ -796,12 +796,41 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
-def _null_stdout():
-    """Point fd 1 at /dev/null."""
+def _null_stdout(target: int = 1):
+    """Point fd 1 (or `target`) at /dev/null."""
     fd = os.open(os.devnull, os.O_WRONLY)
-    if fd != 1:
-        os.dup2(fd, 1)
+    if fd != target:
+        os.dup2(fd, target)
         os.close(fd)
+
+
+class QuietStderr:
+    """sys.stderr for the console script: a write that fails (a full disk, a closed pipe)
+    is dropped, and so is all that follows it (to /dev/null). Progress, warnings and error
+    lines are reports on the work, which must not be lost for them: a run whose stderr
+    cannot be written still writes its summary and --save file."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _failed(self):
+        self._stream = open(os.devnull, "w")
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):
+            self._failed()
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            self._failed()
+
+    def __getattr__(self, name):          # encoding, isatty, fileno, ...
+        return getattr(self._stream, name)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -820,6 +849,12 @@ def entry():  # console script
         # and receives what a library prints there
         _null_stdout()
     sys.stdout = GuardedStdout(sys.stdout)
+    if sys.stderr is None:
+        # fd 2 is closed: hold it with /dev/null too, or print(file=None) would write the
+        # error lines to stdout, and a file opened later would become fd 2
+        _null_stdout(2)
+        sys.stderr = open(os.devnull, "w")
+    sys.stderr = QuietStderr(sys.stderr)
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         # NumPy's floating-point warnings (overflow, invalid value) on a run that diverges: the

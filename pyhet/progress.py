@@ -14,7 +14,9 @@ class Progress:
     def __init__(self, total: int, desc: str, stream=None, enabled: bool = True):
         self.total, self.desc = total, desc
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
+        # no stderr (closed when the process started), or one that fails: no bar, and the
+        # training it reports on goes on
+        self.enabled = enabled and self.stream is not None
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.n, self.t0, self._last = 0, time.perf_counter(), 0.0
         self.info = ""
@@ -33,8 +35,11 @@ class Progress:
         bar = "#" * done + "-" * (width - done)
         elapsed = time.perf_counter() - self.t0
         line = f"{self.desc} [{bar}] {self.n}/{self.total}  {self.info}  {elapsed:.1f}s"
-        self.stream.write(("\r" if self.tty else "") + line + end)
-        self.stream.flush()
+        try:
+            self.stream.write(("\r" if self.tty else "") + line + end)
+            self.stream.flush()
+        except (OSError, ValueError):      # a full disk, a closed stream
+            self.enabled = self.tty = False
 
     def close(self):
         if self.enabled:

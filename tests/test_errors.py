@@ -299,6 +299,32 @@ def test_a_closed_stdout_is_one_line_and_the_run_still_saves(files, tmp_path):
         assert "conv1.weight" in w.files
 
 
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_a_stderr_that_cannot_be_written_loses_no_run(files, tmp_path, redirect):
+    """Progress, warnings and errors go to stderr or nowhere: with stderr closed or full the
+    run still prints its summary and writes --save (it used to end with status 1 and nothing
+    at the progress bar's first line), and no warning or error line reaches stdout."""
+    if "full" in redirect and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    out = tmp_path / "w.npz"
+    argv = [a for a in _argv(TRAIN, files) if a != "--quiet"] + [   # with a progress bar
+        "--save", out, "--json", "--devices", "cpu:1,cpu:1,cpu:1"]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m",
+                        "pyhet", *map(str, argv)], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 0
+    assert json.loads(p.stdout.strip())["steps"] >= 1, p.stdout   # one line: the summary
+    with np.load(out) as w:
+        assert "conv1.weight" in w.files
+    # an error: status 2 and nothing on stdout
+    p = subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, "-m",
+                        "pyhet", "train", "--lr", "-1"], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+
+
 # ================================================================ warnings, and NumPy's
 
 def test_a_run_that_diverges_says_so_in_one_line_without_numpy_warnings(files, tmp_path):
