@@ -421,6 +421,7 @@ def cmd_devices(args, parser) -> int:
 # The most described devices one plan takes (its time grows with their number: 65,536 take
 # seconds; an absurd count would never end)
 MAX_PLAN_DEVICES = 2 ** 16
+MAX_SWEEP_DEVICES = 2 ** 18     # in a sweep, over every count and link (about a minute)
 
 
 def _sweep_counts(text, parser):
@@ -429,6 +430,9 @@ def _sweep_counts(text, parser):
         counts = [_int(v) for v in values.split(",")] if name.strip() == "devices" and eq else []
     except argparse.ArgumentTypeError:
         counts = []
+    twice = sorted({n for n in counts if counts.count(n) > 1})
+    if twice:   # one row of the table each
+        parser.error(f"--sweep {text!r}: {', '.join(map(str, twice))} given twice")
     if not counts or any(n < 1 for n in counts):
         parser.error(f"--sweep {text!r}: expected devices=N,N,... with counts >= 1, such as "
                      f"devices=1,2,4,8")
@@ -462,14 +466,29 @@ def cmd_plan(args, parser) -> int:
         _plan_options("--describe", described, lambda d: plan.check_distinct(
             plan.described_names(d)), parser)
     links = ([_plan_options("--link", t, plan.parse_link, parser) for t in args.link.split(",")]
-             if args.link else [None])
+             if args.link is not None else [None])
     if len(links) > 1 and args.sweep is None:
         parser.error("several --link values need --sweep (one column each)")
+    _plan_options("--link", args.link, lambda _: plan.link_names(links), parser)
     if args.devices is None and not described:
         parser.error("the cluster is empty: give --devices SPEC and/or --describe")
+    if args.link is not None and not any(d.gflops is not None or d.like is not None
+                                         for d in described):
+        parser.error("--link is the link of described devices (--describe NAME:gflops=G or "
+                     "like=DEVICE): there is none")
     counts = _sweep_counts(args.sweep, parser) if args.sweep is not None else None
-    if counts is not None and not described:
-        parser.error("--sweep devices=... counts described devices: give --describe")
+    if counts is not None and sum(counts) * len(links) > MAX_SWEEP_DEVICES:
+        parser.error(f"--sweep {args.sweep!r}: at most {MAX_SWEEP_DEVICES:,} devices planned "
+                     f"in all (the counts' sum times the links), got "
+                     f"{sum(counts) * len(links):,}")
+    # the described devices' names against the calibrated ones (d0, d1, ... from the SPEC
+    # alone), before any calibration
+    cal_names = ([f"d{i}" for i in range(len(parse_devices(args.devices)))]
+                 if args.devices is not None else [])
+    try:
+        plan.check_described(described, cal_names, counts is not None)
+    except UsageError as e:
+        parser.error(str(e))
     in_shape, classes = input_shape_of(args.dataset)
     net = arch.build(spec, in_shape, classes)
     calibrated = (calibrate_spec(args.devices, net, args.batch_size)
@@ -489,28 +508,34 @@ def cmd_plan(args, parser) -> int:
     return 0
 
 
+def _secs(seconds: float) -> str:
+    """Seconds for the plan's table: five decimals, or three significant digits below a
+    millisecond (a fast described device's times were all 0.00000)."""
+    return f"{seconds:.5f}" if seconds >= 1e-3 or seconds == 0 else f"{seconds:.3g}"
+
+
 def plan_table(r: dict) -> str:
     names = [d["name"] for d in r["devices"]]
     lines = [f"plan of {r['network']}, batch {r['batch_size']}, on "
-             + ", ".join(f"{d['name']} ({d['gflops']:.1f} GFLOP/s, {d['link']})"
+             + ", ".join(f"{d['name']} ({d['gflops']:.4g} GFLOP/s, {d['link']})"
                          for d in r["devices"]),
              f"{'layer':<8}{'conv s':>11}  " + "".join(f"{n:>12}" for n in names)]
     for layer, row in r["layers"].items():
-        lines.append(f"{layer:<8}{row['conv_s']:>11.5f}  " + "".join(
+        lines.append(f"{layer:<8}{_secs(row['conv_s']):>11}  " + "".join(
             f"{row['devices'][n]['kernels']:>12}" for n in names))
     best = r["best_single"]
     master = ("fc layers, loss and their update, timed here: "
               if r["master_timed"] else "fc layers at ")
-    lines += [f"master ({master}{r['master_gflops']:.1f} GFLOP/s): {r['master_s']:.5f} s",
-              f"predicted step: {r['predicted_step_s']:.5f} s, speedup "
+    lines += [f"master ({master}{r['master_gflops']:.4g} GFLOP/s): {_secs(r['master_s'])} s",
+              f"predicted step: {_secs(r['predicted_step_s'])} s, speedup "
               + ("n/a (no device holds a layer alone)" if best is None else
-                 f"{r['speedup']:.2f}x over {best['device']} alone ({best['step_s']:.5f} s)")
+                 f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")
               + f", bottleneck: {r['bottleneck']}"]
     d = r["ddp"]
     lines.append(f"data parallel (DDP"
                  + ("" if d["speed"] == 1.0 else f", replicas at {d['speed']:g} of pyhet's speed")
-                 + f"): {d['step_s']:.5f} s (compute {d['compute_s']:.5f} s on "
-                 f"{d['slowest_device']}, all-reduce {d['allreduce_s']:.5f} s), speedup "
+                 + f"): {_secs(d['step_s'])} s (compute {_secs(d['compute_s'])} s on "
+                 f"{d['slowest_device']}, all-reduce {_secs(d['allreduce_s'])} s), speedup "
                  + ("n/a" if d["speedup"] is None else f"{d['speedup']:.2f}x")
                  + f"; faster: {r['winner']}")
     return "\n".join(lines)

@@ -107,8 +107,37 @@ def parse_memory(text: str) -> float:
 
 def parse_link(text: str) -> Link:
     """'BANDWIDTH[@LATENCY]', e.g. '10gbit@20us'; the latency defaults to 50 us."""
-    bw, _, lat = text.strip().partition("@")
-    return Link(parse_latency(lat) if lat else DEFAULT_LATENCY_S, parse_bandwidth(bw))
+    bw, at, lat = text.strip().partition("@")
+    if at and not lat.strip():
+        raise UsageError("no latency after @ (leave out @ for 50us)")
+    return Link(parse_latency(lat) if at else DEFAULT_LATENCY_S, parse_bandwidth(bw))
+
+
+def _sig(seconds: float) -> float:
+    """A figure to nine significant digits (nine decimals made 0.0 of the times of
+    fast described devices, and their ratios of the speedup)."""
+    return float(f"{seconds:.9g}")
+
+
+def seconds_text(seconds: float) -> str:
+    """'50us', '1.5ms', '2s'."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:g}{unit}"
+    return f"{seconds / 1e-9:g}ns" if seconds else "0s"
+
+
+def link_names(links) -> list:
+    """The names of a sweep's links (None: 'own'): by bandwidth, and with the latency where two
+    share a bandwidth (their columns and rows would be one)."""
+    names = ["own" if lk is None else link_name(lk) for lk in links]
+    if len(set(names)) < len(names):
+        names = ["own" if lk is None else f"{link_name(lk)}@{seconds_text(lk.latency_s)}"
+                 for lk in links]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise UsageError(f"--link: {', '.join(twice)} given twice")
+    return names
 
 
 def link_name(link: Link | None) -> str:
@@ -184,6 +213,9 @@ def parse_describe(text: str) -> list[Described]:
             raise UsageError(f"{where}: give its speed as gflops=G, or as like=DEVICE "
                              f"(a calibrated device) with an optional factor=F" +
                              (", not both" if d.gflops is not None else ""))
+        if "factor" in fields and d.like is None:
+            raise UsageError(f"{where}: factor= scales the speed of the device named by like=; "
+                             f"with gflops=, give the rate itself")
         if "lat" in fields and d.link is None:
             raise UsageError(f"{where}: lat= needs bw= (the link's bandwidth)")
         for label, v, (low, high) in (("gflops", d.gflops, GFLOPS_RANGE),
@@ -318,6 +350,31 @@ def placed(cal: Calibration, names: list, moved: set, joining: int = 0) -> Calib
     return replace(cal, speeds=speeds, overheads=overheads, parts=None, phases=None)
 
 
+def check_described(described, calibrated_names, sweep: bool = False) -> None:
+    """UsageError where described devices name what the calibrated devices (their names, d0,
+    d1, ...: known from the SPEC before any calibration) do not have: a link-only entry or
+    like= of a device that is not calibrated, one device's link given twice; or a sweep with
+    no entry to count."""
+    known = ", ".join(calibrated_names) or "none"
+    moving = [d.name for d in described if d.gflops is None and d.like is None]
+    twice = sorted({n for n in moving if moving.count(n) > 1})
+    if twice:   # one link per device: a second would silently take the first's place
+        raise UsageError(f"--describe: the link of {twice[0]} is given twice; give each "
+                         f"calibrated device one bw= (and lat=)")
+    for name in moving:
+        if name not in calibrated_names:
+            raise UsageError(f"--describe {name}: only a link (bw=, lat=) is given, so it "
+                             f"must name a calibrated device (the --devices SPEC gives "
+                             f"{known}); a device that is not here needs gflops= or like=")
+    for d in described:
+        if d.like is not None and d.like not in calibrated_names:
+            raise UsageError(f"--describe {d.name}: like={d.like}: no calibrated device of that "
+                             f"name (the --devices SPEC gives {known})")
+    if sweep and len(moving) == len(described):
+        raise UsageError("--sweep counts described devices of a speed of their own: give "
+                         "--describe NAME:gflops=G (or like=DEVICE)")
+
+
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                   default_link: Link | None = None, count: int | None = None) -> Cluster:
     """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
@@ -331,16 +388,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     known = {}   # calibrated name -> {layer: Cost}
     own = {}     # calibrated name -> {layer: Cost} of a copy on another machine
     described = list(described)
-    moving = [d.name for d in described if d.gflops is None and d.like is None]
-    twice = sorted({n for n in moving if moving.count(n) > 1})
-    if twice:   # one link per device: a second would silently take the first's place
-        raise UsageError(f"--describe: the link of {twice[0]} is given twice; give each "
-                         f"calibrated device one bw= (and lat=)")
-    moved = set(moving)
+    check_described(described, [] if calibrated is None else list(calibrated[0]),
+                    count is not None)
+    moved = {d.name for d in described if d.gflops is None and d.like is None}
     entries = [d for d in described if d.gflops is not None or d.like is not None]
     if count is not None:
-        if not entries:
-            raise UsageError("a sweep over the device count needs --describe")
         entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     if calibrated is not None and calibrated[1].fits and described:
         # other devices beside the calibrated ones: the host group's fixed work is no longer
@@ -375,11 +427,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
         if d.gflops is None and d.like is None:
-            if d.name not in known:
-                raise UsageError(f"--describe {d.name}: only a link (bw=, lat=) is given, so it "
-                                 f"must name a calibrated device (the --devices SPEC gives "
-                                 f"{', '.join(known) or 'none'}); a device that is not here "
-                                 f"needs gflops= or like=")
             i = names.index(d.name)
             links[i] = d.link
             for g in net.blocks:
@@ -388,10 +435,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
                                            link_per_kernel=per, link_forward=forward)
     for d in entries:
-        if d.like is not None and d.like not in known:
-            raise UsageError(f"--describe {d.name}: like={d.like}: no calibrated device of that "
-                             f"name (the --devices SPEC gives "
-                             f"{', '.join(known) or 'none'})")
         link = d.link if d.link is not None else default_link
         for j in range(d.count):
             names.append(_entry_name(d, j if count is None else len(names), count is None))
@@ -482,13 +525,21 @@ def layer_seconds(costs: list, counts) -> float:
     return phases_time(counts, layer_phases(costs))
 
 
-def partition_of(cluster: Cluster, net: NetGeometry) -> dict:
+def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
     """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model), or
     the whole layer on one device where it is predicted faster on its own (as
     pyhet.calibrate.Calibration.partition decides)."""
     out = {}
     for g in net.blocks:
         cs = cluster.costs[g.name]
+        held = sum(c.cap for c in cs if c.speed > 0)
+        if held < g.K and batch is not None:
+            raise DeviceError(
+                f"{g.name}: the devices' memory holds {held} of its {g.K} kernels at batch "
+                f"{batch} (a kernel takes {g.bytes_per_kernel(batch) / 2**20:.3g} MiB, beyond "
+                f"the layer's {g.fixed_bytes(batch) / 2**20:.3g} MiB, of "
+                f"{MEMORY_SHARE:.0%} of a device's memory): give the devices more memory "
+                f"(a described one's mem=), or plan a smaller --batch-size")
         try:
             counts = balanced_phases(g.K, layer_phases(cs), [c.cap for c in cs])
         except ValueError as e:
@@ -605,7 +656,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     else:
         master_gflops = master_gflops or default_master_gflops(cluster)
         master_s = master_seconds(net, batch, master_gflops)
-    partition = partition_of(cluster, net)
+    partition = partition_of(cluster, net, batch)
     layer_s = conv_seconds(cluster, net, partition)
     conv_s = sum(layer_s.values())
     step = conv_s + master_s
@@ -620,30 +671,30 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
             k = partition[g.name][i]
             # the whole layer on its own, as layer_seconds counts it
             compute = _alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)
-            rows[name] = {"kernels": k, "compute_s": round(compute, 9),
-                          "link_s": round(c.link_s(k), 9), "kernels_per_s": round(c.speed, 3),
-                          "overhead_s": round(c.overhead, 9), "memory_cap": c.cap,
+            rows[name] = {"kernels": k, "compute_s": _sig(compute),
+                          "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),
+                          "overhead_s": _sig(c.overhead), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}
-        layers[g.name] = {"conv_s": round(layer_s[g.name], 9), "devices": rows}
+        layers[g.name] = {"conv_s": _sig(layer_s[g.name]), "devices": rows}
     d = ddp(cluster, net, batch, ddp_speed, fc_rate)
     return {
         "network": net.arch, "batch_size": batch,
-        "devices": [{"name": n, "link": link_name(lk), "gflops": round(gf, 3),
-                     **({} if lk is None else {"latency_s": round(lk.latency_s, 9),
+        "devices": [{"name": n, "link": link_name(lk), "gflops": _sig(gf),
+                     **({} if lk is None else {"latency_s": _sig(lk.latency_s),
                                                "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s})}
                     for n, lk, gf in zip(cluster.names, cluster.links, cluster.gflops)],
         "partition": {layer: dict(zip(cluster.names, counts))
                       for layer, counts in partition.items()},
         "layers": layers,
-        "predicted_conv_s": round(conv_s, 9), "master_s": round(master_s, 9),
-        "master_gflops": round(master_gflops, 3), "master_timed": timed,
-        "predicted_step_s": round(step, 9),
+        "predicted_conv_s": _sig(conv_s), "master_s": _sig(master_s),
+        "master_gflops": _sig(master_gflops), "master_timed": timed,
+        "predicted_step_s": _sig(step),
         "best_single": None if best is None else {"device": cluster.names[best],
-                                                  "step_s": round(base, 9)},
+                                                  "step_s": _sig(base)},
         "speedup": None if base is None else round(base / step, 4),
         "bottleneck": bottleneck(cluster, net, partition, conv_s, master_s),
-        "ddp": {"step_s": round(d["step_s"], 9), "compute_s": round(d["compute_s"], 9),
-                "allreduce_s": round(d["allreduce_s"], 9), "weight_bytes": d["weight_bytes"],
+        "ddp": {"step_s": _sig(d["step_s"]), "compute_s": _sig(d["compute_s"]),
+                "allreduce_s": _sig(d["allreduce_s"]), "weight_bytes": d["weight_bytes"],
                 "slowest_device": d["slowest_device"], "speed": ddp_speed,
                 "speedup": None if base is None else round(base / d["step_s"], 4)},
         "winner": "pyhet" if step <= d["step_s"] else "ddp",
@@ -656,13 +707,13 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
     described entries) for every n in counts and every link in links (None: the described
     devices' own links)."""
     rows = []
-    for lk in links:
+    for lk, name in zip(links, link_names(links)):
         for n in counts:
             cluster = build_cluster(net, batch, calibrated,
                                     [d if lk is None else replace(d, link=lk) for d in described],
                                     count=n)
             p = plan(cluster, net, batch, master_gflops, ddp_speed)
-            rows.append({"devices": n, "link": "own" if lk is None else link_name(lk),
+            rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
                          "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],
                          "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"]})

@@ -402,6 +402,21 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
     (["--describe", "a:gflops=1", "--master-gflops", "1e300"], ["at most 1e+09"]),
     (["--describe", "a:gflops=1", "--ddp-speed", "1e300"], ["at most 1e+06"]),
     (["--describe", "a:gflops=1", "--master-gflops", "1e-300"], ["at least 1e-06"]),
+    # described names against the SPEC's, before calibration (the test's --devices is none:
+    # these need no calibrated device to be refused)
+    (["--describe", "g:like=d5"], ["like=d5", "no calibrated device", "gives none"]),
+    (["--describe", "d3:bw=1gbit"], ["d3", "must name a calibrated device"]),
+    (["--describe", "g:gflops=1,factor=2"], ["factor=", "like="]),
+    (["--describe", "g:gflops=1", "--link", ""], ["--link", "bandwidth"]),
+    (["--describe", "g:gflops=1", "--link", "1gbit@"], ["no latency after @"]),
+    (["--describe", "d0:bw=1gbit", "--devices", "cpu:1", "--sweep", "devices=1,2"],
+     ["--sweep counts described devices"]),
+    (["--describe", "g:gflops=1", "--sweep", "devices=2,1,2"], ["2 given twice"]),
+    (["--describe", "g:gflops=1", "--sweep", "devices=2", "--link", "1gbit,1gbit@50us"],
+     ["1gbit@50us given twice"]),
+    (["--describe", "g:gflops=1", "--sweep", "devices=65536,65535,65534", "--link",
+      "1gbit,10gbit"], ["at most 262,144 devices planned", "393,210"]),
+    (["--devices", "cpu:1", "--link", "1gbit"], ["--link", "there is none"]),
     (["--describe", "a:gflops=1", "--ddp-speed", "1e-300"], ["at least 1e-06"]),
 ])
 def test_bad_plans_are_usage_errors(cli, argv, words):
@@ -467,3 +482,43 @@ def test_one_device_on_its_own_when_the_split_would_be_slower():
     c.contention = {"conv1": [1.2, 1.2], "conv2": [1.2, 1.2]}
     r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
     assert all(0 < k for g in NET.blocks for k in r["partition"][g.name].values())
+
+
+def test_a_sweeps_links_of_one_bandwidth_are_told_apart_by_their_latency(cli):
+    """Two --link values of one bandwidth were one column (the second's figures in it) and
+    rows of the same name."""
+    argv = ("plan", "--describe", "g:gflops=2000", "--sweep", "devices=2,4", "--kernels", "8,16",
+            "--batch-size", "64", "--dataset", "synthetic", "--link", "1gbit@10us,1gbit@100ms")
+    res = cli(*argv, "--json")
+    assert res.code == 0, res.err
+    rows = json.loads(res.out)["sweep"]
+    assert [(r["devices"], r["link"]) for r in rows] == [
+        (2, "1gbit@10us"), (4, "1gbit@10us"), (2, "1gbit@100ms"), (4, "1gbit@100ms")]
+    near, far = rows[0]["speedup"], rows[2]["speedup"]
+    assert near > far                                  # the 100 ms link costs more
+    res = cli(*argv)
+    header = res.out.splitlines()[1].split()
+    assert header == ["devices", "1gbit@10us", "1gbit@100ms"], res.out
+    assert f"{near:.2f}" in res.out and f"{far:.2f}" in res.out
+
+
+def test_the_times_of_fast_devices_keep_their_digits(cli):
+    """Nine decimals made 0.0 of a fast described device's times, and the speedup disagreed
+    with them; the table printed 0.00000 s."""
+    res = cli("plan", "--describe", "x:gflops=9e7", "--kernels", "8,16", "--batch-size", "4",
+              "--master-gflops", "1e9", "--dataset", "synthetic", "--json")
+    r = json.loads(res.out)
+    assert r["predicted_step_s"] > 0 and r["best_single"]["step_s"] > 0
+    assert r["speedup"] == pytest.approx(r["best_single"]["step_s"] / r["predicted_step_s"],
+                                         rel=1e-3)
+    res = cli("plan", "--describe", "gpu:gflops=50000,count=2", "--kernels", "8,16",
+              "--batch-size", "1", "--dataset", "synthetic")
+    assert "0.00000 s" not in res.out.split("data parallel")[0], res.out
+
+
+def test_a_memory_too_small_for_one_kernel_says_so(cli):
+    res = cli("plan", "--describe", "g:gflops=10,mem=8M,count=3", "--kernels", "8,16",
+              "--batch-size", "64", "--dataset", "synthetic")
+    from test_cli import assert_one_error_line
+    assert_one_error_line(res, "conv1: the devices' memory holds 0 of its 8 kernels at batch 64",
+                          "MiB", "mem=", "--batch-size", code=1)
