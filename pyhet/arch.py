@@ -46,6 +46,14 @@ def shorthand(kernels, kernel_size: int = DEFAULT_KERNEL_SIZE) -> str:
     return "-".join(f"{int(k)}C{int(kernel_size)}-P2" for k in kernels)
 
 
+_INT_MAX = 2**31 - 1
+
+
+def _shown(text: str, most: int = 60) -> str:
+    """text as a message quotes it: repr, cut short past `most` characters."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
+
+
 def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
     """An --arch SPEC -> (conv blocks, hidden fc units). Shapes are not checked here: see
     build(), which knows the input."""
@@ -62,7 +70,13 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
     previous = None  # the kind of the block before: "conv", "pool" or "fc"
     for n, raw in enumerate(spec.strip().split("-"), start=1):
         tok = raw.strip()
-        where = f"--arch {spec!r}, block {n} ({tok!r})"
+        where = f"--arch {_shown(spec)}, block {n} ({_shown(tok)})"
+        # every size is a C int of the core (int() of 4,300 digits and more is a ValueError)
+        big = next((d for d in re.findall(r"[0-9]+", tok)
+                    if len(d.lstrip("0")) > 10 or int(d) > _INT_MAX), None)
+        if big is not None:
+            raise ArchitectureError(f"{where}: {_shown(big, 20)} is past the largest size "
+                                    f"this engine takes, 2**31 - 1")
         if m := _CONV.match(tok):
             if hidden:
                 raise ArchitectureError(f"{where}: a conv block after a fully connected layer; "

@@ -609,7 +609,9 @@ def read_images(filename):
             raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
                             f"{', '.join(sorted(names)) or 'no arrays'}")
         loaded = loaded["x"]
-    _check_npz_images(loaded, "x", None, path)
+    # no guess at a channel-last layout from the shape alone: the network the images are
+    # for says exactly (pyhet predict checks against its input shape)
+    _check_npz_images(loaded, "x", None, path, guess_layout=False)
     return loaded
 
 
@@ -629,15 +631,19 @@ def _npz_arrays(arrays, path):
     return tuple(arrays.get(k) for k in NPZ_KEYS)
 
 
-def _check_npz_images(a, key, like, path):
-    """a must be (N, C, H, W), float32 or uint8, N > 0; shaped and typed like `like`."""
+def _check_npz_images(a, key, like, path, guess_layout: bool = True):
+    """a must be (N, C, H, W), float32 or uint8, N > 0; shaped and typed like `like`.
+    guess_layout: refuse a shape that looks channel-last (images.looks_channel_last)."""
+    if a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
+        raise DataError(f"{path}: {key!r} is big-endian float32 ({a.dtype.str}); store it "
+                        f"little-endian, as {key}.astype('<f4')")
     if a.dtype not in (np.float32, np.uint8):
         raise DataError(f"{path}: {key!r} is {a.dtype}, expected float32 (used as is) "
                         f"or uint8 (scaled to [0, 1])")
     if a.ndim != 4:
         raise DataError(f"{path}: {key!r} has shape {a.shape}, expected 4 dimensions "
                         f"(N, C, H, W)")
-    if looks_channel_last(a.shape):
+    if guess_layout and looks_channel_last(a.shape):
         raise DataError(f"{path}: " + channel_last_message(repr(key), a.shape))
     if like is None:
         if len(a) == 0 or 0 in a.shape[1:]:

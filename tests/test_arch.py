@@ -182,6 +182,24 @@ def test_numbers_are_ascii_digits(spec, block):
         assert w in str(e.value), (w, str(e.value))
 
 
+@pytest.mark.parametrize("spec,block,number", [
+    ("8C3s4294967297", 1, "'4294967297'"),          # the core's im2col refused it, in training
+    ("8C3-P2s2147483648", 2, "'2147483648'"),
+    ("2147483648N", 1, "'2147483648'"),
+    ("2C" + "9" * 5000, 1, "(5000 chars)"),         # int() of so many digits is a ValueError
+])
+def test_numbers_past_the_cores_int_are_refused_naming_the_block(spec, block, number):
+    with pytest.raises(ArchitectureError) as e:
+        arch.parse(spec if not spec.endswith("N") else "2C3-" + spec)
+    message = str(e.value)
+    assert f"block {block + spec.endswith('N')} " in message, message
+    assert number in message and "2**31 - 1" in message and len(message) < 400, message
+
+
+def test_the_largest_number_is_taken():
+    assert arch.parse("1C1s2147483647")[0][0].stride == 2**31 - 1
+
+
 def partition_of(shape, spec, counts=None):
     """{"conv1": counts per device, ...}: the given counts, or an even split of every block."""
     n = len(spec.split(","))

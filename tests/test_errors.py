@@ -543,3 +543,29 @@ def test_channel_last_images_are_named_in_the_api():
     assert looks_channel_last((5, 32, 32, 3)) and looks_channel_last((5, 28, 28, 1))
     # (N, C, H, W) arrays that only end in a 1, 3 or 4 are left alone
     assert not looks_channel_last((6, 2, 5, 4)) and not looks_channel_last((5, 3, 32, 3))
+
+
+def test_predict_takes_images_of_the_networks_own_shape_that_look_channel_last(cli, tmp_path):
+    """A network of (12, 16, 1) inputs (12 channels of 16-long signals): pyhet predict used to
+    refuse its own input shape as channel-last, from the shape alone."""
+    x = np.random.default_rng(0).random((6, 12, 16, 1), dtype=np.float32)
+    with pyhet.Network("4C3p1", (12, 16, 1), 2, devices="numpy") as net:
+        net.fit(x, np.arange(6) % 2, steps=1, batch_size=3)
+        net.save(tmp_path / "w.npz")
+    np.save(tmp_path / "x.npy", x)
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "x.npy",
+              "--devices", "numpy")
+    assert res.code == 0 and len(res.out.splitlines()) == 6, res.err
+    # and images truly channel-last for it are still named so
+    np.save(tmp_path / "t.npy", x.transpose(0, 2, 3, 1))
+    res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "t.npy",
+              "--devices", "numpy")
+    assert res.code == 1 and "channel-last" in res.err, res.err
+
+
+def test_big_endian_images_are_named_so(cli, tmp_path):
+    x = np.random.default_rng(0).random((6, 1, 8, 8), dtype=np.float32)
+    np.savez(tmp_path / "be.npz", x=x.astype(">f4"), y=np.arange(6) % 2)
+    res = cli("train", "--dataset", f"npz:{tmp_path / 'be.npz'}", "--arch", "2C3", "--steps",
+              "1", "--quiet")
+    assert res.code == 1 and "big-endian float32 (>f4)" in res.err and "astype('<f4')" in res.err
