@@ -408,7 +408,9 @@ class Network:
             # prepared, takes the dataset's images as they are.
             xs = (ds.x_test if ds.x_test_raw is None or not self._records_normalization
                   else self._images(ds.x_test_raw, f"dataset {dataset}'s test images"))
-            ys = prepare_labels(ds.y_test, len(xs), self.num_classes, "the test labels")
+            ys = prepare_labels(ds.y_test, len(xs), self.num_classes,
+                                f"dataset {dataset}'s test labels (for a network of "
+                                f"{self.num_classes} classes)")
         else:
             xs, ys = self._xy(x, y, "x", "y")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory

@@ -63,11 +63,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def kernel_counts(text: str):
-    try:
-        a, b = (_int(v) for v in text.split(","))
-    except (ValueError, argparse.ArgumentTypeError):
+    parts = text.split(",")
+    if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"expected two kernel counts as A,B (e.g. 500,1500), "
-                                         f"got {text!r}") from None
+                                         f"got {text!r}")
+    try:
+        a, b = (_int(v) for v in parts)
+    except argparse.ArgumentTypeError as e:      # its message names the count
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
     if a < 1 or b < 1:
         raise argparse.ArgumentTypeError(f"kernel counts must be >= 1, got {text!r}")
     return (a, b)
@@ -78,7 +81,10 @@ def _int(text):
     t = text.strip()
     # one sign at most, and no more digits than any count here needs (int() refuses 4,300)
     if not re.fullmatch(r"[+-]?[0-9]{1,18}", t):
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+        long = re.fullmatch(r"[+-]?[0-9]+", t) is not None
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number{' of at most 18 digits' if long else ''}, got "
+            f"{text if len(text) <= 40 else text[:40] + '...'!r}")
     return int(t)
 
 

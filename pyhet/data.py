@@ -263,7 +263,7 @@ def read_idx(path, magic):
     if got != magic:
         raise DataError(f"{path}: not an IDX {kind} file: magic number 0x{got:08x}, "
                         f"expected 0x{magic:08x} (unsigned bytes, {ndim} dimension"
-                        f"{'s' if ndim > 1 else ''})")
+                        f"{'s' if ndim > 1 else ''})" + _gzipped(data))
     header = 4 + 4 * ndim
     if len(data) < header:
         raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header of "
@@ -372,6 +372,14 @@ def _find_cifar_folder(data_dir):
                     f"under it{extract}{hint}")
 
 
+def _gzipped(data: bytes) -> str:
+    """What to say of a file that is gzip-compressed under a name without .gz (browsers drop
+    the suffix), or nothing."""
+    if data[:2] == b"\x1f\x8b":
+        return "; it is gzip-compressed: decompress it (gunzip), or add .gz to its name"
+    return ""
+
+
 def read_cifar_bin(path):
     """x (N, 3, 32, 32) uint8, y (N,) uint8 of one binary-layout batch file:
     records of 1 label byte and 3072 pixel bytes."""
@@ -379,7 +387,7 @@ def read_cifar_bin(path):
     if len(data) == 0 or len(data) % CIFAR_RECORD:
         raise DataError(f"{path}: {len(data)} bytes, not a whole number of CIFAR-10 "
                         f"records of {CIFAR_RECORD} bytes (1 label + 3072 pixels); "
-                        f"truncated file?")
+                        + (_gzipped(data).lstrip("; ") or "truncated file?"))
     records = np.frombuffer(data, np.uint8).reshape(-1, CIFAR_RECORD)
     y = records[:, 0].copy()                                   # (N,)
     x = records[:, 1:].reshape(-1, 3, 32, 32)                  # (N, 3, 32, 32)
@@ -413,11 +421,20 @@ def _pickle_globals():
     frombuffer = sample.__reduce_ex__(5)[0]                    # protocol 5
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
                # Python 3 protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
-               ("_codecs", "encode"): _latin1_encode}
+               ("_codecs", "encode"): _latin1_encode,
+               # ... and empty bytes as bytes()
+               ("__builtin__", "bytes"): _empty_bytes, ("builtins", "bytes"): _empty_bytes}
     for core in ("numpy.core", "numpy._core"):
         allowed[(core + ".multiarray", "_reconstruct")] = reconstruct
         allowed[(core + ".numeric", "_frombuffer")] = frombuffer
     return allowed
+
+
+def _empty_bytes(*args):
+    """bytes() as a protocol-2 pickle writes b"" (only that: no call with arguments)."""
+    if args:
+        raise pickle.UnpicklingError("refused bytes() with arguments")
+    return b""
 
 
 def _latin1_encode(text, encoding="latin1", errors="strict"):
@@ -461,11 +478,12 @@ def read_cifar_py(path):
                         f"got {got}")
     try:
         y = np.asarray(labels)
-    except Exception:
-        y = np.asarray([], dtype=object)
-    if y.ndim != 1 or y.dtype.kind not in "iu":
-        raise DataError(f"{path}: 'labels' should be a list of integers, "
-                        f"got {type(labels).__name__} ({y.dtype}, shape {y.shape})")
+    except Exception:        # ragged: not one array
+        y = None
+    if y is None or y.ndim != 1 or y.dtype.kind not in "iu":
+        got = (f"{type(labels).__name__} of {len(labels)} items, not all integers"
+               if y is None else f"{type(labels).__name__} ({y.dtype}, shape {y.shape})")
+        raise DataError(f"{path}: 'labels' should be a list of integers, got {got}")
     if len(y) != len(data):
         raise DataError(f"{path}: {len(y)} labels, but 'data' has {len(data)} images")
     if len(y) == 0:
@@ -495,7 +513,12 @@ def _cifar_class_names(folder):
     if len(names) != 10:
         meta = meta_py if meta_py.is_file() else meta_txt
         raise DataError(f"{meta}: {len(names)} label names, expected 10")
-    return names
+    from .model import check_class_names    # (model is heavier than a dataset needs)
+    try:
+        return check_class_names(names, 10)
+    except ValueError as e:
+        meta = meta_py if meta_py.is_file() else meta_txt
+        raise DataError(f"{meta}: {e}") from None
 
 
 def load_cifar10(data_dir=None):
@@ -562,6 +585,10 @@ def load_npz(filename):
     largest = int(y.max()) if y_test is None else max(int(y.max()), int(y_test.max()))
     if num_classes is None:
         num_classes = largest + 1
+        if num_classes < 2:
+            raise DataError(f"{path}: every label is 0, which makes one class; a network "
+                            f"needs at least 2 (an array 'num_classes' gives classes the "
+                            f"labels do not show)")
         if num_classes > MAX_INFERRED_CLASSES:   # a stray label
             which = "y" if int(y.max()) == largest else "y_test"
             i = int(np.argmax(y if which == "y" else y_test))

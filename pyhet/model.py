@@ -199,6 +199,9 @@ def check_class_names(names, num_classes: int):
     if not isinstance(names, (list, tuple)) or len(names) != num_classes or not all(
             isinstance(n, str) for n in names):
         raise ValueError(f"class names must be {num_classes} strings, got {names!r}")
+    bad = next((n for n in names if not n.strip() or not n.isprintable()), None)
+    if bad is not None:    # a table of results has a line per class
+        raise ValueError(f"class names must be printable and not blank, got {bad!r}")
     return list(names)
 
 

@@ -744,6 +744,7 @@ def test_checkpoints_keep_the_classes_and_normalization(cli, tmp_path):
     (["--checkpoint-dir", "/proc/no/such"], 2, ["--checkpoint-dir", "cannot be made"]),
     (["--seed", "-1"], 2, ["--seed", ">= 0"]),
     (["--arch", "99999999C3-100000000N"], 1, ["GiB", "available"]),
+    (["--kernels", "99999999999999999999,3"], 2, ["--kernels", "at most 18 digits"]),
 ])
 def test_train_refuses_before_training(cli, npz_dataset, tmp_path, argv, code, words):
     data_path = npz_dataset(n=8, shape=(1, 12, 12))

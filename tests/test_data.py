@@ -476,6 +476,63 @@ def test_cifar_hostile_pickle_is_refused(tmp_path, how, target):
     assert not marker.exists()
 
 
+def test_cifar_protocol2_pickle_with_empty_bytes(tmp_path):
+    """Python 3's protocol 2 writes b"" as bytes(): a valid batch re-pickled so was refused as
+    if hostile ("refused to load global __builtin__.bytes"); bytes() with an argument is still
+    refused."""
+    folder = tmp_path / "cifar-10-batches-py"
+    batches = cifar_arrays()
+    write_cifar_py(folder, batches, "protocol2")
+    for name, (x, y) in batches.items():
+        d = {b"batch_label": b"", b"data": x, b"labels": list(y), b"filenames": [b""] * len(y)}
+        (folder / name).write_bytes(pickle.dumps(d, protocol=2))
+    ds = load_dataset("cifar10", data_dir=str(folder))
+    np.testing.assert_array_equal(ds.y_test, _cifar_expected(batches)[3])
+    # bytes(10**9), a memory bomb, in place of the empty label
+    bomb = pickle.dumps({b"batch_label": b""}, protocol=2).replace(
+        b"bytes\nq\x06)R", b"bytes\nq\x06J\x00\xca\x9a;\x85R")
+    assert bomb != pickle.dumps({b"batch_label": b""}, protocol=2)
+    (folder / "data_batch_1").write_bytes(bomb)
+    with pytest.raises(DataError, match="refused bytes"):
+        load_dataset("cifar10", data_dir=str(folder))
+
+
+def test_gzip_without_its_suffix_is_named(tmp_path):
+    """Browsers drop .gz from a download's name: the IDX magic (0x1f8b...) and a CIFAR batch's
+    size then said nothing of gzip."""
+    write_idx_dir(tmp_path / "idx", gz=False)
+    for f in (tmp_path / "idx").iterdir():
+        f.write_bytes(gzip.compress(f.read_bytes()))
+    with pytest.raises(DataError, match="gzip-compressed: decompress it"):
+        load_dataset("mnist", data_dir=str(tmp_path / "idx"))
+    folder = tmp_path / "cifar-10-batches-bin"
+    write_cifar_bin(folder, cifar_arrays())
+    for f in folder.iterdir():
+        f.write_bytes(gzip.compress(f.read_bytes()))
+    with pytest.raises(DataError, match="gzip-compressed: decompress it"):
+        load_dataset("cifar10", data_dir=str(folder))
+
+
+def test_cifar_ragged_labels_and_bad_names_are_named(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    batches = cifar_arrays()
+    write_cifar_py(folder, batches, label_names=["cat\ndog", ""] + [f"c{i}" for i in range(8)])
+    with pytest.raises(DataError, match=r"batches.meta: class names must be printable"):
+        load_dataset("cifar10", data_dir=str(folder))
+    write_cifar_py(folder, batches, label_names=[f"c{i}" for i in range(10)])
+    x, y = batches["data_batch_1"]
+    d = {"batch_label": "b", "data": x, "labels": [0, [1]] + list(y[2:])}
+    (folder / "data_batch_1").write_bytes(pickle_bytes(d, "py2"))
+    with pytest.raises(DataError, match=r"got list of 3 items, not all integers"):
+        load_dataset("cifar10", data_dir=str(folder))
+
+
+def test_npz_labels_all_zero_are_named(tmp_path):
+    np.savez(tmp_path / "z.npz", x=np.zeros((4, 1, 8, 8), np.float32), y=np.zeros(4, np.int64))
+    with pytest.raises(DataError, match=r"z.npz: every label is 0.*num_classes"):
+        load_dataset(f"npz:{tmp_path / 'z.npz'}")
+
+
 # ================================================================ synthetic, bundled, names
 
 def test_synthetic():
