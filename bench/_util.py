@@ -1,19 +1,24 @@
-"""Helpers shared by the benchmarks: interleaved timing, medians, tables, JSON, system facts.
+"""Helpers shared by the benchmarks: interleaved timing, medians, tables, JSON and plots, option
+and output checks, runs of pyhet in processes, system facts.
 
 Every benchmark measures pyhet against its reference in the same run, alternating them
 (A B A B ...) after a warm-up, and reports medians and their ratio: absolute times drift on a
 shared machine, the ratio of interleaved medians much less. Only the standard library, NumPy and
-(optionally) threadpoolctl are imported here.
+(optionally) threadpoolctl are imported here at once; pyhet and matplotlib by the helpers that
+need them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Mapping, Sequence
 
@@ -185,14 +190,29 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 
 def write_json(path: str, data: dict) -> None:
-    """Write the results; a path that cannot be written ends the benchmark with one line."""
+    """Write the results; a path that cannot be written ends the benchmark with one line, which
+    names the temporary file the results were kept in instead (the run is not lost)."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
     except OSError as e:
-        sys.exit(f"pyhet: error: cannot write the JSON file {path}: {e.strerror or e}")
+        kept = _keep_elsewhere(data)
+        sys.exit(f"pyhet: error: cannot write the JSON file {path}: {e.strerror or e}"
+                 + (f"; the results are in {kept}" if kept else ""))
+
+
+def _keep_elsewhere(data: dict):
+    """The results in a new temporary file, its name; None where that fails too."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="pyhet-bench-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError:
+        return None
+    return name
 
 
 def pyplot():
@@ -207,12 +227,160 @@ def pyplot():
     return plt
 
 
+def save_plot(fig, path: str, dpi: int) -> None:
+    """Write the figure to `path` (made with the folders it needs) in the format its suffix
+    names, PNG where it has none (never a name matplotlib makes up), close it and say where;
+    a path that cannot be written ends the benchmark with one line."""
+    import matplotlib.pyplot as plt
+
+    fmt = os.path.splitext(path)[1][1:].lower() or "png"
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=dpi, format=fmt)
+    except OSError as e:
+        sys.exit(f"pyhet: error: cannot write the plot {path}: {e.strerror or e}")
+    finally:
+        plt.close(fig)
+    print(f"plot written to {path}")
+
+
 def save_outputs(result: dict, args, plot) -> None:
     """The result as JSON to --json FILE and, drawn by plot(result, path), to --plot FILE."""
     if args.json:
         write_json(args.json, result)
     if args.plot:
         plot(result, args.plot)
+
+
+# ------------------------------------------------------------------------------------------------
+# Options, and where the results go: checked before any work, so that a typo costs no run
+
+
+def non_negative(kind, high=None):
+    """An argparse type: a number >= 0 in ASCII (a finite one; at most `high` where given)."""
+    from pyhet.cli import _float, _int
+
+    parse_kind = _int if kind is int else _float
+
+    def parse(text):
+        v = parse_kind(text)
+        if not v >= 0:
+            raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
+                                             f"{text!r}")
+        return v
+    return parse
+
+
+def warmed_steps(text: str) -> int:
+    """An argparse type: the steps of a training run whose first step warms up (at least 2)."""
+    from pyhet.cli import positive
+
+    v = positive(int)(text)
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 (the first warms up), got "
+                                         f"{text!r}")
+    return v
+
+
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def folder_problem(folder: str):
+    """Why no file can be made in `folder` (with the folders above it that are missing), or
+    None: the nearest one that is there must be a folder that takes a new file (os.access says
+    yes to root in /proc, or on a read-only mount)."""
+    from pyhet import files
+
+    above = os.path.abspath(folder)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f"{above} is {files.kind(os.stat(above).st_mode)}, not a folder"
+    try:
+        tempfile.TemporaryFile(dir=above).close()
+    except OSError as e:
+        return f"the folder {above} cannot take a new file ({e.strerror or e})"
+    return None
+
+
+def write_problem(path: str):
+    """Why the file `path` cannot be written (made with the folders it needs), or None."""
+    from pyhet import files
+
+    if not path:
+        return "give a file name"
+    if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        return f"it names a folder (it ends in {path[-1]}), not a file"
+    there = files.not_regular(path)
+    if there is not None:
+        return f"it is {there}, not a regular file"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    return folder_problem(os.path.dirname(os.path.abspath(path)))
+
+
+def need_matplotlib(parser, option: str = "--plot") -> None:
+    """A usage error where matplotlib cannot be imported: a plot is asked for, and a run that
+    could not draw it should not start."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError as e:
+        parser.error(f"argument {option}: drawing the plot needs matplotlib, which cannot be "
+                     f"imported ({e}): pip install matplotlib")
+
+
+def plot_destination(parser, path: str) -> str:
+    """The file a --plot FILE is written to: FILE itself where it ends in .png, .pdf or .svg,
+    FILE.png where it has no suffix; a usage error for a folder, another suffix, or a place
+    that cannot be written."""
+    need_matplotlib(parser)
+    # a folder's name would be written to as FOLDER/.png, hidden
+    folder = os.path.isdir(path) or path.endswith(tuple(filter(None, (os.sep, os.altsep))))
+    if not path or folder:
+        parser.error(f"argument --plot {path}: {'it names a folder; ' if folder else ''}give a "
+                     f"file name (FILE.png)")
+    suffix = os.path.splitext(os.path.basename(path))[1]
+    if not suffix:
+        path += ".png"
+    elif suffix[1:].lower() not in PLOT_FORMATS:
+        parser.error(f"argument --plot {path}: expected a file name ending in "
+                     f"{', '.join('.' + f for f in PLOT_FORMATS)} (or none, for .png), got "
+                     f"{suffix!r}")
+    problem = write_problem(path)
+    if problem is not None:
+        parser.error(f"argument --plot {path}: {problem}")
+    return path
+
+
+def plot_folder(parser, folder: str) -> None:
+    """A usage error where the --plot DIR cannot take the plots (or matplotlib is missing)."""
+    need_matplotlib(parser)
+    if not folder:
+        parser.error("argument --plot: give a folder name")
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        parser.error(f"argument --plot {folder}: it is a file, not a folder")
+    problem = folder_problem(folder)
+    if problem is not None:
+        parser.error(f"argument --plot {folder}: {problem}")
+
+
+def check_outputs(parser, args, plot_folder_given: bool = False) -> None:
+    """--json FILE and --plot FILE (--plot DIR where plot_folder_given), where the benchmark
+    has them and they are given, checked before any work (usage errors); args.plot becomes the
+    file the plot will be written to."""
+    if getattr(args, "json", None) is not None:
+        problem = write_problem(args.json)
+        if problem is not None:
+            parser.error(f"argument --json {args.json}: {problem}")
+    if getattr(args, "plot", None) is not None:
+        if plot_folder_given:
+            plot_folder(parser, args.plot)
+        else:
+            args.plot = plot_destination(parser, args.plot)
 
 
 # ================================================================================================
@@ -269,15 +437,63 @@ def device_configs(parser, text: str) -> List[str]:
     return configs
 
 
+def command_name(cmd) -> str:
+    """A run's command in short, for messages: `pyhet train --devices SPEC ...` for a
+    `python -m pyhet train`, behind `mpiexec ...` where that starts it."""
+    words = [str(w) for w in cmd]
+    starts = [i + 1 for i in range(len(words) - 1) if words[i:i + 2] == ["-m", "pyhet"]]
+    if not starts:
+        return " ".join(words[:3]) + (" ..." if len(words) > 3 else "")
+    rest = words[starts[0]:]
+    name = " ".join(rest[:2])
+    if "--devices" in rest[:-1]:
+        name += f" --devices {rest[rest.index('--devices') + 1]}"
+    name += " ..."
+    return f"mpiexec ... {name}" if os.path.basename(words[0]).startswith("mpiexec") else name
+
+
+def child_error(what: str, returncode: int, stderr: str):
+    """The PyhetError of a run that failed: what ran, how it ended, and why in one line (its
+    own `pyhet: error:` line where it gave one, else its last line); the tail of its stderr is
+    attached as a note, which --debug shows."""
+    from pyhet.errors import PyhetError
+
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("pyhet: error:")]
+    why = (said[-1][len("pyhet: error:"):].strip() if said else
+           lines[-1] if lines else "it said nothing on stderr")
+    try:
+        status = (f"exit status {returncode}" if returncode >= 0 else
+                  f"killed by {signal.Signals(-returncode).name}")
+    except ValueError:
+        status = f"exit status {returncode}"
+    err = PyhetError(f"{what} failed ({status}): {why}")
+    if hasattr(err, "add_note") and lines:
+        err.add_note("its stderr ended with:\n" + (stderr or "").strip()[-2000:])
+    return err
+
+
 def run_json(cmd, timeout: float, cwd, env=None) -> dict:
     """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
-    None); RuntimeError with its stderr's tail when it fails."""
+    None); a PyhetError that says why (child_error) when it fails, runs past `timeout` seconds
+    or prints no JSON."""
     import subprocess
+
+    from pyhet.errors import PyhetError
 
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                           cwd=cwd)
+    except subprocess.TimeoutExpired:
+        raise PyhetError(f"{command_name(cmd)} ran past --timeout ({timeout:g} s) and was "
+                         f"stopped") from None
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd[:8]))} ... failed ({p.returncode}): "
-                           f"{p.stderr.strip()[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise child_error(command_name(cmd), p.returncode, p.stderr)
+    lines = p.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise PyhetError(f"{command_name(cmd)} printed no JSON summary last: got "
+                         f"{(lines or [''])[-1][:200]!r}") from None

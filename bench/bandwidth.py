@@ -9,12 +9,13 @@ link (MPIR_CVAR_NOLOCAL=1, the OFI netmod with the tcp provider on the veth), no
 memory. Per rate the table gives: the link bandwidth the master measured, the conv2 partition
 calibration chose (`--devices 0/cpu:1,1/cpu:1 --balance static`), the step time, the speedup over
 the master's device alone (one process, `--devices cpu:1`), the cost model's step time beside the
-measured one (its conv time, compute plus link, and the measured rest of the step), and, where PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half
-the batch each) on the same link: the data-parallel alternative, which moves the gradients of
-every weight each step where pyhet moves activations. Beside them, `pyhet plan`'s predictions
-of both for the measured link (`--devices cpu:1,cpu:1 --describe "d1:bw=...,lat=..."`, the
-pair calibrated together in this process right before each rate's run, so that a slow minute
-of this machine moves a plan and the run it predicts together).
+measured one (its conv time, compute plus link, and the measured rest of the step), and, where
+PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half the batch each) on the
+same link: the data-parallel alternative, which moves the gradients of every weight each step
+where pyhet moves activations. Beside them, `pyhet plan`'s predictions of both for the measured
+link (`--devices cpu:1,cpu:1 --describe "d1:bw=...,lat=..."`, the pair calibrated together in
+this process right before each rate's run, so that a slow minute of this machine moves a plan
+and the run it predicts together).
 
 The namespaces and links are removed when it ends, also when interrupted. Without root, `ip`,
 `tc` or mpiexec it says so and does nothing.
@@ -51,7 +52,7 @@ def parse_args(argv):
                    help="tc tbf rates, comma-separated; 'none' for no limit")
     p.add_argument("--kernels", default="500,1500")
     p.add_argument("--batch-size", type=positive(int), default=16)
-    p.add_argument("--steps", type=positive(int), default=4,
+    p.add_argument("--steps", type=_util.warmed_steps, default=4,
                    help="steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=1,
                    help="times the rates run, in turn; rows give medians over them")
@@ -59,7 +60,8 @@ def parse_args(argv):
     p.add_argument("--timeout", type=positive(float), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     args = p.parse_args(argv)
     try:
         kernel_counts(args.kernels)
@@ -67,6 +69,7 @@ def parse_args(argv):
             rate_bits(rate)
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
+    _util.check_outputs(p, args)
     return args
 
 
@@ -212,8 +215,9 @@ def ddp_over(link: Link, args, cwd):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"DDP failed: {outs[0][1][-1500:]} {outs[1][1][-1500:]}")
+    for rank, (p, (_, err)) in enumerate(zip(procs, outs)):
+        if p.returncode:
+            raise _util.child_error(f"PyTorch DDP's rank {rank}", p.returncode, err)
     return float(outs[0][0].strip().splitlines()[-1])
 
 
@@ -415,8 +419,7 @@ def plot(result, path):
     ax.set_xlabel("link rate")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    print(f"plot written to {path}")
+    _util.save_plot(fig, path, dpi=100)
 
 
 if __name__ == "__main__":

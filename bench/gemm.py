@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import numpy as np
@@ -47,10 +48,11 @@ DEFAULT_SHAPES = "1024x1024x1024,1500x1600x12500"
 def parse_shape(text: str):
     """'MxNxK' or 'MxNxK:tn' -> (M, N, K, trans_a, trans_b)."""
     dims, _, trans = text.strip().partition(":")
-    try:
-        m, n, k = (int(v) for v in dims.lower().split("x"))
-    except ValueError:
+    # ASCII digits only: int() would also take 1_0 and other scripts' digits
+    match = re.fullmatch(r"([0-9]{1,18})x([0-9]{1,18})x([0-9]{1,18})", dims.lower())
+    if match is None:
         raise argparse.ArgumentTypeError(f"expected a shape like 1024x1024x1024, got {text!r}")
+    m, n, k = (int(v) for v in match.groups())
     trans = trans or "nn"
     if len(trans) != 2 or set(trans) - {"n", "t"}:
         raise argparse.ArgumentTypeError(f"expected :nn, :nt, :tn or :tt after {dims}, "
@@ -61,13 +63,12 @@ def parse_shape(text: str):
 
 
 def parse_threads(text: str):
+    count = positive(int, high=ops.MAX_THREADS)
     try:
-        threads = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, got {text!r}")
-    if min(threads) < 1:
-        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
-    return threads
+        return [count(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected thread counts like 1,2, each from 1 to "
+                                         f"{ops.MAX_THREADS}, got {text!r}") from None
 
 
 def shape_name(m, n, k, ta, tb) -> str:
@@ -185,27 +186,26 @@ def main(argv=None) -> int:
     parser.add_argument("--kernels", type=parse_kernels, default=None,
                         help=f"comma-separated micro-kernels among {', '.join(KERNELS)} "
                              f"(default: every one this CPU runs)")
-    parser.add_argument("--plain-max-gflop", type=float, default=4.0,
+    parser.add_argument("--plain-max-gflop", type=_util.non_negative(float), default=4.0,
                         help="run the plain loop on products of at most this many GFLOP, "
                              "0 for never (default 4: 1024^3 and smaller)")
     parser.add_argument("--repeat", type=positive(int), default=7,
                         help="timed rounds of each side per problem (default 7)")
-    parser.add_argument("--pause", type=float, default=0.3,
+    # at most an hour: time.sleep() overflows on a huge one
+    parser.add_argument("--pause", type=_util.non_negative(float, high=3600), default=0.3,
                         help="seconds of sleep before each timed call, so that no side runs "
                              "beside another's spinning idle threads (default 0.3)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_util.non_negative(int), default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = parser.parse_args(argv)
     try:
         shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as e:
-        parser.error(str(e))
-    if args.repeat < 1:
-        parser.error(f"--repeat must be >= 1, got {args.repeat}")
-    if not args.pause >= 0:     # nan too
-        parser.error(f"--pause must be >= 0, got {args.pause}")
-    if args.plain_max_gflop < 0:
-        parser.error(f"--plain-max-gflop must be >= 0, got {args.plain_max_gflop}")
+        parser.error(f"argument --shapes: {e}")
+    if not shapes:
+        parser.error(f"argument --shapes: expected at least one shape like 1024x1024x1024, got "
+                     f"{args.shapes!r}")
+    _util.check_outputs(parser, args)
     runnable = runnable_kernels()
     kernels = args.kernels or runnable
     missing = [name for name in kernels if name not in runnable]

@@ -34,7 +34,7 @@ def parse_args(argv):
     p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
                    help="the network (default: pyhet train's)")
     p.add_argument("--batch-size", type=positive(int), default=64)
-    p.add_argument("--steps", type=positive(int), default=100,
+    p.add_argument("--steps", type=_util.warmed_steps, default=100,
                    help="training steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=9)
     p.add_argument("--timeout", type=positive(float), default=900,
@@ -45,8 +45,7 @@ def parse_args(argv):
     if len(args.configs) < 2:
         p.error(f"argument --configs: expected a reference and at least one more, got "
                 f"{args.configs}")
-    if args.steps < 2:
-        p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
+    _util.check_outputs(p, args)
     return args
 
 

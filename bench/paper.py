@@ -27,6 +27,7 @@ solo throughputs. The paper's own figures are printed beside ours, labelled as t
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -43,6 +44,7 @@ except ImportError:  # run as a script: python bench/paper.py
 
 from pyhet import arch, ops
 from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.errors import PyhetError
 from pyhet.model import init_params
 from pyhet.timing import PartTimer
 
@@ -82,8 +84,9 @@ def parse_args(argv):
                         "analyses (default 250,750; quick 100,300)")
     p.add_argument("--batch-size", type=positive(int), default=16,
                    help="the batch of the network-size, device-count and speed-mix analyses")
-    p.add_argument("--steps", type=positive(int),
-                   help="N: N - 1 steps of each configuration are timed, after two warm-up steps (default 4)")
+    p.add_argument("--steps", type=_util.warmed_steps,
+                   help="N: N - 1 steps of each configuration are timed, after two warm-up "
+                        "steps (default 4)")
     p.add_argument("--bandwidth-json", metavar="FILE",
                    help="the JSON of a `pyhet bench bandwidth --json FILE` run for analysis 4")
     p.add_argument("--json", metavar="FILE")
@@ -101,9 +104,65 @@ def parse_args(argv):
         args.network = (100, 300) if args.quick else (250, 750)
     if args.steps is None:
         args.steps = 4
-    if args.steps < 2:
-        p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
+    _util.check_outputs(p, args, plot_folder_given=True)
+    # read now: a file that cannot serve analysis 4 would otherwise end the run after the others
+    args.bandwidth_data = (None if args.bandwidth_json is None else
+                           read_bandwidth_json(p, args.bandwidth_json))
     return args
+
+
+def bandwidth_json_problem(data):
+    """Why `data` is not the JSON of a bench bandwidth run (as analysis 4 reads it), or None."""
+    def number(v, low=None):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (low is None or v > low))
+
+    if not isinstance(data, dict):
+        return f"an object was expected, got {type(data).__name__}"
+    if "rates" not in data or "alone_step_s" not in data:
+        return "it has no " + " and no ".join(repr(k) for k in ("rates", "alone_step_s")
+                                             if k not in data)
+    if not number(data["alone_step_s"], 0):
+        return f"'alone_step_s' must be a time > 0, got {data['alone_step_s']!r}"
+    if not isinstance(data["rates"], list) or not all(isinstance(r, dict)
+                                                     for r in data["rates"]):
+        return "'rates' must be a list of objects, one a rate"
+    for i, r in enumerate(data["rates"]):
+        partition = r.get("partition")
+        if not isinstance(r.get("rate"), str):
+            return f"rates[{i}]: 'rate' must be a string such as 100mbit, got {r.get('rate')!r}"
+        for key in ("step_s", "measured_bits_per_s"):
+            if r.get(key) is not None and not number(r[key], 0):
+                return f"rates[{i}]: {key!r} must be a number > 0 or null, got {r[key]!r}"
+        if partition is not None and not (isinstance(partition, dict) and isinstance(
+                partition.get("conv2", {}), (dict, type(None)))):
+            return f"rates[{i}]: 'partition' must map layers to their partitions"
+    return None
+
+
+def read_bandwidth_json(parser, path):
+    """The contents of a --bandwidth-json FILE; a usage error where it cannot be read or is not
+    the JSON of `pyhet bench bandwidth --json FILE`."""
+    from pyhet import files
+
+    where = f"argument --bandwidth-json {path}"
+    there = files.not_regular(path)
+    if there is not None:
+        parser.error(f"{where}: it is {there}, not a regular file")
+    try:
+        with files.open_regular(path, OSError) as f:   # open() would wait on a FIFO for ever
+            text = f.read()
+    except OSError as e:
+        parser.error(f"{where}: cannot read it: {e.strerror or e}")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        parser.error(f"{where}: not JSON ({e})")
+    problem = bandwidth_json_problem(data)
+    if problem is not None:
+        parser.error(f"{where}: expected the JSON of `pyhet bench bandwidth --json FILE`: "
+                     f"{problem}")
+    return data
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,19 +318,9 @@ def speed_mix(args, cores):
 
 def bandwidth(args):
     """Analysis 4 from a bench bandwidth JSON file, or from a run of it, or why there is none."""
-    if args.bandwidth_json:
-        try:
-            with open(args.bandwidth_json) as f:
-                data = json.load(f)
-            rates = data["rates"]
-            alone = data["alone_step_s"]
-        except OSError as e:
-            sys.exit(f"pyhet: error: cannot read --bandwidth-json {args.bandwidth_json}: "
-                     f"{e.strerror or e}")
-        except (ValueError, KeyError, TypeError) as e:
-            sys.exit(f"pyhet: error: --bandwidth-json {args.bandwidth_json}: expected the JSON "
-                     f"of `pyhet bench bandwidth --json FILE` (with 'rates' and "
-                     f"'alone_step_s'), got {type(e).__name__}: {e}")
+    if args.bandwidth_data is not None:
+        data = args.bandwidth_data
+        rates, alone = data["rates"], data["alone_step_s"]
         source = f"read from {args.bandwidth_json}"
     elif args.quick:
         return {"skipped": "--quick: no bandwidth run (pass --bandwidth-json FILE from "
@@ -290,7 +339,7 @@ def bandwidth(args):
                 bw.main(["--rates", "100mbit,none", "--kernels",
                          ",".join(map(str, args.network)), "--batch-size", str(args.batch_size),
                          "--steps", str(args.steps), "--no-ddp", "--json", path])
-            except RuntimeError as e:
+            except PyhetError as e:      # a run of it that failed (_util.child_error)
                 return {"skipped": f"the bandwidth run failed: {e}"}
             with open(path) as f:
                 data = json.load(f)
@@ -384,19 +433,10 @@ def plot(res, folder):
     plt = _util.pyplot()
     if plt is None:
         return
-    written = []
 
     def save(fig, name):
-        path = os.path.join(folder, name)
         fig.tight_layout()
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fig.savefig(path, dpi=80)
-        except OSError as e:
-            sys.exit(f"pyhet: error: cannot write the plot {path}: {e.strerror or e}")
-        finally:
-            plt.close(fig)
-        written.append(path)
+        _util.save_plot(fig, os.path.join(folder, name), dpi=80)
 
     cs = res["conv_share"]
     lo, hi = cs["paper"]["conv_time_fraction"]
@@ -456,8 +496,6 @@ def plot(res, folder):
         ax.set_xlabel("link rate")
         ax.set_ylabel("speedup over one device")
         save(fig, "paper_bandwidth.png")
-    for path in written:
-        print(f"plot written to {path}")
 
 
 # ------------------------------------------------------------------------------------------------

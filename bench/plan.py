@@ -37,10 +37,11 @@ def parse_args(argv):
     p.add_argument("--configs", default="cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5",
                    help="--devices SPECs, separated by ';'")
     p.add_argument("--batch-sizes", default="16,32", help="comma-separated")
-    p.add_argument("--kernels", default="500,1500")
+    p.add_argument("--kernels", default=None, metavar="A,B",
+                   help="the network's kernel counts (default 500,1500)")
     p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
                    help="the network in --arch notation (instead of --kernels)")
-    p.add_argument("--steps", type=positive(int), default=6,
+    p.add_argument("--steps", type=_util.warmed_steps, default=6,
                    help="training steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=1,
                    help="times the whole set runs, in turn; rows give medians over them")
@@ -49,13 +50,17 @@ def parse_args(argv):
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     args.configs = _util.device_configs(p, args.configs)
+    if args.arch is not None and args.kernels is not None:   # as pyhet train refuses them
+        p.error("--arch describes the whole network: give it without --kernels")
+    if args.arch is None and args.kernels is None:
+        args.kernels = "500,1500"
     try:
-        kernel_counts(args.kernels)
+        if args.kernels is not None:
+            kernel_counts(args.kernels)
         args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as e:
         p.error(str(e))
-    if args.steps < 2:
-        p.error(f"argument --steps: expected at least 2 (the first warms up), got {args.steps}")
+    _util.check_outputs(p, args)
     return args
 
 

@@ -47,12 +47,13 @@ def parse_args(argv):
                    help="rank 1's CPU quota as fractions of one core, comma-separated")
     p.add_argument("--kernels", default="500,1500")
     p.add_argument("--batch-size", type=positive(int), default=16)
-    p.add_argument("--steps", type=positive(int), default=4,
+    p.add_argument("--steps", type=_util.warmed_steps, default=4,
                    help="steps per run (the first warms up)")
     p.add_argument("--timeout", type=positive(float), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     args = p.parse_args(argv)
     try:
         kernel_counts(args.kernels)
@@ -64,6 +65,7 @@ def parse_args(argv):
         p.error(f"--quotas: fractions such as 0.5,0.25 were expected, got {args.quotas!r}")
     if not args.quotas or any(not 0.01 <= q <= 1 for q in args.quotas):
         p.error(f"--quotas: each must be between 0.01 and 1, got {args.quotas}")
+    _util.check_outputs(p, args)
     return args
 
 
@@ -142,8 +144,8 @@ def main(argv=None) -> int:
             for fraction in args.quotas:
                 quota = Quota(fraction)
                 try:
-                    slow = step_s(_util.run_json(quota.wrap(train_argv(args, "cpu:1")), args.timeout,
-                                           cwd))
+                    slow = step_s(_util.run_json(quota.wrap(train_argv(args, "cpu:1")),
+                                                 args.timeout, cwd))
                     a, b = 1 / alone, 1 / slow
                     row = {"quota": fraction, "alone_step_s": alone, "slow_alone_step_s": slow,
                            "relative_speed": b / a}
@@ -206,8 +208,7 @@ def plot(result, path):
     ax.set_ylim(0, 1.1)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    print(f"plot written to {path}")
+    _util.save_plot(fig, path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Scaling of the paper's network over several devices, and dynamic balancing at work.
 
-    pyhet bench scaling [--kernels 500,1500] [--batch-size 16] [--steps 4] [--rounds 2]
+    pyhet bench scaling [--kernels 500,1500] [--batch-size 16] [--steps 3] [--rounds 2]
                         [--json FILE] [--plot FILE.png] [--quick]
 
 Part 1: one SGD step of the network (3x32x32 input) on each device alone, on 1 to all CPU cores
@@ -86,7 +86,8 @@ WARMUP = 2   # untimed steps per configuration: the two-phase update allocates i
 
 def parse_args(argv):
     p = Parser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
-    p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
+    p.add_argument("--kernels", type=kernel_counts, default=None, metavar="A,B",
+                   help="the network's kernel counts (default 500,1500; 64,128 with --quick)")
     p.add_argument("--batch-size", type=positive(int), default=16)
     p.add_argument("--steps", type=positive(int), default=3,
                    help="timed steps per configuration per round")
@@ -98,12 +99,14 @@ def parse_args(argv):
                    help="numbers of cpu:1 devices to run (default: 1 to all cores; powers of "
                         "two beyond 4 cores)")
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="needs matplotlib")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     p.add_argument("--quick", action="store_true",
-                   help="a small network (64,128 kernels) for a fast check")
+                   help="a small network (64,128 kernels unless --kernels says) for a fast check")
     args = p.parse_args(argv)
-    if args.quick:
-        args.kernels = (64, 128)
+    if args.kernels is None:
+        args.kernels = (64, 128) if args.quick else (500, 1500)
+    _util.check_outputs(p, args)
     return args
 
 
@@ -201,7 +204,8 @@ def part2(args, shape, params, x, y, static_ref):
                 c.devices[1].speed = 0.5  # the speed change, mid-training
             dt = c.step(x, y)
             trace.append({"step": i + 1, "d1_speed": c.devices[1].speed, "step_s": dt,
-                          "conv2": list(c.net.convs[1].counts), "conv1": list(c.net.convs[0].counts)})
+                          "conv2": list(c.net.convs[1].counts),
+                          "conv1": list(c.net.convs[0].counts)})
     finally:
         c.close()
     best_s, best_partition = best_static(args, shape, params, x, y, [1.0, 0.5])
@@ -323,8 +327,7 @@ def plot(result, path):
     b.set_title("dynamic balancing, cpu:1,cpu:1")
     b.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot written to {path}")
+    _util.save_plot(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,13 @@ import time
 
 import numpy as np
 
+try:
+    from . import _util
+except ImportError:  # run as a script (each worker is): python bench/step.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _util
+
+from pyhet import ops
 from pyhet.cli import Parser, kernel_counts, positive
 
 INPUT = (3, 32, 32)
@@ -111,7 +118,8 @@ def _run_worker(side, args):
            str(args.batch_size), "--threads", str(args.threads), "--steps", str(args.steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"{side} worker failed:\n{proc.stderr}")
+        raise _util.child_error(f"the {side} worker (its steps in a process of their own)",
+                                proc.returncode, proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -131,14 +139,16 @@ def parse_args(argv):
     p = Parser(prog="pyhet bench step", description=__doc__.split("\n")[0])
     p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
     p.add_argument("--batch-size", type=positive(int), default=16)
-    p.add_argument("--threads", type=positive(int), default=1)
+    p.add_argument("--threads", type=positive(int, high=ops.MAX_THREADS), default=1)
     p.add_argument("--steps", type=positive(int), default=3, help="timed steps per round")
     p.add_argument("--rounds", type=positive(int), default=2)
     p.add_argument("--blocked", action="store_true",
                    help="also run pyhet with Strassen's scheme off (PYHET_GEMM_STRASSEN=0)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--worker", choices=("pyhet", "torch"), help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    _util.check_outputs(p, args)
+    return args
 
 
 def main(argv=None) -> int:
@@ -153,8 +163,8 @@ def main(argv=None) -> int:
 
     from pyhet import arch
 
-    flops = sum(arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES).flops_per_image().values()) \
-        * args.batch_size
+    shape = arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES)
+    flops = sum(shape.flops_per_image().values()) * args.batch_size
     sides = (["pyhet"] + ([BLOCKED] if args.blocked else []) +
              (["torch"] if _torch_available() else []))
     runs = {s: [] for s in sides}
@@ -201,8 +211,7 @@ def main(argv=None) -> int:
               f"{result['ratio_pyhet_over_blocked']:.3f}")
     print("pyhet step parts (s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        _util.write_json(args.json, result)
     return 0
 
 

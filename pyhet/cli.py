@@ -70,7 +70,8 @@ def kernel_counts(text: str):
     try:
         a, b = (_int(v) for v in parts)
     except argparse.ArgumentTypeError as e:      # its message names the count
-        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {e} (two kernel counts as A,B, e.g. "
+                                         f"500,1500)") from None
     if a < 1 or b < 1:
         raise argparse.ArgumentTypeError(f"kernel counts must be >= 1, got {text!r}")
     return (a, b)

@@ -187,8 +187,8 @@ def test_divergence_names_the_weight_decay_where_it_alone_grows_the_weights(
 def test_a_diverging_weight_decay_is_named_on_the_command_line(cli_process, tmp_path):
     x, y = data(37)
     np.savez(tmp_path / "d.npz", x=x, y=y)
-    res = cli_process("train", "--arch", ARCH, "--dataset", f"npz:{tmp_path / 'd.npz'}", "--devices",
-              "cpu:1", "--steps", "3", "--weight-decay", "1e10", "--quiet")
+    res = cli_process("train", "--arch", ARCH, "--dataset", f"npz:{tmp_path / 'd.npz'}",
+                      "--devices", "cpu:1", "--steps", "3", "--weight-decay", "1e10", "--quiet")
     assert res.code == 1 and "try a smaller --weight-decay (now 1e+10)" in res.err, res.err
 
 

@@ -76,9 +76,15 @@ def test_bench_step(tmp_path, capsys):
 
 
 def test_bench_scaling(tmp_path, capsys):
-    pytest.importorskip("numpy")
-    out = run(capsys, "scaling", "--kernels", "8,16", "--steps", "1", "--rounds", "1",
-              "--dynamic-steps", "3", "--json", str(tmp_path / "c.json"))
+    """--kernels wins over --quick's; a --plot without a suffix is written as a PNG, and the
+    file written is the one named."""
+    plot = importlib.util.find_spec("matplotlib") is not None
+    out = run(capsys, "scaling", "--quick", "--kernels", "8,16", "--steps", "1", "--rounds", "1",
+              "--dynamic-steps", "3", "--json", str(tmp_path / "c.json"),
+              *(["--plot", str(tmp_path / "myplot")] if plot else []))
+    if plot:
+        assert f"plot written to {tmp_path / 'myplot.png'}" in out
+        assert [p.name for p in tmp_path.glob("myplot*")] == ["myplot.png"]
     res = json.loads((tmp_path / "c.json").read_text())
     configs = {(r["config"], r["balance"]) for r in res["configs"]}
     assert ("cpu:1", None) in configs and ("cpu:1,cpu:1@0.5", "even") in configs
@@ -268,21 +274,26 @@ def test_bench_paper_quick_skips_bandwidth_and_bad_options(capsys):
     assert e.value.code == 2 and "expected two kernel counts" in capsys.readouterr().err
 
 
-def test_bench_paper_bad_bandwidth_json(tmp_path):
+def test_bench_paper_bad_bandwidth_json(tmp_path, capsys):
+    """Read before any analysis runs: a usage error, nothing measured and lost."""
     (tmp_path / "bw.json").write_text('{"rates": []}')
     with pytest.raises(SystemExit) as e:
         main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
               "--network", "4,8", "--steps", "2", "--bandwidth-json", str(tmp_path / "bw.json")])
-    assert "expected the JSON of `pyhet bench bandwidth" in str(e.value.code)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert "expected the JSON of `pyhet bench bandwidth" in err
 
 
-def test_bench_paper_unwritable_plot_dir(tmp_path):
+def test_bench_paper_unwritable_plot_dir(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit) as e:
         main(["bench", "paper", "--quick", "--kernels-list", "4,8", "--batch-sizes", "2",
               "--network", "4,8", "--steps", "2", "--plot", str(tmp_path / "file" / "png")])
-    assert "cannot write the plot" in str(e.value.code)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert "is a regular file, not a folder" in err
 
 
 def test_bench_pair(tmp_path, capsys):

@@ -1,0 +1,285 @@
+"""The benchmarks' options and outputs checked before any work: a bad value, a --json or --plot
+that cannot be written, a --bandwidth-json that cannot be read, a missing matplotlib are usage
+errors (exit status 2, one line, nothing run); a run of pyhet in a process that fails ends the
+benchmark with one line naming it (exit status 1), never a traceback."""
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyhet.cli import main
+from pyhet.errors import PyhetError
+
+
+def bench(name):
+    """The benchmark module `pyhet bench NAME` runs."""
+    try:
+        return importlib.import_module(f"pyhet.bench.{name}")
+    except ImportError:
+        return importlib.import_module(f"bench.{name}")
+
+
+@pytest.fixture(autouse=True)
+def never_set_up_links_or_cgroups(monkeypatch):
+    """bench bandwidth and bench ranks are only given options they refuse here; were one
+    taken, they say they are skipped instead of setting up namespaces and cgroups as root."""
+    for name in ("bandwidth", "ranks"):
+        monkeypatch.setattr(bench(name), "missing_tools", lambda: "not in these tests")
+
+
+def refused(capsys, *argv):
+    """The one line a benchmark's usage error writes, after checking it exited with status 2
+    before any work (nothing on stdout)."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--shapes", ""], "expected at least one shape"),
+    (["--shapes", ","], "expected at least one shape"),
+    (["--shapes", "1_0x8x8"], "expected a shape like"),
+    (["--shapes", "\uff18x8x8"], "expected a shape like"),      # a fullwidth 8
+    (["--seed", "-1"], "expected a value >= 0"),
+    (["--pause", "inf"], "expected a finite number"),
+    (["--pause", "nan"], "expected a finite number"),
+    (["--pause", "1e300"], "at most 3600"),
+    (["--plain-max-gflop", "nan"], "expected a finite number"),
+    (["--plain-max-gflop", "inf"], "expected a finite number"),
+    (["--threads", "5000"], "each from 1 to 1024"),
+    (["--threads", "1_0"], "expected thread counts"),
+])
+def test_gemm_refuses_bad_options(capsys, argv, says):
+    assert says in refused(capsys, "gemm", "--shapes", "8x8x8", "--threads", "1", "--repeat", "1",
+                           "--pause", "0", *argv)
+
+
+def test_step_threads_within_the_cores_limit(capsys):
+    from pyhet import ops
+
+    assert f"at most {ops.MAX_THREADS}" in refused(capsys, "step", "--kernels", "4,6",
+                                                   "--steps", "1", "--rounds", "1",
+                                                   "--threads", str(ops.MAX_THREADS + 1))
+
+
+def test_plan_refuses_kernels_beside_arch(capsys):
+    err = refused(capsys, "plan", "--configs", "cpu:1", "--batch-sizes", "2", "--steps", "2",
+                  "--kernels", "2,2", "--arch", "2C5-P2")
+    assert "--arch describes the whole network" in err
+    args = bench("plan").parse_args(["--arch", "2C5-P2"])
+    assert args.kernels is None and args.arch == "2C5-P2"
+    assert bench("plan").parse_args([]).kernels == "500,1500"
+
+
+@pytest.mark.parametrize("name", ["bandwidth", "ranks", "plan", "pair", "paper"])
+def test_the_first_step_warms_up_everywhere(capsys, name):
+    """Options only: bandwidth and ranks are never run here (they set up namespaces and
+    cgroups as root)."""
+    assert "expected at least 2 (the first warms up)" in refused(capsys, name, "--steps", "1")
+
+
+def test_scaling_quick_keeps_explicit_kernels():
+    scaling = bench("scaling")
+    assert scaling.parse_args(["--quick", "--kernels", "2,2"]).kernels == (2, 2)
+    assert scaling.parse_args(["--quick"]).kernels == (64, 128)
+    assert scaling.parse_args([]).kernels == (500, 1500)
+    # the usage line gives the default of --steps
+    assert f"[--steps {scaling.parse_args([]).steps}]" in scaling.__doc__
+
+
+# ------------------------------------------------------------------------------------------------
+# --json and --plot: checked before the work
+
+
+@pytest.mark.parametrize("name", ["gemm", "step", "scaling", "plan", "pair", "paper",
+                                  "bandwidth", "ranks"])
+def test_json_destination_checked_first(capsys, tmp_path, name):
+    (tmp_path / "file").write_text("")
+    err = refused(capsys, name, "--json", str(tmp_path / "file" / "x.json"))
+    assert "argument --json" in err and "not a folder" in err
+    assert "a folder, not a regular file" in refused(capsys, name, "--json", str(tmp_path))
+    assert "give a file name" in refused(capsys, name, "--json", "")
+
+
+def test_json_destination_in_a_folder_that_takes_no_file(capsys):
+    """/proc: os.access says yes to root, the file cannot be made all the same."""
+    err = refused(capsys, "step", "--json", "/proc/nope/x.json")
+    assert "the folder /proc cannot take a new file" in err
+
+
+def test_a_json_that_cannot_be_written_after_the_run_is_kept(tmp_path):
+    util = bench("_util")
+    (tmp_path / "file").write_text("")
+    data = {"benchmark": "test", "results": [1.5]}
+    with pytest.raises(SystemExit) as e:
+        util.write_json(str(tmp_path / "file" / "x.json"), data)
+    message = str(e.value.code)
+    assert message.startswith("pyhet: error: cannot write the JSON file")
+    kept = message.split("the results are in ")[1]
+    try:
+        with open(kept) as f:
+            assert json.load(f) == data
+    finally:
+        os.unlink(kept)
+
+
+@pytest.mark.parametrize("name", ["scaling", "bandwidth", "ranks"])
+def test_plot_file_checked_first(capsys, tmp_path, name):
+    pytest.importorskip("matplotlib")
+    err = refused(capsys, name, "--plot", str(tmp_path))
+    assert "it names a folder; give a file name" in err
+    err = refused(capsys, name, "--plot", str(tmp_path / "new") + os.sep)
+    assert "it names a folder; give a file name" in err
+    assert "expected a file name ending in .png" in refused(capsys, name, "--plot",
+                                                            str(tmp_path / "x.jpg"))
+    assert "cannot take a new file" in refused(capsys, name, "--plot", "/proc/nope/x.png")
+    assert "give a file name" in refused(capsys, name, "--plot", "")
+
+
+def test_plot_without_a_suffix_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    scaling = bench("scaling")
+    assert scaling.parse_args(["--plot", str(tmp_path / "p")]).plot == str(tmp_path / "p.png")
+    assert scaling.parse_args(["--plot", str(tmp_path / "p.svg")]).plot == str(
+        tmp_path / "p.svg")
+
+
+def test_save_plot_writes_the_file_it_names(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    util = bench("_util")
+    plt = util.pyplot()
+    util.save_plot(plt.figure(), str(tmp_path / "sub" / "p.png"), dpi=20)
+    assert (tmp_path / "sub" / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert capsys.readouterr().out == f"plot written to {tmp_path / 'sub' / 'p.png'}\n"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        util.save_plot(plt.figure(), str(tmp_path / "file" / "p.png"), dpi=20)
+    assert str(e.value.code).startswith("pyhet: error: cannot write the plot")
+
+
+def test_paper_plot_folder_checked_first(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "file").write_text("")
+    assert "it is a file, not a folder" in refused(capsys, "paper", "--plot",
+                                                    str(tmp_path / "file"))
+    assert "cannot take a new file" in refused(capsys, "paper", "--plot", "/proc/nope")
+
+
+@pytest.mark.parametrize("argv", [["scaling", "--plot", "x.png"], ["paper", "--plot", "d"]])
+def test_plot_without_matplotlib_is_refused_first(tmp_path, argv):
+    """A matplotlib that cannot be imported (a stand-in first on the path) stops the benchmark
+    before its run, which could not draw the plot."""
+    fake = tmp_path / "fake" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    p = subprocess.run([sys.executable, "-m", "pyhet", "bench", *argv], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert "pip install matplotlib" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# --bandwidth-json: read before the work
+
+
+def bandwidth_json(tmp_path, text):
+    path = tmp_path / "bw.json"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{", "not JSON"),
+    ("[]", "an object was expected"),
+    ('{"rates": []}', "it has no 'alone_step_s'"),
+    ('{"rates": [], "alone_step_s": 0}', "'alone_step_s' must be a time > 0"),
+    ('{"rates": [], "alone_step_s": NaN}', "'alone_step_s' must be a time > 0"),
+    ('{"rates": [1], "alone_step_s": 1}', "'rates' must be a list of objects"),
+    ('{"rates": [{"rate": "1gbit", "step_s": "x"}], "alone_step_s": 1}', "'step_s' must be"),
+    ('{"rates": [{"step_s": 1}], "alone_step_s": 1}', "'rate' must be a string"),
+    ('{"rates": [{"rate": "1gbit", "partition": 3}], "alone_step_s": 1}', "'partition' must"),
+])
+def test_paper_bandwidth_json_checked_first(capsys, tmp_path, text, says):
+    err = refused(capsys, "paper", "--quick", "--bandwidth-json", bandwidth_json(tmp_path, text))
+    assert "argument --bandwidth-json" in err and says in err
+
+
+def test_paper_bandwidth_json_that_cannot_be_read(capsys, tmp_path):
+    err = refused(capsys, "paper", "--bandwidth-json", str(tmp_path / "missing.json"))
+    assert "cannot read it: No such file or directory" in err
+    err = refused(capsys, "paper", "--bandwidth-json", str(tmp_path))
+    assert "it is a folder, not a regular file" in err
+    os.mkfifo(tmp_path / "fifo")            # never waited on
+    assert "it is a FIFO" in refused(capsys, "paper", "--bandwidth-json", str(tmp_path / "fifo"))
+
+
+def test_paper_bandwidth_json_of_a_bandwidth_run_is_taken():
+    paper = bench("paper")
+    data = {"alone_step_s": 0.2, "rates": [
+        {"rate": "100mbit", "measured_bits_per_s": 9.5e7, "step_s": 0.4,
+         "partition": {"conv2": {"d0": 5, "d1": 3}}},
+        {"rate": "none", "measured_bits_per_s": None, "step_s": None, "partition": None}]}
+    assert paper.bandwidth_json_problem(data) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Runs in processes that fail
+
+
+def test_run_json_names_the_failed_run():
+    util = bench("_util")
+    fail = [sys.executable, "-c", "import sys; print('progress', file=sys.stderr); "
+            "sys.exit('pyhet: error: no such device')", "-m", "pyhet", "train", "--devices",
+            "gpu:7", "--json"]
+    with pytest.raises(PyhetError) as e:
+        util.run_json(fail, 60, None)
+    assert str(e.value) == ("pyhet train --devices gpu:7 ... failed (exit status 1): "
+                            "no such device")
+    with pytest.raises(PyhetError) as e:
+        util.run_json([sys.executable, "-c", "import time; time.sleep(30)"], 0.5, None)
+    assert "ran past --timeout (0.5 s)" in str(e.value)
+    with pytest.raises(PyhetError) as e:
+        util.run_json([sys.executable, "-c", "print('not json')"], 60, None)
+    assert "printed no JSON summary last: got 'not json'" in str(e.value)
+
+
+def test_plan_whose_run_fails_says_why_in_one_line(capsys):
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: gpu:0 may run here")
+    assert main(["bench", "plan", "--configs", "gpu:0", "--batch-sizes", "2", "--kernels",
+                 "4,6", "--steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pyhet: error: pyhet plan --devices gpu:0 ... failed (exit status 1):")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_pair_whose_run_fails_says_why_in_one_line(capsys, tmp_path):
+    assert main(["bench", "pair", "--dataset", f"npz:{tmp_path / 'none.npz'}", "--configs",
+                 "cpu:1;cpu:1,cpu:1", "--steps", "2", "--rounds", "1", "--batch-size",
+                 "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pyhet: error: pyhet train --devices cpu:1 ... failed (exit status 1): ")
+    assert "none.npz" in err and len(err.strip().splitlines()) == 1
+
+
+def test_step_whose_worker_fails_says_why_in_one_line(capsys, tmp_path, monkeypatch):
+    """A worker that ends with a traceback: its last line, not the traceback."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\n"
+                      "echo 'RuntimeError: the worker broke' >&2\nexit 1\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    assert main(["bench", "step", "--kernels", "4,6", "--steps", "1", "--rounds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("pyhet: error: the pyhet worker (its steps in a process of their own) failed "
+                   "(exit status 1): RuntimeError: the worker broke\n")
