@@ -95,9 +95,9 @@ def parse_args(argv):
     p.add_argument("--dynamic-steps", type=positive(int), default=16,
                    help="steps of part 2 after the speed change")
     p.add_argument("--cpu-devices", metavar="LIST",
-                   type=lambda t: [positive(int)(v) for v in t.split(",")],
-                   help="numbers of cpu:1 devices to run (default: 1 to all cores; powers of "
-                        "two beyond 4 cores)")
+                   type=lambda t: [positive(int, ops.MAX_THREADS)(v) for v in t.split(",")],
+                   help="numbers of cpu:1 devices to run, each at most 1024 (default: 1 to "
+                        "all cores; powers of two beyond 4 cores)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")

@@ -70,6 +70,10 @@ def test_step_threads_within_the_cores_limit(capsys):
                                                    "--threads", str(ops.MAX_THREADS + 1))
 
 
+def test_scaling_device_counts_within_the_cores_limit(capsys):
+    assert "at most 1024" in refused(capsys, "scaling", "--cpu-devices", "1,100000")
+
+
 def test_plan_refuses_kernels_beside_arch(capsys):
     err = refused(capsys, "plan", "--configs", "cpu:1", "--batch-sizes", "2", "--steps", "2",
                   "--kernels", "2,2", "--arch", "2C5-P2")
