@@ -258,19 +258,9 @@ def save_outputs(result: dict, args, plot) -> None:
 
 def non_negative(kind, high=None):
     """An argparse type: a number >= 0 in ASCII (a finite one; at most `high` where given)."""
-    from pyhet.cli import _float, _int
+    from pyhet.cli import ranged
 
-    parse_kind = _int if kind is int else _float
-
-    def parse(text):
-        v = parse_kind(text)
-        if not v >= 0:
-            raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
-        if high is not None and v > high:
-            raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
-                                             f"{text!r}")
-        return v
-    return parse
+    return ranged(kind, low=0, high=high)
 
 
 def warmed_steps(text: str) -> int:
@@ -305,20 +295,23 @@ def folder_problem(folder: str):
     return None
 
 
-def write_problem(path: str):
-    """Why the file `path` cannot be written (made with the folders it needs), or None."""
-    from pyhet import files
+def write_problem(path: str, option: str):
+    """Why the file `path` cannot be written, or None: as pyhet train checks --save (a name, a
+    regular file or none, a folder that takes a new file of a name that long), where its folder
+    is there; else the nearest folder above that is there must take the folders it needs."""
+    from pyhet.errors import UsageError
+    from pyhet.train import check_file_destination
 
-    if not path:
-        return "give a file name"
-    if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
-        return f"it names a folder (it ends in {path[-1]}), not a file"
-    there = files.not_regular(path)
-    if there is not None:
-        return f"it is {there}, not a regular file"
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return "the file is not writable"
-    return folder_problem(os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if path and not os.path.isdir(folder) and not path.endswith(
+            tuple(filter(None, (os.sep, os.altsep)))):
+        problem = folder_problem(folder)
+        return None if problem is None else f"{option} {path}: {problem}"
+    try:
+        check_file_destination(path, option)
+    except UsageError as e:
+        return str(e)
+    return None
 
 
 def need_matplotlib(parser, option: str = "--plot") -> None:
@@ -350,9 +343,9 @@ def plot_destination(parser, path: str) -> str:
         parser.error(f"argument --plot {path}: expected a file name ending in "
                      f"{', '.join('.' + f for f in PLOT_FORMATS)} (or none, for .png), got "
                      f"{suffix!r}")
-    problem = write_problem(path)
+    problem = write_problem(path, "--plot")
     if problem is not None:
-        parser.error(f"argument --plot {path}: {problem}")
+        parser.error(f"argument {problem}")
     return path
 
 
@@ -373,9 +366,9 @@ def check_outputs(parser, args, plot_folder_given: bool = False) -> None:
     has them and they are given, checked before any work (usage errors); args.plot becomes the
     file the plot will be written to."""
     if getattr(args, "json", None) is not None:
-        problem = write_problem(args.json)
+        problem = write_problem(args.json, "--json")
         if problem is not None:
-            parser.error(f"argument --json {args.json}: {problem}")
+            parser.error(f"argument {problem}")
     if getattr(args, "plot", None) is not None:
         if plot_folder_given:
             plot_folder(parser, args.plot)

@@ -291,6 +291,9 @@ class Network:
             raise UsageError(str(e)) from None
         if ds.normalization is not None:
             self.normalization = ds.normalization
+        # trained here, the network's preparation of raw pixels is known (what it records, or
+        # / 255), even when it came from a file of an earlier version
+        self._records_normalization = True
         if ds.classes and not self.classes:
             self.classes = list(ds.classes)
         log = sys.stderr if progress else io.StringIO()

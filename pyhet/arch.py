@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import ArchitectureError
+from .errors import ArchitectureError, shown
 from .geometry import ConvGeometry, NetGeometry
 
 DEFAULT_KERNELS = (32, 64)
@@ -49,11 +49,6 @@ def shorthand(kernels, kernel_size: int = DEFAULT_KERNEL_SIZE) -> str:
 _INT_MAX = 2**31 - 1
 
 
-def _shown(text: str, most: int = 60) -> str:
-    """text as a message quotes it: repr, cut short past `most` characters."""
-    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
-
-
 def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
     """An --arch SPEC -> (conv blocks, hidden fc units). Shapes are not checked here: see
     build(), which knows the input."""
@@ -63,20 +58,22 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
     if not spec.strip():
         raise ArchitectureError(f"empty --arch: expected blocks such as {PAPER_ARCH!r}")
     if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*[ps]-[0-9]", spec):
-        raise ArchitectureError(f"--arch {spec!r}: {m[0]!r}: padding and stride must be whole "
-                                f"numbers >= 0 and >= 1")
+        raise ArchitectureError(f"--arch {shown(spec)}: {shown(m[0])}: padding and stride must "
+                                f"be whole numbers >= 0 and >= 1")
     convs: list[ConvSpec] = []
     hidden: list[int] = []
     previous = None  # the kind of the block before: "conv", "pool" or "fc"
     for n, raw in enumerate(spec.strip().split("-"), start=1):
         tok = raw.strip()
-        where = f"--arch {_shown(spec)}, block {n} ({_shown(tok)})"
-        # every size is a C int of the core (int() of 4,300 digits and more is a ValueError)
+        where = f"--arch {shown(spec)}, block {n} ({shown(tok)})"
+        # every size is a C int of the core (int() of 4,300 digits and more is a ValueError,
+        # leading zeros counted)
         big = next((d for d in re.findall(r"[0-9]+", tok)
-                    if len(d.lstrip("0")) > 10 or int(d) > _INT_MAX), None)
+                    if len(d.lstrip("0")) > 10 or int(d.lstrip("0") or "0") > _INT_MAX), None)
         if big is not None:
-            raise ArchitectureError(f"{where}: {_shown(big, 20)} is past the largest size "
+            raise ArchitectureError(f"{where}: {shown(big, 20)} is past the largest size "
                                     f"this engine takes, 2**31 - 1")
+        tok = re.sub(r"[0-9]+", lambda d: d[0].lstrip("0") or "0", tok)
         if m := _CONV.match(tok):
             if hidden:
                 raise ArchitectureError(f"{where}: a conv block after a fully connected layer; "
@@ -119,8 +116,8 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
             raise ArchitectureError(f"{where}: not a block; expected forms like "
                                     f"{_FORMS}{ascii_only}")
     if not convs:
-        raise ArchitectureError(f"--arch {spec!r}: the network needs at least one conv block "
-                                f"(such as 32C5)")
+        raise ArchitectureError(f"--arch {shown(spec)}: the network needs at least one conv "
+                                f"block (such as 32C5)")
     return convs, hidden
 
 

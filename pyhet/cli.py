@@ -29,7 +29,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .api import load
     from .data import input_shape_of, name_problem, read_images
     from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
-                         OutputError, PyhetError, UsageError)
+                         OutputError, PyhetError, UsageError, shown)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
     from .report import calibrate_spec, describe_devices
@@ -85,7 +85,7 @@ def _int(text):
         long = re.fullmatch(r"[+-]?[0-9]+", t) is not None
         raise argparse.ArgumentTypeError(
             f"expected a whole number{' of at most 18 digits' if long else ''}, got "
-            f"{text if len(text) <= 40 else text[:40] + '...'!r}")
+            f"{shown(text, 40)}")
     return int(t)
 
 
@@ -102,12 +102,20 @@ def _float(text):
 
 def positive(kind, high=None, low=None):
     """A value > 0 (and from low, to high, where given)."""
+    return ranged(kind, above=0, low=low, high=high)
+
+
+def ranged(kind, *, above=None, low=None, high=None):
+    """An argparse type: a number in ASCII digits (a finite one), > above, >= low and <= high
+    where given."""
     parse_kind = _int if kind is int else _float
 
     def parse(text):
         v = parse_kind(text)
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        if above is not None and not v > above:
+            raise argparse.ArgumentTypeError(f"expected a value > {above:g}, got {text!r}")
+        if low == 0 and not v >= 0:
+            raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
         if low is not None and v < low:
             raise argparse.ArgumentTypeError(f"expected a value of at least {low:g}, got "
                                              f"{text!r}")
@@ -490,7 +498,8 @@ def cmd_plan(args, parser) -> int:
                      f"{sum(counts) * len(links):,}")
     # the described devices' names against the calibrated ones (d0, d1, ... from the SPEC
     # alone), before any calibration
-    cal_names = ([f"d{i}" for i in range(len(parse_devices(args.devices)))]
+    cal_names = ([f"d{i}" for i in range(len(parse_devices(args.devices,
+                                                          gpu_count=cuda_device_count)))]
                  if args.devices is not None else [])
     try:
         plan.check_described(described, cal_names, counts is not None)

@@ -7,6 +7,12 @@ from __future__ import annotations
 import signal
 
 
+def shown(text: str, most: int = 60) -> str:
+    """A value as a message quotes it: repr, cut short past `most` characters (a message stays
+    one readable line, whatever came)."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
+
+
 class PyhetError(Exception):
     """Base of every error that is the user's input, not a bug: the message says it all."""
 

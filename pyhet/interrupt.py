@@ -77,10 +77,11 @@ class HeldSigint:
         self._got = (signum, frame)
 
     def __exit__(self, kind, value, tb):
-        old, got = self._old, self._got
+        old = self._old
         if old is None:
             return
         signal.signal(signal.SIGINT, old)
+        got = self._got   # read after the handler is back: a signal in between is not lost
         if got is None or kind is not None:
             return
         if callable(old):

@@ -598,8 +598,15 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                     break
                 timer = PartTimer()
                 t0 = time.perf_counter()
+                made = getattr(net, "steps_made", 0)
                 try:
                     loss = failover.train_step(xb, yb, sgd, timer, step + 1)
+                except KeyboardInterrupt:
+                    # Ctrl-C held until the step's update was made (Net.train_step): the
+                    # step is made, and the next one starts after it
+                    if at is not None and getattr(net, "steps_made", 0) > made:
+                        at.update(_next(step + 1, epoch, b, per_epoch))
+                    raise
                 except NoDeviceLeftError as e:
                     bar.close()
                     if save_checkpoint is None:
@@ -610,6 +617,9 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                                             f"{path}") from None
                 dt = time.perf_counter() - t0
                 step += 1
+                position = _next(step, epoch, b, per_epoch)    # where the next step starts
+                if at is not None:     # before the callback, which may stop the run
+                    at.update(position)
                 if not math.isfinite(loss):
                     bar.close()
                     where = f"at step {step} (epoch {epoch + 1}, batch {b + 1})"
@@ -639,11 +649,6 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                     _leave_out(net, before, busy0, phases0, traffic0)
                     if balance is not None:
                         balance.rebase()
-                # where the next step starts
-                position = ({"step": step, "epoch": epoch, "batch": b + 1} if b + 1 < per_epoch
-                            else {"step": step, "epoch": epoch + 1, "batch": 0})
-                if at is not None:
-                    at.update(position)
                 if save_checkpoint is not None and (position["batch"] == 0 or
                                                     step == total_steps or
                                                     (every and step % every == 0)):
@@ -688,6 +693,12 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                      phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
     return result
+
+
+def _next(step: int, epoch: int, b: int, per_epoch: int) -> dict:
+    """Where the step after `step` (batch b of the epoch) starts."""
+    return ({"step": step, "epoch": epoch, "batch": b + 1} if b + 1 < per_epoch
+            else {"step": step, "epoch": epoch + 1, "batch": 0})
 
 
 def _advice(cfg: TrainConfig) -> str:

@@ -267,6 +267,10 @@ def test_a_datasets_pixels_are_evaluated_as_the_networks_training_images_were(tm
     with pyhet.load(tmp_path / "earlier.npz", devices="numpy") as net:
         assert net.evaluate(dataset="bundled", batch_size=500) == net.evaluate(
             bundled.x_test, bundled.y_test, batch_size=500)
+        # trained here, it is prepared as it was trained (/ 255), as its saved file will say
+        net.fit(dataset=f"npz:{path}", steps=1, batch_size=16)
+        assert net.evaluate(dataset="bundled", batch_size=500) == net.evaluate(
+            bundled.x_test_raw, bundled.y_test, batch_size=500)
 
 
 def test_work_a_callback_runs_on_the_devices_is_no_steps():
@@ -438,6 +442,15 @@ def test_a_weight_file_or_checkpoint_is_read_once(tmp_path, monkeypatch):
         loaded.fit(x, y, steps=3, batch_size=8, checkpoint_dir=tmp_path / "ckpt", resume=True)
     assert reads[:1] == ["checkpoint-000000002.npz"] and "checkpoint-000000002.npz" not in \
         reads[1:], reads
+
+
+def test_a_file_with_blank_class_names_still_loads(tmp_path):
+    """Only a dataset's class names must be printable (they make the evaluation's table); a
+    weight file's are its own, as earlier versions wrote them."""
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy", classes=["a", "", "c\nd"]) as net:
+        net.save(tmp_path / "w.npz")
+    with pyhet.load(tmp_path / "w.npz", devices="numpy") as net:
+        assert net.classes == ["a", "", "c\nd"]
 
 
 def test_load_refuses_bad_files(tmp_path):

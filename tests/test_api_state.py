@@ -8,12 +8,13 @@ import copy
 import os
 import pickle
 import signal
+import threading
 
 import numpy as np
 import pytest
 
 import pyhet
-from pyhet import model
+from pyhet import interrupt, model
 from pyhet.errors import NoDeviceLeftError, TrainingError, UsageError
 
 ARCH = "4C3-P2-8N"
@@ -192,22 +193,88 @@ def test_a_diverging_weight_decay_is_named_on_the_command_line(cli_process, tmp_
     assert res.code == 1 and "try a smaller --weight-decay (now 1e+10)" in res.err, res.err
 
 
-def test_a_fit_that_stopped_early_is_followed_by_the_next_epochs_order():
-    """A fit stopped by its callback after 2 of the epoch's 4 steps has begun epoch 1: the next
-    fit trains epoch 2's order, not epoch 1's batches again."""
-    x, y = data()
+@pytest.mark.parametrize("stop_at, then", [
+    (2, [(2, 1), (2, 2)]),
+    (1, [(2, 1), (2, 2)]),           # the first step of the run
+    (5, [(3, 1), (3, 2)]),           # the first step of epoch 2
+])
+def test_a_fit_that_stopped_early_is_followed_by_the_next_epochs_order(stop_at, then):
+    """A fit stopped by its callback has begun the epoch of its last step: the next fit trains
+    the next epoch's order, not that epoch's batches again."""
+    x, y = data()                    # 4 steps an epoch
     seen = []
 
-    def stop_at_2(info):
+    def stop(info):
         seen.append((info["epoch"], info["step"]))
-        if info["step"] == 2:
+        if info["step"] == stop_at:
             raise KeyboardInterrupt
     with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
         with pytest.raises(KeyboardInterrupt):
-            net.fit(x, y, epochs=1, batch_size=8, callback=stop_at_2)
-        net.fit(x, y, epochs=1, batch_size=8,
+            net.fit(x, y, epochs=2, batch_size=8, callback=stop)
+        assert seen[-1] == ((stop_at - 1) // 4 + 1, stop_at)
+        seen.clear()
+        net.fit(x, y, steps=2, batch_size=8,
                 callback=lambda i: seen.append((i["epoch"], i["step"])))
-    assert seen == [(1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (2, 4)]
+    assert seen == then
+
+
+def test_ctrl_c_held_through_a_commit_counts_its_step(monkeypatch):
+    """The step that Ctrl-C waited for is made: a later fit goes on after it (here the first of
+    epoch 1: epoch 1 has begun, and the next fit trains epoch 2's order)."""
+    x, y = data()
+    real = model.Head.update
+    calls = []
+
+    def update(self, cfg):
+        calls.append(1)
+        if len(calls) == 1:                   # in step 1's commit
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, cfg)
+
+    monkeypatch.setattr(model.Head, "update", update)
+    seen = []
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        with pytest.raises(KeyboardInterrupt):
+            net.fit(x, y, epochs=3, batch_size=8)
+        net.fit(x, y, steps=1, batch_size=8, callback=lambda i: seen.append(i["epoch"]))
+    assert seen == [2]
+
+
+def test_a_sigint_as_the_hold_ends_is_not_lost(monkeypatch):
+    """A SIGINT that comes while the hold puts Python's handler back is still a
+    KeyboardInterrupt (the flag was read before the handler was back, and it was lost)."""
+    real = signal.signal
+
+    def restoring(signum, handler):
+        if handler is signal.default_int_handler:        # the hold ends
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(signum, handler)
+
+    monkeypatch.setattr(signal, "signal", restoring)
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt.HeldSigint():
+            pass
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_hold_keeps_an_ignored_sigint_ignored_and_does_nothing_off_the_main_thread():
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt.HeldSigint():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+    seen = []
+
+    def off_main():
+        with interrupt.HeldSigint():
+            seen.append(signal.getsignal(signal.SIGINT))
+    t = threading.Thread(target=off_main)
+    t.start()
+    t.join()
+    assert seen == [signal.default_int_handler]
 
 
 @pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps])

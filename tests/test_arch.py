@@ -198,6 +198,10 @@ def test_numbers_past_the_cores_int_are_refused_naming_the_block(spec, block, nu
 
 def test_the_largest_number_is_taken():
     assert arch.parse("1C1s2147483647")[0][0].stride == 2**31 - 1
+    # leading zeros count for nothing, however many (int() refuses 4,300 digits)
+    assert arch.parse("2C" + "0" * 5000 + "3")[0][0].size == 3
+    with pytest.raises(ArchitectureError, match=r"\(5012 chars\) is past the largest"):
+        arch.parse("2C" + "0" * 5000 + "9" * 12)
 
 
 def partition_of(shape, spec, counts=None):

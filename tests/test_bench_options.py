@@ -109,8 +109,11 @@ def test_json_destination_checked_first(capsys, tmp_path, name):
     (tmp_path / "file").write_text("")
     err = refused(capsys, name, "--json", str(tmp_path / "file" / "x.json"))
     assert "argument --json" in err and "not a folder" in err
-    assert "a folder, not a regular file" in refused(capsys, name, "--json", str(tmp_path))
+    assert "a folder, not a file" in refused(capsys, name, "--json", str(tmp_path))
     assert "give a file name" in refused(capsys, name, "--json", "")
+    # a name too long for the folder (255 bytes at most): refused, not found after the run
+    assert "cannot take a new file" in refused(capsys, name, "--json",
+                                               str(tmp_path / ("a" * 300 + ".json")))
 
 
 def test_json_destination_in_a_folder_that_takes_no_file(capsys):

@@ -522,3 +522,14 @@ def test_a_memory_too_small_for_one_kernel_says_so(cli):
     from test_cli import assert_one_error_line
     assert_one_error_line(res, "conv1: the devices' memory holds 0 of its 8 kernels at batch 64",
                           "MiB", "mem=", "--batch-size", code=1)
+
+
+def test_described_names_are_checked_against_auto_with_its_gpus(cli, monkeypatch):
+    """`--devices auto` on a machine with a GPU is d0 (the GPU) and d1 (the CPU): the check
+    before calibration counts the GPU too (it took auto for d0 alone)."""
+    from pyhet import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "cuda_device_count", lambda: 1)
+    res = cli("plan", "--devices", "auto", "--describe", "d2:bw=1gbit", "--kernels", "4,6",
+              "--dataset", "synthetic")
+    assert res.code == 2 and "the --devices SPEC gives d0, d1" in res.err, res.err
