@@ -175,6 +175,8 @@ class CheckpointDir:
             try:
                 read = read_weight_file(path)
                 arrays = read[0]
+                if "meta" not in arrays:
+                    raise ValueError("it has no 'meta' entry: a weight file, not a checkpoint")
                 meta = checked_meta(json.loads(str(arrays["meta"])), self.settings)
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
@@ -251,7 +253,10 @@ class CheckpointDir:
         path = os.path.join(self.folder, f"checkpoint-{position['step']:09d}.npz")
         write_npz(path, arrays, "the checkpoint")
         if self.keep:
-            for old in complete(self.folder)[:-self.keep]:
+            # the newest `keep` of those up to this one: never this one itself, whatever lies
+            # past it (a damaged checkpoint a resume skipped, which the next resume skips too)
+            upto = [p for p in complete(self.folder) if step_of(p) <= position["step"]]
+            for old in upto[:-self.keep]:
                 try:
                     os.remove(old)
                 except OSError as e:

@@ -557,6 +557,12 @@ def arm_faults(devices) -> None:
             raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank}, where "
                               f"{fault.phase} is part of the forward or backward request: give "
                               f"forward, backward or update")
+        if fault.phase in ("im2col", "input_gradient") and not device.shares_host_memory:
+            # only the cpu devices of a process share one im2col and split the input
+            # gradient, as phases of their own; the others do both inside forward and backward
+            raise DeviceError(f"PYHET_FAULT: {name} ({device.spec}) does its {fault.phase} "
+                              f"inside its forward and backward: give forward, backward or "
+                              f"update")
         device.fault = fault
 
 

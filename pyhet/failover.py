@@ -7,7 +7,8 @@ keeps that last consistent state on the master and NoDeviceLeftError is raised (
 writes a checkpoint of it when it has a checkpoint folder).
 
 The new partition follows the run's --balance: dynamic uses the balancer's current speed
-estimates, static the calibration, even an equal share; always within the memory caps.
+estimates, static the calibration, even an equal share, and --deterministic the devices'
+declared speeds; always within the memory caps.
 """
 
 from __future__ import annotations
@@ -15,17 +16,19 @@ from __future__ import annotations
 import sys
 
 from .errors import DeviceError, NoDeviceLeftError
-from .partition import proportional
+from .partition import balanced, proportional
 
 
 class Failover:
     """Runs training steps on a Net, moving a failed device's kernels to the others and redoing
     the step. `failures` records each event: step, device, phase, message, new partition."""
 
-    def __init__(self, net, calibration=None, balance=None, log=None):
+    def __init__(self, net, calibration=None, balance=None, log=None, declared=False):
         # calibration: pyhet.calibrate.Calibration or None; balance: the run's DynamicBalance
-        # or None; log: where the one-line warning goes (stderr when None)
+        # or None; log: where the one-line warning goes (stderr when None); declared: split by
+        # the devices' declared speeds (--deterministic), where there is neither
         self.net, self.calibration, self.balance = net, calibration, balance
+        self.declared = declared
         self.log = log if log is not None else sys.stderr
         self.failures: list = []
 
@@ -105,5 +108,7 @@ class Failover:
             return balancer.partition()
         if self.calibration is not None:              # static (no kernels where caps is 0)
             return self.calibration.partition(name, total, caps)
+        if self.declared:                             # --deterministic: the declared speeds
+            return balanced(total, [d.spec.speed for d in self.net.devices], caps=caps)
         return proportional(total, [1.0 if a else 0.0 for a in alive])   # even
 

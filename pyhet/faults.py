@@ -20,6 +20,7 @@ evaluate).
 from __future__ import annotations
 
 import os
+import re
 
 from .errors import DeviceError
 
@@ -61,10 +62,13 @@ def parse(text: str) -> dict:
     faults = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         parts = entry.split(":")
-        if len(parts) != 3 or not parts[2].strip().isdigit():
+        # ASCII digits: isdigit() takes '²', which int() refuses
+        if len(parts) != 3 or not re.fullmatch(r"[0-9]{1,18}", parts[2].strip()):
             raise DeviceError(f"{ENV}: entry {entry!r} is not DEVICE:PHASE:STEP, e.g. "
                               f"'d1:forward:5'")
         name, phase, step = parts[0].strip(), parts[1].strip(), int(parts[2])
+        if name in faults:     # one fault a device: the first would be dropped
+            raise DeviceError(f"{ENV}: {name} is given twice; one fault a device")
         faults[name] = Fault(phase, step)
     return faults
 

@@ -422,6 +422,10 @@ class Net:
                 self.steps_made += 1
         return float(loss)
 
+    def failed(self) -> set:
+        """The indices of the devices that failed (pyhet.failover), left out of every layer."""
+        return set(self.convs[0].dead)
+
     def params(self) -> dict:
         """The current weights as host float32 arrays in PyTorch's layout, in layer order."""
         out = {}

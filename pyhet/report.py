@@ -12,7 +12,7 @@ from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
 from .model import time_head
-from .specs import check_threads, cuda_device_count, parse_devices
+from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
 from .train import check_memory, host_backend
 
 
@@ -40,6 +40,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
                          "kernel_size": net.blocks[0].R, "input_shape": list(net.input_shape),
                          "batch_size": batch}
     specs = parse_devices(spec, gpu_count=cuda_device_count)
+    check_ranks(specs, 1)     # calibrated here, in one process, as a train of one would be
     check_threads(specs)
     devices = make_devices(specs)
     try:

@@ -297,12 +297,15 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
     return net, cal
 
 
-def left_out(devices, partition: dict, cal) -> list:
-    """The devices that calibration left without kernels of a layer, and why: their fixed cost
-    per step (moving the layer's input and output over their link, their own im2col) is more
-    than the step the others finish in, or a single kernel would make the layer take longer
-    (in each phase, where a device has a link: pyhet.partition.balanced_phases)."""
-    notes = []
+def left_out(devices, partition: dict, cal, failed=()) -> list:
+    """The devices left without kernels of a layer, and why: they failed in training (failed:
+    their indices), or calibration found their fixed cost per step (moving the layer's input
+    and output over their link, their own im2col) more than the step the others finish in, or
+    that a single kernel would make the layer take longer (in each phase, where a device has a
+    link: pyhet.partition.balanced_phases)."""
+    notes = [{"device": devices[i].name, "layer": layer, "overhead_s": None,
+              "layer_time_s": None, "why": "it failed in training (see failures)"}
+             for layer in partition for i in sorted(failed)]
     if cal is None:
         return notes
     for layer, counts in partition.items():
@@ -311,7 +314,7 @@ def left_out(devices, partition: dict, cal) -> list:
         others = cal.predicted(layer, counts)
         for i, (d, c, o, cap, part) in enumerate(zip(devices, counts, overheads,
                                                      cal.caps[layer], parts)):
-            if c == 0:
+            if c == 0 and i not in failed:
                 where = ("its own im2col and col2im" if part is None else
                          f"{part['link_fixed_s']:.4g} s moving the layer's input and input "
                          f"gradient over its link, {part['compute_overhead_s']:.4g} s its own "
@@ -406,6 +409,8 @@ def plan_record(net: Net, cal, balance, deterministic: bool) -> dict:
     per device, the calibration and the dynamic balancer's estimates."""
     return {"devices": [str(d.spec) for d in net.devices],
             "partition": net.partition_counts(),
+            # left out because they failed: a resume on the same devices plans afresh
+            "failed": [net.devices[i].name for i in sorted(net.failed())],
             "calibration": dataclasses.asdict(cal) if cal is not None else None,
             "balancer": balance.state() if balance is not None else None,
             "deterministic": deterministic}
@@ -421,6 +426,16 @@ def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig
         print(f"the checkpoint was made on the devices {','.join(plan.get('devices') or [])}, "
               f"this run has {','.join(now)}: planning the partition afresh", file=log,
               flush=True)
+        return None, None
+    if plan.get("failed"):
+        print(f"the checkpoint's partition leaves out {', '.join(plan['failed'])}, which "
+              f"failed in that run: planning the partition afresh", file=log, flush=True)
+        return None, None
+    if bool(plan.get("deterministic")) != cfg.deterministic:
+        print(f"the checkpoint's partition was {'' if plan.get('deterministic') else 'not '}"
+              f"the --deterministic one, this run's is"
+              f"{'' if cfg.deterministic else ' not'}: planning the partition afresh",
+              file=log, flush=True)
         return None, None
     partition = plan.get("partition") or {}
     fits = all(len(partition.get(g.name, [])) == len(devices) and
@@ -528,7 +543,7 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
     under mpiexec the idle ranks and each rank's measured link."""
     result["calibration"] = cal.as_dict(devices) if cal else None
     result["idle_ranks"] = getattr(devices, "idle_ranks", [])
-    result["left_out"] = left_out(devices, net.partition_counts(), cal)
+    result["left_out"] = left_out(devices, net.partition_counts(), cal, net.failed())
     for r, figures in (links or {}).items():
         result["links"].setdefault(str(r), {}).update(
             {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))
@@ -575,7 +590,8 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
     # the devices' busy times, the layers' phase times and the traffic go on adding up over
     # calibration, earlier fit() calls and the evaluation: count only this run's steps
     busy0, phases0, traffic0 = _counters(net)
-    failover = Failover(net, getattr(net, "calibration", None), balance, log)
+    failover = Failover(net, getattr(net, "calibration", None), balance, log,
+                        declared=cfg.deterministic and cfg.balance != "even")
     t_train = time.perf_counter()
     saved = {"step": step, "path": None}     # the checkpoint of the step just made, if any
     every = cfg.checkpoint_every

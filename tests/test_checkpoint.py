@@ -455,3 +455,53 @@ def test_fit_checkpoints_have_the_same_protections(tmp_path):
             with pytest.raises(pyhet.errors.PyhetError, match=words):
                 net.fit(x, y, steps=1, overwrite=True, **kw, **bad)
     assert checkpoints(ck) == ["checkpoint-000000001.npz"]
+
+
+# ================================================================ what a resume finds in the folder
+
+def test_a_damaged_checkpoint_past_the_run_never_costs_a_new_one(cli, npz_dataset, tmp_path):
+    """A damaged checkpoint of a later step, which --resume skips, used to outrank every
+    checkpoint the run wrote: --keep 1 deleted each new one as soon as it was written."""
+    data = npz_dataset(n=40)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "checkpoint-000000050.npz").write_text("junk")
+    res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--resume",
+                          "--keep", "1", "--checkpoint-every", "1"))
+    assert res.code == 0, res.err
+    assert checkpoints(ck) == ["checkpoint-000000004.npz", "checkpoint-000000050.npz"]
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume",
+                          "--keep", "1"))
+    assert res.code == 0 and "resuming from" in res.err and "(step 4)" in res.err, res.err
+
+
+def test_a_weight_file_in_the_folder_is_named_as_one(cli, npz_dataset, tmp_path):
+    data = npz_dataset(n=40)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", ck, "--save",
+                          tmp_path / "w.npz"))
+    assert res.code == 0, res.err
+    (ck / "checkpoint-000000007.npz").write_bytes((tmp_path / "w.npz").read_bytes())
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--resume"))
+    assert res.code == 0, res.err
+    assert "no 'meta' entry: a weight file, not a checkpoint" in res.err, res.err
+
+
+def test_a_deterministic_resume_of_a_calibrated_checkpoint_plans_afresh(cli, npz_dataset,
+                                                                        tmp_path):
+    """--deterministic promises the split of the declared speeds, no calibration: a resume
+    of a calibrated run's checkpoint used to keep its partition (and its calibration)."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck,
+                          devices="cpu:1,cpu:1"))
+    assert res.code == 0, res.err
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume",
+                          "--deterministic", "--json", devices="cpu:1,cpu:1"))
+    assert res.code == 0, res.err
+    assert "this run's is: planning the partition afresh" in res.err, res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert s["calibration"] is None
+    assert s["partition"] == json.loads(cli(*train_argv(
+        data, "--steps", "1", "--deterministic", "--json", devices="cpu:1,cpu:1"
+    )).out.splitlines()[-1])["partition"]

@@ -256,3 +256,60 @@ def test_api_fit_goes_on_after_a_failure(monkeypatch):
         summary = net.fit(x, y, steps=3, batch_size=8)
         assert [f["device"] for f in summary["failures"]] == ["d1"]
         assert net.partition == {"conv1": {"d0": 4, "d1": 0}, "conv2": {"d0": 6, "d1": 0}}
+
+
+# ================================================================ after a failure: the summary and a resume
+
+def test_a_failed_device_is_left_out_for_its_failure_and_a_resume_uses_it_again(
+        cli, data, tmp_path, monkeypatch):
+    """left_out named a cost-model reason for a device that had failed, and a resume on the
+    same devices took up the partition without it (static: for good)."""
+    ck = tmp_path / "ck"
+    # --deterministic: both devices hold kernels whatever the timings (equal declared speeds)
+    argv = ["train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices", "cpu:1,cpu:1",
+            "--balance", "static", "--deterministic", "--checkpoint-dir", ck, "--json"]
+    monkeypatch.setenv("PYHET_FAULT", "d1:forward:2")
+    res = cli(*argv, "--steps", "3")
+    assert res.code == 0, res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert [f["device"] for f in s["failures"]] == ["d1"]
+    assert all(c["d1"] == 0 for c in s["partition"].values())
+    notes = [n for n in s["left_out"] if n["device"] == "d1"]
+    assert notes and all(n["why"] == "it failed in training (see failures)" for n in notes)
+    monkeypatch.delenv("PYHET_FAULT")
+    res = cli(*argv, "--steps", "5", "--resume")
+    assert res.code == 0, res.err
+    assert "leaves out d1, which failed in that run: planning the partition afresh" in res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert any(c["d1"] > 0 for c in s["partition"].values()), s["partition"]
+
+
+def test_a_deterministic_failover_splits_by_the_declared_speeds(cli, data, monkeypatch):
+    monkeypatch.setenv("PYHET_FAULT", "d0:forward:2")
+    res = cli("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices",
+              "cpu:1,cpu:1@0.5,numpy@0.1", "--deterministic", "--json")
+    assert res.code == 0, res.err
+    s = json.loads(res.out.splitlines()[-1])
+    assert [f["device"] for f in s["failures"]] == ["d0"]
+    for layer, counts in s["partition"].items():   # an even split was 2/2 and 3/3
+        assert counts["d0"] == 0 and counts["d1"] > counts["d2"], (layer, counts)
+
+
+@pytest.mark.parametrize("value,devices,words", [
+    ("d1:forward:\u00b2", "cpu:1,cpu:1", "is not DEVICE:PHASE:STEP"),     # a superscript 2
+    ("d1:forward:2,d1:backward:3", "cpu:1,cpu:1", "d1 is given twice"),
+    ("d0:im2col:2", "numpy,numpy", "does its im2col inside its forward and backward"),
+    ("d1:input_gradient:2", "cpu:1,numpy", "does its input_gradient inside"),
+])
+def test_faults_that_would_never_fire_or_cannot_be_read_are_one_line(cli, data, monkeypatch,
+                                                                      value, devices, words):
+    monkeypatch.setenv("PYHET_FAULT", value)
+    res = cli("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices", devices)
+    assert res.code == 1 and res.out == "" and "Traceback" not in res.err
+    assert len(res.err.strip().splitlines()) == 1 and words in res.err, res.err
+
+
+def test_devices_refuses_devices_on_other_ranks(cli):
+    res = cli("devices", "--devices", "1/cpu:1,cpu:1", "--kernels", "4,6", "--dataset",
+              "synthetic", "--no-calibrate")
+    assert res.code == 2 and "placed on MPI rank 1" in res.err, res.err
