@@ -521,16 +521,18 @@ def channel_shares(C: int, counts) -> list:
 
 def gather(futures):
     """Wait for every future; re-raise the first error once all have finished, so no device is
-    left working on a step that has failed."""
-    results, error = [], None
+    left working on a step that has failed. The others' errors go with it, as its `also`
+    (devices that failed in the same phase: pyhet.failover takes them all out at once)."""
+    results, errors = [], []
     for f in futures:
         try:
             results.append(f.result())
         except Exception as e:
-            error = error or e
+            errors.append(e)
             results.append(None)
-    if error is not None:
-        raise error
+    if errors:
+        errors[0].also = errors[1:]
+        raise errors[0]
     return results
 
 

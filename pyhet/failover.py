@@ -42,27 +42,38 @@ class Failover:
             try:
                 return self.net.train_step(x, labels, cfg, timer)
             except DeviceError as e:
-                device = getattr(e, "device", None)
-                if device is None or device not in self.net.devices or getattr(
-                        e.__cause__, "ends_run", False):
+                if not self._a_device_failed(e):
                     raise   # not a device that failed (a bug, bad input), or a lost rank
-                self._recover(device, e, step)
+                # with the devices that failed in the same phase (each with its own error)
+                first = {e.device: e}
+                for o in getattr(e, "also", []):
+                    if self._a_device_failed(o):
+                        first.setdefault(o.device, o)
+                self._recover(list(first.values()), step)
             finally:
                 for d in self.net.devices:
                     d.step = None
 
     # ------------------------------------------------------------------------------------------
 
-    def _recover(self, device, error, step):
+    def _a_device_failed(self, e) -> bool:
+        """Whether e is the failure of one of the net's devices, which failover can take out
+        (not a bug, bad input, or a rank lost with its memory)."""
+        return (isinstance(e, DeviceError) and getattr(e, "device", None) in self.net.devices
+                and not getattr(e.__cause__, "ends_run", False))
+
+    def _recover(self, errors, step):
         net = self.net
-        failed = [net.devices.index(device)]
+        error = errors[0]
+        failed = [net.devices.index(e.device) for e in errors]
         try:
             states = {conv.name: conv.consistent_state() for conv in net.convs}
         except DeviceError as lost:   # gone with its memory (a rank that died)
             raise DeviceError(f"{error}; the state before the step could not be read back from "
                               f"it ({lost}): the run ends here (resume from the newest "
                               f"checkpoint)") from None
-        device.close()
+        for e in errors:
+            e.device.close()
         while True:
             alive = [i not in failed and i not in net.convs[0].dead
                      for i in range(len(net.devices))]
@@ -85,15 +96,16 @@ class Failover:
                 other.close()
         if partition is None:
             raise NoDeviceLeftError(f"{error}, and no device is left to train on")
-        record = {"step": step, "device": device.name,
-                  "phase": error.what.split(" ", 1)[-1].replace(" ", "_"),
-                  "layer": error.what.split(" ", 1)[0] if " " in error.what else None,
-                  "message": str(error), "partition": net.partition()}
-        self.failures.append(record)
+        partition = net.partition()
         moved = "; ".join(f"{layer} " + ", ".join(f"{d} {c}" for d, c in counts.items() if c)
-                          for layer, counts in record["partition"].items())
-        print(f"pyhet: warning: {error}: its kernels moved to the other devices "
-              f"({moved}) and step {step} is redone", file=self.log, flush=True)
+                          for layer, counts in partition.items())
+        for e in errors:
+            self.failures.append({"step": step, "device": e.device.name,
+                                  "phase": e.what.split(" ", 1)[-1].replace(" ", "_"),
+                                  "layer": e.what.split(" ", 1)[0] if " " in e.what else None,
+                                  "message": str(e), "partition": partition})
+            print(f"pyhet: warning: {e}: its kernels moved to the other devices "
+                  f"({moved}) and step {step} is redone", file=self.log, flush=True)
 
     def _plan(self, conv, alive) -> list:
         """Kernels per device of a layer over the devices still alive, as the run's balance

@@ -197,6 +197,26 @@ def test_cli_training_goes_on_after_a_failure(cli, data, reference, tmp_path, mo
                         {k: reference[k] for k in reference if k != "arch"})
 
 
+@pytest.mark.parametrize("phase", ["forward", "update"])
+def test_two_devices_failing_in_one_phase_are_each_recorded(cli, data, reference, tmp_path,
+                                                            monkeypatch, phase):
+    """Only the first error of a phase was handled: the second device was recorded at the
+    redone step's first phase, failing "earlier", a failure that appeared nowhere."""
+    monkeypatch.setenv("PYHET_FAULT", f"d0:{phase}:{FAIL_AT},d1:{phase}:{FAIL_AT}")
+    res = cli("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices",
+              "cpu:1,cpu:1,numpy", "--deterministic", "--save", tmp_path / "w.npz", "--json")
+    assert res.code == 0, res.err
+    summary = json.loads(res.out.strip().splitlines()[-1])
+    assert [(f["device"], f["phase"], f["step"]) for f in summary["failures"]] == [
+        ("d0", phase, FAIL_AT), ("d1", phase, FAIL_AT)]
+    assert all("earlier" not in f["message"] for f in summary["failures"])
+    assert summary["partition"] == {"conv1": {"d0": 0, "d1": 0, "d2": 4},
+                                    "conv2": {"d0": 0, "d1": 0, "d2": 6}}
+    got = load_npz(tmp_path / "w.npz")
+    assert_same_weights({k: got[k] for k in reference if k != "arch"},
+                        {k: reference[k] for k in reference if k != "arch"})
+
+
 def test_cli_summary_has_no_failures_when_none_happen(cli, data):
     res = cli("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices", "cpu:1", "--json")
     assert res.code == 0 and json.loads(res.out.strip().splitlines()[-1])["failures"] == []
