@@ -466,6 +466,17 @@ def child_error(what: str, returncode: int, stderr: str):
     return err
 
 
+def stop_with_partial(args, partial: "dict | None", error) -> None:
+    """A run of pyhet failed after others were measured: those go to --json (with the error)
+    where there are any and a --json was given, and the error says so; then it is raised."""
+    from pyhet.errors import PyhetError
+
+    if partial is None or not getattr(args, "json", None):
+        raise error
+    write_json(args.json, {**partial, "error": str(error)})
+    raise PyhetError(f"{error}; what was measured before it is in {args.json}") from None
+
+
 def run_json(cmd, timeout: float, cwd, env=None) -> dict:
     """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
     None); a PyhetError that says why (child_error) when it fails, runs past `timeout` seconds

@@ -24,6 +24,7 @@ except ImportError:  # run as a script: python bench/pair.py
     import _util
 
 from pyhet.cli import Parser, arch_spec, dataset, positive
+from pyhet.errors import PyhetError
 
 
 def parse_args(argv):
@@ -63,14 +64,23 @@ def main(argv=None) -> int:
     ref = args.configs[0]
     times = {spec: [] for spec in args.configs}
     network = None
-    with tempfile.TemporaryDirectory(prefix="pyhet-pair-") as cwd:
-        for r in range(args.rounds):
-            for spec in args.configs:
-                s = _util.run_json(train_argv(args, spec), args.timeout, cwd)
-                network = s["arch"]
-                times[spec].append(s["step_time_s"]["median"])
-            print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                f"{spec} {times[spec][-1] * 1e3:.2f} ms" for spec in args.configs), flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pyhet-pair-") as cwd:
+            for r in range(args.rounds):
+                for spec in args.configs:
+                    s = _util.run_json(train_argv(args, spec), args.timeout, cwd)
+                    network = s["arch"]
+                    times[spec].append(s["step_time_s"]["median"])
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{spec} {times[spec][-1] * 1e3:.2f} ms" for spec in args.configs),
+                    flush=True)
+    except PyhetError as e:          # a run that failed: the rounds before it are kept
+        whole = min(len(t) for t in times.values())
+        _util.stop_with_partial(args, {"benchmark": "pair", "system": info, "network": network,
+                                       "dataset": args.dataset, "batch_size": args.batch_size,
+                                       "steps": args.steps, "reference": ref,
+                                       "step_s": {k: v[:whole] for k, v in times.items()}}
+                                if whole else None, e)
     rows = []
     for spec in args.configs[1:]:
         ratios = [a / b for a, b in zip(times[ref], times[spec])]

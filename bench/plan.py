@@ -30,6 +30,7 @@ except ImportError:  # run as a script: python bench/plan.py
     import _util
 
 from pyhet.cli import Parser, arch_spec, kernel_counts, positive
+from pyhet.errors import PyhetError
 
 
 def parse_args(argv):
@@ -122,13 +123,21 @@ def main(argv=None) -> int:
     print(_util.describe_system(info))
     keys = [(batch, spec) for batch in args.batch_sizes for spec in args.configs]
     runs = {key: [] for key in keys}
-    with tempfile.TemporaryDirectory(prefix="pyhet-plan-") as cwd:
-        for rnd in range(args.rounds):
-            for batch, spec in keys:
-                r = measure(spec, batch, args, cwd)
-                runs[(batch, spec)].append(r)
-                print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
-                      f"{r['plan_step_s']:.3f} s, measured {r['step_s']:.3f} s", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pyhet-plan-") as cwd:
+            for rnd in range(args.rounds):
+                for batch, spec in keys:
+                    r = measure(spec, batch, args, cwd)
+                    runs[(batch, spec)].append(r)
+                    print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
+                          f"{r['plan_step_s']:.3f} s, measured {r['step_s']:.3f} s",
+                          flush=True)
+    except PyhetError as e:          # a run that failed: the others are kept
+        done = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys
+                if runs[(batch, spec)]]
+        _util.stop_with_partial(args, {"benchmark": "plan", "system": info,
+                                       "kernels": args.kernels, "arch": args.arch,
+                                       "steps": args.steps, "rows": done} if done else None, e)
     rows = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys]
     print(f"\n{args.arch or 'kernels ' + args.kernels}, synthetic 3x32x32 data, "
           f"--balance static, "

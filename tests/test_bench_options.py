@@ -270,6 +270,20 @@ def test_plan_whose_run_fails_says_why_in_one_line(capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_plan_keeps_what_it_measured_before_a_run_failed(capsys, tmp_path):
+    """cpu:1 is measured, then gpu:0 fails (no CuPy): the cpu:1 row is in --json, with the
+    error, and the error line says where."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed: gpu:0 may run here")
+    out = tmp_path / "p.json"
+    assert main(["bench", "plan", "--configs", "cpu:1;gpu:0", "--batch-sizes", "2",
+                 "--kernels", "4,6", "--steps", "2", "--json", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"what was measured before it is in {out}" in err and len(err.splitlines()) == 1
+    kept = json.loads(out.read_text())
+    assert [r["devices"] for r in kept["rows"]] == ["cpu:1"] and "gpu" in kept["error"]
+
+
 def test_pair_whose_run_fails_says_why_in_one_line(capsys, tmp_path):
     assert main(["bench", "pair", "--dataset", f"npz:{tmp_path / 'none.npz'}", "--configs",
                  "cpu:1;cpu:1,cpu:1", "--steps", "2", "--rounds", "1", "--batch-size",
