@@ -278,7 +278,7 @@ def test_api_fit_goes_on_after_a_failure(monkeypatch):
         assert net.partition == {"conv1": {"d0": 4, "d1": 0}, "conv2": {"d0": 6, "d1": 0}}
 
 
-# ================================================================ after a failure: the summary and a resume
+# ================================================================ after a failure: summary, resume
 
 def test_a_failed_device_is_left_out_for_its_failure_and_a_resume_uses_it_again(
         cli, data, tmp_path, monkeypatch):
