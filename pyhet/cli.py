@@ -435,6 +435,7 @@ def cmd_devices(args, parser) -> int:
 
 # The most described devices one plan takes (its time grows with their number: 65,536 take
 # seconds; an absurd count would never end)
+MAX_ALARM_S = 1e9            # seconds (31 years): --timeout past it sets no start-up alarm
 MAX_PLAN_DEVICES = 2 ** 16
 MAX_SWEEP_DEVICES = 2 ** 18     # in a sweep, over every count and link (about a minute)
 
@@ -720,7 +721,8 @@ def run_rank(args, parser, ranks: int) -> int:
     # which holds the interpreter: after --timeout, SIGALRM's default action ends this rank,
     # and mpiexec the job, saying so in its own words
     limit = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT
-    if math.isfinite(limit):
+    # (the timer takes at most about 2**63 ns: a longer limit is none, as inf is)
+    if limit < MAX_ALARM_S:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.setitimer(signal.ITIMER_REAL, limit)
     from .transport import mpi  # mpi4py is optional: imported only under mpiexec

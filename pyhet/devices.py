@@ -559,6 +559,14 @@ def arm_faults(devices) -> None:
             raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank}, where "
                               f"{fault.phase} is part of the forward or backward request: give "
                               f"forward, backward or update")
+        first = next((d for d in devices if remote and d.group == device.group), device)
+        if remote and device.group is not None and first is not device and fault.phase in (
+                "forward", "backward"):
+            # a rank's cpu devices go as one request, through its first device's worker,
+            # where alone a fault is checked
+            raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank} with "
+                              f"{first.name}, whose request carries the {fault.phase} of the "
+                              f"rank's cpu devices: give update, or the fault to {first.name}")
         if fault.phase in ("im2col", "input_gradient") and not device.shares_host_memory:
             # only the cpu devices of a process share one im2col and split the input
             # gradient, as phases of their own; the others do both inside forward and backward

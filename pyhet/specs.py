@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, replace
 
 from . import ops
-from .errors import DeviceError, DeviceSpecError
+from .errors import DeviceError, DeviceSpecError, shown
 
 KINDS = ("cpu", "numpy", "gpu", "auto")
 MIN_SPEED = 0.001    # @S: a device emulated a thousand times slower is far beyond any real mix
@@ -69,6 +69,11 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
             if not MIN_SPEED <= speed <= 1:
                 raise DeviceSpecError(f"speed in {entry!r} must be a number with {MIN_SPEED:g} "
                                       f"<= S <= 1, got {speed_s!r}")
+        for what, digits in (("rank", rank_s), ("argument", arg)):
+            # int() of 4,300 digits and more is a ValueError; no rank or count is that long
+            if digits is not None and len(digits) > 18:
+                raise DeviceSpecError(f"{shown(entry)}: the {what} has {len(digits)} digits; "
+                                      f"expected at most 18")
         rank = int(rank_s) if rank_s is not None else None
         n = None
         if arg is not None:

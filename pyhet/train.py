@@ -548,7 +548,9 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
         result["links"].setdefault(str(r), {}).update(
             {k: (None if v is None else round(v, 6) if k == "latency_s" else round(v))
              for k, v in figures.items()})
-    if cal is not None:   # the cost model's conv time for the final partition
+    # the cost model's conv time for the final partition (null without a calibration)
+    result["predicted_conv_time_s"] = result["predicted_step_time_s"] = None
+    if cal is not None:
         result["predicted_conv_time_s"] = round(sum(
             cal.predicted(conv.name, conv.counts)
             for conv in net.convs), 4)

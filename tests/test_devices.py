@@ -81,6 +81,9 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("1/gpu:1,1/gpu:1@0.5", "gpu:1 on rank 1 is named more than once"),
     ("gpu:0,0/gpu:0", "gpu:0 on rank 0 is named more than once"),
     ("gpu:0,1/gpu:0", "gpu:0 on rank 1 is named more than once"),   # gpu:0 is on every rank
+    ("9" * 5000 + "/cpu:1", "the rank has 5000 digits; expected at most 18"),   # int() refuses
+    ("cpu:" + "9" * 5000, "the argument has 5000 digits"),
+    ("gpu:" + "0" * 4999 + "1", "the argument has 5000 digits"),
 ])
 def test_bad_specs_are_refused_clearly(spec, message):
     with pytest.raises(DeviceSpecError, match=re.escape(message)) as info:

@@ -161,6 +161,27 @@ def test_a_fault_in_a_phase_a_rank_does_not_have_apart_is_refused(tmp_path, data
     assert f"PYHET_FAULT: d1 is on rank 1, where {phase} is part of" in err, err
 
 
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_a_fault_on_a_ranks_second_cpu_device_in_its_group_request_is_refused(tmp_path, data,
+                                                                             phase):
+    """A rank's cpu devices go as one request through the first one's worker, where alone a
+    fault is checked: d2's forward or backward fault never fired, and the run ended with 0."""
+    code, out, err = run(train_argv(data, "0/cpu:1,1/cpu:1,1/cpu:1", tmp_path / "w.npz"), 2,
+                         tmp_path, timeout=60, PYHET_FAULT=f"d2:{phase}:2")
+    assert code == 1 and not (tmp_path / "w.npz").exists(), err
+    assert f"PYHET_FAULT: d2 is on rank 1 with d1, whose request carries the {phase}" in err
+
+
+def test_a_timeout_past_the_start_up_timer_is_none(tmp_path, data):
+    """--timeout 1e10 gave an OverflowError traceback on every rank (the timer takes at most
+    about 9.2e9 s); and the model's figures are null without a calibration (--balance even)."""
+    code, out, err = run(train_argv(data, "0/cpu:1,1/cpu:1", tmp_path / "w.npz", "--timeout",
+                                    "1e10"), 2, tmp_path, timeout=60)
+    assert code == 0 and "Traceback" not in err, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["predicted_conv_time_s"] is None and summary["predicted_step_time_s"] is None
+
+
 def test_a_save_from_mpi_is_an_ordinary_weight_file(tmp_path, data):
     code, out, err = run(train_argv(data, "0/cpu:1,1/cpu:1", tmp_path / "w.npz"), 2, tmp_path)
     assert code == 0, err
