@@ -100,9 +100,9 @@ def _float(text):
     return v
 
 
-def positive(kind, high=None, low=None):
-    """A value > 0 (and from low, to high, where given)."""
-    return ranged(kind, above=0, low=low, high=high)
+def positive(kind, high=None):
+    """A value > 0 (and at most high, where given)."""
+    return ranged(kind, above=0, high=high)
 
 
 def ranged(kind, *, above=None, low=None, high=None):
@@ -114,11 +114,8 @@ def ranged(kind, *, above=None, low=None, high=None):
         v = parse_kind(text)
         if above is not None and not v > above:
             raise argparse.ArgumentTypeError(f"expected a value > {above:g}, got {text!r}")
-        if low == 0 and not v >= 0:
-            raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
-        if low is not None and v < low:
-            raise argparse.ArgumentTypeError(f"expected a value of at least {low:g}, got "
-                                             f"{text!r}")
+        if low is not None and not v >= low:
+            raise argparse.ArgumentTypeError(f"expected a value >= {low:g}, got {text!r}")
         if high is not None and v > high:
             raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
                                              f"{text!r}")
@@ -297,10 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "with --sweep, several: one column each, for every described device")
     pl.add_argument("--sweep", default=None, metavar="devices=N,N,...",
                     help="a table of predicted speedups over these counts of described devices")
-    pl.add_argument("--master-gflops", type=positive(float, *plan.GFLOPS_RANGE[::-1]), default=None,
+    low, high = plan.GFLOPS_RANGE
+    pl.add_argument("--master-gflops", type=ranged(float, low=low, high=high), default=None,
                     metavar="G",
                     help="the master's rate for its fc layers (default: its machine's devices)")
-    pl.add_argument("--ddp-speed", type=positive(float, *plan.FACTOR_RANGE[::-1]), default=1.0,
+    low, high = plan.FACTOR_RANGE
+    pl.add_argument("--ddp-speed", type=ranged(float, low=low, high=high), default=1.0,
                     metavar="F",
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
                          "framework that runs DDP has its own; default 1)")
@@ -815,7 +814,7 @@ class GuardedStdout:
         self._stream = stream          # None: stdout was closed
 
     def _failed(self, e: OSError):
-        _null_stdout()
+        _null_fd(1)
         if self._stream is None:
             self._stream = open(os.devnull, "w")
         raise OutputError(f"cannot write to stdout: {e.strerror or e}", e.errno) from None
@@ -839,8 +838,8 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
-def _null_stdout(target: int = 1):
-    """Point fd 1 (or `target`) at /dev/null."""
+def _null_fd(target: int):
+    """Point the file descriptor `target` (1, 2) at /dev/null."""
     fd = os.open(os.devnull, os.O_WRONLY)
     if fd != target:
         os.dup2(fd, target)
@@ -890,12 +889,12 @@ def entry():  # console script
     if sys.stdout is None:
         # fd 1 is closed: hold it with /dev/null, so that no file opened later becomes fd 1
         # and receives what a library prints there
-        _null_stdout()
+        _null_fd(1)
     sys.stdout = GuardedStdout(sys.stdout)
     if sys.stderr is None:
         # fd 2 is closed: hold it with /dev/null too, or print(file=None) would write the
         # error lines to stdout, and a file opened later would become fd 2
-        _null_stdout(2)
+        _null_fd(2)
         sys.stderr = open(os.devnull, "w")
     sys.stderr = QuietStderr(sys.stderr)
     with warnings.catch_warnings():

@@ -553,26 +553,23 @@ def arm_faults(devices) -> None:
     for name, fault in from_environment([d.name for d in devices]).items():
         device = next(d for d in devices if d.name == name)
         remote = getattr(device, "peer", None) is not None    # (mpi.RemoteDevice)
-        if remote and fault.phase in ("im2col", "input_gradient"):
-            # on its own rank these run inside the master's forward and backward requests,
-            # which are all a fault there is checked at: it would never fire
-            raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank}, where "
-                              f"{fault.phase} is part of the forward or backward request: give "
-                              f"forward, backward or update")
-        first = next((d for d in devices if remote and d.group == device.group), device)
-        if remote and device.group is not None and first is not device and fault.phase in (
-                "forward", "backward"):
-            # a rank's cpu devices go as one request, through its first device's worker,
-            # where alone a fault is checked
-            raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank} with "
-                              f"{first.name}, whose request carries the {fault.phase} of the "
-                              f"rank's cpu devices: give update, or the fault to {first.name}")
         if fault.phase in ("im2col", "input_gradient") and not device.shares_host_memory:
             # only the cpu devices of a process share one im2col and split the input
-            # gradient, as phases of their own; the others do both inside forward and backward
-            raise DeviceError(f"PYHET_FAULT: {name} ({device.spec}) does its {fault.phase} "
-                              f"inside its forward and backward: give forward, backward or "
-                              f"update")
+            # gradient, as phases of their own; the others (a device on another rank
+            # included) do both inside their forward and backward: it would never fire
+            where = (f"is on rank {device.spec.rank}, where {fault.phase} is part of the "
+                     f"forward or backward request" if remote else
+                     f"({device.spec}) does its {fault.phase} inside its forward and backward")
+            raise DeviceError(f"PYHET_FAULT: {name} {where}: give forward, backward or update")
+        if remote and device.group is not None and fault.phase in ("forward", "backward"):
+            # a rank's cpu devices go as one request, through its first device's worker,
+            # where alone a fault is checked
+            first = next(d for d in devices if d.group == device.group)
+            if first is not device:
+                raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank} with "
+                                  f"{first.name}, whose request carries the {fault.phase} of "
+                                  f"the rank's cpu devices: give update, or the fault to "
+                                  f"{first.name}")
         device.fault = fault
 
 

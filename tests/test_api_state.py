@@ -286,3 +286,14 @@ def test_a_network_is_not_copied_but_says_how_to(how):
         with pytest.raises(TypeError, match=r"cannot be copied or pickled: save\(\)"):
             how(net)
         assert net.predict(x).shape == (32, 3)
+
+
+def test_a_datasets_test_labels_past_the_networks_classes_name_both(tmp_path):
+    x, y = data(8)
+    np.savez(tmp_path / "d.npz", x=x, y=y, x_test=x[:4], y_test=np.array([0, 1, 2, 5]),
+             num_classes=6)
+    with pyhet.Network(ARCH, SHAPE, 3, devices="numpy") as net:
+        with pytest.raises(pyhet.errors.PyhetError,
+                           match=r"d.npz's test labels \(for a network of 3 classes\): "
+                                 r"labels must be in 0..2"):
+            net.evaluate(dataset=f"npz:{tmp_path / 'd.npz'}")
