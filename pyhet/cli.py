@@ -733,12 +733,14 @@ def run_rank(args, parser, ranks: int) -> int:
                          f"mpi4py was built for another MPI than this mpiexec's")
     if comm.Get_rank() != 0:
         # a serving rank says nothing: rank 0 reports every error (a device that cannot be
-        # made reaches it through the hello), and Ctrl-C reaches the job through rank 0; a
-        # SIGTERM (a scheduler's) ends the job, rank 0 saying so where it got one too
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, lambda *_: (
-            time.sleep(1.0),   # where rank 0 got it too, it reports and ends the job first
-            _abort(comm, f"pyhet: rank {comm.Get_rank()} terminated by SIGTERM", 143)))
+        # made reaches it through the hello); Ctrl-C or SIGTERM (a scheduler's) ends the job,
+        # rank 0 saying so where it got the signal too (Ctrl-C reaches every rank)
+        def ended(said: str, status: int):
+            return lambda *_: (
+                time.sleep(1.0),   # where rank 0 got it too, it reports and ends the job first
+                _abort(comm, f"pyhet: rank {comm.Get_rank()} {said}", status))
+        signal.signal(signal.SIGINT, ended("interrupted", 130))
+        signal.signal(signal.SIGTERM, ended("terminated by SIGTERM", 143))
         try:
             specs = parse_devices(args.devices, gpu_count=cuda_device_count)
             check_ranks(specs, ranks)
@@ -751,7 +753,7 @@ def run_rank(args, parser, ranks: int) -> int:
     signal.signal(signal.SIGINT, lambda *_: _abort(comm, "pyhet: interrupted", 130))
     signal.signal(signal.SIGTERM, lambda *_: _abort(comm, "pyhet: terminated by SIGTERM", 143))
     try:
-        return cmd_train(args, parser, comm)
+        status = cmd_train(args, parser, comm)
     except SystemExit as e:            # a usage error: argparse has said why
         _abort(comm, None, e.code if isinstance(e.code, int) else EXIT_USAGE)
     except BaseException as e:
@@ -763,6 +765,8 @@ def run_rank(args, parser, ranks: int) -> int:
         _abort(comm, f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
                if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
                status)
+    mpi.dismiss(comm, limit)   # the serving ranks wait for it (not in MPI_Finalize)
+    return status
 
 
 def _abort(comm, message, status: int):

@@ -206,14 +206,35 @@ def test_placement_errors_name_the_rank_and_what_to_run(tmp_path, data, ranks, d
     assert not (tmp_path / "w.npz").exists()
 
 
-def test_a_serving_rank_warns_through_the_master(tmp_path, data):
+CORES = len(os.sched_getaffinity(0))
+
+
+# rank 1 alone asks for more threads than it has cores; it does not, but with rank 0's one it
+# does (on one machine); neither (where there are two cores or more)
+@pytest.mark.parametrize("rank1_threads", [CORES + 1, CORES, max(1, CORES - 1)])
+def test_a_serving_rank_warns_through_the_master(tmp_path, data, rank1_threads):
     """A serving rank prints nothing itself; what it warns of (more threads than its cores)
-    reaches stderr through rank 0, naming the rank."""
-    threads = (os.cpu_count() or 1) + 1
-    code, out, err = run(train_argv(data, f"0/cpu:1,1/cpu:{threads}", tmp_path / "w.npz"), 2,
-                         tmp_path)
+    reaches stderr through rank 0, naming the rank. Ranks on one machine that ask for more
+    threads together than its cores are named too (each rank counts only its own)."""
+    alone, together = rank1_threads > CORES, rank1_threads + 1 > CORES
+    code, out, err = run(train_argv(data, f"0/cpu:1,1/cpu:{rank1_threads}",
+                                    tmp_path / "w.npz"), 2, tmp_path)
     assert code == 0, err
-    assert "rank 1: the cpu devices use" in err and "threads" in err, err
+    assert ("rank 1: the cpu devices use" in err) == alone, err
+    line = f"ranks 0, 1 on {os.uname().nodename} ask for {rank1_threads + 1} cpu threads in all"
+    assert (line in err) == together and (f"run on {CORES} cores there" in err) == together, err
+
+
+def test_ranks_on_one_machine_are_counted_on_the_cores_they_may_run_on():
+    """Threads are summed per machine name, against the union of the ranks' cores: ranks bound
+    to cores of their own do not compete; a rank that does not say where it runs is left out."""
+    from pyhet.transport.mpi import shared_host_warnings
+
+    assert shared_host_warnings({0: "a\t2\t0,1", 1: "a\t2\t2,3", 2: "b\t4\t0,1,2,3"}) == []
+    (line,) = shared_host_warnings({0: "a\t1\t0,1", 1: "b\t2\t0,1", 2: "a\t3\t1,2", 3: "x"})
+    assert line == ("ranks 0, 2 on a ask for 4 cpu threads in all but run on 3 cores there: "
+                    "they will compete for them")
+    assert shared_host_warnings({0: "a\t4\t0,1"}) == []   # one rank: its own check says it
 
 
 def test_other_commands_refuse_mpiexec(tmp_path, data):
@@ -339,34 +360,47 @@ def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
         assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
 
 
-@pytest.mark.parametrize("signal_name, to_rank, status, line", [
-    ("SIGINT", None, 130, "pyhet: interrupted"),
-    ("SIGTERM", None, 143, "pyhet: terminated by SIGTERM"),
-    ("SIGTERM", 1, 143, "pyhet: rank 1 terminated by SIGTERM")])   # rank 1 alone gets it
-def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, to_rank, status,
-                                                  line):
-    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's) to mpiexec, or SIGTERM to a serving rank
-    alone: the job ends within seconds, with 130 or 143 and one line on stderr (not
-    MPI_Abort's own), nothing left."""
-    import signal
+def start_long_run(tmp_path, devices):
+    """mpiexec -n 2 pyhet train of a million steps, once rank 1 has been up for 2 s:
+    (the Popen, the marker of its processes' command lines)."""
     import time
 
     data = tmp_path / "long.npz"
     make_npz_dataset(data, n=64, shape=(1, 12, 12), classes=3, seed=6)
     argv = [MPIEXEC, "-n", "2", sys.executable, "-m", "pyhet", "train", "--dataset",
-            f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
+            f"npz:{data}", "--arch", ARCH, "--devices", devices, "--balance", "even",
             "--steps", "1000000", "--batch-size", "8", "--quiet"]
     p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while rank_pid(str(data), 1) is None and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.5)
+    time.sleep(2)
+    return p, str(data)
+
+
+@pytest.mark.parametrize("signal_name, to_rank, status, line, devices", [
+    ("SIGINT", None, 130, "pyhet: interrupted", "0/cpu:1,1/cpu:1"),
+    ("SIGTERM", None, 143, "pyhet: terminated by SIGTERM", "0/cpu:1,1/cpu:1"),
+    # rank 1 alone gets it: serving, or idle (it holds no device)
+    ("SIGTERM", 1, 143, "pyhet: rank 1 terminated by SIGTERM", "0/cpu:1,1/cpu:1"),
+    ("SIGINT", 1, 130, "pyhet: rank 1 interrupted", "0/cpu:1,1/cpu:1"),
+    ("SIGTERM", 1, 143, "pyhet: rank 1 terminated by SIGTERM", "0/cpu:1"),
+])
+def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, to_rank, status,
+                                                  line, devices):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's) to mpiexec, or to a serving or idle rank
+    alone: the job ends within seconds, with 130 or 143 and one line on stderr (not
+    MPI_Abort's own, nor mpiexec's banner), nothing left."""
+    import signal
+    import time
+
+    p, marker = start_long_run(tmp_path, devices)
     with p:
         try:
-            deadline = time.monotonic() + 60
-            while rank_pid(str(data), 1) is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-            time.sleep(2)
             if to_rank is None:
                 p.send_signal(getattr(signal, signal_name))
             else:
-                os.kill(rank_pid(str(data), to_rank), getattr(signal, signal_name))
+                os.kill(rank_pid(marker, to_rank), getattr(signal, signal_name))
             start = time.monotonic()
             _, err = p.communicate(timeout=30)
             took = time.monotonic() - start
@@ -374,9 +408,35 @@ def test_ctrl_c_or_sigterm_ends_every_rank_at_once(tmp_path, signal_name, to_ran
             if p.poll() is None:
                 p.kill()
     assert p.returncode == status and took < 10, (p.returncode, took, err)
-    assert err.decode().strip().splitlines() == [line], err
+    said = [s for s in err.decode().strip().splitlines() if not s.endswith(": it idles")]
+    assert said == [line], err
     time.sleep(1)
-    assert pids_with(str(data)) == [], "processes left behind"
+    assert pids_with(marker) == [], "processes left behind"
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used (user and system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_an_idle_rank_waits_without_a_busy_core(tmp_path):
+    """A rank that holds no device waits for the master's end in Python, polling with sleeps
+    (it used 1.5% of a core here): a blocking receive, where MPICH busy-polls, would take a
+    whole core from the training for its length."""
+    import time
+
+    p, marker = start_long_run(tmp_path, "0/cpu:1")
+    with p:
+        try:
+            pid = rank_pid(marker, 1)
+            before, t0 = cpu_seconds(pid), time.monotonic()
+            time.sleep(3)
+            used, took = cpu_seconds(pid) - before, time.monotonic() - t0
+        finally:
+            p.kill()
+            p.communicate(timeout=30)
+    assert used < 0.25 * took, (used, took)
 
 
 def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):

@@ -12,7 +12,9 @@ tell compute from link time.
 Routing: the requests of device i go on tag 10 + 2i and its replies on tag 11 + 2i, so the
 requests of one device are answered in order and several devices' messages never mix. A serving
 rank reads each request whole (header, then its arrays on the same tag) before the next header,
-so an any-tag receive always meets a header.
+so an any-tag receive always meets a header. At its end the master dismisses every other rank
+(tag 9), which waits for that in Python once its devices are closed, or from the start where it
+holds none.
 
 Waiting costs no core: waiting for a message to begin (a header) polls a non-blocking request
 with short sleeps (MPI implementations busy-poll inside blocking calls, which would take a core
@@ -28,6 +30,7 @@ Letters as in pyhet.geometry.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -61,8 +64,8 @@ MAX_ARRAYS = 12
 HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "stage", "free", "close",
-       "hello", "reshard", "group_forward", "group_backward", "commit")
-TAG_HELLO, TAG_ECHO, TAG_BASE = 5, 7, 10
+       "hello", "reshard", "group_forward", "group_backward", "commit", "bye")
+TAG_HELLO, TAG_ECHO, TAG_BYE, TAG_BASE = 5, 7, 9, 10
 
 
 def request_tag(device: int) -> int:
@@ -394,6 +397,7 @@ class MasterLink:
         self.peers = {r: Peer(comm, r, timeout, self._timeout_text(r))
                       for r in range(1, self.size)}
         self.ranks_devices = {0: [str(s) for s in for_rank(specs, 0)]}
+        hosts = {0: host_of(for_rank(specs, 0))}
         for r, peer in self.peers.items():   # each rank says which devices it made
             op, arrays, _ = peer.receive(TAG_HELLO)
             if op == "error":
@@ -401,6 +405,10 @@ class MasterLink:
             self.ranks_devices[r] = untext(arrays[0]).split(",") if arrays[0] is not None else []
             if len(arrays) > 1 and arrays[1] is not None:   # what the rank warns of
                 warnings.warn(f"rank {r}: {untext(arrays[1])}", RuntimeWarning, stacklevel=2)
+            if len(arrays) > 2 and arrays[2] is not None:
+                hosts[r] = untext(arrays[2])
+        for line in shared_host_warnings(hosts):
+            warnings.warn(line, RuntimeWarning, stacklevel=2)
         # ... and learns the index of its first device in the job (devices follow rank order)
         first = len(self.ranks_devices[0])
         for r, peer in self.peers.items():
@@ -470,6 +478,51 @@ class MasterLink:
 
 
 
+def host_of(specs: list[DeviceSpec]) -> str:
+    """What a rank tells the master of its machine: "name<TAB>cpu threads<TAB>its cores" (the
+    cores it may run on, as a comma list), so that ranks on one machine can be told apart from
+    ranks on several."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = list(range(os.cpu_count() or 1))
+    threads = sum(s.threads for s in specs if s.kind == "cpu")
+    return f"{MPI.Get_processor_name()}\t{threads}\t{','.join(map(str, cores))}"
+
+
+def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
+    """A line for each machine whose ranks' cpu devices together ask for more threads than the
+    cores those ranks may run on (each rank checks its own alone). hosts: {rank: host_of()}."""
+    by_name: dict[str, list] = {}
+    for rank, said in sorted(hosts.items()):
+        try:
+            name, threads, cores = said.split("\t")
+            by_name.setdefault(name, []).append((rank, int(threads),
+                                                 {int(c) for c in cores.split(",") if c}))
+        except ValueError:
+            continue   # a rank of another version: its machine is not known
+    out = []
+    for name, ranks in by_name.items():
+        total = sum(t for _, t, _ in ranks)
+        cores = len(set().union(*(c for _, _, c in ranks)))
+        if len(ranks) > 1 and total > cores:
+            who = ", ".join(str(r) for r, _, _ in ranks)
+            out.append(f"ranks {who} on {name} ask for {total} cpu threads in all but run on "
+                       f"{cores} cores there: they will compete for them")
+    return out
+
+
+def dismiss(comm, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    """The master's last word to every other rank, once training is over: each waits for it in
+    Python, where SIGINT and SIGTERM are still handled, rather than in MPI_Finalize (where
+    Python's handlers are gone). A rank that cannot be told is left to the launcher."""
+    for r in range(1, comm.Get_size()):
+        try:
+            Peer(comm, r, timeout, lambda: "").send(TAG_BYE, "bye")
+        except DeviceError:
+            pass
+
+
 def _spec_of(spec_text: str, rank: int) -> DeviceSpec:
     (spec,) = parse_devices(spec_text)
     return spec if spec.rank == rank else DeviceSpec(spec.kind, spec.arg, spec.speed, rank)
@@ -481,7 +534,7 @@ def _spec_of(spec_text: str, rank: int) -> DeviceSpec:
 
 def serve(comm, specs: list[DeviceSpec]) -> None:
     """Make this rank's devices, tell the master, and run their shard messages until the master
-    closes them all (a rank with no devices returns at once)."""
+    closes them all; then (or at once, for a rank with no devices) wait for its dismiss."""
     rank = comm.Get_rank()
     master = Peer(comm, 0)
     mine = for_rank(specs, rank)
@@ -495,8 +548,9 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
         raise
     master.send(TAG_HELLO, "hello", [text(",".join(str(s) for s in mine)) if mine else None,
                                      text("; ".join(str(w.message) for w in said))
-                                     if said else None])
+                                     if said else None, text(host_of(mine))])
     if not devices:
+        master.receive(TAG_BYE)   # idle till the master is done (see dismiss)
         return
     # this rank's devices, by their index (and name) in the job, which the master gives
     _, (first,), _ = master.receive(TAG_HELLO)
@@ -511,6 +565,8 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     try:
         while open_:
             op, arrays, tag = master.receive(MPI.ANY_TAG)
+            if tag == TAG_BYE:               # the master is done (it closed what it could)
+                return
             if tag == TAG_ECHO:              # the master measures the link: send it back
                 master.send(TAG_ECHO, "ok", arrays)
                 continue
@@ -531,6 +587,7 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
         groups.shutdown(wait=True)
         for d in devices:
             d.close()
+    master.receive(TAG_BYE)   # every device closed (or failed): wait for the master's end
 
 
 def _handle(device: Device, op: str, a):
