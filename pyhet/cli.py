@@ -35,7 +35,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .report import calibrate_spec, describe_devices
     from .specs import check_ranks, cuda_device_count, parse_devices
     from .train import TrainConfig, check_file_destination, train
-    from .transport import DEFAULT_TIMEOUT, launched_rank, launched_size
+    from .transport import DEFAULT_TIMEOUT, end_job_unstarted, launched_rank, launched_size
 except KeyboardInterrupt:
     _loading_interrupted()
     raise
@@ -683,7 +683,9 @@ def main(argv=None) -> int:
     except PyhetError as e:
         if args.debug:
             raise
-        print(f"pyhet: error: {e}", file=sys.stderr)
+        print(f"pyhet: error: {e}", file=sys.stderr, flush=True)
+        if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job at once
+            end_job_unstarted(e.exit_status)
         return e.exit_status
     except MemoryError:
         print("pyhet: error: out of memory: the network, the batch or the data is too large "
@@ -784,14 +786,21 @@ def _abort(comm, message, status: int):
     os._exit(status)   # MPI_Abort may return while the launcher ends the ranks
 
 
-def _abort_if_started(message, status: int) -> None:
-    """_abort where MPI has started in this process (else nothing: no rank waits on it)."""
+def _mpi_started() -> bool:
+    """Whether MPI has started (and not ended) in this process."""
+    if "mpi4py.MPI" not in sys.modules:
+        return False
     try:
         from mpi4py import MPI
-        started = MPI.Is_initialized() and not MPI.Is_finalized()
+        return MPI.Is_initialized() and not MPI.Is_finalized()
     except BaseException:
-        return
-    if started:
+        return False
+
+
+def _abort_if_started(message, status: int) -> None:
+    """_abort where MPI has started in this process (else nothing: no rank waits on it)."""
+    if _mpi_started():
+        from mpi4py import MPI
         _abort(MPI.COMM_WORLD, message, status)
 
 

@@ -338,6 +338,35 @@ def test_a_rank_that_never_starts_mpi_ends_the_job_after_the_timeout(tmp_path, d
     assert pids_with("sleep 47") == [] and pids_with(str(data)) == [], "processes left"
 
 
+@pytest.mark.parametrize("stubbed", [[1], [0, 1]])
+def test_a_rank_without_mpi4py_ends_the_job_at_once(tmp_path, data, stubbed):
+    """A rank that fails before MPI starts (here mpi4py is a stand-in that cannot be imported)
+    says why and ends the job through the launcher at once, with status 1 and no banner; the
+    others used to wait in MPI's start-up until --timeout, then end with mpiexec's banner."""
+    import time
+
+    stub = tmp_path / "stub" / "mpi4py"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('no mpi4py here (a stand-in)')\n")
+    argv = []
+    for rank in (0, 1):
+        env = ["-env", "PYTHONPATH", str(stub.parent)] if rank in stubbed else []
+        argv += [":"] * bool(argv) + ["-n", "1", *env, sys.executable, "-m", "pyhet",
+                                      *map(str, train_argv(data, "0/cpu:1,1/cpu:1",
+                                                           tmp_path / "w.npz", "--timeout",
+                                                           "120"))]
+    start = time.monotonic()
+    p = subprocess.run([MPIEXEC, *argv], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=180)
+    took = time.monotonic() - start
+    assert p.returncode == 1 and took < 30, (p.returncode, took, p.stdout, p.stderr)
+    assert p.stdout == "" and "mpi4py is not installed" in p.stderr, (p.stdout, p.stderr)
+    assert set(p.stderr.splitlines()) == {p.stderr.splitlines()[0]}, p.stderr
+    assert not (tmp_path / "w.npz").exists()
+    time.sleep(1)
+    assert pids_with(str(data)) == [], "processes left"
+
+
 def test_a_checkpoint_from_mpi_resumes_in_one_process(tmp_path, data):
     """One epoch on two ranks with checkpoints, then --resume in one process on other devices:
     the weights of two uninterrupted epochs."""

@@ -9,6 +9,8 @@ OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_RANK), so that a one-process run never 
 from __future__ import annotations
 
 import os
+import select
+import time
 
 # seconds a rank may take to answer one request (its compute included), and MPI's start-up
 DEFAULT_TIMEOUT = 300.0
@@ -33,3 +35,34 @@ def launched_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+def end_job_unstarted(status: int) -> bool:
+    """From a rank that failed before MPI started in it (no MPI_Abort to call), ask the launcher
+    to end every rank with `status`, rather than leave them waiting in MPI's start-up until
+    --timeout. MPICH's Hydra gives each rank a socket of the PMI-1 wire protocol (PMI_FD),
+    whose abort ends the job at once. False where there is none (another launcher) or it does
+    not answer within a few seconds."""
+    fd = os.environ.get("PMI_FD", "")
+    if not fd.isdigit():
+        return False
+    fd = int(fd)
+    try:
+        os.write(fd, b"cmd=init pmi_version=1 pmi_subversion=1\n")
+        reply, deadline = b"", time.monotonic() + 5
+        while not reply.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return False
+            more = os.read(fd, 256)
+            if not more:
+                return False
+            reply += more
+        if b"cmd=response_to_init" not in reply or b"rc=0" not in reply.split():
+            return False
+        time.sleep(0.3)   # the launcher forwards what this rank wrote before it ends the job
+        os.write(fd, f"cmd=abort exitcode={int(status)}\n".encode())
+    except (OSError, ValueError):
+        return False
+    time.sleep(5)         # the launcher ends this rank too
+    return True
