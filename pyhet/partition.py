@@ -6,6 +6,7 @@ kernels exactly by the largest-remainder method, so the counts always sum to the
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -66,16 +67,31 @@ def balanced(total: int, speeds, overheads=None, caps=None) -> list[int]:
         lo, hi = (mid, hi) if sum(share(mid)) < total else (lo, mid)
     exact = share(hi)
     scale = total / sum(exact)
-    exact = [e * scale for e in exact]
-    counts = [min(c, math.floor(e)) for e, c in zip(exact, caps)]
-    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
-    short = total - sum(counts)
-    for i in order:
-        if short == 0:
-            break
-        if counts[i] < caps[i] and speeds[i] > 0:
-            counts[i] += 1
-            short -= 1
+    counts = [min(c, math.floor(e * scale)) for e, c in zip(exact, caps)]
+    # each of these finishes by T: the whole-kernel split is the best one once the kernels left
+    # go to the devices that finish them first
+    return _fill(counts, total, caps, [(speeds, overheads)])
+
+
+def _fill(counts, total: int, caps, phases) -> list[int]:
+    """counts, less than `total` in all by fewer kernels than there are devices, made up to it
+    one kernel at a time, each to the device that would finish it first: the one whose time
+    for one kernel more (over the phases, [(speeds, overheads)]) is least. With one phase,
+    from counts that all finish by the exact split's time, this gives the best split (giving
+    them by the largest remainder of the exact shares does not: it ignores the speeds)."""
+    counts = [int(k) for k in counts]
+
+    def finish(i, k):
+        return sum(o[i] + k / s[i] for s, o in phases)
+
+    heap = [(finish(i, k + 1), i) for i, k in enumerate(counts)
+            if k < caps[i] and all(s[i] > 0 for s, _ in phases)]
+    heapq.heapify(heap)
+    for _ in range(total - sum(counts)):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        if counts[i] < caps[i]:
+            heapq.heappush(heap, (finish(i, counts[i] + 1), i))
     return counts
 
 
@@ -103,8 +119,9 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     Two phases: every device that takes part finishes phase one by T1 and phase two by T2;
     for each T1 the least T2 that holds `total` kernels is exact (the kernels held by time T
     are piecewise linear in T), and the T1 that minimises T1 + T2 is found by a scan and a
-    golden-section search. The shares are then rounded as by balanced(), and single kernels
-    moved between devices while that shortens the predicted time (up to 16 devices)."""
+    golden-section search. The shares are then rounded down, made up to `total` as by
+    balanced() (by each device's time for both phases), and single kernels moved between
+    devices while that shortens the predicted time (up to 16 devices)."""
     if len(phases) == 1:
         return balanced(total, *phases[0], caps)
     if len(phases) != 2:
@@ -167,19 +184,10 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     exact = np.minimum(held(t1, s1, o1, cap), held(least_t2(t1), s2, o2, cap))
     exact = exact * (total / exact.sum())
     counts = [int(min(cap[i], math.floor(exact[i]))) for i in range(n)]
-    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
-    short = total - sum(counts)
-    for i in order:
-        if short == 0:
-            break
-        if counts[i] < cap[i]:
-            counts[i] += 1
-            short -= 1
-    if n <= 16:
-        phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
-                  (np.where(able, s2, 0.0).tolist(), o2.tolist())]
-        counts = _polish(counts, phases, cap)
-    return counts
+    phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
+              (np.where(able, s2, 0.0).tolist(), o2.tolist())]
+    counts = _fill(counts, total, cap, phases)
+    return _polish(counts, phases, cap) if n <= 16 else counts
 
 
 def _least_time(speeds, overheads, caps, total) -> float:

@@ -63,6 +63,31 @@ def test_balanced_sums_respects_caps_and_is_near_optimal(total, speeds, data):
         any(c > cap for c, cap in zip(proportional(total, speeds), caps))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 4), st.data())
+def test_balanced_is_the_best_whole_kernel_split(total, n, data):
+    """Against every split of a small layer: none finishes sooner (rounding the exact shares by
+    their largest remainders did not, where the devices' speeds differ)."""
+    import itertools
+
+    speeds = data.draw(st.lists(st.floats(0.1, 100), min_size=n, max_size=n))
+    overheads = data.draw(st.lists(st.one_of(st.just(0.0), st.floats(0, 1)), min_size=n,
+                                   max_size=n))
+    caps = data.draw(st.lists(st.integers(0, total), min_size=n, max_size=n))
+    if sum(caps) < total:
+        return
+    best = min(predicted_time(list(c), speeds, overheads)
+               for c in itertools.product(*(range(cap + 1) for cap in caps)) if sum(c) == total)
+    counts = balanced(total, speeds, overheads, caps)
+    assert predicted_time(counts, speeds, overheads) <= best * (1 + 1e-9), (counts, best)
+
+
+def test_balanced_gives_the_last_kernel_to_the_device_that_finishes_it_first():
+    """Exact shares 5.45 and 0.55 kernels (speeds 10 and 1 kernels/s): the largest remainder
+    gave the sixth kernel to the slow device (1 s), where the fast one finishes it at 0.6 s."""
+    assert balanced(6, [10.0, 1.0]) == [6, 0]
+
+
 def _brute_phases(total, phases, caps):
     """The least sum over phases of the slowest time, over every split of `total`."""
     import itertools
