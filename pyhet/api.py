@@ -284,7 +284,7 @@ class Network:
                           seed=self.seed, shuffle=shuffle, progress=progress,
                           checkpoint_dir=None if checkpoint_dir is None else os.fspath(
                               checkpoint_dir), resume=resume, overwrite=overwrite,
-                          checkpoint_every=checkpoint_every, keep=keep)
+                          checkpoint_every=checkpoint_every, keep=keep, python=True)
         try:
             cfg.check()
         except ValueError as e:      # lr, momentum or weight_decay out of range
@@ -301,7 +301,7 @@ class Network:
             return self._fit(cfg, ds, log, None, callback)
         with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
                            resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.keep,
-                           log=sys.stderr) as folder:
+                           log=sys.stderr, python=True) as folder:
             return self._fit(cfg, ds, log, folder, callback)
 
     def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback) -> dict:

@@ -28,7 +28,7 @@ import stat
 
 import numpy as np
 
-from . import files
+from . import errors, files
 from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError
 from .geometry import NetGeometry
@@ -40,10 +40,10 @@ TMP = re.compile(r"^\.checkpoint-\d+\.npz\.tmp$")
 LOCK = ".lock"
 FORMAT = 2        # of the meta entry: 1 had only the position, seed, batch size and shuffle
 
-# What a resumed run must share with the checkpoint, in the words of the command line.
+# What a resumed run must share with the checkpoint (settings, named as their options are)
 SETTINGS = {"network": "the network", "dataset": "the dataset",
-            "train_images": "training images", "lr": "--lr", "momentum": "--momentum",
-            "weight_decay": "--weight-decay", "seed": "--seed", "batch_size": "--batch-size",
+            "train_images": "training images", "lr": None, "momentum": None,
+            "weight_decay": None, "seed": None, "batch_size": None,
             "shuffle": "the data order (shuffle)"}
 
 
@@ -77,8 +77,10 @@ class CheckpointDir:
     log: where warnings go (a damaged checkpoint skipped)."""
 
     def __init__(self, folder, settings: dict, *, resume: bool = False,
-                 overwrite: bool = False, keep: int = 0, log=None, option="--checkpoint-dir"):
+                 overwrite: bool = False, keep: int = 0, log=None, python: bool = False):
         self.folder, self.settings, self.keep, self.log = os.fspath(folder), settings, keep, log
+        self.python = python     # messages name Network.fit's arguments, not the options
+        option = errors.option("checkpoint_dir", python)
         self._fd = None
         try:
             os.makedirs(self.folder, exist_ok=True)
@@ -104,8 +106,8 @@ class CheckpointDir:
                     raise UsageError(
                         f"{option} {self.folder} holds the checkpoints of another run "
                         f"({len(found)}, the newest after step {step_of(found[-1])}): continue "
-                        f"that run with --resume, choose another folder, or give --overwrite "
-                        f"to delete them")
+                        f"that run with {errors.flag('resume', python)}, choose another "
+                        f"folder, or give {errors.flag('overwrite', python)} to delete them")
                 for p in found:
                     os.remove(p)
         except BaseException:
@@ -221,10 +223,11 @@ class CheckpointDir:
                                           if k in meta}
         for key, what in SETTINGS.items():
             if key in stored and key in self.settings and stored[key] != self.settings[key]:
+                what = what or errors.option(key, self.python)
                 raise UsageError(f"checkpoint {path} was made with {what} {stored[key]}, but "
                                  f"this run asks for {self.settings[key]}: resume with the same "
                                  f"settings, or start afresh in another folder (or with "
-                                 f"--overwrite)")
+                                 f"{errors.flag('overwrite', self.python)})")
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -238,7 +241,7 @@ class CheckpointDir:
         st = self.settings
         check_finite(arrays, position["step"],
                      divergence_advice(st.get("lr", float("nan")), st.get("momentum", 0.0),
-                                       st.get("weight_decay", 0.0)),
+                                       st.get("weight_decay", 0.0), self.python),
                      "neither this checkpoint nor a weight file was written")
         for name, (vw, vb) in net.momentum().items():
             if vw is not None:

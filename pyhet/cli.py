@@ -377,9 +377,13 @@ def cmd_train(args, parser, comm=None) -> int:
 
 
 def human_summary(r: dict) -> str:
-    st = r["step_time_s"]
-    lines = [f"trained {r['steps']} steps ({r['epochs']:.2f} epochs) of batch {r['batch_size']} "
-             f"on {r['dataset']}, network {r['arch']}",
+    st, start = r["step_time_s"], r.get("start_step") or 0
+    done = f"{r['steps']} steps ({r['epochs']:.2f} epochs)"
+    if start:     # resumed: what this run trained, then the whole run's count
+        now = r["steps"] - start
+        done = (f"{now or 'no'} step{'' if now < 2 else 's'} after resuming at step {start}, "
+                f"{done} in all,")
+    lines = [f"trained {done} of batch {r['batch_size']} on {r['dataset']}, network {r['arch']}",
              "devices: " + ", ".join(f"{d['name']}={d['spec']}" for d in r["devices"])]
     if st:
         lines.append(f"step time: median {st['median']:.4f} s, {r['images_per_s']:.1f} images/s, "

@@ -154,11 +154,12 @@ def load_dataset(name, data_dir=None, seed=0):
     if name == "fashion-mnist":
         where = Path(data_dir).expanduser() if data_dir else FASHION_MNIST_DIR
         hint = "" if data_dir else (" (Debian/Ubuntu: apt install dataset-fashion-mnist;"
-                                    " or pass --data-dir DIR)")
+                                    " or give its folder: --data-dir DIR, data_dir= in Python)")
         return _load_idx_dataset("fashion-mnist", where, FASHION_MNIST_CLASSES, hint)
     if name == "mnist":
         where = Path(data_dir).expanduser() if data_dir else _cache_dir("mnist")
-        hint = "" if data_dir else " (pass --data-dir DIR, the folder that holds the MNIST files)"
+        hint = "" if data_dir else (" (give the folder that holds the MNIST files: "
+                                    "--data-dir DIR, data_dir= in Python)")
         return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint)
     if name == "cifar10":
         return load_cifar10(data_dir)
@@ -354,7 +355,7 @@ def _find_cifar_folder(data_dir):
     """(folder, layout) where layout is "bin" or "py". data_dir may be either
     cifar-10-batches-* folder itself, or the folder that holds one."""
     root = Path(data_dir).expanduser() if data_dir else _cache_dir("cifar10")
-    hint = "" if data_dir else " (pass --data-dir DIR)"
+    hint = "" if data_dir else " (give its folder: --data-dir DIR, data_dir= in Python)"
     candidates = [root, root / "cifar-10-batches-bin", root / "cifar-10-batches-py"]
     for folder in candidates:
         if (folder / "data_batch_1.bin").is_file() or (folder / "test_batch.bin").is_file():
@@ -569,7 +570,7 @@ def load_npz(filename):
     """The npz dataset README describes: x (N, C, H, W) float32 (used as is) or
     uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
     if not filename:
-        raise DataError("npz: needs a file name, as in --dataset npz:data.npz")
+        raise DataError("npz: needs a file name, as in npz:data.npz")
     path = Path(filename).expanduser()
     arrays = npzfile.read(path, DataError, "an .npz archive with arrays x (N, C, H, W) and "
                           "y (N,) (np.savez)", keys=NPZ_KEYS)

@@ -13,6 +13,17 @@ def shown(text: str, most: int = 60) -> str:
     return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
 
 
+def option(name: str, python: bool = False) -> str:
+    """A setting as its user gives it: `--weight-decay` on the command line, `weight_decay` in
+    Python (name: the Python one)."""
+    return name if python else "--" + name.replace("_", "-")
+
+
+def flag(name: str, python: bool = False) -> str:
+    """A switch as its user turns it on: `--resume`, or `resume=True`."""
+    return f"{name}=True" if python else option(name)
+
+
 class PyhetError(Exception):
     """Base of every error that is the user's input, not a bug: the message says it all."""
 

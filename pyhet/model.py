@@ -30,7 +30,7 @@ from . import arch as arch_notation
 from . import files, npzfile
 from .images import Normalization
 from .interrupt import HeldSigint
-from .errors import TrainingError, WeightsError
+from .errors import TrainingError, WeightsError, option
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
 from .optim import SGDConfig
@@ -225,8 +225,9 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
                            f"a two-block network (conv1, conv2, fc) either; it has "
                            f"{', '.join(sorted(arrays)) or 'nothing'}")
     if input_shape is None:
-        raise WeightsError(f"weight file {path}: it carries no network description, so the "
-                           f"input shape must come from a dataset")
+        raise WeightsError(f"weight file {path}: it carries no network description (a file "
+                           f"of an earlier version), so its input shape must be given: "
+                           f"load(path, input_shape=(C, H, W))")
     w1, w2, fc = arrays["conv1.weight"], arrays["conv2.weight"], arrays["fc.weight"]
     spec = arch_notation.shorthand((w1.shape[0], w2.shape[0]), w1.shape[2])
     try:
@@ -476,16 +477,20 @@ class Net:
                 for conv in self.convs}
 
 
-def divergence_advice(lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> str:
+def divergence_advice(lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                      python: bool = False) -> str:
     """What to change when training diverged. The weight decay's own part of SGD's update,
     w <- w - lr (m v + wd w), makes the weights grow by itself once lr x wd > 2 (1 + m) (the
-    heavy-ball method's limit on a quadratic): then the decay is to blame, else the lr."""
+    heavy-ball method's limit on a quadratic): then the decay is to blame, else the lr.
+    python: name the settings as fit's arguments, not as options."""
+    o = {k: option(k, python) for k in ("lr", "momentum", "weight_decay")}
     limit = 2 * (1 + momentum)
     if weight_decay > 0 and lr * weight_decay > limit:
-        return (f"--lr x --weight-decay is {lr * weight_decay:g}, and above {limit:g} (with "
-                f"--momentum {momentum:g}) the decay alone makes the weights grow: try a "
-                f"smaller --weight-decay (now {weight_decay:g}) or --lr (now {lr:g})")
-    return f"try a smaller --lr (now {lr:g})"
+        return (f"{o['lr']} x {o['weight_decay']} is {lr * weight_decay:g}, and above "
+                f"{limit:g} (with {o['momentum']} {momentum:g}) the decay alone makes the "
+                f"weights grow: try a smaller {o['weight_decay']} (now {weight_decay:g}) or "
+                f"{o['lr']} (now {lr:g})")
+    return f"try a smaller {o['lr']} (now {lr:g})"
 
 
 def check_finite(params: dict, step: int, advice: str, consequence: "str | None") -> None:

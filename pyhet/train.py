@@ -27,7 +27,7 @@ from .checkpoint import CheckpointDir, dataset_identity
 from .data import Dataset, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
-                     UsageError)
+                     UsageError, flag, option)
 from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
@@ -70,16 +70,22 @@ class TrainConfig:
     deterministic: bool = False    # a partition that no timing decides, and no moves
     progress: bool = True
     timeout: float | None = None   # under mpiexec: seconds a rank may take to answer
+    python: bool = False           # messages name Network.fit's arguments, not the options
+
+    def option(self, name: str) -> str:
+        """A setting as this run's user gives it (`--batch-size`, or fit's `batch_size`)."""
+        return option(name, self.python)
 
     def check(self):
+        o = self.option
         if self.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise ValueError(f"{o('batch_size')} must be >= 1, got {self.batch_size}")
         if self.epochs < 1 and self.steps is None:
-            raise ValueError(f"--epochs must be >= 1, got {self.epochs}")
+            raise ValueError(f"{o('epochs')} must be >= 1, got {self.epochs}")
         if self.steps is not None and self.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+            raise ValueError(f"{o('steps')} must be >= 1, got {self.steps}")
         if self.balance not in BALANCE_MODES:
-            raise ValueError(f"--balance must be one of {', '.join(BALANCE_MODES)}, "
+            raise ValueError(f"{o('balance')} must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {self.balance!r}")
         self.check_destinations()
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
@@ -87,22 +93,25 @@ class TrainConfig:
     def check_destinations(self):
         """Where the run will write (--save, --checkpoint-dir) and the checkpoint options,
         checked before any work: mistakes here are usage errors."""
+        o, f = self.option, (lambda name: flag(name, self.python))
         if self.save is not None:
-            check_file_destination(self.save, "--save")
+            check_file_destination(self.save, o("save"))
         if self.checkpoint_dir is None:
-            for given, option in ((self.resume, "--resume"), (self.overwrite, "--overwrite"),
-                                  (self.checkpoint_every is not None, "--checkpoint-every")):
+            for given, what in ((self.resume, f("resume")), (self.overwrite, f("overwrite")),
+                                (self.checkpoint_every is not None, o("checkpoint_every"))):
                 if given:
-                    raise UsageError(f"{option} needs --checkpoint-dir")
+                    raise UsageError(f"{what} needs {o('checkpoint_dir')}")
         else:
-            check_folder_destination(self.checkpoint_dir, "--checkpoint-dir")
+            check_folder_destination(self.checkpoint_dir, o("checkpoint_dir"))
         if self.resume and self.overwrite:
-            raise UsageError("--overwrite deletes the checkpoints that --resume continues "
-                             "from: give one or the other")
+            raise UsageError(f"{f('overwrite')} deletes the checkpoints that {f('resume')} "
+                             f"continues from: give one or the other")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise UsageError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+            raise UsageError(f"{o('checkpoint_every')} must be >= 1, got "
+                             f"{self.checkpoint_every}")
         if self.keep < 0:
-            raise UsageError(f"--keep must be >= 0 (0 keeps every checkpoint), got {self.keep}")
+            raise UsageError(f"{o('keep')} must be >= 0 (0 keeps every checkpoint), got "
+                             f"{self.keep}")
 
     @property
     def network(self) -> str:
@@ -710,6 +719,7 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                      epochs=step / per_epoch, steps=step, moved=moved, images=step_images,
                      phases=phases, eval_s=eval_s)
     result["failures"] = failover.failures   # devices that failed, and where their kernels went
+    result["start_step"] = start["step"]     # steps and epochs count from 0, this run's from it
     return result
 
 
@@ -720,7 +730,7 @@ def _next(step: int, epoch: int, b: int, per_epoch: int) -> dict:
 
 
 def _advice(cfg: TrainConfig) -> str:
-    return divergence_advice(cfg.lr, cfg.momentum, cfg.weight_decay)
+    return divergence_advice(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.python)
 
 
 def _stop(stop, step: int, position, saved: dict, save_checkpoint):

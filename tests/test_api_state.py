@@ -297,3 +297,52 @@ def test_a_datasets_test_labels_past_the_networks_classes_name_both(tmp_path):
                            match=r"d.npz's test labels \(for a network of 3 classes\): "
                                  r"labels must be in 0..2"):
             net.evaluate(dataset=f"npz:{tmp_path / 'd.npz'}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Messages in Python's words
+
+
+def test_fits_messages_name_its_arguments_not_the_options(tmp_path):
+    """What to change is said as fit's arguments (lr, resume=True, checkpoint_dir), where the
+    command line says --lr, --resume, --checkpoint-dir; a run that diverges says so without
+    NumPy's warnings, as the command line does."""
+    import warnings
+
+    x, y = data()
+    ck = tmp_path / "ck"
+    with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+        net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=ck, checkpoint_every=1)
+        said = []
+        for fit, kind in (
+                (dict(resume=True), UsageError),                        # no checkpoint_dir
+                (dict(checkpoint_dir=ck), UsageError),                  # another run's
+                (dict(checkpoint_dir=ck, resume=True, lr=0.5), UsageError),  # another lr
+                (dict(resume=True, overwrite=True, checkpoint_dir=ck), UsageError),
+                (dict(lr=100.0, momentum=0.99, weight_decay=50.0), TrainingError)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with pytest.raises(kind) as e:
+                    net.fit(x * 1e4, y, steps=5, batch_size=8, **fit)
+            assert not [w for w in caught if "encountered" in str(w.message)], caught
+            said.append(str(e.value))
+    assert all("--" not in s for s in said), said
+    assert said[0] == "resume=True needs checkpoint_dir"
+    assert "continue that run with resume=True" in said[1] and "overwrite=True" in said[1]
+    assert "made with lr 0.01, but this run asks for 0.5" in said[2]
+    assert said[3].startswith("overwrite=True deletes the checkpoints that resume=True")
+    assert "try a smaller weight_decay (now 50) or lr (now 100)" in said[4], said[4]
+
+
+def test_loading_a_file_of_an_earlier_version_asks_for_its_input_shape(tmp_path):
+    """Such a file (conv1, conv2, fc, and no description) does not hold its input shape: the
+    message says how to give it in Python (it said "must come from a dataset")."""
+    with pyhet.Network("2C3-P2-3C3-P2", (1, 16, 16), 3, devices="numpy") as net:
+        w = net.params()
+    assert sorted(w) == ["conv1.bias", "conv1.weight", "conv2.bias", "conv2.weight", "fc.bias",
+                         "fc.weight"]
+    np.savez(tmp_path / "old.npz", **w)
+    with pytest.raises(pyhet.errors.WeightsError, match=r"load\(path, input_shape=\(C, H, W\)"):
+        pyhet.load(tmp_path / "old.npz", devices="numpy")
+    assert pyhet.load(tmp_path / "old.npz", devices="numpy", input_shape=(1, 16, 16)).arch == \
+        "2C3-P2-3C3-P2"

@@ -443,7 +443,7 @@ def test_fit_checkpoints_have_the_same_protections(tmp_path):
     with network() as net:
         with pytest.raises(UsageError, match="holds the checkpoints of another run"):
             net.fit(x, y, steps=5, **kw)
-        with pytest.raises(UsageError, match="--lr 0.05, but this run asks for 0.1"):
+        with pytest.raises(UsageError, match="made with lr 0.05, but this run asks for 0.1"):
             net.fit(x, y, steps=5, resume=True, **{**kw, "lr": 0.1})
         net.fit(x, y, steps=5, resume=True, **kw)
         assert_bit_identical(net.params(), whole)

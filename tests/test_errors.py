@@ -370,8 +370,15 @@ def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
         if extra:
             s = json.loads(res.out.strip().splitlines()[-1])
             assert s["steps"] == 4 and s["step_time_s"] is None and s["train_loss"] is None
-        else:
+            assert s["start_step"] == 4
+        else:   # it said "trained 4 steps"
+            assert res.out.startswith("trained no step after resuming at step 4, 4 steps "
+                                      "(2.00 epochs) in all, of batch 8"), res.out
             assert "final train loss: n/a" in res.out
+    # a resume that trains: the steps of this run, and of the whole run
+    res = cli(*argv[:argv.index("2")], "3", *argv[argv.index("2") + 1:], "--resume")
+    assert res.code == 0 and res.out.startswith(
+        "trained 2 steps after resuming at step 4, 6 steps (3.00 epochs) in all,"), res.out
     with np.load(done) as c, np.load(tmp_path / "w.npz") as w:
         np.testing.assert_array_equal(c["conv1.weight"], w["conv1.weight"])
 

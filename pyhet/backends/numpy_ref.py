@@ -213,21 +213,25 @@ def linear_backward(dy, x, w, need_dx: bool = True):
 def softmax(logits):
     """logits (N, M) -> probabilities (N, M), each row summing to 1."""
     xp = array_module(logits)
-    e = xp.exp(logits - logits.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):   # diverged logits: see below
+        e = xp.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
 
 
 def softmax_cross_entropy(logits, labels):
-    """logits (N, M), labels (N,) int -> loss (a 0-d array), dlogits (N, M)."""
+    """logits (N, M), labels (N,) int -> loss (a 0-d array), dlogits (N, M). Logits that are
+    infinite or NaN (a run that diverged) give a NaN loss without NumPy's warnings: the
+    callers check the loss and the weights and say what went wrong in their own words."""
     xp = array_module(logits)
     N = logits.shape[0]
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logsumexp = xp.log(xp.exp(shifted).sum(axis=1))
-    picked = shifted[xp.arange(N), labels]
-    loss = (logsumexp - picked).mean()
-    dlogits = xp.exp(shifted - logsumexp[:, None])         # softmax
-    dlogits[xp.arange(N), labels] -= 1
-    return loss, dlogits / N
+    with np.errstate(over="ignore", invalid="ignore"):
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        logsumexp = xp.log(xp.exp(shifted).sum(axis=1))
+        picked = shifted[xp.arange(N), labels]
+        loss = (logsumexp - picked).mean()
+        dlogits = xp.exp(shifted - logsumexp[:, None])         # softmax
+        dlogits[xp.arange(N), labels] -= 1
+        return loss, dlogits / N
 
 
 # ================================================================================================
