@@ -199,8 +199,8 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     """Kernels per device for each conv layer before training starts, and the calibration it
     came from (None for --balance even, --deterministic or a single device).
 
-    deterministic: no timing decides it: each layer is split in proportion to the devices'
-    declared speeds (the @S of their SPEC; equal shares when none is given)."""
+    deterministic: no timing decides it: each layer is split so that the devices would finish
+    together at their declared speeds (the @S of their SPEC; equal shares when none is given)."""
     n = len(devices)
     if n == 1 or balance == "even":
         return {g.name: even(g.K, n) for g in shape.blocks}, None
