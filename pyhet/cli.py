@@ -699,8 +699,10 @@ def main(argv=None) -> int:
         if ranks > 1:   # Ctrl-C while MPI starts, before run_rank's handlers: once it has
             # started, the other ranks would wait for this one for ever
             _abort_if_started("pyhet: interrupted" if launched_rank() == 0 else None, 130)
-            if launched_rank() != 0:
-                return 130
+            if launched_rank() == 0:
+                print("pyhet: interrupted", file=sys.stderr, flush=True)
+            end_job_unstarted(130)   # before MPI started here: the others may be in its start
+            return 130
         # SIGINT or SIGTERM while training (pyhet.interrupt) says what it saved; a bare Ctrl-C
         # elsewhere is a KeyboardInterrupt
         print(f"pyhet: {e.message}" if isinstance(e, Interrupted) else "pyhet: interrupted",

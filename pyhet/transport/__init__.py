@@ -14,6 +14,7 @@ import time
 
 # seconds a rank may take to answer one request (its compute included), and MPI's start-up
 DEFAULT_TIMEOUT = 300.0
+ABORT_WAIT_S = 5.0   # for the launcher to end this rank, after asking it to end the job
 
 _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
@@ -64,5 +65,5 @@ def end_job_unstarted(status: int) -> bool:
         os.write(fd, f"cmd=abort exitcode={int(status)}\n".encode())
     except (OSError, ValueError):
         return False
-    time.sleep(5)         # the launcher ends this rank too
+    time.sleep(ABORT_WAIT_S)   # the launcher ends this rank too
     return True
