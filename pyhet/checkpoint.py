@@ -30,7 +30,7 @@ import numpy as np
 
 from . import errors, files
 from .calibrate import Calibration
-from .errors import PyhetError, UsageError, WeightsError
+from .errors import PyhetError, UsageError, WeightsError, quoted
 from .geometry import NetGeometry
 from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
                     read_weight_file, write_npz)
@@ -347,13 +347,37 @@ def plan_problem(plan) -> "str | None":
             Calibration(**cal)
         except TypeError as e:
             return f"its calibration is not one of this version ({e})"
-        problem = calibration_problem(cal, len(devices),
-                                      set(partition) or set(cal.get("speeds") or {}))
+        speeds = cal.get("speeds")
+        problem = calibration_problem(cal, len(devices), set(partition) or (
+            set(speeds) if isinstance(speeds, dict) else set()))
         if problem is not None:
             return f"its calibration {problem}"
-    if not isinstance(plan.get("balancer") or {}, dict):
-        return f"its balancer state is {plan['balancer']!r}, not a dict"
+    failed = plan.get("failed")
+    if failed is not None and not (isinstance(failed, list)
+                                   and all(isinstance(d, str) for d in failed)):
+        return f"its failed devices are {quoted(failed)}, not a list of names"
+    if not isinstance(plan.get("deterministic", False), bool):
+        return f"its deterministic is {quoted(plan['deterministic'])}, not true or false"
+    balancer = plan.get("balancer") or {}
+    if not isinstance(balancer, dict):
+        return f"its balancer state is {quoted(balancer)}, not a dict"
+    for layer, state in balancer.items():
+        if not balancer_state_fits(state):
+            return f"its balancer state for {layer} is {quoted(state)}"
     return None
+
+
+def balancer_state_fits(state) -> bool:
+    """A Balancer.state() of some number of devices: speeds > 0, noise >= 0 and the times
+    alone seen (> 0, or null), one of each per device."""
+    if not isinstance(state, dict) or not isinstance(state.get("speeds"), list):
+        return False
+    n = len(state["speeds"])
+    seen = state.get("alone_seen")
+    return (_numbers(state["speeds"], n, 0.0, strict=True)
+            and _numbers(state.get("noise"), n, 0.0)
+            and (seen is None or isinstance(seen, list) and len(seen) == n and all(
+                v is None or _numbers([v], 1, 0.0, strict=True) for v in seen)))
 
 
 def _numbers(values, n: int, low: float, strict: bool = False) -> bool:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import files, npzfile
-from .errors import DataError
+from .errors import DataError, quoted
 from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
@@ -416,19 +416,108 @@ class _ArraysOnlyUnpickler(pickle.Unpickler):
 
 @functools.lru_cache(maxsize=None)
 def _pickle_globals():
-    """{(module, name): object} of the globals a pickled ndarray refers to."""
-    sample = np.zeros(1, np.uint8)
-    reconstruct = sample.__reduce__()[0]                       # protocols 0-4
-    frombuffer = sample.__reduce_ex__(5)[0]                    # protocol 5
-    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+    """{(module, name): object} of the globals a pickled ndarray refers to. NumPy's own are
+    not handed out: its dtype's __setstate__ crashes the process on a state that does not fit
+    the dtype (a datetime dtype given a uint8's state), so a damaged file could; these
+    stand-ins build the same plain numeric arrays from checked parts."""
+    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _PickledDtype,
                # Python 3 protocol-2 pickles spell bytes as _codecs.encode(str, "latin1")
                ("_codecs", "encode"): _latin1_encode,
                # ... and empty bytes as bytes()
                ("__builtin__", "bytes"): _empty_bytes, ("builtins", "bytes"): _empty_bytes}
     for core in ("numpy.core", "numpy._core"):
-        allowed[(core + ".multiarray", "_reconstruct")] = reconstruct
-        allowed[(core + ".numeric", "_frombuffer")] = frombuffer
+        allowed[(core + ".multiarray", "_reconstruct")] = _PickledArray    # protocols 0-4
+        allowed[(core + ".numeric", "_frombuffer")] = _array_from_buffer  # protocol 5
     return allowed
+
+
+class _PickledDtype:
+    """numpy.dtype(name, align, copy) as a pickle builds it, then its state: only a plain
+    number type (bool, integers, floats), in the plain state NumPy writes for one."""
+
+    def __init__(self, name=None, align=False, copy=True):
+        if isinstance(name, bytes):        # Python 2's str, read as bytes
+            name = name.decode("latin1")
+        try:
+            dtype = np.dtype(name) if isinstance(name, str) and len(name) <= 8 else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in "biuf" or dtype.fields or dtype.subdtype:
+            raise pickle.UnpicklingError(f"refused the dtype {quoted(name)}: only "
+                                         f"numbers are allowed")
+        self.dtype = dtype
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], bytes):
+            state = (state[0], state[1].decode("latin1"), *state[2:])
+        if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3
+                and state[1] in ("|", "<", ">", "=") and state[2:5] == (None, None, None)):
+            raise pickle.UnpicklingError(f"refused a dtype state {quoted(state)}")
+        if state[1] in "<>":
+            self.dtype = self.dtype.newbyteorder(state[1])
+
+
+def _checked_array(raw, dtype, shape, fortran: bool) -> np.ndarray:
+    """A copy of the array that the bytes `raw` hold, of a _PickledDtype and shape."""
+    if not isinstance(dtype, _PickledDtype):
+        raise pickle.UnpicklingError(f"refused an array of {type(dtype).__name__}")
+    if not (isinstance(shape, tuple) and all(isinstance(d, int) and 0 <= d < 2**40
+                                             for d in shape)):
+        raise pickle.UnpicklingError(f"refused an array shape {quoted(shape)}")
+    if isinstance(raw, str):           # Python 2's str, read as text
+        raw = raw.encode("latin1")
+    if not isinstance(raw, (bytes, bytearray, memoryview, pickle.PickleBuffer)):
+        raise pickle.UnpicklingError(f"refused array data of {type(raw).__name__}")
+    raw = memoryview(raw).cast("B")
+    need = math.prod(shape) * dtype.dtype.itemsize
+    if len(raw) != need:
+        raise pickle.UnpicklingError(f"array data of {len(raw)} bytes for {dtype.dtype} of "
+                                     f"shape {shape} ({need} bytes)")
+    flat = np.frombuffer(raw, dtype.dtype)
+    return flat.reshape(shape, order="F" if fortran else "C").copy(order="C")
+
+
+class _PickledArray:
+    """numpy's _reconstruct(ndarray, (0,), b"b") as a pickle calls it, then the array's state
+    (version, shape, dtype, fortran order, bytes); the array itself is put in its place once
+    the file is read (_arrays_in)."""
+
+    def __init__(self, cls=None, shape=None, code=None):
+        if cls is not np.ndarray:
+            raise pickle.UnpicklingError("refused an array subclass")
+        self.array = None
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 5:
+            state = state[1:]                      # the version, 1
+        if not (isinstance(state, tuple) and len(state) == 4):
+            raise pickle.UnpicklingError(f"refused an array state {quoted(state)}")
+        shape, dtype, fortran, raw = state
+        self.array = _checked_array(raw, dtype, shape, bool(fortran))
+
+
+def _array_from_buffer(buf, dtype, shape, order):
+    """numpy's _frombuffer as a protocol-5 pickle calls it."""
+    if order not in ("C", "F"):
+        raise pickle.UnpicklingError(f"refused an array order {quoted(order)}")
+    return _checked_array(buf, dtype, shape, order == "F")
+
+
+def _arrays_in(obj, depth: int = 0):
+    """obj as unpickled, with each _PickledArray replaced by its array."""
+    if depth > 50:
+        raise pickle.UnpicklingError("refused nesting more than 50 deep")
+    if isinstance(obj, _PickledArray):
+        if obj.array is None:
+            raise pickle.UnpicklingError("an array without its data")
+        return obj.array
+    if isinstance(obj, _PickledDtype):
+        raise pickle.UnpicklingError("a dtype outside an array")
+    if isinstance(obj, dict):
+        return {k: _arrays_in(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_arrays_in(v, depth + 1) for v in obj)
+    return obj
 
 
 def _empty_bytes(*args):
@@ -448,7 +537,7 @@ def _latin1_encode(text, encoding="latin1", errors="strict"):
 def _unpickle(path):
     data = _read_file(path)
     try:
-        return _ArraysOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
+        return _arrays_in(_ArraysOnlyUnpickler(io.BytesIO(data), encoding="bytes").load())
     except Exception as e:        # any failure to decode is a malformed (or hostile) file
         raise DataError(f"{path}: not a readable CIFAR-10 python batch "
                         f"({type(e).__name__}: {e})") from None
@@ -560,9 +649,9 @@ def make_synthetic(seed=0):
 
 # ================================================================ npz:FILE
 
-# The most classes an npz dataset's labels may imply without the file's 'num_classes' saying so:
-# the core's sizes are C ints, so more is a stray label (a label of 2**62 read as 4.6e18
-# classes was refused for the memory it would take)
+# The most classes an npz dataset may have, its 'num_classes' given or its labels' largest + 1:
+# the core's sizes are C ints, so more is a stray label or a damaged count (a label of 2**62
+# read as 4.6e18 classes was refused for the memory it would take)
 MAX_INFERRED_CLASSES = 2**31 - 1
 
 
@@ -603,6 +692,9 @@ def load_npz(filename):
         num_classes = int(num_classes.reshape(()))
         if num_classes < 1:
             raise DataError(f"{path}: 'num_classes' is {num_classes}, expected >= 1")
+        if num_classes > MAX_INFERRED_CLASSES:
+            raise DataError(f"{path}: 'num_classes' is {num_classes:,}, more than the "
+                            f"{MAX_INFERRED_CLASSES:,} classes a network can have")
         if largest >= num_classes:
             which = "y" if int(y.max()) == largest else "y_test"
             arr = y if which == "y" else y_test
@@ -614,7 +706,8 @@ def load_npz(filename):
         if a is None:
             return None
         if a.dtype == np.uint8:
-            return a.astype(np.float32) / np.float32(255.0)         # scaled only
+            # scaled only (C-contiguous, as from a file stored in Fortran order too)
+            return np.ascontiguousarray(a, np.float32) / np.float32(255.0)
         return np.ascontiguousarray(a)                               # float32 as is
 
     return Dataset(f"npz:{filename}", images(x), _labels(y), images(x_test),

@@ -13,6 +13,13 @@ def shown(text: str, most: int = 60) -> str:
     return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
 
 
+def quoted(value, most: int = 80) -> str:
+    """A value of any kind as a message quotes it: its repr, cut short past `most` characters
+    (a damaged file's value may be kilobytes long)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
+
+
 def option(name: str, python: bool = False) -> str:
     """A setting as its user gives it: `--weight-decay` on the command line, `weight_decay` in
     Python (name: the Python one)."""

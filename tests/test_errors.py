@@ -43,6 +43,8 @@ def files(tmp_path_factory):
     npz("CHANNEL_LAST", x=rng.standard_normal((16, 12, 12, 1)).astype(np.float32), y=y)
     npz("HUGE_LABELS", x=np.zeros((16, 1, 12, 12), np.float32), y=y * 10**12)
     npz("HUGE_CLASSES", x=np.zeros((16, 1, 12, 12), np.float32), y=y,
+        num_classes=np.int64(2 * 10**9))
+    npz("TOO_MANY_CLASSES", x=np.zeros((16, 1, 12, 12), np.float32), y=y,
         num_classes=np.int64(10**12))
     f["TEXT"] = d / "text.npz"
     f["TEXT"].write_text("these are not arrays\n")
@@ -131,7 +133,9 @@ BAD = [
     (TRAIN + ["--dataset", "npz:CHANNEL_LAST"], 1, ["channel-last", "(16, 1, 12, 12)"]),
     (TRAIN + ["--dataset", "npz:HUGE_LABELS"], 1, ["= 2000000000000 would make",
                                                    "2,000,000,000,001 classes"]),
-    (TRAIN + ["--dataset", "npz:HUGE_CLASSES"], 1, ["1,000,000,000,000 classes", "GiB"]),
+    (TRAIN + ["--dataset", "npz:HUGE_CLASSES"], 1, ["2,000,000,000 classes", "GiB"]),
+    (TRAIN + ["--dataset", "npz:TOO_MANY_CLASSES"], 1, ["'num_classes' is 1,000,000,000,000",
+                                                        "more than the 2,147,483,647"]),
     (["train", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1", "--quiet"], 1,
      ["1000000C5", "GiB", "available"]),
     (TRAIN + ["--dataset", "mnist", "--data-dir", "DATA"], 1,
@@ -508,6 +512,30 @@ PLAN_NOT_REUSED.update({
                   ["has fits [['a'], ['b']] for conv1"]),
     "whole not numbers": (lambda plan: _calibration(plan, "whole", "conv1", [None, None]),
                           ["has whole [None, None] for conv1"]),
+})
+
+
+def _balancer(conv1):
+    return lambda plan: {**plan, "balancer": {**(plan.get("balancer") or {}), "conv1": conv1}}
+
+
+PLAN_NOT_REUSED.update({
+    # damaged plans that ended the resumed run in a traceback
+    "balancer layer a number": (_balancer(5), ["balancer state for conv1 is 5"]),
+    "balancer speed zero": (_balancer({"speeds": [1.0, 0.0], "noise": [0.0, 0.0]}),
+                            ["balancer state for conv1"]),
+    "balancer noise short": (_balancer({"speeds": [1.0, 2.0], "noise": []}),
+                             ["balancer state for conv1"]),
+    "balancer alone seen junk": (_balancer({"speeds": [1.0, 2.0], "noise": [0.1, 0.1],
+                                            "alone_seen": [{}, 1.0]}),
+                                 ["balancer state for conv1"]),
+    "failed not names": (lambda plan: {**plan, "failed": [1]}, ["failed devices are [1]"]),
+    "deterministic a string": (lambda plan: {**plan, "deterministic": "no"},
+                               ["deterministic is 'no'"]),
+    "calibration speeds a number": (
+        lambda plan: {**plan, "partition": {},
+                      "calibration": {**plan["calibration"], "speeds": 5}},
+        ["calibration has speeds 5"]),
 })
 
 

@@ -1,0 +1,243 @@
+"""Files damaged in one field, as a mutation fuzzer of pyhet's readers found them: each is
+refused with pyhet's own error (DataError for data, WeightsError for weight files) in one
+readable line, or read whole; never a crash, a bare Python exception, or a file read with
+parts of it silently missing.
+
+The zip edits are of the central directory that np.savez writes (one entry per array); the
+.npy edits are of an array's header text. Test doubles: none, only real files made here.
+"""
+
+import io
+import lzma
+import pickle
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+import pyhet
+from conftest import make_npz_dataset
+from pyhet.data import load_dataset, read_images
+from pyhet.errors import DataError, WeightsError
+
+CENTRAL = b"PK\x01\x02"
+
+
+def central_entries(data: bytes) -> list[int]:
+    """The offsets of the zip's central directory entries."""
+    out, at = [], data.find(CENTRAL)
+    while at >= 0:
+        out.append(at)
+        at = data.find(CENTRAL, at + 1)
+    return out
+
+
+def edit_central(data: bytes, field: int, value: int, entry: int = 0) -> bytes:
+    """data with a 2-byte field of one central directory entry set: 6 the version needed, 8
+    the flags, 10 the method, 32 the comment's length."""
+    at = central_entries(data)[entry] + field
+    return data[:at] + struct.pack("<H", value) + data[at + 2:]
+
+
+def npy_with_header(a: np.ndarray, header: str) -> bytes:
+    """An .npy file of a's bytes under a header text of our own (version 1.0)."""
+    text = header.encode("latin1")
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + a.tobytes()
+
+
+def zipped(members: dict, method=zipfile.ZIP_STORED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+def members_of(path) -> dict:
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def one_line(message: str) -> None:
+    assert "\n" not in message and message.isprintable() and len(message) < 600, message
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "d.npz"
+    make_npz_dataset(path, n=12, shape=(1, 8, 8), classes=3, n_test=6)
+    return path
+
+
+@pytest.fixture(scope="module")
+def weight_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("w") / "w.npz"
+    with pyhet.Network("2C3-P2", (1, 8, 8), 3, devices="numpy") as net:
+        net.save(path)
+    return path
+
+
+ZIP_EDITS = {
+    # field, value: what zipfile did with it
+    "a compression zipfile does not have": (10, 99),           # NotImplementedError
+    "the encrypted flag": (8, 1),                              # RuntimeError
+    "the strong-encryption flag": (8, 1 << 6),                 # NotImplementedError
+    "a zip version from the future": (6, 255),                 # NotImplementedError
+}
+
+
+@pytest.mark.parametrize("case", list(ZIP_EDITS))
+def test_a_zip_field_zipfile_cannot_read_is_a_files_error(tmp_path, dataset, weight_file,
+                                                          case):
+    field, value = ZIP_EDITS[case]
+    for path, read, error in ((dataset, lambda p: load_dataset(f"npz:{p}"), DataError),
+                              (weight_file, lambda p: pyhet.load(p, devices="numpy"),
+                               WeightsError)):
+        bad = tmp_path / f"bad-{path.name}"
+        bad.write_bytes(edit_central(path.read_bytes(), field, value))
+        with pytest.raises(error) as e:
+            read(bad)
+        assert str(bad) in str(e.value)
+        one_line(str(e.value))
+
+
+def test_a_damaged_directory_length_does_not_hide_the_arrays_after_it(tmp_path, dataset):
+    """The first entry's comment length made to swallow the entries after it: zipfile read
+    x and y alone, and the dataset loaded without its test split."""
+    data = dataset.read_bytes()
+    assert len(central_entries(data)) == 4
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(edit_central(data, 32, 0x21C0, entry=1))
+    with zipfile.ZipFile(bad) as z:
+        assert len(z.namelist()) < 4                 # what zipfile alone makes of it
+    with pytest.raises(DataError, match="its zip directory lists 4 entries, but 2 can be read"):
+        load_dataset(f"npz:{bad}")
+    assert load_dataset(f"npz:{dataset}").x_test is not None
+
+
+@pytest.mark.parametrize("header", [
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (12, 1, 8, 8), ",   # cut short
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (True, 1, 8, 8), }",
+])
+def test_an_npy_header_numpys_parser_chokes_on_is_a_files_error(tmp_path, dataset, header):
+    """A header cut short (tokenize's TokenError) or a dimension True (a TypeError in
+    reshape): in an npz dataset, and in an .npy file to predict on."""
+    x = np.zeros((12, 1, 8, 8), np.float32)
+    members = members_of(dataset)
+    members["x.npy"] = npy_with_header(x, header)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(zipped(members))
+    with pytest.raises(DataError, match="array 'x' cannot be read") as e:
+        load_dataset(f"npz:{bad}")
+    one_line(str(e.value))
+    (tmp_path / "bad.npy").write_bytes(npy_with_header(x, header))
+    with pytest.raises(DataError, match="the array cannot be read"):
+        read_images(tmp_path / "bad.npy")
+
+
+def test_a_damaged_lzma_member_is_a_files_error(tmp_path, dataset):
+    members = members_of(dataset)
+    data = zipped(members, zipfile.ZIP_LZMA)
+    packed = lzma.compress(members["x.npy"], format=lzma.FORMAT_RAW,
+                           filters=[{"id": lzma.FILTER_LZMA1}])
+    at = data.find(packed[20:40])
+    assert at > 0
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(data[:at] + bytes(40) + data[at + 40:])
+    with pytest.raises(DataError, match="array 'x' cannot be read") as e:
+        load_dataset(f"npz:{bad}")
+    one_line(str(e.value))
+
+
+def test_a_message_quoting_the_files_bytes_is_one_short_line(tmp_path, dataset):
+    """NumPy quotes a header it cannot parse, bytes of the array data included."""
+    x = np.full((12, 1, 8, 8), np.nan, np.float32)
+    members = members_of(dataset)
+    members["x.npy"] = npy_with_header(x, "{'descr': '<f4', 'shape': (12, 1, 8, 8)}" + "\x7f" * 9
+                                       + "x" * 900)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(zipped(members))
+    with pytest.raises(DataError) as e:
+        load_dataset(f"npz:{bad}")
+    one_line(str(e.value))
+
+
+def test_num_classes_past_what_a_network_can_have_is_refused(tmp_path):
+    """3 stored big-endian reads as 216,172,782,113,783,808: it was taken as the class
+    count."""
+    path = tmp_path / "d.npz"
+    make_npz_dataset(path, n=12, shape=(1, 8, 8), classes=3,
+                     num_classes=np.array(3, ">i8").view("<i8"))
+    with pytest.raises(DataError, match="'num_classes' is 216,172,782,113,783,808, more than "
+                                        "the 2,147,483,647 classes"):
+        load_dataset(f"npz:{path}")
+
+
+def test_uint8_images_stored_in_fortran_order_load_c_contiguous(tmp_path):
+    path = tmp_path / "d.npz"
+    arrays = make_npz_dataset(path, n=12, shape=(1, 8, 8), classes=3, dtype=np.uint8)
+    np.savez(path, x=np.asfortranarray(arrays["x"]), y=arrays["y"])
+    ds = load_dataset(f"npz:{path}")
+    assert ds.x_train.flags.c_contiguous and ds.x_train.dtype == np.float32
+    np.testing.assert_array_equal(ds.x_train, arrays["x"] / np.float32(255))
+
+
+def test_a_normalization_of_a_huge_integer_is_a_weight_file_error(tmp_path, weight_file):
+    import json
+
+    arrays = dict(np.load(weight_file))
+    arch = json.loads(str(arrays["arch"]))
+    arch["normalization"] = {"scale": [10**400], "shift": [0.0]}
+    np.savez(tmp_path / "bad.npz", **{**arrays, "arch": np.array(json.dumps(arch))})
+    with pytest.raises(WeightsError, match="normalization's scale must be finite numbers") as e:
+        pyhet.load(tmp_path / "bad.npz", devices="numpy")
+    one_line(str(e.value))
+
+
+# ================================================================ CIFAR-10 python batches
+
+def cifar_batch(tmp_path, edit=lambda b: b, protocol=2):
+    """A folder of CIFAR-10 python batches (one image each), data_batch_1 passed through
+    edit(its pickled bytes)."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                 "data_batch_5", "test_batch"):
+        d = {b"data": rng.integers(0, 256, (2, 3072), dtype=np.uint8), b"labels": [1, 2]}
+        data = pickle.dumps(d, protocol=protocol)
+        (folder / name).write_bytes(edit(data) if name == "data_batch_1" else data)
+    return tmp_path
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_cifar_batches_of_plain_arrays_load(tmp_path, protocol):
+    ds = load_dataset("cifar10", cifar_batch(tmp_path, protocol=protocol))
+    assert ds.x_train.shape == (10, 3, 32, 32) and ds.x_train.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [b"M8", b"m8", b"O8", b"V8", b"S8"])
+def test_a_cifar_batch_of_another_dtype_is_refused_before_numpy_builds_it(tmp_path, dtype):
+    """The batch's dtype u1 changed to another kind: a datetime dtype given a uint8's state
+    crashed the process (SIGSEGV) inside NumPy's dtype.__setstate__."""
+    def swap(data):
+        assert data.count(b"X\x02\x00\x00\x00u1") == 1
+        return data.replace(b"X\x02\x00\x00\x00u1", b"X\x02\x00\x00\x00" + dtype)
+
+    with pytest.raises(DataError, match="data_batch_1: not a readable CIFAR-10 python batch "
+                                        ".*refused the dtype") as e:
+        load_dataset("cifar10", cifar_batch(tmp_path, swap))
+    one_line(str(e.value))
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.replace(b"(K\x03X\x01\x00\x00\x00|", b"(K\x04X\x01\x00\x00\x00|"),
+     "refused a dtype state"),                                       # another state version
+    (lambda d: d.replace(b"K\x02M\x00\x0c\x86", b"K\x02M\xff\x0b\x86"),
+     r"array data of 6144 bytes for uint8 of shape \(2, 3071\)"),   # a shape of other size
+])
+def test_a_cifar_batch_whose_array_parts_do_not_fit_is_refused(tmp_path, edit, words):
+    with pytest.raises(DataError, match=words):
+        load_dataset("cifar10", cifar_batch(tmp_path, edit))
