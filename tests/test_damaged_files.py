@@ -241,3 +241,63 @@ def test_a_cifar_batch_of_another_dtype_is_refused_before_numpy_builds_it(tmp_pa
 def test_a_cifar_batch_whose_array_parts_do_not_fit_is_refused(tmp_path, edit, words):
     with pytest.raises(DataError, match=words):
         load_dataset("cifar10", cifar_batch(tmp_path, edit))
+
+
+# ================================================================ random damage, seeded
+
+def mutants(data: bytes, n: int, seed: int):
+    """n copies of data, each damaged at random: bytes flipped or overwritten, cut short, or
+    junk appended (the fuzzer's byte-level mutations, in small)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        b = bytearray(data)
+        kind = rng.integers(4)
+        if kind == 0:
+            for _ in range(rng.integers(1, 4)):
+                b[rng.integers(len(b))] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            at = int(rng.integers(len(b) - 8))
+            b[at:at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+        elif kind == 2:
+            del b[int(rng.integers(1, len(b))):]
+        else:
+            b += rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8).tobytes()
+        yield bytes(b)
+
+
+def test_randomly_damaged_files_are_refused_or_read_whole(tmp_path, dataset, weight_file):
+    """200 damaged copies of a weight file, an npz dataset and a CIFAR-10 python batch: each
+    is refused with pyhet's error in one line, or reads as the file did before the damage
+    (the zip's CRC guards the arrays; a pickle's damage may leave it readable)."""
+    (tmp_path / "c").mkdir()
+    cifar = cifar_batch(tmp_path / "c")
+    batch = cifar / "cifar-10-batches-py" / "data_batch_1"
+    want = {"weights": pyhet.load(weight_file, devices="numpy").params(),
+            "npz": load_dataset(f"npz:{dataset}").x_test}
+    cases = [("weights", weight_file, WeightsError,
+              lambda p: pyhet.load(p, devices="numpy").params()),
+             ("npz", dataset, DataError, lambda p: load_dataset(f"npz:{p}").x_test),
+             ("cifar", batch, DataError, lambda p: load_dataset("cifar10", cifar).x_train)]
+    refused = 0
+    for name, path, error, read in cases:
+        original = path.read_bytes()
+        target = path if name == "cifar" else tmp_path / f"bad-{path.name}"
+        for i, data in enumerate(mutants(original, 200, seed=len(name))):
+            target.write_bytes(data)
+            try:
+                got = read(target)
+            except error as e:
+                one_line(str(e))
+                refused += 1
+                continue
+            if name == "weights":
+                assert got.keys() == want["weights"].keys(), i
+                for k in got:
+                    np.testing.assert_array_equal(got[k], want["weights"][k], err_msg=k)
+            elif name == "npz":
+                np.testing.assert_array_equal(got, want["npz"], err_msg=str(i))
+            else:
+                assert got.shape == (10, 3, 32, 32) and np.isfinite(got).all(), i
+        if name == "cifar":
+            path.write_bytes(original)
+    assert refused > 300   # most damage is seen
