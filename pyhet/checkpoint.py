@@ -381,9 +381,11 @@ def balancer_state_fits(state) -> bool:
 
 
 def _numbers(values, n: int, low: float, strict: bool = False) -> bool:
-    """A list of n finite numbers >= low (> low where strict), none of them bool."""
+    """A list of n finite numbers >= low (> low where strict), none of them bool (nor an
+    integer past float's range: a damaged file's)."""
     return (isinstance(values, list) and len(values) == n and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        (isinstance(v, float) and math.isfinite(v)
+         or isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53)
         and (v > low if strict else v >= low) for v in values))
 
 
@@ -396,10 +398,10 @@ def calibration_problem(cal: dict, n: int, layers: set) -> "str | None":
         if table is None and optional:
             return None
         if not isinstance(table, dict) or (not optional and set(table) != layers):
-            return f"has {name} {table!r}, not one entry for each of {sorted(layers)}"
+            return f"has {name} {quoted(table)}, not one entry for each of {sorted(layers)}"
         for layer, v in table.items():
             if not check(v):
-                return f"has {name} {v!r} for {layer}"
+                return f"has {name} {quoted(v)} for {layer}"
         return None
 
     def optional_parts(v):

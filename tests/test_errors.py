@@ -512,6 +512,9 @@ PLAN_NOT_REUSED.update({
                   ["has fits [['a'], ['b']] for conv1"]),
     "whole not numbers": (lambda plan: _calibration(plan, "whole", "conv1", [None, None]),
                           ["has whole [None, None] for conv1"]),
+    "fits of an integer past float's range": (
+        lambda plan: _calibration(plan, "fits", "conv1", [[0, 0, 10**400], [0, 0, 0]]),
+        ["has fits [[0, 0, 1000"]),
 })
 
 
