@@ -144,7 +144,9 @@ def test_bench_bandwidth(tmp_path, capsys):
     res = json.loads((tmp_path / "b.json").read_text())
     assert [r["rate"] for r in res["rates"]] == ["none", "1gbit"]
     for r in res["rates"]:
-        assert r["step_s"] > 0 and r["measured_bits_per_s"] > 0
+        # an unlimited link can be too fast to time on the message (null, as README says)
+        bits = r["measured_bits_per_s"]
+        assert r["step_s"] > 0 and (bits > 0 if r["rate"] != "none" else bits is None or bits > 0)
         assert sum(r["partition"]["conv2"].values()) == 8
         assert r["plan_step_s"] > 0 and r["plan_ddp_step_s"] > 0
         assert sum(r["plan_partition"].values()) == 8
