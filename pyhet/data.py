@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import files, npzfile
-from .errors import DataError, quoted
+from .errors import DataError, quoted, said
 from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
@@ -273,7 +273,8 @@ def read_idx(path, magic):
     expected = math.prod(dims)          # Python ints: 3 sizes of up to 2**32 - 1 overflow int64
     payload = len(data) - header
     if payload != expected:
-        what = "truncated file?" if payload < expected else "trailing bytes"
+        what = ("truncated file, or a damaged header?" if payload < expected
+                else "trailing bytes, or a damaged header?")
         sizes = " x ".join(map(str, dims)) + f" = {expected}" if ndim > 1 else f"{expected}"
         raise DataError(f"{path}: header promises {sizes} bytes of data, the file "
                         f"holds {payload} ({what})")
@@ -534,13 +535,13 @@ def _latin1_encode(text, encoding="latin1", errors="strict"):
     return text.encode("latin1", errors)
 
 
-def _unpickle(path):
+def _unpickle(path, what="python batch"):
     data = _read_file(path)
     try:
         return _arrays_in(_ArraysOnlyUnpickler(io.BytesIO(data), encoding="bytes").load())
     except Exception as e:        # any failure to decode is a malformed (or hostile) file
-        raise DataError(f"{path}: not a readable CIFAR-10 python batch "
-                        f"({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: not a readable CIFAR-10 {what} "
+                        f"({type(e).__name__}: {said(e)})") from None
 
 
 def _get(d, key, path):
@@ -587,7 +588,7 @@ def _cifar_class_names(folder):
     meta_py, meta_txt = folder / "batches.meta", folder / "batches.meta.txt"
     names = None
     if meta_py.is_file():
-        d = _unpickle(meta_py)
+        d = _unpickle(meta_py, "batches.meta (class names)")
         raw = d.get(b"label_names", d.get("label_names")) if isinstance(d, dict) else None
         if raw is not None:
             if not isinstance(raw, (list, tuple)) or not all(

@@ -13,6 +13,14 @@ def shown(text: str, most: int = 60) -> str:
     return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
 
 
+def said(e: BaseException) -> str:
+    """An exception's message as an error line quotes it: as it is where it is one short
+    printable line, else escaped and cut short (zipfile, NumPy and pickle quote a damaged
+    file's bytes)."""
+    text = str(e)
+    return text if text.isprintable() and len(text) <= 160 else shown(text, 120)
+
+
 def quoted(value, most: int = 80) -> str:
     """A value of any kind as a message quotes it: its repr, cut short past `most` characters
     (a damaged file's value may be kilobytes long)."""

@@ -30,7 +30,7 @@ from . import arch as arch_notation
 from . import files, npzfile
 from .images import Normalization
 from .interrupt import HeldSigint
-from .errors import TrainingError, WeightsError, option
+from .errors import TrainingError, WeightsError, option, quoted
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
 from .optim import SGDConfig
@@ -181,7 +181,9 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
 def _whole_entry(v, what: str) -> int:
     """A whole number of a network description (int() would read 1.5 as 1); else ValueError."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{what}: {v!r} is not a whole number")
+        raise ValueError(f"{what}: {quoted(v)} is not a whole number")
+    if not 1 <= v <= 2**31 - 1:      # the core's sizes are C ints
+        raise ValueError(f"{what}: {quoted(v)} is not in 1 .. 2**31 - 1")
     return v
 
 
@@ -198,7 +200,7 @@ def check_class_names(names, num_classes: int):
         return None
     if not isinstance(names, (list, tuple)) or len(names) != num_classes or not all(
             isinstance(n, str) for n in names):
-        raise ValueError(f"class names must be {num_classes} strings, got {names!r}")
+        raise ValueError(f"class names must be {num_classes} strings, got {quoted(names)}")
     return list(names)
 
 
@@ -219,11 +221,15 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
                                f"built ({e})") from None
         return net, meta
     names = {k for k in arrays if _LEGACY.match(k)}
-    if len(names) != 6 or any(arrays[k].ndim != (4 if ".weight" in k and "conv" in k else
-                                                 2 if ".weight" in k else 1) for k in names):
+    def rank(k):     # of each array of a two-block network
+        return 4 if ".weight" in k and "conv" in k else 2 if ".weight" in k else 1
+
+    odd = sorted(k for k in names if arrays[k].ndim != rank(k))
+    if len(names) != 6 or odd:
+        has = (", ".join(f"{k} of {arrays[k].ndim} dimensions, not {rank(k)}" for k in odd)
+               if len(names) == 6 else ", ".join(sorted(arrays)) or "nothing")
         raise WeightsError(f"weight file {path}: it carries no network description and is not "
-                           f"a two-block network (conv1, conv2, fc) either; it has "
-                           f"{', '.join(sorted(arrays)) or 'nothing'}")
+                           f"a two-block network (conv1, conv2, fc) either; it has {has}")
     if input_shape is None:
         raise WeightsError(f"weight file {path}: it carries no network description (a file "
                            f"of an earlier version), so its input shape must be given: "

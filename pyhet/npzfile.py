@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 
 from . import files
-from .errors import shown
+from .errors import said
 
 NPY_MAGIC = b"\x93NUMPY"                          # an .npy file (np.save)
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")       # a zip archive (np.savez), or an empty one
@@ -51,13 +51,13 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
             try:
                 archive = np.load(f, allow_pickle=False)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-                raise error(f"{path}: not a readable .npz file ({_said(e)}); "
+                raise error(f"{path}: not a readable .npz file ({said(e)}); "
                             f"truncated?") from None
             except MemoryError:
                 raise
             except Exception as e:    # zipfile's NotImplementedError (a zip version), ...
                 raise error(f"{path}: not a readable .npz file ({type(e).__name__}: "
-                            f"{_said(e)})") from None
+                            f"{said(e)})") from None
             with archive:
                 _check_directory(archive.zip, f, path, error)
                 names = [k for k in archive.files if keys is None or k in keys]
@@ -68,13 +68,6 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
         raise error(f"{path}: no such file") from None
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror or e})") from None
-
-
-def _said(e: BaseException) -> str:
-    """An exception's message as an error line quotes it: as it is where it is one short
-    printable line, else escaped and cut short (zipfile and NumPy quote the file's bytes)."""
-    text = str(e)
-    return text if text.isprintable() and len(text) <= 160 else shown(text, 120)
 
 
 def _check_directory(zf, f, path, error) -> None:
@@ -142,7 +135,7 @@ def _check_member_size(zf, key, path, error) -> None:
         raise
     except Exception as e:   # an encrypted member, a compression zipfile does not read, ...
         raise error(f"{path}: array {key!r} cannot be read ({type(e).__name__}: "
-                    f"{_said(e)})") from None
+                    f"{said(e)})") from None
     with m:
         _check_size(m, info.file_size, path, key, error)
 
@@ -156,14 +149,14 @@ def _array(load, path, key, error):
         if "allow_pickle" in str(e) or "pickle" in str(e).lower():
             raise error(f"{path}: {what} holds Python objects (a pickle), which pyhet does not "
                         f"load; save numeric arrays (float32, uint8, integers)") from None
-        raise error(f"{path}: {what} cannot be read ({_said(e)})") from None
+        raise error(f"{path}: {what} cannot be read ({said(e)})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise error(f"{path}: {what} cannot be read ({_said(e)}); truncated file?") from None
+        raise error(f"{path}: {what} cannot be read ({said(e)}); truncated file?") from None
     except MemoryError:
         raise
     except Exception as e:   # lzma's errors, a header NumPy's parser chokes on, ...
         raise error(f"{path}: {what} cannot be read ({type(e).__name__}: "
-                    f"{_said(e)})") from None
+                    f"{said(e)})") from None
     if not isinstance(a, np.ndarray):
         # np.load gives the raw bytes of a member of the archive that is not an .npy array
         raise error(f"{path}: {what} is not an .npy array (np.save's format) but "

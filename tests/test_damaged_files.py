@@ -301,3 +301,47 @@ def test_randomly_damaged_files_are_refused_or_read_whole(tmp_path, dataset, wei
         if name == "cifar":
             path.write_bytes(original)
     assert refused > 300   # most damage is seen
+
+
+# ================================================================ what the messages name
+
+def test_a_network_description_of_sizes_past_the_cores_is_not_one(tmp_path, weight_file):
+    """An input of 2**63 pixels a side was taken as a description, and the file then refused
+    as a shape mismatch with the network it described."""
+    import json
+
+    arrays = dict(np.load(weight_file))
+    arch = json.loads(str(arrays["arch"]))
+    arch["input_shape"] = [1, 8, 2**63]
+    np.savez(tmp_path / "bad.npz", **{**arrays, "arch": np.array(json.dumps(arch))})
+    with pytest.raises(WeightsError, match=r"'arch' entry is not a network description "
+                                           r"\(input_shape: 9223372036854775808 is not in 1 "):
+        pyhet.load(tmp_path / "bad.npz", devices="numpy")
+
+
+def test_a_file_of_an_earlier_version_with_an_array_of_another_rank_names_it(tmp_path):
+    with pyhet.Network("2C3-P2-3C3-P2", (1, 16, 16), 3, devices="numpy") as net:
+        w = net.params()
+    w["conv2.bias"] = w["conv2.bias"][None]
+    np.savez(tmp_path / "old.npz", **w)
+    with pytest.raises(WeightsError, match="it has conv2.bias of 2 dimensions, not 1$"):
+        pyhet.load(tmp_path / "old.npz", devices="numpy", input_shape=(1, 16, 16))
+
+
+def test_a_damaged_batches_meta_is_called_what_it_is(tmp_path):
+    folder = cifar_batch(tmp_path) / "cifar-10-batches-py"
+    (folder / "batches.meta").write_bytes(b"\x80\x02}q\x00(X")
+    with pytest.raises(DataError, match="batches.meta: not a readable CIFAR-10 batches.meta "
+                                        r"\(class names\)"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_an_idx_header_that_promises_other_sizes_may_be_the_damage(tmp_path):
+    from pyhet.data import read_idx
+
+    path = tmp_path / "images-idx3-ubyte"
+    path.write_bytes(struct.pack(">IIII", 0x803, 4, 65536, 2**32 - 1) + bytes(100))
+    with pytest.raises(DataError, match=r"header promises 4 x 65536 x 4294967295 = "
+                                        r"1125899906580480 bytes of data, the file holds 100 "
+                                        r"\(truncated file, or a damaged header\?\)"):
+        read_idx(path, 0x803)
