@@ -30,7 +30,7 @@ import numpy as np
 
 from . import errors, files
 from .calibrate import Calibration
-from .errors import PyhetError, UsageError, WeightsError, quoted
+from .errors import PyhetError, UsageError, WeightsError, shown
 from .geometry import NetGeometry
 from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
                     read_weight_file, write_npz)
@@ -355,15 +355,15 @@ def plan_problem(plan) -> "str | None":
     failed = plan.get("failed")
     if failed is not None and not (isinstance(failed, list)
                                    and all(isinstance(d, str) for d in failed)):
-        return f"its failed devices are {quoted(failed)}, not a list of names"
+        return f"its failed devices are {shown(failed)}, not a list of names"
     if not isinstance(plan.get("deterministic", False), bool):
-        return f"its deterministic is {quoted(plan['deterministic'])}, not true or false"
+        return f"its deterministic is {shown(plan['deterministic'])}, not true or false"
     balancer = plan.get("balancer") or {}
     if not isinstance(balancer, dict):
-        return f"its balancer state is {quoted(balancer)}, not a dict"
+        return f"its balancer state is {shown(balancer)}, not a dict"
     for layer, state in balancer.items():
         if not balancer_state_fits(state):
-            return f"its balancer state for {layer} is {quoted(state)}"
+            return f"its balancer state for {layer} is {shown(state)}"
     return None
 
 
@@ -398,10 +398,10 @@ def calibration_problem(cal: dict, n: int, layers: set) -> "str | None":
         if table is None and optional:
             return None
         if not isinstance(table, dict) or (not optional and set(table) != layers):
-            return f"has {name} {quoted(table)}, not one entry for each of {sorted(layers)}"
+            return f"has {name} {shown(table)}, not one entry for each of {sorted(layers)}"
         for layer, v in table.items():
             if not check(v):
-                return f"has {name} {quoted(v)} for {layer}"
+                return f"has {name} {shown(v)} for {layer}"
         return None
 
     def optional_parts(v):

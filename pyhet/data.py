@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import files, npzfile
-from .errors import DataError, quoted, said
+from .errors import DataError, said, shown
 from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
@@ -444,7 +444,7 @@ class _PickledDtype:
         except TypeError:
             dtype = None
         if dtype is None or dtype.kind not in "biuf" or dtype.fields or dtype.subdtype:
-            raise pickle.UnpicklingError(f"refused the dtype {quoted(name)}: only "
+            raise pickle.UnpicklingError(f"refused the dtype {shown(name)}: only "
                                          f"numbers are allowed")
         self.dtype = dtype
 
@@ -453,7 +453,7 @@ class _PickledDtype:
             state = (state[0], state[1].decode("latin1"), *state[2:])
         if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3
                 and state[1] in ("|", "<", ">", "=") and state[2:5] == (None, None, None)):
-            raise pickle.UnpicklingError(f"refused a dtype state {quoted(state)}")
+            raise pickle.UnpicklingError(f"refused a dtype state {shown(state)}")
         if state[1] in "<>":
             self.dtype = self.dtype.newbyteorder(state[1])
 
@@ -464,7 +464,7 @@ def _checked_array(raw, dtype, shape, fortran: bool) -> np.ndarray:
         raise pickle.UnpicklingError(f"refused an array of {type(dtype).__name__}")
     if not (isinstance(shape, tuple) and all(isinstance(d, int) and 0 <= d < 2**40
                                              for d in shape)):
-        raise pickle.UnpicklingError(f"refused an array shape {quoted(shape)}")
+        raise pickle.UnpicklingError(f"refused an array shape {shown(shape)}")
     if isinstance(raw, str):           # Python 2's str, read as text
         raw = raw.encode("latin1")
     if not isinstance(raw, (bytes, bytearray, memoryview, pickle.PickleBuffer)):
@@ -492,7 +492,7 @@ class _PickledArray:
         if isinstance(state, tuple) and len(state) == 5:
             state = state[1:]                      # the version, 1
         if not (isinstance(state, tuple) and len(state) == 4):
-            raise pickle.UnpicklingError(f"refused an array state {quoted(state)}")
+            raise pickle.UnpicklingError(f"refused an array state {shown(state)}")
         shape, dtype, fortran, raw = state
         self.array = _checked_array(raw, dtype, shape, bool(fortran))
 
@@ -500,7 +500,7 @@ class _PickledArray:
 def _array_from_buffer(buf, dtype, shape, order):
     """numpy's _frombuffer as a protocol-5 pickle calls it."""
     if order not in ("C", "F"):
-        raise pickle.UnpicklingError(f"refused an array order {quoted(order)}")
+        raise pickle.UnpicklingError(f"refused an array order {shown(order)}")
     return _checked_array(buf, dtype, shape, order == "F")
 
 

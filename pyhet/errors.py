@@ -7,10 +7,14 @@ from __future__ import annotations
 import signal
 
 
-def shown(text: str, most: int = 60) -> str:
+def shown(value, most: int = 60) -> str:
     """A value as a message quotes it: repr, cut short past `most` characters (a message stays
-    one readable line, whatever came)."""
-    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
+    one readable line, whatever came: a damaged file's value may be kilobytes long)."""
+    if isinstance(value, str):
+        return (repr(value) if len(value) <= most
+                else repr(value[:most]) + f"... ({len(value)} chars)")
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
 
 
 def said(e: BaseException) -> str:
@@ -19,13 +23,6 @@ def said(e: BaseException) -> str:
     file's bytes)."""
     text = str(e)
     return text if text.isprintable() and len(text) <= 160 else shown(text, 120)
-
-
-def quoted(value, most: int = 80) -> str:
-    """A value of any kind as a message quotes it: its repr, cut short past `most` characters
-    (a damaged file's value may be kilobytes long)."""
-    text = repr(value)
-    return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
 
 
 def option(name: str, python: bool = False) -> str:

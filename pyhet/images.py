@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError, quoted
+from .errors import DataError, shown
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Normalization:
                 values[k] = tuple(float(np.float32(v)) for v in d[k])
             except OverflowError:       # an integer past float's range
                 raise ValueError(f"the normalization's {k} must be finite numbers, got "
-                                 f"{quoted(d[k])}") from None
+                                 f"{shown(d[k])}") from None
             if not np.isfinite(values[k]).all():
                 raise ValueError(f"the normalization's {k} must be finite, got {d[k]!r}")
         if any(v <= 0 for v in values["scale"]):   # 1 / (255 std): a pixel's scale is > 0

@@ -30,7 +30,7 @@ from . import arch as arch_notation
 from . import files, npzfile
 from .images import Normalization
 from .interrupt import HeldSigint
-from .errors import TrainingError, WeightsError, option, quoted
+from .errors import TrainingError, WeightsError, option, shown
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
 from .optim import SGDConfig
@@ -181,9 +181,9 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
 def _whole_entry(v, what: str) -> int:
     """A whole number of a network description (int() would read 1.5 as 1); else ValueError."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{what}: {quoted(v)} is not a whole number")
+        raise ValueError(f"{what}: {shown(v)} is not a whole number")
     if not 1 <= v <= 2**31 - 1:      # the core's sizes are C ints
-        raise ValueError(f"{what}: {quoted(v)} is not in 1 .. 2**31 - 1")
+        raise ValueError(f"{what}: {shown(v)} is not in 1 .. 2**31 - 1")
     return v
 
 
@@ -200,7 +200,7 @@ def check_class_names(names, num_classes: int):
         return None
     if not isinstance(names, (list, tuple)) or len(names) != num_classes or not all(
             isinstance(n, str) for n in names):
-        raise ValueError(f"class names must be {num_classes} strings, got {quoted(names)}")
+        raise ValueError(f"class names must be {num_classes} strings, got {shown(names)}")
     return list(names)
 
 
@@ -221,6 +221,7 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
                                f"built ({e})") from None
         return net, meta
     names = {k for k in arrays if _LEGACY.match(k)}
+
     def rank(k):     # of each array of a two-block network
         return 4 if ".weight" in k and "conv" in k else 2 if ".weight" in k else 1
 

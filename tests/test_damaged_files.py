@@ -345,3 +345,19 @@ def test_an_idx_header_that_promises_other_sizes_may_be_the_damage(tmp_path):
                                         r"1125899906580480 bytes of data, the file holds 100 "
                                         r"\(truncated file, or a damaged header\?\)"):
         read_idx(path, 0x803)
+
+
+@pytest.mark.parametrize("batch, words", [
+    ({b"data": np.dtype("u1"), b"labels": [1]}, "a dtype outside an array"),
+    ({b"data": np.zeros((1, 3072), ">u2"), b"labels": [1]}, "'data' should be a uint8 array"),
+    ({b"data": np.zeros((1, 3072), "u1"), b"labels": [1], b"x": [[[[1]]]] * 2},
+     None),                                                          # read: nothing to refuse
+])
+def test_what_a_cifar_pickle_holds_besides_plain_arrays(tmp_path, batch, words):
+    data = pickle.dumps(batch, protocol=2)
+    folder = cifar_batch(tmp_path, lambda _: data)
+    if words is None:
+        assert load_dataset("cifar10", folder).x_train.shape == (9, 3, 32, 32)
+        return
+    with pytest.raises(DataError, match=words):
+        load_dataset("cifar10", folder)

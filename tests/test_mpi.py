@@ -566,3 +566,21 @@ def test_ctrl_c_before_mpi_starts_asks_the_launcher_to_end_the_job(monkeypatch, 
     t.join(10)
     assert heard == [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=abort exitcode=130\n"]
     assert capsys.readouterr().err == said
+
+
+def test_a_launcher_without_a_pmi_socket_or_answer_is_not_asked(monkeypatch):
+    """No PMI_FD (another launcher), or a socket that answers anything but a good init: the
+    job cannot be ended this way, and the rank says so by returning False at once."""
+    import socket
+
+    from pyhet import transport
+
+    monkeypatch.delenv("PMI_FD", raising=False)
+    assert transport.end_job_unstarted(1) is False
+    ours, launcher = socket.socketpair()
+    with ours, launcher:
+        launcher.sendall(b"cmd=response_to_init rc=-1\n")
+        monkeypatch.setenv("PMI_FD", str(ours.fileno()))
+        assert transport.end_job_unstarted(1) is False
+        launcher.close()
+        assert transport.end_job_unstarted(1) is False    # the launcher's end is gone
