@@ -534,10 +534,16 @@ def _secs(seconds: float) -> str:
     return f"{seconds:.5f}" if seconds >= 1e-3 or seconds == 0 else f"{seconds:.3g}"
 
 
+def _gflops(rate: float) -> str:
+    """A rate for the plan's table: one decimal (20000.0, not 2e+04), or three significant
+    digits below 1 GFLOP/s (a slow described device's was 0.0)."""
+    return f"{rate:.1f}" if rate >= 1 or rate == 0 else f"{rate:.3g}"
+
+
 def plan_table(r: dict) -> str:
     names = [d["name"] for d in r["devices"]]
     lines = [f"plan of {r['network']}, batch {r['batch_size']}, on "
-             + ", ".join(f"{d['name']} ({d['gflops']:.4g} GFLOP/s, {d['link']})"
+             + ", ".join(f"{d['name']} ({_gflops(d['gflops'])} GFLOP/s, {d['link']})"
                          for d in r["devices"]),
              f"{'layer':<8}{'conv s':>11}  " + "".join(f"{n:>12}" for n in names)]
     for layer, row in r["layers"].items():
@@ -546,7 +552,7 @@ def plan_table(r: dict) -> str:
     best = r["best_single"]
     master = ("fc layers, loss and their update, timed here: "
               if r["master_timed"] else "fc layers at ")
-    lines += [f"master ({master}{r['master_gflops']:.4g} GFLOP/s): {_secs(r['master_s'])} s",
+    lines += [f"master ({master}{_gflops(r['master_gflops'])} GFLOP/s): {_secs(r['master_s'])} s",
               f"predicted step: {_secs(r['predicted_step_s'])} s, speedup "
               + ("n/a (no device holds a layer alone)" if best is None else
                  f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")

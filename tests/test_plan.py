@@ -445,6 +445,15 @@ def test_cli_json_keys(cli):
     assert res.code == 2 and "--ddp-speed" in res.err
 
 
+def test_table_rates_read_as_numbers(cli):
+    # a fast device's rate with one decimal, not 2e+04; a slow one's not rounded to 0.0
+    res = cli("plan", "--describe", "g:gflops=20000;s:gflops=0.004", "--kernels", "4,6",
+              "--dataset", "synthetic", "--master-gflops", "25.9")
+    assert res.code == 0, res.err
+    assert "g (20000.0 GFLOP/s, local), s (0.004 GFLOP/s, local)" in res.out
+    assert "master (fc layers at 25.9 GFLOP/s)" in res.out
+
+
 def test_cli_sweep(cli):
     res = cli("plan", "--describe", "g:gflops=100", "--sweep", "devices=1,2,4",
               "--link", "1gbit,10gbit", "--kernels", "4,6", "--dataset", "synthetic", "--json")
