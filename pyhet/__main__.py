@@ -1,3 +1,3 @@
-from .cli import entry
+from ._command import entry
 
 entry()

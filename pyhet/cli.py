@@ -52,8 +52,25 @@ class Parser(argparse.ArgumentParser):
         args, extras = self.parse_known_args(args, namespace)
         if extras:   # said by the command they were given to, not by pyhet
             getattr(args, "command_parser", self).error(
-                f"unrecognized arguments: {' '.join(extras)}")
+                f"unrecognized arguments: {shown(' '.join(extras), 200)}")
         return args
+
+    def parse_known_args(self, args=None, namespace=None):
+        args, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            # `--steps=--`: argparse drops the `--` and stores [] without calling the option's
+            # type, so no check of it ran (a traceback later, or the default used silently)
+            if (type(action) is argparse._StoreAction and action.nargs is None
+                    and action.option_strings and getattr(args, action.dest, None) == []):
+                self.error(f"argument {'/'.join(action.option_strings)}: expected one "
+                           f"argument, got '--'")
+        return args, extras
+
+    def _check_value(self, action, value):
+        # argparse's message quotes the whole value: a long one made a line of kilobytes
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentError(action, f"invalid choice: {shown(value)} (choose from "
+                                         f"{', '.join(map(repr, action.choices))})")
 
     def error(self, message):
         if launched_rank() != 0:
@@ -928,7 +945,11 @@ def entry():  # console script
         # run checks its losses and weights and says what went wrong in its own error line
         warnings.filterwarnings("ignore", message=".*encountered in ", category=RuntimeWarning)
         warnings.showwarning = _one_line_warning
-        code = main()
+        try:
+            code = main()
+        except KeyboardInterrupt:   # while the parser is built or reads the arguments
+            _loading_interrupted()
+            raise
         try:
             sys.stdout.flush()
         except OutputError as e:

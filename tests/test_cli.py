@@ -541,6 +541,49 @@ def test_ctrl_c_while_the_command_loads_is_its_status_and_one_line(monkeypatch, 
     assert pyhet._loading_interrupted() is None and capsys.readouterr().err == ""
 
 
+def test_ctrl_c_while_the_parser_is_built_or_the_cli_loads_is_one_line():
+    """Two windows after the package has loaded: pyhet.cli being found and read (before its
+    own guard), and its parser being built; each was a traceback."""
+    parser_built = (
+        "import os, shutil, signal, sys\n"
+        "from pyhet import cli\n"
+        "def size(*a, **k):   # argparse asks for the terminal's size while it builds the help\n"
+        "    shutil.get_terminal_size = size.orig\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return size.orig(*a, **k)\n"
+        "size.orig, shutil.get_terminal_size = shutil.get_terminal_size, size\n"
+        "sys.argv = ['pyhet', 'train', '--steps', '1']\n"
+        "cli.entry()\n")
+    cli_loading = (
+        "import sys, pyhet\n"
+        "class Stop:   # Ctrl-C as pyhet.cli is looked for\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pyhet.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Stop())\n"
+        "sys.argv = ['pyhet', 'train']\n"
+        "from pyhet._command import entry\n"
+        "entry()\n")
+    for code in (parser_built, cli_loading):
+        p = run_python(code)
+        assert (p.returncode, p.stderr) == (130, "pyhet: interrupted\n"), (p.returncode, p.stderr)
+
+
+@pytest.mark.parametrize("argv", [["train", "--steps=--"], ["train", "--init=--"],
+                                  ["evaluate", "--weights=--"], ["plan", "--sweep=--"],
+                                  ["bench", "gemm", "--shapes=--"]])
+def test_an_option_given_dashes_as_its_value_is_a_usage_error(cli, argv):
+    # argparse stored [] without calling the option's check: tracebacks, or the default used
+    res = cli(*argv)
+    assert res.code == 2, (res.code, res.err)
+    assert f"argument {argv[-1].split('=')[0]}: expected one argument, got '--'" in res.err
+
+
+def test_a_long_bad_choice_is_quoted_short(cli):
+    res = cli("train", "--balance", "x" * 100_000)
+    assert res.code == 2 and "invalid choice" in res.err and len(res.err) < 400
+
+
 # ================================================================ help, imports
 
 def test_help_in_a_process(cli_process):
