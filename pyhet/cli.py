@@ -25,7 +25,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
 
     import numpy as np
 
-    from . import arch, plan
+    from . import arch, files, plan
     from .api import load
     from .data import input_shape_of, name_problem, read_images
     from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
@@ -642,8 +642,7 @@ def _same_file(a, b) -> bool:
 def cmd_predict(args) -> int:
     if args.output is not None:      # checked before any work, as --save is
         check_file_destination(args.output, "--output")
-        for option, given in (("--weights", args.weights),
-                              ("--input", os.path.expanduser(args.input))):
+        for option, given in (("--weights", args.weights), ("--input", args.input)):
             if _same_file(args.output, given):
                 raise UsageError(f"--output {args.output}: the same file as {option} {given}, "
                                  f"which writing it would replace: give another name")
@@ -680,6 +679,29 @@ def cmd_bench(args) -> int:
     return int(module.main(args.args) or 0)
 
 
+# the options that name a file or folder: (option, an empty name is refused here; --save,
+# --output and --checkpoint-dir say so where they are checked as destinations)
+PATH_OPTIONS = {"data_dir": ("--data-dir", True), "init": ("--init", True),
+                "weights": ("--weights", True), "input": ("--input", True),
+                "save": ("--save", False), "output": ("--output", False),
+                "checkpoint_dir": ("--checkpoint-dir", False)}
+
+
+def _user_paths(args) -> None:
+    """Every path option with a leading ~ made the home folder, as the shell does but not
+    after `--opt=` (`--checkpoint-dir=~/ck` made a folder named ~ here); an empty name for an
+    input is refused (--init '' trained from random weights, --data-dir '' read the default
+    folder)."""
+    for dest, (option, empty_refused) in PATH_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if value == "" and empty_refused:
+            raise UsageError(f"{option} '': give a "
+                             f"{'folder' if dest == 'data_dir' else 'file name'}")
+        setattr(args, dest, files.user_path(value))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     try:
@@ -688,6 +710,7 @@ def main(argv=None) -> int:
         return report_output_error(e)
     ranks = launched_size()
     try:
+        _user_paths(args)
         if ranks > 1:
             return run_rank(args, parser, ranks)
         if args.command == "train":

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import files, npzfile
-from .errors import DataError, said, shown
+from .errors import DataError, UsageError, said, shown
 from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
@@ -129,8 +129,8 @@ def name_problem(name: str) -> "str | None":
     if name in DATASETS or (name.startswith("npz:") and name[len("npz:"):].strip()):
         return None
     if name.startswith("npz:"):
-        return f"{name!r}: expected npz:FILE, the path of an .npz file after the colon"
-    return f"unknown dataset {name!r}: expected one of {', '.join(DATASETS)}, or npz:FILE"
+        return f"{shown(name)}: expected npz:FILE, the path of an .npz file after the colon"
+    return f"unknown dataset {shown(name)}: expected one of {', '.join(DATASETS)}, or npz:FILE"
 
 
 def load_dataset(name, data_dir=None, seed=0):
@@ -140,10 +140,18 @@ def load_dataset(name, data_dir=None, seed=0):
     dataset's usual place); the other names ignore it. seed only changes synthetic.
     """
     if not isinstance(name, str):
-        raise DataError(f"dataset name must be a string, got {name!r}")
-    if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
-        raise DataError(f"data_dir must be a folder's path (str or os.PathLike), got "
-                        f"{data_dir!r}")
+        raise DataError(f"dataset name must be a string, got {shown(name)}")
+    if data_dir is not None:
+        try:
+            data_dir = os.fspath(data_dir)
+        except TypeError:   # not a path: said below
+            pass
+        if not isinstance(data_dir, str) or not data_dir or "\0" in data_dir:
+            raise DataError(f"data_dir must be a folder's path (a non-empty str or "
+                            f"os.PathLike, without NUL), got {shown(data_dir)}")
+    if (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
+            or seed < 0):
+        raise UsageError(f"seed must be a whole number >= 0, got {shown(seed)}")
     if name_problem(name) is not None:
         raise DataError(name_problem(name))
     if name.startswith("npz:"):
@@ -152,12 +160,12 @@ def load_dataset(name, data_dir=None, seed=0):
         return _load_idx_dataset("bundled", BUNDLED_DIR, FASHION_MNIST_CLASSES,
                                  hint=" (pyhet's bundled dataset is missing: reinstall pyhet)")
     if name == "fashion-mnist":
-        where = Path(data_dir).expanduser() if data_dir else FASHION_MNIST_DIR
+        where = Path(files.user_path(data_dir)) if data_dir else FASHION_MNIST_DIR
         hint = "" if data_dir else (" (Debian/Ubuntu: apt install dataset-fashion-mnist;"
                                     " or give its folder: --data-dir DIR, data_dir= in Python)")
         return _load_idx_dataset("fashion-mnist", where, FASHION_MNIST_CLASSES, hint)
     if name == "mnist":
-        where = Path(data_dir).expanduser() if data_dir else _cache_dir("mnist")
+        where = Path(files.user_path(data_dir)) if data_dir else _cache_dir("mnist")
         hint = "" if data_dir else (" (give the folder that holds the MNIST files: "
                                     "--data-dir DIR, data_dir= in Python)")
         return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint)
@@ -286,17 +294,27 @@ def read_idx(path, magic):
     return np.frombuffer(data, np.uint8, offset=header).reshape(dims)
 
 
+def _is(test, path) -> bool:
+    """path.is_file() or path.is_dir() (`test`), where an error other than "not there" (a name
+    too long, no permission to look) is the path's DataError, not a traceback: pathlib
+    passes only a few errors over."""
+    try:
+        return test(path)
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
 def _find_idx_file(folder, stem, hint):
     """folder/stem or folder/stem.gz (the raw one when both are there)."""
     for name in (stem, stem + ".gz"):
-        if (folder / name).is_file():
+        if _is(Path.is_file, folder / name):
             return folder / name
     for name in (stem, stem + ".gz"):
         there = files.not_regular(folder / name)      # a folder, a FIFO, ...
         if there is not None:
             raise DataError(f"{folder / name}: {there}, not a file; expected the IDX file "
                             f"{stem}[.gz]")
-    if not folder.is_dir():
+    if not _is(Path.is_dir, folder):
         raise DataError(f"{folder}: {_not_a_folder(folder)}, expected the IDX files "
                         f"{stem}[.gz] etc. in it{hint}")
     raise DataError(f"{folder / stem}[.gz]: no such file{hint}")
@@ -355,13 +373,14 @@ CIFAR_TEST = "test_batch"
 def _find_cifar_folder(data_dir):
     """(folder, layout) where layout is "bin" or "py". data_dir may be either
     cifar-10-batches-* folder itself, or the folder that holds one."""
-    root = Path(data_dir).expanduser() if data_dir else _cache_dir("cifar10")
+    root = Path(files.user_path(data_dir)) if data_dir else _cache_dir("cifar10")
     hint = "" if data_dir else " (give its folder: --data-dir DIR, data_dir= in Python)"
     candidates = [root, root / "cifar-10-batches-bin", root / "cifar-10-batches-py"]
     for folder in candidates:
-        if (folder / "data_batch_1.bin").is_file() or (folder / "test_batch.bin").is_file():
+        if (_is(Path.is_file, folder / "data_batch_1.bin")
+                or _is(Path.is_file, folder / "test_batch.bin")):
             return folder, "bin"
-        if (folder / "data_batch_1").is_file() or (folder / "test_batch").is_file():
+        if _is(Path.is_file, folder / "data_batch_1") or _is(Path.is_file, folder / "test_batch"):
             return folder, "py"
     if not root.is_dir():
         raise DataError(f"{root}: {_not_a_folder(root)}, expected CIFAR-10 in it "
@@ -661,7 +680,9 @@ def load_npz(filename):
     uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
     if not filename:
         raise DataError("npz: needs a file name, as in npz:data.npz")
-    path = Path(filename).expanduser()
+    if "\0" in filename:
+        raise DataError(f"npz:{shown(filename)}: a file name cannot hold a NUL character")
+    path = Path(files.user_path(filename))
     arrays = npzfile.read(path, DataError, "an .npz archive with arrays x (N, C, H, W) and "
                           "y (N,) (np.savez)", keys=NPZ_KEYS)
     x, y, x_test, y_test, num_classes = _npz_arrays(arrays, path)
@@ -721,7 +742,9 @@ def load_npz(filename):
 def read_images(filename):
     """Images to predict on, from an .npy file (the array) or an .npz file (its array x):
     (N, C, H, W), float32 or uint8, as npz datasets have them; other arrays are ignored."""
-    path = Path(filename).expanduser()
+    if "\0" in os.fspath(filename):
+        raise DataError(f"{shown(filename)}: a file name cannot hold a NUL character")
+    path = Path(files.user_path(filename))
     loaded = npzfile.read(path, DataError, "an .npy array of images (N, C, H, W) or an .npz "
                           "with one in x", keys=("x",), npy=True)
     if isinstance(loaded, dict):

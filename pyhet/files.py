@@ -18,6 +18,13 @@ def kind(mode: int) -> str:
     return next((words for test, words in KINDS if test(mode)), "not a regular file")
 
 
+def user_path(path) -> str:
+    """A path the user gave, with a leading ``~`` or ``~user`` made the home folder (also after
+    ``--opt=``, where the shell leaves it), and left as it is for a user who does not exist
+    (pathlib's expanduser raises RuntimeError there)."""
+    return os.path.expanduser(os.fspath(path))
+
+
 def open_regular(path, error):
     """`path` opened for reading (binary) if it is a regular file (or a link to one). A FIFO,
     a device or a socket raises `error` ("PATH: not a regular file (a FIFO)") before anything

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import time
@@ -411,6 +412,11 @@ class Net:
                 h = conv.forward(h)
         with t("fc"):
             loss, dh = self.head.train(h, labels)
+        if not math.isfinite(loss):
+            # a run ends at a non-finite loss (pyhet.train): its gradients would turn every
+            # weight to NaN, so the network keeps the weights that gave it (saveable, and
+            # what the error describes)
+            return float(loss)
         with t("conv_backward"):
             for conv in reversed(self.convs):
                 dh = conv.backward(dh)

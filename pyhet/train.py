@@ -131,6 +131,13 @@ def check_file_destination(path, option: str) -> None:
         raise UsageError(f"{option} {path}: names a folder (it ends in {path[-1]}), not a file")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
+        # the nearest part of the path that is there: a file where a folder should be?
+        above = folder
+        while not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if os.path.exists(above) and not os.path.isdir(above):
+            raise UsageError(f"{option} {path}: {above} is {files.kind(os.stat(above).st_mode)}"
+                             f", not a folder")
         raise UsageError(f"{option} {path}: the folder {folder} does not exist")
     problem = files.destination_problem(path)   # write_npz's own refusals, before any work
     if problem is not None:
@@ -713,6 +720,15 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                             f"outputs overflow, training diverged"
                             + ("; the weights were not saved" if cfg.save else "")
                             + "; " + _advice(cfg))
+    if test is None and cfg.save and step > 0:
+        # no test split to tell: the same check on a batch of training images, before --save
+        # writes weights that give NaN on every input
+        n = largest_batch(cfg, ds)
+        probe = evaluate(net, ds.x_train[:n], ds.y_train[:n], n)["loss"]
+        if not math.isfinite(probe):
+            raise TrainingError(f"the loss on the first {n} training images is {probe} after "
+                                f"step {step}: the network's outputs overflow, training "
+                                f"diverged; the weights were not saved; " + _advice(cfg))
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,
@@ -799,7 +815,7 @@ def summary(cfg, ds, net, step_times, parts, losses, busy, train_s, test,
     return {
         "steps": steps,
         "epochs": round(epochs, 4),
-        "batch_size": cfg.batch_size,
+        "batch_size": largest_batch(cfg, ds),   # the whole split where --batch-size is more
         "devices": devices,
         "partition": net.partition(),
         "balance": cfg.balance,

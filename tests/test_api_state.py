@@ -346,3 +346,19 @@ def test_loading_a_file_of_an_earlier_version_asks_for_its_input_shape(tmp_path)
         pyhet.load(tmp_path / "old.npz", devices="numpy")
     assert pyhet.load(tmp_path / "old.npz", devices="numpy", input_shape=(1, 16, 16)).arch == \
         "2C3-P2-3C3-P2"
+
+
+def test_a_non_finite_first_loss_leaves_the_weights_as_they_were(tmp_path):
+    # finite weights whose outputs overflow: the step's NaN gradients were applied before the
+    # loss was checked, so the network lost its weights (and could not be saved)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 1, 8, 8)).astype(np.float32)
+    y = np.arange(16) % 3
+    w = pyhet.Network("4C3-P2-8N", (1, 8, 8), 3, devices="cpu:1").params()
+    w["fc1.weight"] = np.sign(w["fc1.weight"]) * np.float32(3e38)
+    with pyhet.Network("4C3-P2-8N", (1, 8, 8), 3, devices="cpu:1,cpu:1", weights=w) as net:
+        with pytest.raises(TrainingError, match="before this run updated any weight"):
+            net.fit(x, y, steps=2, batch_size=4)
+        after = net.params()
+        assert all(np.array_equal(after[k], w[k]) for k in w)
+        net.save(tmp_path / "w.npz")
