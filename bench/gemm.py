@@ -40,7 +40,9 @@ except ImportError:  # run as a script: python bench/gemm.py
     import _util
 
 from pyhet import _core, ops
+from pyhet.backends.numpy_ref import host_available_memory
 from pyhet.cli import Parser, positive
+from pyhet.errors import shown
 
 DEFAULT_SHAPES = "1024x1024x1024,1500x1600x12500"
 
@@ -51,7 +53,8 @@ def parse_shape(text: str):
     # ASCII digits only: int() would also take 1_0 and other scripts' digits
     match = re.fullmatch(r"([0-9]{1,18})x([0-9]{1,18})x([0-9]{1,18})", dims.lower())
     if match is None:
-        raise argparse.ArgumentTypeError(f"expected a shape like 1024x1024x1024, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a shape like 1024x1024x1024, got "
+                                         f"{shown(text)}")
     m, n, k = (int(v) for v in match.groups())
     trans = trans or "nn"
     if len(trans) != 2 or set(trans) - {"n", "t"}:
@@ -205,6 +208,15 @@ def main(argv=None) -> int:
     if not shapes:
         parser.error(f"argument --shapes: expected at least one shape like 1024x1024x1024, got "
                      f"{args.shapes!r}")
+    available = host_available_memory()
+    for m, n, k, ta, tb in shapes:
+        # A, B, the kernel's C and NumPy's, as float32: refused here rather than allocated
+        # until the machine runs out (a MemoryError said "the network")
+        need = 4 * (m * k + k * n + 2 * m * n)
+        if available is not None and need > available:
+            parser.error(f"argument --shapes: {shape_name(m, n, k, ta, tb)} needs "
+                         f"{need / 2**30:,.1f} GiB for its matrices, but this machine has "
+                         f"{available / 2**30:,.1f} GiB available")
     _util.check_outputs(parser, args)
     runnable = runnable_kernels()
     kernels = args.kernels or runnable

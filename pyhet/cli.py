@@ -83,14 +83,14 @@ def kernel_counts(text: str):
     parts = text.split(",")
     if len(parts) != 2:
         raise argparse.ArgumentTypeError(f"expected two kernel counts as A,B (e.g. 500,1500), "
-                                         f"got {text!r}")
+                                         f"got {shown(text)}")
     try:
         a, b = (_int(v) for v in parts)
     except argparse.ArgumentTypeError as e:      # its message names the count
-        raise argparse.ArgumentTypeError(f"{text!r}: {e} (two kernel counts as A,B, e.g. "
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {e} (two kernel counts as A,B, e.g. "
                                          f"500,1500)") from None
     if a < 1 or b < 1:
-        raise argparse.ArgumentTypeError(f"kernel counts must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"kernel counts must be >= 1, got {shown(text)}")
     return (a, b)
 
 
@@ -113,7 +113,7 @@ def _float(text):
     except ValueError:
         v = math.nan
     if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {shown(text)}")
     return v
 
 
@@ -130,12 +130,12 @@ def ranged(kind, *, above=None, low=None, high=None):
     def parse(text):
         v = parse_kind(text)
         if above is not None and not v > above:
-            raise argparse.ArgumentTypeError(f"expected a value > {above:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a value > {above:g}, got {shown(text)}")
         if low is not None and not v >= low:
-            raise argparse.ArgumentTypeError(f"expected a value >= {low:g}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a value >= {low:g}, got {shown(text)}")
         if high is not None and v > high:
             raise argparse.ArgumentTypeError(f"expected a value of at most {high:g}, got "
-                                             f"{text!r}")
+                                             f"{shown(text)}")
         return v
     return parse
 
@@ -143,21 +143,21 @@ def ranged(kind, *, above=None, low=None, high=None):
 def _non_negative_int(text):
     v = _int(text)
     if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {shown(text)}")
     return v
 
 
 def _non_negative_float(text):
     v = _float(text)
     if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a value >= 0, got {shown(text)}")
     return v
 
 
 def _momentum(text):
     v = _float(text)
     if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a value in [0, 1), got {shown(text)}")
     return v
 
 
@@ -165,7 +165,7 @@ def _timeout(text):
     """Seconds > 0; inf waits for ever."""
     v = float(text) if text.strip().lower() in ("inf", "infinity") else _float(text)
     if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a value > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a value > 0, got {shown(text)}")
     return v
 
 
@@ -468,12 +468,12 @@ def _sweep_counts(text, parser):
         counts = []
     twice = sorted({n for n in counts if counts.count(n) > 1})
     if twice:   # one row of the table each
-        parser.error(f"--sweep {text!r}: {', '.join(map(str, twice))} given twice")
+        parser.error(f"--sweep {shown(text)}: {', '.join(map(str, twice))} given twice")
     if not counts or any(n < 1 for n in counts):
-        parser.error(f"--sweep {text!r}: expected devices=N,N,... with counts >= 1, such as "
+        parser.error(f"--sweep {shown(text)}: expected devices=N,N,... with counts >= 1, such as "
                      f"devices=1,2,4,8")
     if max(counts) > MAX_PLAN_DEVICES:
-        parser.error(f"--sweep {text!r}: at most {MAX_PLAN_DEVICES:,} devices, got "
+        parser.error(f"--sweep {shown(text)}: at most {MAX_PLAN_DEVICES:,} devices, got "
                      f"{max(counts):,}")
     return counts
 
@@ -486,7 +486,7 @@ def _plan_options(option, text, parse, parser):
     except UsageError as e:
         message = str(e)
         if not message.startswith(option):
-            message = f"{option} {text!r}: {message}"
+            message = f"{option} {shown(text)}: {message}"
         parser.error(message)
 
 
@@ -514,7 +514,7 @@ def cmd_plan(args, parser) -> int:
                      "like=DEVICE): there is none")
     counts = _sweep_counts(args.sweep, parser) if args.sweep is not None else None
     if counts is not None and sum(counts) * len(links) > MAX_SWEEP_DEVICES:
-        parser.error(f"--sweep {args.sweep!r}: at most {MAX_SWEEP_DEVICES:,} devices planned "
+        parser.error(f"--sweep {shown(args.sweep)}: at most {MAX_SWEEP_DEVICES:,} devices planned "
                      f"in all (the counts' sum times the links), got "
                      f"{sum(counts) * len(links):,}")
     # the described devices' names against the calibrated ones (d0, d1, ... from the SPEC

@@ -162,7 +162,16 @@ class Device:
 
     def submit(self, what: str, fn, *args, tag: str | None = None) -> Future:
         """Run fn(*args) on this device's worker; errors come back naming the device."""
-        return self._pool.submit(self._run, what, tag, fn, *args)
+        try:
+            return self._pool.submit(self._run, what, tag, fn, *args)
+        except RuntimeError as e:
+            if "thread" not in str(e) or "start" not in str(e):
+                raise           # (a pool shut down: the caller's mistake, said as it is)
+            # its worker starts with its first work: the machine's (or ulimit's) threads or
+            # memory for their stacks ran out
+            raise DeviceError(f"device {self.name} ({self.spec}): its worker thread cannot be "
+                              f"started ({e}): fewer devices, or a higher limit on threads "
+                              f"and memory (ulimit -u, -v), are needed") from None
 
     def call(self, what: str, fn, *args, tag: str | None = None):
         return self.submit(what, fn, *args, tag=tag).result()

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from .calibrate import Calibration
-from .errors import DeviceError, UsageError
+from .errors import DeviceError, UsageError, shown
 from .geometry import NetGeometry
 from .links import Link, link_cost, link_phase_cost
 from .partition import balanced_phases, phases_time
@@ -47,11 +47,16 @@ _SECONDS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 def _quantity(text: str, units: dict, what: str, example: str) -> float:
     m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
     if not m or m[3] not in units:
-        raise UsageError(f"{what} {text!r}: expected a number and a unit such as {example}")
+        raise UsageError(f"{what} {shown(text)}: expected a number and a unit such as {example}")
     value = float(f"{m[1]}e{m[2] or 0}") * units[m[3]]
     if not math.isfinite(value):
-        raise UsageError(f"{what} {text!r}: expected a finite number")
+        raise UsageError(f"{what} {shown(text)}: expected a finite number")
     return value
+
+
+def _cut(text: str) -> str:
+    """A value as given, cut short past 60 characters (shown's form then)."""
+    return text if len(text) <= 60 else shown(text)
 
 
 def _plain(text: str, what: str, whole: bool = False) -> float:
@@ -60,13 +65,13 @@ def _plain(text: str, what: str, whole: bool = False) -> float:
     m = re.fullmatch(r"\+?([0-9]{1,18})" if whole else r"\+?" + _NUMBER,
                      text.strip().lower())
     if not m:
-        raise UsageError(f"{what}={text}: expected " + ("a whole number such as 4" if whole
+        raise UsageError(f"{what}={_cut(text)}: expected " + ("a whole number such as 4" if whole
                                                          else "a number such as 2.5 or 1e3"))
     if whole:
         return int(m[1])
     value = float(f"{m[1]}e{m[2] or 0}")
     if not math.isfinite(value):
-        raise UsageError(f"{what}={text}: expected a finite number")
+        raise UsageError(f"{what}={_cut(text)}: expected a finite number")
     return value
 
 
@@ -83,9 +88,9 @@ def parse_bandwidth(text: str) -> float:
     units = {**{k: v / 8 for k, v in _BITS.items()}, **_BYTES}
     v = _quantity(text, units, "bandwidth", "10gbit or 1.2GB")
     if v <= 0:
-        raise UsageError(f"bandwidth {text!r}: must be > 0")
+        raise UsageError(f"bandwidth {shown(text)}: must be > 0")
     if not BANDWIDTH_RANGE[0] <= v <= BANDWIDTH_RANGE[1]:
-        raise UsageError(f"bandwidth {text!r}: expected 1bit to 1000TB (a second)")
+        raise UsageError(f"bandwidth {shown(text)}: expected 1bit to 1000TB (a second)")
     return v
 
 
@@ -93,7 +98,7 @@ def parse_latency(text: str, what: str = "latency") -> float:
     """'50us', '1ms', '0.002' (seconds) -> s (0 to MAX_SECONDS)."""
     v = _quantity(text, _SECONDS, what, "50us, 1ms or 0.002")
     if not 0 <= v <= MAX_SECONDS:
-        raise UsageError(f"{what} {text!r}: expected 0 to {MAX_SECONDS:g} s")
+        raise UsageError(f"{what} {shown(text)}: expected 0 to {MAX_SECONDS:g} s")
     return v
 
 
@@ -101,7 +106,7 @@ def parse_memory(text: str) -> float:
     """'80G' (binary: K, M, G, T = 2**10 ...), '512M' -> bytes (> 0)."""
     v = _quantity(text, _MEMORY, "memory", "80G or 512M")
     if v <= 0:
-        raise UsageError(f"memory {text!r}: must be > 0")
+        raise UsageError(f"memory {shown(text)}: must be > 0")
     return v
 
 
@@ -178,7 +183,7 @@ def parse_describe(text: str) -> list[Described]:
             continue
         name, colon, body = entry.partition(":")
         name = name.strip()
-        where = f"--describe {entry!r}"
+        where = f"--describe {shown(entry)}"
         if not colon or not re.fullmatch(r"[A-Za-z][\w.-]*", name):
             raise UsageError(f"{where}: expected NAME:key=value,... with a NAME such as gpu-a")
         fields = {}
@@ -186,10 +191,10 @@ def parse_describe(text: str) -> list[Described]:
             key, eq, value = item.partition("=")
             key = key.strip().lower()
             if not eq or key not in DESCRIBE_KEYS:
-                raise UsageError(f"{where}: unknown field {item!r}; expected key=value with key "
-                                 f"one of {', '.join(DESCRIBE_KEYS)}")
+                raise UsageError(f"{where}: unknown field {shown(item)}; expected key=value with "
+                                 f"key one of {', '.join(DESCRIBE_KEYS)}")
             if key in fields:
-                raise UsageError(f"{where}: {key!r} is given twice")
+                raise UsageError(f"{where}: {shown(key)} is given twice")
             fields[key] = value.strip()
         try:
             d = Described(
@@ -226,7 +231,7 @@ def parse_describe(text: str) -> list[Described]:
             raise UsageError(f"{where}: count must be >= 1, got {d.count}")
         out.append(d)
     if not out:
-        raise UsageError(f"--describe {text!r}: no device described")
+        raise UsageError(f"--describe {shown(text)}: no device described")
     return out
 
 
@@ -246,7 +251,7 @@ def check_distinct(names) -> None:
     """UsageError where two devices share a name: a plan's table and JSON name each once."""
     twice = [n for n, c in Counter(names).items() if c > 1]
     if twice:
-        raise UsageError(f"--describe: two devices named {twice[0]!r} (the devices: "
+        raise UsageError(f"--describe: two devices named {shown(twice[0])} (the devices: "
                          f"{', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); give "
                          f"each its own NAME")
 

@@ -45,6 +45,12 @@ _WHOLE = re.compile(r"[0-9]+", re.ASCII)
 _NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.", re.ASCII)
 
 
+# The most devices one SPEC names (each runs a thread): more cores than any machine here has;
+# 20,001 of them ran for minutes before a step, and a thousand under a memory limit ran out
+# of threads
+MAX_DEVICES = 1024
+
+
 def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
     """Parse a device SPEC into a list of DeviceSpec; ``auto`` expands to every GPU plus one
     cpu device with the remaining cores. gpu_count: a function giving the number of GPUs
@@ -52,23 +58,27 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
     if not isinstance(spec, str) or not spec.strip():
         raise DeviceSpecError("empty device SPEC: expected e.g. 'cpu:1,cpu:1', 'numpy', "
                               "'gpu:0' or 'auto'")
+    entries = spec.split(",")
+    if len(entries) > MAX_DEVICES:
+        raise DeviceSpecError(f"device SPEC of {len(entries):,} entries: at most {MAX_DEVICES} "
+                              f"devices (one worker thread each) are run")
     out: list[DeviceSpec] = []
-    for raw in spec.split(","):
+    for raw in entries:
         entry = raw.strip()
         m = _ENTRY.match(entry)
         if not m:
-            raise DeviceSpecError(f"device SPEC entry {entry!r} is not of the form "
+            raise DeviceSpecError(f"device SPEC entry {shown(entry)} is not of the form "
                                   f"[RANK/]KIND[:ARG][@SPEED], e.g. 'cpu:2' or '1/gpu:0@0.5'")
         kind, arg, speed_s, rank_s = m["kind"], m["arg"], m["speed"], m["rank"]
         if kind not in KINDS:
-            raise DeviceSpecError(f"unknown device kind {kind!r} in {entry!r}: expected one "
-                                  f"of {', '.join(KINDS)}")
+            raise DeviceSpecError(f"unknown device kind {shown(kind)} in {shown(entry)}: "
+                                  f"expected one of {', '.join(KINDS)}")
         speed = 1.0
         if speed_s is not None:
             speed = float(speed_s) if _NUMBER.fullmatch(speed_s) else float("nan")
             if not MIN_SPEED <= speed <= 1:
-                raise DeviceSpecError(f"speed in {entry!r} must be a number with {MIN_SPEED:g} "
-                                      f"<= S <= 1, got {speed_s!r}")
+                raise DeviceSpecError(f"speed in {shown(entry)} must be a number with "
+                                      f"{MIN_SPEED:g} <= S <= 1, got {shown(speed_s)}")
         for what, digits in (("rank", rank_s), ("argument", arg)):
             # int() of 4,300 digits and more is a ValueError; no rank or count is that long
             if digits is not None and len(digits) > 18:
@@ -78,16 +88,16 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
         n = None
         if arg is not None:
             if kind in ("numpy", "auto"):
-                raise DeviceSpecError(f"{kind!r} takes no argument, got {entry!r}")
+                raise DeviceSpecError(f"{kind!r} takes no argument, got {shown(entry)}")
             if not _WHOLE.fullmatch(arg):
-                raise DeviceSpecError(f"{entry!r}: the argument of {kind!r} must be a whole "
+                raise DeviceSpecError(f"{shown(entry)}: the argument of {kind!r} must be a whole "
                                       f"number in ASCII digits (threads for cpu, device number "
-                                      f"for gpu), got {arg!r}")
+                                      f"for gpu), got {shown(arg)}")
             n = int(arg)
             if kind == "cpu" and n < 1:
-                raise DeviceSpecError(f"{entry!r}: a cpu device needs at least 1 thread")
+                raise DeviceSpecError(f"{shown(entry)}: a cpu device needs at least 1 thread")
             if kind == "cpu" and n > ops.MAX_THREADS:
-                raise DeviceSpecError(f"{entry!r}: a cpu device takes at most "
+                raise DeviceSpecError(f"{shown(entry)}: a cpu device takes at most "
                                       f"{ops.MAX_THREADS} threads, got {n}")
         if kind == "auto":
             out.extend(replace(d, speed=speed, rank=rank) for d in _auto(gpu_count))
@@ -103,7 +113,7 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
                 where = "" if rank is None and other is None else \
                     f" on rank {rank if rank is not None else other}"
                 raise DeviceSpecError(f"gpu:{index}{where} is named more than once in "
-                                      f"{spec!r}: a GPU can be one device only")
+                                      f"{shown(spec)}: a GPU can be one device only")
     return out
 
 

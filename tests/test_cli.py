@@ -686,3 +686,43 @@ def test_bench_help_lists_the_benchmarks(cli):
     assert res.out.startswith("usage: pyhet bench") and all(b in res.out for b in BENCHMARKS)
     res = cli("bench", "pair", "--help")
     assert res.code == 0 and res.out.startswith("usage: pyhet bench pair"), res.err
+
+
+# ================================================================ paths, the summary's batch
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(cli, tmp_path, monkeypatch):
+    # the shell expands ~ only as a word's start: --checkpoint-dir=~/ck made a folder named ~
+    data = tmp_path / "d.npz"
+    make_npz_dataset(data, n=16)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    res = cli(*train_argv(data, "--steps", "2", "--checkpoint-dir=~/ck", "--save=~/w.npz"))
+    assert res.code == 0, res.err
+    assert (home / "w.npz").is_file() and (home / "ck").is_dir()
+    assert not (tmp_path / "~").exists()
+    res = cli("predict", "--weights=~/w.npz", f"--input={data}", "--output=~/p.npz",
+              "--devices", "cpu:1")
+    assert res.code == 0 and (home / "p.npz").is_file(), res.err
+
+
+def test_the_summary_gives_the_batch_trained(cli, tmp_path):
+    # a --batch-size above the split's size trains batches of the whole split
+    data = tmp_path / "d.npz"
+    make_npz_dataset(data, n=16)
+    argv = train_argv(data, "--steps", "2", "--json")
+    argv[argv.index("--batch-size") + 1] = "100000"
+    res = cli(*argv)
+    assert res.code == 0, res.err
+    assert json.loads(res.out.splitlines()[-1])["batch_size"] == 16
+
+
+def test_save_without_a_test_split_checks_the_outputs_overflow(cli, tmp_path):
+    # finite weights whose outputs overflow on every input were saved with exit status 0
+    data = tmp_path / "d.npz"
+    make_npz_dataset(data, n=16)
+    res = cli(*train_argv(data, "--steps", "1", "--lr", "1e37", "--save", tmp_path / "w.npz"))
+    assert res.code == 1, res.err
+    assert "the loss on the first 8 training images is nan" in res.err
+    assert "the weights were not saved" in res.err and not (tmp_path / "w.npz").exists()

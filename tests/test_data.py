@@ -272,6 +272,28 @@ def test_idx_file_that_is_a_folder(tmp_path):
 def test_data_dir_must_be_a_path():
     with pytest.raises(DataError, match="data_dir must be a folder's path .* got 3"):
         load_dataset("mnist", data_dir=3)
+    # an empty one read the default folder; NUL and bytes were bare ValueError, TypeError
+    for bad in ("", "a\0b", b"data", Path("a\0b")):
+        with pytest.raises(DataError, match="data_dir must be a folder's path"):
+            load_dataset("mnist", data_dir=bad)
+    with pytest.raises(DataError, match="cannot hold a NUL"):
+        load_dataset("npz:a\0b.npz")
+
+
+def test_load_dataset_checks_its_seed():
+    from pyhet.errors import UsageError
+    for bad in (-1, 1.5, "1", None, True):
+        with pytest.raises(UsageError, match=f"seed must be a whole number >= 0, got {bad!r}"):
+            load_dataset("synthetic", seed=bad)
+    assert load_dataset("synthetic", seed=np.int64(3)).x_train.shape[0] > 0
+
+
+def test_a_folder_name_too_long_or_of_no_user_is_the_folders_error():
+    for name in ("mnist", "cifar10"):
+        with pytest.raises(DataError, match="cannot be read .*too long"):
+            load_dataset(name, data_dir="d" * 300)
+        with pytest.raises(DataError, match="~no-such-user-0/x: no such folder"):
+            load_dataset(name, data_dir="~no-such-user-0/x")
 
 
 @pytest.mark.parametrize("damage", list(GZ_DAMAGE))

@@ -686,3 +686,19 @@ def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):
         assert in_step.contention[layer] == [1.0, 1.0]
         assert waiting.contention[layer] == pytest.approx([1.2, 1.2])
         assert waiting.speeds[layer] == pytest.approx([s / 1.2 for s in in_step.speeds[layer]])
+
+
+def test_a_worker_thread_that_cannot_start_is_a_device_error(monkeypatch):
+    # (a thousand devices under a memory limit: RuntimeError "can't start new thread")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyhet.devices import make_devices
+    from pyhet.errors import DeviceError
+    from pyhet.specs import parse_devices
+
+    def no_thread(self, *args, **kwargs):
+        raise RuntimeError("can't start new thread")
+    devices = make_devices(parse_devices("cpu:1"))
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", no_thread)
+    with pytest.raises(DeviceError, match=r"d0 \(cpu:1\): its worker thread cannot be started"):
+        devices[0].call("a test", lambda: None)

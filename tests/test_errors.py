@@ -48,6 +48,7 @@ def files(tmp_path_factory):
         num_classes=np.int64(10**12))
     f["TEXT"] = d / "text.npz"
     f["TEXT"].write_text("these are not arrays\n")
+    f["UNDER_A_FILE"] = f["TEXT"] / "w.npz"
     f["EMPTY"] = d / "empty.npz"
     f["EMPTY"].write_bytes(b"")
     f["TRUNCATED"] = d / "truncated.npz"
@@ -216,6 +217,24 @@ BAD = [
     (["bench", "bandwidth", "--rates", "foo"], 2, ["pyhet bench bandwidth", "rate"]),
     (["bench", "ranks", "--quotas", "2"], 2, ["pyhet bench ranks", "--quotas"]),
     (["bench", "ranks", "--kernels", "a"], 2, ["pyhet bench ranks", "kernel counts"]),
+    # --- paths: empty, ~ of no user, too long a name, a file where a folder should be
+    (TRAIN + ["--init="], 2, ["--init ''", "give a file name"]),
+    (["train", "--dataset", "mnist", "--data-dir=", "--steps", "1"], 2,
+     ["--data-dir ''", "give a folder"]),
+    (["train", "--dataset", "mnist", "--data-dir", "~no-such-user-0/x", "--steps", "1"], 1,
+     ["~no-such-user-0/x", "no such folder"]),
+    (["train", "--dataset", "mnist", "--data-dir", "d" * 300, "--steps", "1"], 1,
+     ["cannot be read", "too long"]),
+    (["train", "--dataset", "npz:~no-such-user-0/d.npz", "--steps", "1"], 1, ["no such file"]),
+    (TRAIN + ["--save", "UNDER_A_FILE"], 2, ["--save", "is a regular file, not a folder"]),
+    # --- values too many or too long to quote whole
+    (TRAIN + ["--devices", ",".join(["cpu:1"] * 1025)], 2, ["1,025 entries", "at most 1024"]),
+    (TRAIN + ["--devices", "x" * 100_000], 2, ["--devices", "(100000 chars)"]),
+    (TRAIN + ["--devices", "cpu:1@" + "9" * 100_000], 2, ["speed", "(100000 chars)"]),
+    (["plan", "--describe", "g:gflops=" + "1" * 10_000], 2, ["gflops=", "(10000 chars)"]),
+    (["plan", "--describe", "g:gflops=1", "--link", "x" * 10_000], 2, ["--link", "chars)"]),
+    (["bench", "gemm", "--shapes", "1000000x1000000x1000000"], 2,
+     ["pyhet bench gemm", "--shapes", "GiB", "available"]),
     # --- no command, an unknown one
     ([], 2, ["COMMAND", "required"]),
     (["frob"], 2, ["invalid choice", "frob"]),
@@ -245,6 +264,7 @@ def test_a_bad_command_line_is_one_line_with_its_status(cli, files, argv, code, 
     assert ": error: " in lines[0], lines[0]
     for w in words:
         assert w.lower() in lines[0].lower(), (w, lines[0])
+    assert len(lines[0]) < 1000, lines[0][:300]    # a value is quoted short
 
 
 # ================================================================ stdout that cannot be written
