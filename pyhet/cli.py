@@ -51,8 +51,9 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         args, extras = self.parse_known_args(args, namespace)
         if extras:   # said by the command they were given to, not by pyhet
+            extra = " ".join(extras)
             getattr(args, "command_parser", self).error(
-                f"unrecognized arguments: {shown(' '.join(extras), 200)}")
+                f"unrecognized arguments: {extra if len(extra) <= 200 else shown(extra, 200)}")
         return args
 
     def parse_known_args(self, args=None, namespace=None):
