@@ -34,7 +34,8 @@ from . import evaluation
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
-from .errors import DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError
+from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
+                     shown)
 from .geometry import NetGeometry
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, read_weight_file, save_weights)
@@ -251,7 +252,12 @@ class Network:
         every step with {"step", "steps", "epoch", "loss", "step_time_s", "images"};
         progress=True also draws a bar on stderr. Momentum carries over to the next fit()
         while the devices run. Returns the summary that ``pyhet train --json`` prints (test
-        accuracy from x_test and y_test, or the dataset's test split).
+        accuracy from x_test and y_test, or the dataset's test split). Trained on a named
+        dataset, the network prepares raw uint8 pixels (x_test's, and predict()'s, evaluate()'s
+        and its weight file's from then on) as the dataset prepared its images: with its
+        normalisation, or / 255 where it has none (an npz file of uint8 pixels), as ``pyhet
+        train`` records it. A call that is refused before it changes a weight leaves the
+        network as it was.
 
         checkpoint_dir, resume, overwrite, checkpoint_every, keep: checkpoints as ``pyhet
         train`` writes them (the folder is locked while fit() runs and belongs to one fit();
@@ -265,15 +271,22 @@ class Network:
         if callback is not None and not callable(callback):
             raise UsageError(f"callback must be a function of one argument (the step's info), "
                              f"got {callback!r}")
-        if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
-            raise UsageError(f"checkpoint_dir must be a folder's path, got {checkpoint_dir!r}")
+        if checkpoint_dir is not None:     # checked here, before any folder is made
+            checkpoint_dir = _path(checkpoint_dir, "checkpoint_dir", "a folder's path")
+        rules = {"lr": "a finite number > 0", "momentum": "a number in [0, 1)",
+                 "weight_decay": "a finite number >= 0"}
+        numbers = {}
         for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                                  np.floating)):
                 raise UsageError(f"{name} must be a number, got {value!r}")
-        # as Python floats: a NumPy scalar (np.float64 from np.logspace) would make float64 of
-        # the float32 weights it multiplies, and cannot be written to a checkpoint's JSON
-        lr, momentum, weight_decay = float(lr), float(momentum), float(weight_decay)
+            # as Python floats: a NumPy scalar (np.float64 from np.logspace) would make float64
+            # of the float32 weights it multiplies, and cannot be written to a checkpoint's JSON
+            try:
+                numbers[name] = float(value)
+            except OverflowError:          # an int past float's range (2**1024)
+                raise UsageError(f"{name} must be {rules[name]}, got {shown(value)}") from None
+        lr, momentum, weight_decay = numbers["lr"], numbers["momentum"], numbers["weight_decay"]
         shuffle, progress, resume, overwrite = (
             _flag(v, name) for name, v in (("shuffle", shuffle), ("progress", progress),
                                            ("resume", resume), ("overwrite", overwrite)))
@@ -282,14 +295,21 @@ class Network:
                           balance=self.balance, batch_size=batch_size, epochs=epochs,
                           steps=steps, lr=lr, momentum=momentum, weight_decay=weight_decay,
                           seed=self.seed, shuffle=shuffle, progress=progress,
-                          checkpoint_dir=None if checkpoint_dir is None else os.fspath(
-                              checkpoint_dir), resume=resume, overwrite=overwrite,
+                          checkpoint_dir=checkpoint_dir, resume=resume, overwrite=overwrite,
                           checkpoint_every=checkpoint_every, keep=keep, python=True)
         try:
             cfg.check()
         except ValueError as e:      # lr, momentum or weight_decay out of range
             raise UsageError(str(e)) from None
-        if ds.normalization is not None:
+        # what training on ds makes of the network, set now (the callback's predict() and the
+        # checkpoints need it) and taken back below if the call is refused before it changes
+        # a weight: a refused call leaves the network as it was
+        before = (self.normalization, self._records_normalization, self.classes,
+                  self._planned_for)
+        if dataset is not None:
+            # raw pixels are prepared as the dataset prepared its training images: its
+            # normalisation, or / 255 where it has none (an npz file's uint8 pixels), which is
+            # what `pyhet train` records of such a run; not a normalisation the network had
             self.normalization = ds.normalization
         # trained here, the network's preparation of raw pixels is known (what it records, or
         # / 255), even when it came from a file of an earlier version
@@ -297,20 +317,31 @@ class Network:
         if ds.classes and not self.classes:
             self.classes = list(ds.classes)
         log = sys.stderr if progress else io.StringIO()
-        if cfg.checkpoint_dir is None:
-            return self._fit(cfg, ds, log, None, callback)
-        with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
-                           resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.keep,
-                           log=sys.stderr, python=True) as folder:
-            return self._fit(cfg, ds, log, folder, callback)
+        changed = {"weights": False}     # set by _fit once a step or a checkpoint changed them
+        try:
+            if cfg.checkpoint_dir is None:
+                return self._fit(cfg, ds, log, None, callback, changed)
+            with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
+                               resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.keep,
+                               log=sys.stderr, python=True) as folder:
+                return self._fit(cfg, ds, log, folder, callback, changed)
+        except BaseException:
+            if not changed["weights"]:
+                self.normalization, self._records_normalization, self.classes = before[:3]
+                if self._planned_for is not None:   # not trained, as far as the plan goes
+                    self._planned_for = (self._planned_for[0],
+                                         before[3] is not None and before[3][1])
+            raise
 
-    def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback) -> dict:
+    def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback, changed) -> dict:
+        # changed["weights"]: set to True once the weights are no longer the network's own
         start = {"step": 0, "epoch": self._epochs, "batch": 0}
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
         if found:      # the checkpoint's weights and momentum, on freshly planned devices
             path, params, moms, meta = found
             self._close()
             self._params = params
+            changed["weights"] = True
             start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
             print(f"resuming from {path} (step {start['step']})", file=log)
         net = self._start(largest_batch(cfg, ds), log if cfg.progress else None,
@@ -319,6 +350,19 @@ class Network:
             net.set_momentum(moms)
         balance = (DynamicBalance(net, self._calibration)
                    if self.balance == "dynamic" and self._calibration else None)
+        if balance is not None:
+            # devices that failed in an earlier fit() (Failover told only that fit's balancer)
+            # get no kernels: a new balancer starts from the calibration, which counts them
+            for conv in net.convs:
+                if conv.dead:
+                    balance.balancers[conv.name].leave_out(sorted(conv.dead))
+        made = getattr(net, "steps_made", 0)
+        quiet = dict(over="ignore", invalid="ignore", divide="ignore")
+        caller = np.geterr()
+
+        def step_callback(info):      # the caller's code runs under the caller's settings
+            with np.errstate(**caller):
+                callback(info)
 
         def save(position):
             return folder.save(net, position, plan_record(net, self._calibration, balance,
@@ -327,9 +371,17 @@ class Network:
 
         at = dict(start)       # where the next step starts, after each step
         try:
-            result = run_steps(cfg, ds, net, start, log, balance, callback,
-                               save_checkpoint=save if folder is not None else None, at=at)
+            # NumPy's warnings of overflow and NaN off, as on the devices' workers
+            # (pyhet.devices): the master's part of a step (the fc layers, the loss, their
+            # update) runs NumPy code on this thread, and a run that diverges is stopped by the
+            # checks of the loss and the weights, which say what happened in one line
+            with np.errstate(**quiet):
+                result = run_steps(cfg, ds, net, start, log, balance,
+                                   step_callback if callback is not None else None,
+                                   save_checkpoint=save if folder is not None else None, at=at)
         finally:
+            if getattr(net, "steps_made", 0) > made:
+                changed["weights"] = True
             # the epochs begun, also when training stopped early (Ctrl-C, a callback's error):
             # the next fit() goes on with the next epoch's order
             self._epochs = at["epoch"] + (1 if at["batch"] else 0)
@@ -345,8 +397,10 @@ class Network:
                                 f"{'x'.join(map(str, ds.input_shape))} images, but the network "
                                 f"takes {'x'.join(map(str, self.input_shape))} images and has "
                                 f"{self.num_classes} classes")
-            if x_test is not None:
-                ds.x_test, ds.y_test = self._xy(x_test, y_test, "x_test", "y_test")
+            if x_test is not None or y_test is not None:   # one without the other: refused
+                # raw pixels as the dataset's own, which the network will take them as
+                ds.x_test, ds.y_test = self._xy(x_test, y_test, "x_test", "y_test",
+                                                ds.normalization)
             return ds
         if x is None or y is None:
             raise UsageError("fit: needs images x and labels y, or dataset=")
@@ -357,10 +411,12 @@ class Network:
         return Dataset("arrays", xs, ys, xt, yt, self.num_classes, self.classes, "arrays",
                        self.normalization)
 
-    def _xy(self, x, y, xname, yname):
+    def _xy(self, x, y, xname, yname, normalization=False):
+        # normalization: how uint8 x becomes the input (False: the network's own)
         if x is None or y is None:
             raise UsageError(f"{xname} and {yname} go together: give both or neither")
-        xs = self._images(x, xname)
+        xs = (self._images(x, xname) if normalization is False
+              else prepare_images(x, self.input_shape, normalization, xname))
         return xs, prepare_labels(y, len(xs), self.num_classes, yname)
 
     def _images(self, x, what="x"):
@@ -429,12 +485,12 @@ class Network:
     def save(self, path: "str | os.PathLike") -> None:
         """Write the weights (float32, PyTorch's names and layout) and the network's
         description to an .npz; pyhet.load() needs nothing else."""
-        _check_path(path, "save")
+        path = _path(path, "save")
         check_file_destination(path, "save")     # a folder, a missing one: before writing
         params = self.params()
         bad = [k for k, v in params.items() if not np.isfinite(v).all()]
         if bad:      # a fit() that diverged: a file that load() would refuse
-            raise TrainingError(f"save {os.fspath(path)}: {', '.join(bad)} hold NaN or infinite "
+            raise TrainingError(f"save {path}: {', '.join(bad)} hold NaN or infinite "
                                 f"values (training diverged): nothing written")
         save_weights(path, params, self.geometry, self.classes, self.normalization)
 
@@ -443,18 +499,19 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
          input_shape: Optional[Sequence[int]] = None) -> Network:
     """The Network saved in a weight file. input_shape (C, H, W) is needed only for files of
     earlier versions, which do not record it."""
-    _check_path(path, "load")
+    path = _path(path, "load")
     input_shape = None if input_shape is None else _input_shape(input_shape)
     read = read_weight_file(path)
     geometry, meta = network_of_file(path, input_shape, read)
     if meta is not None and input_shape is not None and input_shape != geometry.input_shape:
         raise UsageError(f"load: input_shape {input_shape} was given, but weight file "
-                         f"{os.fspath(path)} records {geometry.input_shape}; leave it out (only "
+                         f"{path} records {geometry.input_shape}; leave it out (only "
                          f"files of earlier versions need it)")
     params = load_weights(path, geometry, read)
     meta = meta or {}
     normalization = _checked_normalization(meta.get("normalization"), geometry.input_shape[0],
-                                           WeightsError, f"weight file {os.fspath(path)}: its")
+                                           WeightsError,
+                                           f"weight file {path}: its normalization")
     net = Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
                   balance=balance, classes=meta.get("classes"), normalization=normalization,
                   weights=params)
@@ -471,24 +528,57 @@ def _input_shape(input_shape) -> tuple:
     return tuple(int(v) for v in input_shape)
 
 
-def _check_path(path, what: str) -> None:
-    """A file's path for save() or load(): a non-empty str or os.PathLike."""
+def _path(path, what: str, kind: str = "a file's path") -> str:
+    """The str of a path argument (save's and load's path, checkpoint_dir): a non-empty str, or
+    an os.PathLike that gives one, without NUL (which no file name can hold: open() would raise
+    a bare ValueError); else UsageError, before anything is read or made. `what`: the argument
+    as messages name it; `kind`: what it should be."""
     if not isinstance(path, (str, os.PathLike)):
-        raise UsageError(f"{what}: expected a file's path (str or os.PathLike), got {path!r}")
-    if not os.fspath(path):
-        raise UsageError(f"{what}: an empty path; give a file name")
+        raise UsageError(f"{what}: expected {kind} (str or os.PathLike), got {shown(path)}")
+    accepted = f"{kind} (str, or os.PathLike whose __fspath__ gives a str)"
+    try:
+        text = os.fspath(path)
+    except TypeError as e:     # its __fspath__ gives neither str nor bytes
+        raise UsageError(f"{what}: expected {accepted}, got {shown(path)} ({e})") from None
+    if not isinstance(text, str):   # bytes, refused as a bytes path is
+        raise UsageError(f"{what}: expected {accepted}, got {shown(path)}, whose __fspath__ "
+                         f"gives {shown(text)}")
+    if not text:
+        raise UsageError(f"{what}: an empty path; expected {kind}")
+    if "\0" in text:
+        raise UsageError(f"{what}: expected {kind} without NUL characters (no file name can "
+                         f"hold one), got {shown(text)}")
+    return text
 
 
 def _checked_normalization(norm, channels: int, error, what: str):
-    """None, or a Normalization with one scale and one shift per channel of the images."""
+    """None, or a Normalization with one scale and one shift per channel of the images, each a
+    finite number and each scale > 0: what a weight file may record (Normalization.from_dict's
+    rules), so that save() never writes a file that load() refuses, and raw pixels never
+    become NaN inputs or a bare NumPy error in predict() or fit()."""
     if norm is None:
         return None
     if not isinstance(norm, Normalization):
         raise error(f"{what} must be a pyhet.images.Normalization or None, got {norm!r}")
-    if len(norm.scale) != channels or len(norm.shift) != channels:
-        raise error(f"{what} normalization has {len(norm.scale)} scales and {len(norm.shift)} "
-                    f"shifts, but the images have {channels} channel"
+    values = {}
+    for k in ("scale", "shift"):
+        v = getattr(norm, k)
+        if (not isinstance(v, (tuple, list, np.ndarray))
+                or isinstance(v, np.ndarray) and v.ndim != 1):
+            raise error(f"{what}'s {k} must be a tuple of numbers, one per channel, got "
+                        f"{shown(v)}")
+        # NumPy's numbers as Python's, which the file's rules take
+        values[k] = [float(x) if isinstance(x, np.floating) else
+                     int(x) if isinstance(x, np.integer) else x for x in v]
+    if len(values["scale"]) != channels or len(values["shift"]) != channels:
+        raise error(f"{what} has {len(values['scale'])} scales and "
+                    f"{len(values['shift'])} shifts, but the images have {channels} channel"
                     f"{'s' if channels != 1 else ''}: one of each per channel")
+    try:
+        with np.errstate(over="ignore"):   # past float32's range (1e39): refused as not finite
+            Normalization.from_dict(values)
+    except ValueError as e:
+        raise error(f"{what}: {e}") from None
     return norm
 
 

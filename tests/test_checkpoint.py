@@ -349,7 +349,7 @@ def test_waking_a_device_cuts_its_emulated_idling_short():
     ("save in a missing folder", ["--save", "does not exist"]),
     ("save is a folder", ["--save", "a folder, not a file"]),
     ("save is empty", ["--save ''"]),
-    ("save under a file", ["--save", "does not exist"]),
+    ("save under a file", ["--save", "is a regular file, not a folder"]),
     ("checkpoint dir is a file", ["--checkpoint-dir", "a file, not a folder"]),
     ("checkpoint dir under a file", ["--checkpoint-dir", "cannot be made", "is a file"]),
     ("checkpoint dir is empty", ["--checkpoint-dir ''"]),

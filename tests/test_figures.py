@@ -127,7 +127,7 @@ def test_a_batch_size_beyond_the_data_sizes_memory_for_the_data(cli, npz_dataset
                           "--batch-size", str(10 ** 9)))
     assert res.code == 0, res.err
     s = json.loads(res.out.strip().splitlines()[-1])
-    assert s["batch_size"] == 10 ** 9 and s["steps"] == 2 and s["epochs"] == 2
+    assert s["batch_size"] == 16 and s["steps"] == 2 and s["epochs"] == 2   # the batch trained
     assert s["images_per_s"] <= 16 / s["step_time_s"]["min"] * (1 + 1e-9)
     assert s["test_accuracy"] is not None
 

@@ -12,6 +12,8 @@ Letters: N images, C input channels, (H, W) input plane, K kernels (output chann
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..geometry import conv_out_size as out_size
@@ -262,9 +264,23 @@ def conv_block_backward(dout, saved, col, w, need_dcol: bool = True):
 # The backend object: what a device of kind `numpy` computes with.
 
 
+def _quiet(method):
+    """The method with NumPy's warnings of overflow and NaN off. A device's worker thread has
+    them off already (pyhet.devices), but as the master's backend (`--devices numpy`: the fc
+    layers, the loss and their update) this runs on the calling thread, whose settings are the
+    caller's (they are per thread): a run that diverges is stopped by the checks of the loss and
+    the weights, which say what happened in one line."""
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return method(*args, **kwargs)
+    return run
+
+
 class NumpyBackend:
     """The reference backend as a device kind: host arrays, plain NumPy. Conv methods take the
-    layer's geometry g (pyhet.geometry.ConvGeometry)."""
+    layer's geometry g (pyhet.geometry.ConvGeometry). Its computations raise no NumPy warnings
+    of overflow or NaN (_quiet)."""
 
     name = "numpy"
     xp = np
@@ -281,29 +297,38 @@ class NumpyBackend:
     def to_host(self, a):
         return a
 
+    @_quiet
     def im2col(self, x, g, key=None):
         return im2col(x, g.R, g.S, g.stride, g.pad)
 
+    @_quiet
     def col2im(self, dcol, x_shape, g):
         return col2im(dcol, x_shape, g.R, g.S, g.stride, g.pad)
 
+    @_quiet
     def block_forward(self, col, x_shape, w, b, g, key=None):
         return conv_block_forward(col, x_shape, w, b, g.stride, g.pad, g.pool, g.pool_stride)
 
+    @_quiet
     def block_backward(self, dout, saved, col, w, need_dcol):
         return conv_block_backward(dout, saved, col, w, need_dcol)
 
+    @_quiet
     def linear_forward(self, x, w, b):
         return linear_forward(x, w, b)
 
+    @_quiet
     def linear_backward(self, dy, x, w, need_dx=True):
         return linear_backward(dy, x, w, need_dx)
 
+    @_quiet
     def softmax_cross_entropy(self, logits, labels):
         return softmax_cross_entropy(logits, labels)
 
+    @_quiet
     def sgd_update(self, p, g, v, cfg):
         return sgd_update(p, g, v, cfg)
 
+    @_quiet
     def sgd_update_into(self, p, g, v, cfg, p_out=None, v_out=None):
         return sgd_update_into(p, g, v, cfg, p_out, v_out)

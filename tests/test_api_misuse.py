@@ -1,0 +1,237 @@
+"""The Python API misused: bad argument values refused as UsageError naming the argument (never
+a bare Python exception, never a file that load() refuses), a refused fit() that leaves the
+network as it was, raw pixels prepared as the training images were after a fit on an npz file
+of them, no NumPy warnings from a run that diverges, and later fits after a device failed.
+
+x (N, C, H, W) images, y (N,) labels, M classes.
+"""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import pyhet
+from pyhet.errors import DeviceError, TrainingError, UsageError
+from pyhet.images import Normalization
+
+ARCH, SHAPE, M = "4C3-P2-8N", (1, 8, 8), 3
+
+
+def arrays(n=16, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    if dtype == np.uint8:
+        x = rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8)
+    else:
+        x = rng.standard_normal((n, *SHAPE)).astype(np.float32)
+    return x, np.arange(n) % M
+
+
+def network(**kwargs):
+    kwargs.setdefault("devices", "cpu:1")
+    return pyhet.Network(ARCH, SHAPE, M, **kwargs)
+
+
+class FsPath(os.PathLike):
+    """An os.PathLike whose __fspath__ gives whatever it was made with."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __fspath__(self):
+        return self.value
+
+
+# ================================================================ normalization=
+
+def test_a_normalization_load_would_refuse_is_refused_at_construction(tmp_path):
+    """Network(normalization=) takes what a weight file may record (finite numbers, scales >
+    0): anything else was taken, and save() then wrote a file load() refused, or predict()
+    and save() raised a bare ValueError (and a scale that is no sequence, a TypeError)."""
+    bad = [(Normalization((-1.0,), (0.0,)), ["scale must be > 0", "-1.0"]),
+           (Normalization((0.0,), (0.0,)), ["scale must be > 0"]),
+           (Normalization((float("nan"),), (0.0,)), ["scale must be finite", "nan"]),
+           (Normalization((float("inf"),), (0.0,)), ["scale must be finite"]),
+           (Normalization((1e39,), (0.0,)), ["scale must be finite"]),      # past float32
+           (Normalization((0.5,), (float("nan"),)), ["shift must be finite"]),
+           (Normalization((2**1024,), (0.0,)), ["scale must be finite numbers"]),
+           (Normalization(("a",), (0.0,)), ["scale must be numbers", "'a'"]),
+           (Normalization((True,), (0.0,)), ["scale must be numbers"]),
+           (Normalization(1, 2), ["scale must be a tuple of numbers", "got 1"]),
+           (Normalization(np.ones((1, 1)), (0.0,)), ["scale must be a tuple of numbers"])]
+    for norm, words in bad:
+        with pytest.raises(UsageError) as e:
+            network(normalization=norm)
+        for word in ["normalization", *words]:
+            assert word in str(e.value), (norm, word, str(e.value))
+    # NumPy's numbers are numbers: taken, saved and loaded back
+    norm = Normalization(np.array([2 / 255], np.float32), (np.float32(-1.0),))
+    with network(normalization=norm) as net:
+        net.save(tmp_path / "w.npz")
+    with pyhet.load(tmp_path / "w.npz", devices="cpu:1") as back:
+        assert back.normalization == Normalization((float(np.float32(2 / 255)),), (-1.0,))
+
+
+# ================================================================ a refused fit(dataset=)
+
+def test_a_refused_fit_on_a_dataset_leaves_the_network_as_it_was(tmp_path):
+    """fit(dataset=) set the dataset's normalization and class names before the checkpoint
+    folder was opened: refused there (another run's folder), it left the network preparing
+    raw pixels with the dataset's statistics and carrying its class names into save()."""
+    xu = np.random.default_rng(0).integers(0, 256, (16, 1, 28, 28), dtype=np.uint8)
+    yu = np.arange(16) % 10
+    with pyhet.Network("4C5-P2", (1, 28, 28), 10, devices="cpu:1", seed=5) as other:
+        other.fit(xu, yu, steps=1, batch_size=8, checkpoint_dir=tmp_path / "ck")
+    with pyhet.Network("4C5-P2", (1, 28, 28), 10, devices="cpu:1") as net:
+        net.fit(xu, yu, steps=1, batch_size=8)               # trained on uint8 / 255
+        before = net.predict(xu[:4])
+        with pytest.raises(UsageError, match="holds the checkpoints of another run"):
+            net.fit(dataset="bundled", steps=1, checkpoint_dir=tmp_path / "ck")
+        assert net.normalization is None and net.classes is None
+        np.testing.assert_array_equal(net.predict(xu[:4]), before)
+        # a fit that made a step is no refusal: the network is the dataset's from then on
+        with pytest.raises(ZeroDivisionError):
+            net.fit(dataset="bundled", steps=2, batch_size=8, callback=lambda info: 1 / 0)
+        bundled = pyhet.load_dataset("bundled")
+        assert net.normalization == bundled.normalization
+        assert net.classes == bundled.classes
+
+
+# ================================================================ x_test, y_test with dataset=
+
+def test_fit_on_a_dataset_refuses_test_labels_without_test_images(tmp_path):
+    """With dataset=, a y_test without x_test was dropped without a word (the arrays path
+    refuses it); x_test without y_test is refused as well."""
+    x, y = arrays()
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    with network() as net:
+        with pytest.raises(UsageError, match="x_test and y_test go together"):
+            net.fit(dataset=f"npz:{tmp_path / 'd.npz'}", y_test=y[:4], steps=1)
+        with pytest.raises(UsageError, match="x_test and y_test go together"):
+            net.fit(dataset=f"npz:{tmp_path / 'd.npz'}", x_test=x[:4], steps=1)
+
+
+# ================================================================ an npz file of uint8 pixels
+
+def test_after_a_fit_on_npz_pixels_raw_images_are_prepared_as_in_training(tmp_path):
+    """Trained on an npz file of uint8 pixels (prepared / 255), the network kept the
+    normalization it had: evaluate, predict and the saved file then prepared the same pixels
+    otherwise than training did. It records / 255 (None), as `pyhet train` does."""
+    xu, y = arrays(n=32, dtype=np.uint8)
+    path = tmp_path / "u8.npz"
+    np.savez(path, x=xu, y=y, x_test=xu[:16], y_test=y[:16])
+    with network(normalization=Normalization((2 / 255,), (-1.0,))) as net:
+        # uint8 x_test given with dataset= is prepared as the dataset's images are
+        s = net.fit(dataset=f"npz:{path}", steps=3, batch_size=8, x_test=xu[16:],
+                    y_test=y[16:])
+        assert net.normalization is None
+        assert s["test_loss"] == pytest.approx(net.evaluate(xu[16:], y[16:])["loss"],
+                                               rel=1e-6)
+        s = net.fit(dataset=f"npz:{path}", steps=1, batch_size=8)
+        by_file = net.evaluate(dataset=f"npz:{path}")
+        assert by_file["loss"] == pytest.approx(s["test_loss"], rel=1e-6)
+        assert net.evaluate(xu[:16], y[:16]) == by_file
+        np.testing.assert_array_equal(
+            net.predict(xu[:16]), net.predict(xu[:16].astype(np.float32) / np.float32(255)))
+        net.save(tmp_path / "w.npz")
+    with pyhet.load(tmp_path / "w.npz", devices="cpu:1") as back:
+        assert back.normalization is None
+
+
+# ================================================================ lr, momentum, weight_decay
+
+@pytest.mark.parametrize("name,value", [("lr", 2**1024), ("momentum", 10**400),
+                                        ("weight_decay", 2**1024)],
+                         ids=["lr", "momentum", "weight_decay"])
+def test_hyperparameters_past_floats_range_are_usage_errors(name, value):
+    """A Python int float() cannot take raised a bare OverflowError."""
+    x, y = arrays()
+    with network() as net:
+        with pytest.raises(UsageError) as e:
+            net.fit(x, y, steps=1, **{name: value})
+    assert str(e.value).startswith(f"{name} must be a ") and "got 1" in str(e.value)
+
+
+# ================================================================ paths
+
+@pytest.mark.parametrize("path,words", [
+    ("w\0.npz", ["without NUL", "'w\\x00.npz'"]),
+    (FsPath(b"w.npz"), ["FsPath", "whose __fspath__ gives b'w.npz'"]),
+    (FsPath(5), ["FsPath", "to return str or bytes, not int"]),
+], ids=["NUL", "bytes", "int"])
+def test_path_arguments_that_name_no_file_are_usage_errors(path, words, tmp_path, monkeypatch):
+    """A NUL in a path, or an os.PathLike giving bytes or no path at all, raised a bare
+    ValueError or TypeError (load of one giving bytes: 'no such file' of a file that is
+    there); a refused checkpoint_dir left its folder made."""
+    monkeypatch.chdir(tmp_path)
+    x, y = arrays()
+    with network() as net:
+        net.save("w.npz")
+        for call, name in [(lambda: net.save(path), "save"),
+                           (lambda: pyhet.load(path, devices="cpu:1"), "load"),
+                           (lambda: net.fit(x, y, steps=1, checkpoint_dir=path),
+                            "checkpoint_dir")]:
+            with pytest.raises(UsageError) as e:
+                call()
+            for word in [name, *words]:
+                assert word in str(e.value), (name, word, str(e.value))
+        with pytest.raises(UsageError):
+            net.fit(x, y, steps=1, checkpoint_dir=FsPath(b"ck"))
+    assert sorted(os.listdir(tmp_path)) == ["w.npz"]        # no folder "ck" made
+
+
+# ================================================================ NumPy's warnings
+
+@pytest.mark.parametrize("devices,momentum", [("numpy", 0.9), ("cpu:1", 0.0)])
+def test_a_diverging_fit_raises_no_numpy_warnings(devices, momentum):
+    """README: a run that diverges raises TrainingError without NumPy's warnings. The master's
+    NumPy code (with --devices numpy its fc layers and their update, and the update without
+    momentum on any devices) ran on the calling thread, where nothing turned them off. The
+    callback still runs under the caller's own settings."""
+    x, y = arrays()
+    seen = []
+    with network(devices=devices) as net, warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        with pytest.raises(TrainingError, match="diverged"):
+            net.fit(x, y, steps=3, batch_size=4, lr=1e308, momentum=momentum,
+                    callback=lambda info: seen.append(np.geterr()))
+    assert [str(w.message) for w in ws] == []
+    assert seen and all(s == np.geterr() for s in seen), (seen, np.geterr())
+
+
+def test_the_numpy_backend_computes_without_numpy_warnings():
+    """As the master's backend it runs on the calling thread, not on a device's worker (whose
+    warnings are off): an overflow in its fc layer or update raised NumPy's warning there."""
+    from pyhet.backends.numpy_ref import NumpyBackend
+    from pyhet.optim import SGDConfig
+
+    big = np.full((2, 3), 3e38, np.float32)
+    backend = NumpyBackend()
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        y = backend.linear_forward(big, big, np.zeros(2, np.float32))
+        p = big.copy()
+        backend.sgd_update(p, big, None, SGDConfig(1e308, 0.0, 0.0))   # in place
+    assert [str(w.message) for w in ws] == []
+    assert not np.isfinite(y).any() and not np.isfinite(p).any()
+
+
+# ================================================================ after a device failed
+
+def test_fits_after_a_device_failed_train_on_the_others(monkeypatch):
+    """After d0 failed in a fit and training went on on d1, every later fit with the dynamic
+    balance failed ("a partition ... (none for the failed ones ...) is needed"): its new
+    balancer, made from the calibration, gave d0 kernels again."""
+    monkeypatch.setenv("PYHET_FAULT", "d0:update:2")
+    x, y = arrays()
+    with network(devices="cpu:1,cpu:1", balance="dynamic") as net:
+        s = net.fit(x, y, steps=4, batch_size=4)
+        assert [f["device"] for f in s["failures"]] == ["d0"]
+        for _ in range(2):
+            try:
+                s = net.fit(x, y, steps=8, batch_size=4)
+            except DeviceError as e:
+                pytest.fail(f"a later fit failed: {e}")
+            assert np.isfinite(s["train_loss"]) and s["failures"] == []
+            assert s["partition"] == {"conv1": {"d0": 0, "d1": 4}}
