@@ -51,15 +51,18 @@ def sgd_update(p, g, v, cfg: SGDConfig):
 
 def sgd_update_into(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
     """The update of sgd_update written to p_out and v_out (arrays of p's shape, or None: new
-    ones), leaving p and v as they were. Returns (p_out, v_out); v_out is None when momentum
-    is 0."""
+    ones), leaving p and v as they were. Returns (p_out, v_out). With momentum 0 the buffer is
+    kept as it was, as sgd_update (and torch.optim.SGD) keep it: v_out a copy of v (a buffer
+    apart, as the staged state's always is), None where there is none. (v_out was None: a
+    later step with momentum started afresh on the conv layers alone, and a checkpoint held
+    the fc layers' buffers without theirs, which resuming took for a damaged file.)"""
     d = g + cfg.weight_decay * p if cfg.weight_decay else g
     if cfg.momentum:
         new_v = d if v is None else cfg.momentum * v + d
         v_out = _into(v_out, new_v)
         d = v_out
     else:
-        v_out = None
+        v_out = None if v is None else _into(v_out, v)
     p_out = _into(p_out, p - cfg.lr * d)
     return p_out, v_out
 

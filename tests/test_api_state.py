@@ -362,3 +362,23 @@ def test_a_non_finite_first_loss_leaves_the_weights_as_they_were(tmp_path):
         after = net.params()
         assert all(np.array_equal(after[k], w[k]) for k in w)
         net.save(tmp_path / "w.npz")
+
+
+def test_a_fit_without_momentum_keeps_the_buffers_and_its_checkpoint_resumes(tmp_path, capsys):
+    # the conv layers dropped their momentum buffers at momentum 0 and the fc layers kept
+    # theirs, so the checkpoint held the fc layers' alone: resuming called it damaged and
+    # started again from step 0
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 16)
+    with pyhet.Network("4C3-P2-8N", (1, 8, 8), 3, devices="cpu:1", seed=0) as net:
+        net.fit(x, y, steps=2, batch_size=8, momentum=0.9)
+        net.fit(x, y, steps=2, batch_size=8, momentum=0.0, checkpoint_dir=tmp_path)
+        assert all(v[0] is not None for v in net._net.momentum().values())
+        want = net.params()
+    with pyhet.Network("4C3-P2-8N", (1, 8, 8), 3, devices="cpu:1", seed=0) as again:
+        s = again.fit(x, y, steps=3, batch_size=8, momentum=0.0, checkpoint_dir=tmp_path,
+                      resume=True)
+        assert s["start_step"] == 2 and "damaged" not in capsys.readouterr().err
+        # its first step after resuming started from the checkpoint's weights
+        assert not all(np.array_equal(again.params()[k], want[k]) for k in want)
