@@ -61,8 +61,11 @@ class Parser(argparse.ArgumentParser):
         for action in self._actions:
             # `--steps=--`: argparse drops the `--` and stores [] without calling the option's
             # type, so no check of it ran (a traceback later, or the default used silently)
-            if (type(action) is argparse._StoreAction and action.nargs is None
-                    and action.option_strings and getattr(args, action.dest, None) == []):
+            value = getattr(args, action.dest, None)
+            if action.nargs is None and action.option_strings and (
+                    type(action) is argparse._StoreAction and value == []
+                    or type(action) is argparse._AppendAction and isinstance(value, list)
+                    and [] in value):
                 self.error(f"argument {'/'.join(action.option_strings)}: expected one "
                            f"argument, got '--'")
         return args, extras
@@ -631,20 +634,11 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def _same_file(a, b) -> bool:
-    """Whether the paths name one file (the same file by device and inode where both are
-    there, else the same path with links resolved)."""
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def cmd_predict(args) -> int:
     if args.output is not None:      # checked before any work, as --save is
         check_file_destination(args.output, "--output")
         for option, given in (("--weights", args.weights), ("--input", args.input)):
-            if _same_file(args.output, given):
+            if files.same_file(args.output, given):
                 raise UsageError(f"--output {args.output}: the same file as {option} {given}, "
                                  f"which writing it would replace: give another name")
     x = read_images(args.input)
@@ -951,7 +945,11 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
         pass
 
 
-def entry():  # console script
+def _terminate(signum, frame):
+    raise Interrupted(signum)
+
+
+def entry():  # console script (through pyhet._command)
     if sys.stdout is None:
         # fd 1 is closed: hold it with /dev/null, so that no file opened later becomes fd 1
         # and receives what a library prints there
@@ -969,9 +967,17 @@ def entry():  # console script
         # run checks its losses and weights and says what went wrong in its own error line
         warnings.filterwarnings("ignore", message=".*encountered in ", category=RuntimeWarning)
         warnings.showwarning = _one_line_warning
+        if launched_size() <= 1:
+            # SIGTERM as SIGINT is: one line and its status, in every command and phase
+            # (training installs its own handlers, pyhet.interrupt; under mpiexec the ranks
+            # have theirs). It killed the process silently before.
+            signal.signal(signal.SIGTERM, _terminate)
         try:
             code = main()
-        except KeyboardInterrupt:   # while the parser is built or reads the arguments
+        except KeyboardInterrupt as e:   # while the parser is built or reads the arguments
+            if isinstance(e, Interrupted):
+                print(f"pyhet: {e.message}", file=sys.stderr, flush=True)
+                os._exit(e.exit_status)
             _loading_interrupted()
             raise
         try:

@@ -25,6 +25,15 @@ def user_path(path) -> str:
     return os.path.expanduser(os.fspath(path))
 
 
+def same_file(a, b) -> bool:
+    """Whether the paths name one file (the same file by device and inode where both are
+    there, else the same path with links resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def open_regular(path, error):
     """`path` opened for reading (binary) if it is a regular file (or a link to one). A FIFO,
     a device or a socket raises `error` ("PATH: not a regular file (a FIFO)") before anything

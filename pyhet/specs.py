@@ -104,6 +104,14 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
         else:
             out.append(DeviceSpec(kind, n if kind == "cpu" else (n or 0) if kind == "gpu"
                                   else None, speed, rank))
+    # the cpu devices' threads of one process (a rank's, or this one's) together: each is an
+    # OpenMP team, and libgomp ends the process with its own message where it cannot make one
+    for rank in {d.rank for d in out if d.rank is not None} or {None}:
+        threads = sum(d.arg for d in out if d.kind == "cpu" and d.rank in (rank, None))
+        if threads > ops.MAX_THREADS:
+            raise DeviceSpecError(f"{shown(spec)}: {threads:,} cpu threads in all"
+                                  f"{'' if rank is None else f' on rank {rank}'}; at most "
+                                  f"{ops.MAX_THREADS} are run in one process")
     # two devices on one GPU: each would count all of its memory as its own (an entry without
     # a rank is placed on every rank, so it clashes with the same GPU on any rank)
     gpus = [(d.rank, d.arg) for d in out if d.kind == "gpu"]

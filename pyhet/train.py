@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -96,6 +97,7 @@ class TrainConfig:
         o, f = self.option, (lambda name: flag(name, self.python))
         if self.save is not None:
             check_file_destination(self.save, o("save"))
+            self._check_save_reads_nothing()
         if self.checkpoint_dir is None:
             for given, what in ((self.resume, f("resume")), (self.overwrite, f("overwrite")),
                                 (self.checkpoint_every is not None, o("checkpoint_every"))):
@@ -113,11 +115,39 @@ class TrainConfig:
             raise UsageError(f"{o('keep')} must be >= 0 (0 keeps every checkpoint), got "
                              f"{self.keep}")
 
+    def _check_save_reads_nothing(self) -> None:
+        """--save names none of the files the run reads or keeps: the npz dataset, --init, a
+        dataset file in --data-dir, a checkpoint (or the lock) in --checkpoint-dir. Each was
+        replaced by the weights without a word (the dataset lost; every later --resume
+        warning of a damaged checkpoint; the folder's lock taken from the run holding it)."""
+        o, save = self.option, self.save
+        reads = [(f"{o('init')} {self.init}", self.init)]
+        if self.dataset.startswith("npz:"):
+            reads.append((f"{o('dataset')} {self.dataset}", self.dataset[len("npz:"):]))
+        for what, path in reads:
+            if path and files.same_file(save, files.user_path(path)):
+                raise UsageError(f"{o('save')} {save}: the same file as {what}, which writing "
+                                 f"it would replace: give another name")
+        name, folder = os.path.basename(save), os.path.dirname(os.path.abspath(save))
+        for what, where, names in ((o("checkpoint_dir"), self.checkpoint_dir, CHECKPOINT_NAMES),
+                                   (o("data_dir"), self.data_dir, DATASET_NAMES)):
+            if where and re.fullmatch(names, name) and files.same_file(
+                    folder, os.path.abspath(files.user_path(where))):
+                raise UsageError(f"{o('save')} {save}: a name the files of {what} {where} "
+                                 f"have, which writing it would replace: give another name "
+                                 f"or folder")
+
     @property
     def network(self) -> str:
         """The network in --arch notation."""
         return self.arch if self.arch is not None else arch_notation.shorthand(
             self.kernels, self.kernel_size)
+
+
+# the names of the files a checkpoint folder and a dataset folder hold (--save refuses them)
+CHECKPOINT_NAMES = r"\.?checkpoint-[0-9]+\.npz(\.tmp)?|\.lock"
+DATASET_NAMES = (r"(train|t10k)-(images-idx3|labels-idx1)-ubyte(\.gz)?"
+                 r"|(data_batch_[1-5]|test_batch)(\.bin)?|batches\.meta(\.txt)?")
 
 
 def check_file_destination(path, option: str) -> None:

@@ -569,9 +569,26 @@ def test_ctrl_c_while_the_parser_is_built_or_the_cli_loads_is_one_line():
         assert (p.returncode, p.stderr) == (130, "pyhet: interrupted\n"), (p.returncode, p.stderr)
 
 
+def test_sigterm_outside_training_is_one_line_and_143():
+    # before training installs its handlers (and in evaluate, predict, plan, bench) SIGTERM
+    # killed the process without a word
+    code = ("import os, signal, sys\n"
+            "from pyhet import cli\n"
+            "made = cli.TrainConfig\n"
+            "def config(*a, **k):   # as the run is set up, before training's own handlers\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return made(*a, **k)\n"
+            "cli.TrainConfig = config\n"
+            "sys.argv = ['pyhet', 'train', '--dataset', 'synthetic', '--steps', '1']\n"
+            "cli.entry()\n")
+    p = run_python(code)
+    assert (p.returncode, p.stderr) == (143, "pyhet: interrupted by SIGTERM\n"), p.stderr
+
+
 @pytest.mark.parametrize("argv", [["train", "--steps=--"], ["train", "--init=--"],
                                   ["evaluate", "--weights=--"], ["plan", "--sweep=--"],
-                                  ["bench", "gemm", "--shapes=--"]])
+                                  ["bench", "gemm", "--shapes=--"],
+                                  ["plan", "--describe", "g:gflops=1", "--describe=--"]])
 def test_an_option_given_dashes_as_its_value_is_a_usage_error(cli, argv):
     # argparse stored [] without calling the option's check: tracebacks, or the default used
     res = cli(*argv)

@@ -49,6 +49,7 @@ def files(tmp_path_factory):
     f["TEXT"] = d / "text.npz"
     f["TEXT"].write_text("these are not arrays\n")
     f["UNDER_A_FILE"] = f["TEXT"] / "w.npz"
+    f["DIR_LOCK"], f["DIR_CHECKPOINT"] = f["DIR"] / ".lock", f["DIR"] / "checkpoint-000000001.npz"
     f["EMPTY"] = d / "empty.npz"
     f["EMPTY"].write_bytes(b"")
     f["TRUNCATED"] = d / "truncated.npz"
@@ -227,9 +228,18 @@ BAD = [
      ["cannot be read", "too long"]),
     (["train", "--dataset", "npz:~no-such-user-0/d.npz", "--steps", "1"], 1, ["no such file"]),
     (TRAIN + ["--save", "UNDER_A_FILE"], 2, ["--save", "is a regular file, not a folder"]),
+    # --- --save onto a file the run reads or keeps (the file was replaced without a word)
+    (TRAIN + ["--save", "DATA"], 2, ["--save", "the same file as --dataset npz:"]),
+    (TRAIN + ["--init", "WEIGHTS", "--save", "WEIGHTS"], 2, ["the same file as --init"]),
+    (TRAIN + ["--checkpoint-dir", "DIR", "--save", "DIR_LOCK"], 2,
+     ["--save", "a name the files of --checkpoint-dir"]),
+    (TRAIN + ["--checkpoint-dir", "DIR", "--save", "DIR_CHECKPOINT"], 2,
+     ["--save", "a name the files of --checkpoint-dir"]),
     # --- values too many or too long to quote whole
     (TRAIN + ["--devices", ",".join(["cpu:1"] * 1025)], 2, ["1,025 entries", "at most 1024"]),
     (TRAIN + ["--devices", "x" * 100_000], 2, ["--devices", "(100000 chars)"]),
+    (TRAIN + ["--devices", ",".join(["cpu:2"] * 513)], 2, ["1,026 cpu threads", "at most 1024"]),
+    (TRAIN + ["--devices", "cpu:1024,1/cpu:1"], 2, ["1,025 cpu threads", "on rank 1"]),
     (TRAIN + ["--devices", "cpu:1@" + "9" * 100_000], 2, ["speed", "(100000 chars)"]),
     (["plan", "--describe", "g:gflops=" + "1" * 10_000], 2, ["gflops=", "(10000 chars)"]),
     (["plan", "--describe", "g:gflops=1", "--link", "x" * 10_000], 2, ["--link", "chars)"]),
