@@ -107,7 +107,8 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
     # the cpu devices' threads of one process (a rank's, or this one's) together: each is an
     # OpenMP team, and libgomp ends the process with its own message where it cannot make one
     for rank in {d.rank for d in out if d.rank is not None} or {None}:
-        threads = sum(d.arg for d in out if d.kind == "cpu" and d.rank in (rank, None))
+        threads = sum(ops.default_threads() if d.arg is None else d.arg   # `cpu`: every core
+                      for d in out if d.kind == "cpu" and d.rank in (rank, None))
         if threads > ops.MAX_THREADS:
             raise DeviceSpecError(f"{shown(spec)}: {threads:,} cpu threads in all"
                                   f"{'' if rank is None else f' on rank {rank}'}; at most "
