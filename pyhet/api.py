@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from . import arch as arch_notation
-from . import evaluation
+from . import evaluation, files
 from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
@@ -125,6 +125,7 @@ class Network:
         self._params = (init_params(self.geometry, seed) if weights is None
                         else checked_params(weights, self.geometry))
         self._epochs = 0          # epochs begun by fit() so far: the next fit's data order
+        self._diverged = None     # the error of a fit that diverged after changing weights
         # False for a file of an earlier version (load()), which does not say how its
         # training images were prepared
         self._records_normalization = True
@@ -379,6 +380,14 @@ class Network:
                 result = run_steps(cfg, ds, net, start, log, balance,
                                    step_callback if callback is not None else None,
                                    save_checkpoint=save if folder is not None else None, at=at)
+            self._diverged = None
+        except TrainingError as e:
+            # diverged after this fit changed the weights: they are finite (a step whose loss
+            # is not finite makes no update) but may be so large that every output overflows,
+            # so save() refuses them until a fit ends well
+            if getattr(net, "steps_made", 0) > made:
+                self._diverged = e
+            raise
         finally:
             if getattr(net, "steps_made", 0) > made:
                 changed["weights"] = True
@@ -488,6 +497,10 @@ class Network:
         path = _path(path, "save")
         check_file_destination(path, "save")     # a folder, a missing one: before writing
         params = self.params()
+        if self._diverged is not None:
+            raise TrainingError(f"save {path}: the network's last fit diverged "
+                                f"({self._diverged}): nothing written; fit it again, or save "
+                                f"before a fit that may diverge")
         bad = [k for k, v in params.items() if not np.isfinite(v).all()]
         if bad:      # a fit() that diverged: a file that load() would refuse
             raise TrainingError(f"save {path}: {', '.join(bad)} hold NaN or infinite "
@@ -548,7 +561,7 @@ def _path(path, what: str, kind: str = "a file's path") -> str:
     if "\0" in text:
         raise UsageError(f"{what}: expected {kind} without NUL characters (no file name can "
                          f"hold one), got {shown(text)}")
-    return text
+    return files.user_path(text)     # a leading ~, as the dataset's paths and the CLI's
 
 
 def _checked_normalization(norm, channels: int, error, what: str):

@@ -703,6 +703,12 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                 part_times.append(dict(timer.parts))
                 losses.append(loss)
                 bar.update(1, loss=f"{loss:.4f}", **{"img/s": f"{xb.shape[0] / dt:.1f}"})
+                # the step's checkpoint before the callback: a callback that raises (or is
+                # interrupted) leaves the step made and written, not redone by a resume
+                if save_checkpoint is not None and (position["batch"] == 0 or
+                                                    step == total_steps or
+                                                    (every and step % every == 0)):
+                    saved = {"step": step, "path": save_checkpoint(position)}
                 if callback is not None:
                     before = _counters(net)
                     callback({"step": step, "steps": total_steps, "epoch": epoch + 1,
@@ -713,10 +719,6 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
                     _leave_out(net, before, busy0, phases0, traffic0)
                     if balance is not None:
                         balance.rebase()
-                if save_checkpoint is not None and (position["batch"] == 0 or
-                                                    step == total_steps or
-                                                    (every and step % every == 0)):
-                    saved = {"step": step, "path": save_checkpoint(position)}
                 if stop is not None and stop.signum is not None:
                     bar.close()
                     _stop(stop, step, position, saved, save_checkpoint)

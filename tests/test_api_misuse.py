@@ -235,3 +235,58 @@ def test_fits_after_a_device_failed_train_on_the_others(monkeypatch):
                 pytest.fail(f"a later fit failed: {e}")
             assert np.isfinite(s["train_loss"]) and s["failures"] == []
             assert s["partition"] == {"conv1": {"d0": 0, "d1": 4}}
+
+
+# ================================================================ found by a second round
+
+def test_a_tilde_in_save_load_and_checkpoint_dir_is_the_home_folder(tmp_path, monkeypatch):
+    # checkpoint_dir="~/ck" made a folder named ~ where the program ran
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    x, y = arrays()
+    with network() as net:
+        net.fit(x, y, steps=1, batch_size=8, checkpoint_dir="~/ck")
+        net.save("~/w.npz")
+    assert (home / "ck").is_dir() and (home / "w.npz").is_file() and not os.listdir(work)
+    with pyhet.load("~/w.npz", devices="cpu:1") as back:
+        assert back.arch == ARCH
+
+
+def test_a_network_whose_fit_diverged_is_not_saved_until_a_fit_ends_well(tmp_path):
+    # its weights stay finite (a step whose loss is not finite makes no update), but so large
+    # that every output overflows: save wrote a file whose network fails every predict
+    x, y = arrays()
+    with network() as net:
+        with pytest.raises(TrainingError, match="diverged"):
+            net.fit(x, y, steps=4, batch_size=4, lr=1e30)
+        assert all(np.isfinite(v).all() for v in net.params().values())
+        with pytest.raises(TrainingError, match="the network's last fit diverged"):
+            net.save(tmp_path / "w.npz")
+        assert not (tmp_path / "w.npz").exists()
+    before = network().params()
+    before["fc.weight"] = np.sign(before["fc.weight"]) * np.float32(3e38)
+    with network(weights=before) as fresh:
+        # diverging before its first update changes nothing: saved as it was
+        with pytest.raises(TrainingError, match="before this run updated any weight"):
+            fresh.fit(x, y, steps=2, batch_size=4)
+        fresh.save(tmp_path / "w.npz")
+    with pyhet.load(tmp_path / "w.npz", devices="cpu:1") as back:
+        assert all(np.array_equal(back.params()[k], before[k]) for k in before)
+
+
+def test_a_callback_that_raises_leaves_its_steps_checkpoint(tmp_path):
+    # the callback ran before the step's checkpoint was written: the folder stayed a step
+    # behind the network, and resuming redid that step
+    x, y = arrays()
+
+    def stop_at_3(info):
+        if info["step"] == 3:
+            raise RuntimeError("stop")
+    with network() as net:
+        with pytest.raises(RuntimeError, match="stop"):
+            net.fit(x, y, steps=6, batch_size=4, checkpoint_dir=tmp_path,
+                    checkpoint_every=1, callback=stop_at_3)
+    assert (tmp_path / "checkpoint-000000003.npz").is_file()
