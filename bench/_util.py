@@ -366,9 +366,11 @@ def check_outputs(parser, args, plot_folder_given: bool = False) -> None:
     has them and they are given, checked before any work (usage errors); args.plot becomes the
     file the plot will be written to. A leading ~ in either is the home folder, as in the
     other commands' paths (also after `=`, where the shell leaves it)."""
+    from pyhet import files
+
     for dest in ("json", "plot", "bandwidth_json"):
         if getattr(args, dest, None) is not None:
-            setattr(args, dest, os.path.expanduser(getattr(args, dest)))
+            setattr(args, dest, files.user_path(getattr(args, dest)))
     if getattr(args, "json", None) is not None:
         problem = write_problem(args.json, "--json")
         if problem is not None:

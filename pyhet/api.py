@@ -358,12 +358,6 @@ class Network:
                 if conv.dead:
                     balance.balancers[conv.name].leave_out(sorted(conv.dead))
         made = getattr(net, "steps_made", 0)
-        quiet = dict(over="ignore", invalid="ignore", divide="ignore")
-        caller = np.geterr()
-
-        def step_callback(info):      # the caller's code runs under the caller's settings
-            with np.errstate(**caller):
-                callback(info)
 
         def save(position):
             return folder.save(net, position, plan_record(net, self._calibration, balance,
@@ -372,14 +366,8 @@ class Network:
 
         at = dict(start)       # where the next step starts, after each step
         try:
-            # NumPy's warnings of overflow and NaN off, as on the devices' workers
-            # (pyhet.devices): the master's part of a step (the fc layers, the loss, their
-            # update) runs NumPy code on this thread, and a run that diverges is stopped by the
-            # checks of the loss and the weights, which say what happened in one line
-            with np.errstate(**quiet):
-                result = run_steps(cfg, ds, net, start, log, balance,
-                                   step_callback if callback is not None else None,
-                                   save_checkpoint=save if folder is not None else None, at=at)
+            result = run_steps(cfg, ds, net, start, log, balance, callback,
+                               save_checkpoint=save if folder is not None else None, at=at)
             self._diverged = None
         except TrainingError as e:
             # diverged after this fit changed the weights: they are finite (a step whose loss

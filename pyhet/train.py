@@ -629,7 +629,22 @@ def run_steps(cfg: TrainConfig, ds: Dataset, net: Net, start: dict, log, balance
 
     Non-finite numbers: the loss is checked after every step (it costs nothing), the weights
     before every checkpoint and once after the last step, before the evaluation and --save; a
-    non-finite one ends training with TrainingError, and nothing non-finite is written."""
+    non-finite one ends training with TrainingError, and nothing non-finite is written. NumPy's
+    warnings of overflow and NaN are off on this thread meanwhile, as on the devices' workers
+    (pyhet.devices): the master's part of a step (the fc layers, the loss, their update, an
+    update without momentum) runs NumPy code here, and those checks say what happened in one
+    line. The callback runs under the caller's own settings."""
+    if callback is not None:
+        caller, user = np.geterr(), callback
+
+        def callback(info):
+            with np.errstate(**caller):
+                user(info)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, stop, at)
+
+
+def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, stop, at) -> dict:
     sgd = SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay)
     per_epoch, total_steps = planned_steps(cfg, ds)
     step, epoch, skip = start["step"], start["epoch"], start["batch"]

@@ -599,6 +599,10 @@ def test_an_option_given_dashes_as_its_value_is_a_usage_error(cli, argv):
 def test_a_long_bad_choice_is_quoted_short(cli):
     res = cli("train", "--balance", "x" * 100_000)
     assert res.code == 2 and "invalid choice" in res.err and len(res.err) < 400
+    res = cli("train", "--steps", "1", "y" * 100_000)
+    assert res.code == 2 and "unrecognized arguments: 'yyy" in res.err and len(res.err) < 400
+    res = cli("train", "--steps", "1", "--frob")
+    assert res.code == 2 and "unrecognized arguments: --frob (see" in res.err
 
 
 # ================================================================ help, imports
