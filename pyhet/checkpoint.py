@@ -47,6 +47,18 @@ SETTINGS = {"network": "the network", "dataset": "the dataset",
             "shuffle": "the data order (shuffle)"}
 
 
+def _same(key: str, stored: dict, ours: dict) -> bool:
+    """Whether a checkpoint's setting is this run's. A batch size above the training split's
+    size trains batches of the whole split, as that size does: the two are the same run (the
+    summary reports the batch trained, and a resume may give it)."""
+    a, b = stored[key], ours[key]
+    images = ours.get("train_images")
+    if key == "batch_size" and stored.get("train_images") == images and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (a, b, images)):
+        return min(a, images) == min(b, images)
+    return a == b
+
+
 def step_of(path) -> int:
     return int(NAME.match(os.path.basename(path)).group(1))
 
@@ -222,7 +234,7 @@ class CheckpointDir:
         stored = meta.get("settings") or {k: meta[k] for k in ("seed", "batch_size", "shuffle")
                                           if k in meta}
         for key, what in SETTINGS.items():
-            if key in stored and key in self.settings and stored[key] != self.settings[key]:
+            if key in stored and key in self.settings and not _same(key, stored, self.settings):
                 what = what or errors.option(key, self.python)
                 raise UsageError(f"checkpoint {path} was made with {what} {stored[key]}, but "
                                  f"this run asks for {self.settings[key]}: resume with the same "

@@ -237,6 +237,31 @@ def test_resume_refuses_other_settings_naming_them(cli, npz_dataset, tmp_path, c
         assert w in line, (w, line)
 
 
+@pytest.mark.parametrize("first,then", [("100", "24"), ("24", "50"), ("100", "999")])
+def test_a_batch_size_above_the_split_resumes_at_the_batch_trained(cli, npz_dataset, tmp_path,
+                                                                   first, then):
+    """--batch-size above the training split's size trains batches of the whole split, and the
+    summary says the batch is that size: a resume giving the size reported, or another size
+    above the split, is the same run (and gives the same weights); a smaller one is not."""
+    data = npz_dataset(n=24)
+    res = cli(*train_argv(data, "--steps", "5", "--batch-size", first,
+                          "--save", tmp_path / "whole.npz"))
+    assert res.code == 0, res.err
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "3", "--batch-size", first, "--checkpoint-dir", ck,
+                          "--json"))
+    assert res.code == 0, res.err
+    assert json.loads(res.out.splitlines()[-1])["batch_size"] == 24
+    res = cli(*train_argv(data, "--steps", "5", "--batch-size", then, "--checkpoint-dir", ck,
+                          "--resume", "--save", tmp_path / "resumed.npz"))
+    assert res.code == 0, res.err
+    assert "(step 3)" in res.err
+    assert_bit_identical(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+    res = cli(*train_argv(data, "--steps", "6", "--batch-size", "23", "--checkpoint-dir", ck,
+                          "--resume"))
+    assert res.code == 2 and "--batch-size" in res.err and "23" in res.err, res.err
+
+
 def test_resume_on_the_same_devices_keeps_the_partition(cli, npz_dataset, tmp_path):
     """The checkpoint keeps the partition, the calibration and the balancer's estimates; a
     resumed run on the same devices starts from them (static: no moves, so its final partition
