@@ -84,7 +84,8 @@ class Network:
     stride; ``Pk`` / ``PksS`` a max-pool; ``UN`` a hidden fc layer of U units; the classifier
     is implicit). input_shape: (C, H, W) of one image. devices: a device SPEC such as
     ``"cpu:1,cpu:1"``, ``"numpy"``, ``"gpu:0,cpu"`` or ``"auto"``. balance: ``"dynamic"``,
-    ``"static"`` or ``"even"``. seed: the initial weights (PyTorch's default initialisation).
+    ``"static"`` or ``"even"``. seed: the initial weights (PyTorch's default initialisation)
+    and the data order of fit().
 
     The devices (each with its own worker thread) are started when first needed and stopped
     by close() or the end of a ``with`` block; the network can be used again after close().
@@ -497,9 +498,10 @@ class Network:
 
 
 def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dynamic",
-         input_shape: Optional[Sequence[int]] = None) -> Network:
+         input_shape: Optional[Sequence[int]] = None, seed: int = 0) -> Network:
     """The Network saved in a weight file. input_shape (C, H, W) is needed only for files of
-    earlier versions, which do not record it."""
+    earlier versions, which do not record it; seed: as Network's, for later fits' data order
+    (a weight file does not record the seed it was trained with)."""
     path = _path(path, "load")
     input_shape = None if input_shape is None else _input_shape(input_shape)
     read = read_weight_file(path)
@@ -514,8 +516,8 @@ def load(path: "str | os.PathLike", devices: str = "auto", *, balance: str = "dy
                                            WeightsError,
                                            f"weight file {path}: its normalization")
     net = Network(geometry.arch, geometry.input_shape, geometry.num_classes, devices=devices,
-                  balance=balance, classes=meta.get("classes"), normalization=normalization,
-                  weights=params)
+                  balance=balance, seed=seed, classes=meta.get("classes"),
+                  normalization=normalization, weights=params)
     net._records_normalization = bool(meta.get("records_normalization", False))
     return net
 

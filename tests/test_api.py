@@ -104,6 +104,28 @@ def test_fit_predict_evaluate_save_load_and_no_threads_left(tmp_path):
     assert pyhet_threads() == []
 
 
+def test_load_takes_the_seed_that_orders_later_fits(tmp_path):
+    """A weight file does not record the seed; load(seed=) gives it, so a loaded network's fit
+    draws the same batches as the network it was saved from (another seed, other batches)."""
+    x, y = arrays()
+    kw = dict(steps=3, batch_size=8, lr=0.05)
+    with pyhet.Network(ARCH, input_shape=(1, 12, 12), num_classes=3, devices="numpy",
+                       seed=5) as net:
+        net.save(tmp_path / "w.npz")
+        net.fit(x, y, **kw)
+        want = net.params()
+    got = {}
+    for seed in (5, 0):
+        with pyhet.load(tmp_path / "w.npz", devices="numpy", seed=seed) as back:
+            back.fit(x, y, **kw)
+            got[seed] = back.params()
+    for k in want:
+        np.testing.assert_array_equal(got[5][k], want[k], err_msg=k)
+    assert not np.array_equal(got[0]["fc.weight"], want["fc.weight"])
+    with pytest.raises(UsageError, match="seed"):
+        pyhet.load(tmp_path / "w.npz", devices="numpy", seed=-1)
+
+
 def test_network_can_be_used_again_after_close():
     x, y = arrays()
     net = pyhet.Network(ARCH, input_shape=(1, 12, 12), num_classes=3, devices="numpy")
