@@ -76,9 +76,9 @@ class Calibration:
         counts = balanced_phases(total, self.phases_of(layer), caps)
         alone = self.alone_seconds(layer, total)
         fits = [i for i, c in enumerate(caps) if c >= total]
-        if alone is not None and fits and sum(1 for k in counts if k) > 1:
+        if alone is not None and fits:
             i = min(fits, key=lambda j: alone[j])
-            if alone[i] < self.predicted(layer, counts):
+            if alone[i] <= self.predicted(layer, counts):
                 counts = [total if j == i else 0 for j in range(len(counts))]
         return counts
 

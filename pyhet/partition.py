@@ -198,9 +198,14 @@ def _least_time(speeds, overheads, caps, total) -> float:
     if caps[use].sum() < total * (1 - 1e-12):
         return math.inf
     s, o, c = speeds[use], overheads[use], caps[use]
-    points = np.unique(np.concatenate([o, o + c / s]))
-    held = np.minimum(c[None, :], np.maximum(0.0, (points[:, None] - o[None, :]) *
-                                             s[None, :])).sum(axis=1)
+    full = o + c / s
+    points = np.unique(np.concatenate([o, full]))
+    # a device holds its cap exactly from its fill point on: (full - o) * s may come out a
+    # little short of it (o far above c / s), and a total missed by that rounding would be met
+    # only at a later, wrong point
+    held = np.where(points[:, None] >= full[None, :], c[None, :],
+                    np.minimum(c[None, :], np.maximum(0.0, (points[:, None] - o[None, :]) *
+                                                      s[None, :]))).sum(axis=1)
     j = int(np.searchsorted(held, total * (1 - 1e-12)))
     if j >= len(points):
         return float(points[-1])

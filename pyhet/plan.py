@@ -86,6 +86,10 @@ MAX_SECONDS = 3600.0         # a latency or fixed work of at most an hour
 def parse_bandwidth(text: str) -> float:
     """'10gbit' (bits/s: bit, kbit, mbit, gbit, tbit) or '1.2GB' (bytes/s) -> bytes/s (> 0)."""
     units = {**{k: v / 8 for k, v in _BITS.items()}, **_BYTES}
+    unit = re.fullmatch(r".*?([A-Za-z]*)(?:/s)?", text.strip(), re.S)[1]
+    if unit.endswith("b"):      # 100Mb: megabits to some, megabytes to others
+        raise UsageError(f"bandwidth {shown(text)}: a lowercase b is ambiguous; write bits as "
+                         f"{unit[:-1].lower()}bit or bytes as {unit[:-1].upper()}B")
     v = _quantity(text, units, "bandwidth", "10gbit or 1.2GB")
     if v <= 0:
         raise UsageError(f"bandwidth {shown(text)}: must be > 0")
@@ -550,9 +554,9 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
-        if fits and sum(1 for k in counts if k) > 1:
+        if fits:
             i = min(fits, key=lambda j: _alone_s(cs[j], g.K))
-            if _alone_s(cs[i], g.K) < layer_seconds(cs, counts):
+            if _alone_s(cs[i], g.K) <= layer_seconds(cs, counts):
                 counts = [g.K if j == i else 0 for j in range(len(cs))]
         out[g.name] = counts
     return out
@@ -714,9 +718,12 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
     rows = []
     for lk, name in zip(links, link_names(links)):
         for n in counts:
+            # the column's link is the described devices'; an entry of a calibrated device's
+            # own link (no gflops=, no like=) keeps the link it gives
             cluster = build_cluster(net, batch, calibrated,
-                                    [d if lk is None else replace(d, link=lk) for d in described],
-                                    count=n)
+                                    [replace(d, link=lk) if lk is not None and (
+                                        d.gflops is not None or d.like is not None) else d
+                                     for d in described], count=n)
             p = plan(cluster, net, batch, master_gflops, ddp_speed)
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],

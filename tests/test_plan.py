@@ -363,10 +363,56 @@ def test_sweep_rows():
     assert rows[0]["speedup"] == pytest.approx(1.0)
 
 
+def test_a_sweeps_link_leaves_a_calibrated_devices_own_link_alone():
+    """--sweep's link is the described devices'; a calibrated device given its own link by a
+    link-only entry stays behind it (it sat behind the column's link)."""
+    names, c = cal({"conv1": [2000.0, 2000.0], "conv2": [500.0, 500.0]})
+    desc = plan.parse_describe("d1:bw=1kbit,lat=1ms;g:gflops=0.01")
+    row = plan.sweep(NET, N, [1], [plan.parse_link("100gbit")], (names, c), desc,
+                     master_gflops=5.0)[0]
+    own = plan.plan(plan.build_cluster(NET, N, (names, c), plan.parse_describe(
+        "d1:bw=1kbit,lat=1ms;g:gflops=0.01,bw=100gbit")), NET, N, 5.0)
+    assert row["predicted_step_s"] == own["predicted_step_s"]
+    assert row["ddp_step_s"] == own["ddp"]["step_s"] > 1.0      # a 1 kbit/s link's all-reduce
+
+
+@pytest.mark.parametrize("describe, net, batch", [
+    # a fast device whose overhead is far above its time per kernel: its fill point rounded
+    # short of its cap, and the search for the split's time went on to a later point
+    ("a:gflops=2.26e5,overhead=4.4ms;b:gflops=7.95e5,bw=130mbit", ["--kernels", "42,37"], 1),
+    ("d0:gflops=7.95e5,overhead=20ms,bw=430mbit;d1:gflops=628,bw=350mbit;"
+     "d2:gflops=8.1e4,overhead=0.87ms", ["--kernels", "3,50"], 2),
+])
+def test_a_plan_is_never_slower_than_its_best_single_device(cli, describe, net, batch):
+    res = cli("plan", "--describe", describe, *net, "--batch-size", str(batch), "--dataset",
+              "synthetic", "--json")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["speedup"] >= 1.0
+
+
+def test_random_plans_are_never_slower_than_their_best_single_device():
+    """Any single device may take a whole layer, so no plan is slower than the best of them."""
+    rng = np.random.default_rng(0)       # three of these plans were slower, before the fix
+    net = arch.build("11C1-6C5-P2", (3, 12, 12), 10)
+    for _ in range(300):
+        entries = []
+        for i in range(int(rng.integers(2, 4))):
+            e = (f"x{i}:gflops={10 ** rng.uniform(0, 6):.6g},"
+                 f"overhead={10 ** rng.uniform(-6, -1):.6g}s")
+            if rng.random() < 0.5:
+                e += f",bw={10 ** rng.uniform(6, 11):.6g}bit"
+            entries.append(e)
+        cluster = plan.build_cluster(net, 2, None, plan.parse_describe(";".join(entries)))
+        r = plan.plan(cluster, net, 2, master_gflops=100.0)
+        assert r["speedup"] >= 1.0 - 1e-9, (entries, r["partition"], r["speedup"])
+
+
 @pytest.mark.parametrize("text, words", [
     ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
     ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit"]),
     ("a:gflops=5,bw=10parsecs", ["bandwidth", "10parsecs"]),
+    ("a:gflops=5,bw=100Mb", ["bandwidth '100Mb'", "ambiguous", "mbit", "MB"]),
+    ("a:gflops=5,bw=1gb/s", ["bandwidth '1gb/s'", "ambiguous", "gbit", "GB"]),
     ("a:gflops=0", ["gflops must be 1e-06 to 1e+09, got 0"]),
     # quantities beyond any hardware, whose sums in the model were no longer numbers
     ("a:gflops=1e-300,bw=10gbit", ["gflops must be 1e-06 to 1e+09, got 1e-300"]),
