@@ -126,7 +126,6 @@ class Network:
         self._params = (init_params(self.geometry, seed) if weights is None
                         else checked_params(weights, self.geometry))
         self._epochs = 0          # epochs begun by fit() so far: the next fit's data order
-        self._diverged = None     # the error of a fit that diverged after changing weights
         # False for a file of an earlier version (load()), which does not say how its
         # training images were prepared
         self._records_normalization = True
@@ -259,7 +258,8 @@ class Network:
         and its weight file's from then on) as the dataset prepared its images: with its
         normalisation, or / 255 where it has none (an npz file of uint8 pixels), as ``pyhet
         train`` records it. A call that is refused before it changes a weight leaves the
-        network as it was.
+        network as it was, and so does one that diverges (TrainingError: its weights,
+        momentum and data order are put back; the checkpoints it wrote stay).
 
         checkpoint_dir, resume, overwrite, checkpoint_every, keep: checkpoints as ``pyhet
         train`` writes them (the folder is locked while fit() runs and belongs to one fit();
@@ -338,6 +338,10 @@ class Network:
     def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback, changed) -> dict:
         # changed["weights"]: set to True once the weights are no longer the network's own
         start = {"step": 0, "epoch": self._epochs, "batch": 0}
+        # the network as it is now, which a fit that diverges puts back: its weights may have
+        # grown so large that every output overflows, and every later fit with them too
+        before = ((self._net.params(), self._net.momentum()) if self._net is not None
+                  else (self._params, None), self._epochs)
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
         if found:      # the checkpoint's weights and momentum, on freshly planned devices
             path, params, moms, meta = found
@@ -369,21 +373,35 @@ class Network:
         try:
             result = run_steps(cfg, ds, net, start, log, balance, callback,
                                save_checkpoint=save if folder is not None else None, at=at)
-            self._diverged = None
         except TrainingError as e:
-            # diverged after this fit changed the weights: they are finite (a step whose loss
-            # is not finite makes no update) but may be so large that every output overflows,
-            # so save() refuses them until a fit ends well
-            if getattr(net, "steps_made", 0) > made:
-                self._diverged = e
-            raise
-        finally:
+            self._put_back(net, *before)
+            changed["weights"] = False
+            raise TrainingError(f"{e}; the network is as it was before this fit(): its "
+                                f"weights, momentum and data order are put back") from None
+        except BaseException:
             if getattr(net, "steps_made", 0) > made:
                 changed["weights"] = True
             # the epochs begun, also when training stopped early (Ctrl-C, a callback's error):
             # the next fit() goes on with the next epoch's order
             self._epochs = at["epoch"] + (1 if at["batch"] else 0)
+            raise
+        if getattr(net, "steps_made", 0) > made:
+            changed["weights"] = True
+        self._epochs = at["epoch"] + (1 if at["batch"] else 0)
         return with_plan(result, net, self._devices, self._calibration, balance)
+
+    def _put_back(self, net, state, epochs) -> None:
+        """Make the network as it was before a fit that diverged: state (weights, momentum or
+        None where the devices were not running) on the devices as they are now, and the data
+        order; where a device fails meanwhile, the weights alone, the devices stopped."""
+        params, moms = state
+        self._epochs = epochs
+        try:
+            none = {name: (None, None) for name in [c.name for c in net.convs] + net.head.names}
+            net.set_state(params, moms if moms is not None else none)
+        except Exception:
+            self._close()
+            self._params = params
 
     def _training_data(self, x, y, dataset, data_dir, x_test, y_test) -> Dataset:
         if dataset is not None:
@@ -486,10 +504,6 @@ class Network:
         path = _path(path, "save")
         check_file_destination(path, "save")     # a folder, a missing one: before writing
         params = self.params()
-        if self._diverged is not None:
-            raise TrainingError(f"save {path}: the network's last fit diverged "
-                                f"({self._diverged}): nothing written; fit it again, or save "
-                                f"before a fit that may diverge")
         bad = [k for k, v in params.items() if not np.isfinite(v).all()]
         if bad:      # a fit() that diverged: a file that load() would refuse
             raise TrainingError(f"save {path}: {', '.join(bad)} hold NaN or infinite "

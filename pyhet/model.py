@@ -457,8 +457,10 @@ class Net:
         for conv in self.convs:
             _, _, vw, vb = conv.gather_state()
             out[conv.name] = (vw, vb)
-        for name in self.head.names:
-            out[name] = (self.head.momentum[name]["weight"], self.head.momentum[name]["bias"])
+        for name in self.head.names:   # copies: the update changes the buffers in place
+            out[name] = tuple(None if v is None else np.array(v)
+                              for v in (self.head.momentum[name]["weight"],
+                                        self.head.momentum[name]["bias"]))
         return out
 
     def set_momentum(self, moms: dict) -> None:
@@ -472,6 +474,18 @@ class Net:
             if f"{name}.weight" in moms:
                 self.head.momentum[name] = {"weight": moms[f"{name}.weight"].copy(),
                                             "bias": moms[f"{name}.bias"].copy()}
+
+    def set_state(self, params: dict, moms: dict) -> None:
+        """Install whole weights (as params() gives them) and momentum (as momentum() gives
+        it: (None, None) where there is none) on the devices as the layers are partitioned
+        now; a fit that diverged puts back those it started with."""
+        for conv in self.convs:
+            conv.set_state(params[f"{conv.name}.weight"], params[f"{conv.name}.bias"],
+                           *moms[conv.name])
+        for name, fc in zip(self.head.names, self.head.fcs):
+            fc.params = {k: np.array(params[f"{name}.{k}"]) for k in ("weight", "bias")}
+            self.head.momentum[name] = {k: None if v is None else np.array(v)
+                                        for k, v in zip(("weight", "bias"), moms[name])}
 
     def fail_over(self, failed, states: dict, partition: dict | None) -> None:
         """Leave the devices `failed` (indices) out from now on; every conv layer gets its

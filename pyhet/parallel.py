@@ -95,6 +95,15 @@ class PartitionedConv:
                                        part(vb, k0, k1))
                 for i, (k0, k1) in enumerate(self.bounds) if i not in self.dead])
 
+    def set_state(self, w, b, vw, vb):
+        """The whole layer's weights and momentum (host arrays; momentum None where there is
+        none), on the devices as the layer is partitioned now, or kept here where every
+        device failed."""
+        if self.live:
+            self.install(w, b, vw, vb, self.counts)
+        else:
+            self._orphan = tuple(None if a is None else np.array(a) for a in (w, b, vw, vb))
+
     def _checked(self, counts, K: int) -> list:
         counts = [int(c) for c in counts]
         if len(counts) != len(self.devices) or min(counts) < 0 or sum(counts) != K or any(

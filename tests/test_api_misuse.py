@@ -255,17 +255,27 @@ def test_a_tilde_in_save_load_and_checkpoint_dir_is_the_home_folder(tmp_path, mo
         assert back.arch == ARCH
 
 
-def test_a_network_whose_fit_diverged_is_not_saved_until_a_fit_ends_well(tmp_path):
-    # its weights stay finite (a step whose loss is not finite makes no update), but so large
-    # that every output overflows: save wrote a file whose network fails every predict
+def test_a_fit_that_diverges_puts_back_the_network_it_started_with(tmp_path):
+    """Its weights stayed finite (a step whose loss is not finite makes no update) but so large
+    that every output overflowed: predict failed, every later fit diverged at its first step,
+    and save refused. The fit now puts back the weights, momentum and data order it started
+    from: the network goes on as if the call had not been made."""
     x, y = arrays()
+    kw = dict(steps=3, batch_size=4, lr=0.05)
+    with network() as ref:
+        ref.fit(x, y, **kw)
+        ref.fit(x, y, **kw)
+        want = ref.params()
     with network() as net:
-        with pytest.raises(TrainingError, match="diverged"):
-            net.fit(x, y, steps=4, batch_size=4, lr=1e30)
-        assert all(np.isfinite(v).all() for v in net.params().values())
-        with pytest.raises(TrainingError, match="the network's last fit diverged"):
-            net.save(tmp_path / "w.npz")
-        assert not (tmp_path / "w.npz").exists()
+        net.fit(x, y, **kw)
+        with pytest.raises(TrainingError, match="diverged.*as it was before this fit"):
+            net.fit(x, y, steps=4, batch_size=4, lr=1e30, checkpoint_dir=tmp_path / "ck")
+        assert os.listdir(tmp_path / "ck")          # the checkpoints it wrote stay
+        net.fit(x, y, **kw)                         # momentum and data order as before
+        got = net.params()
+        net.save(tmp_path / "w.npz")
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
     before = network().params()
     before["fc.weight"] = np.sign(before["fc.weight"]) * np.float32(3e38)
     with network(weights=before) as fresh:
