@@ -37,6 +37,7 @@ from .checkpoint import CheckpointDir
 from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
                      shown)
 from .geometry import NetGeometry
+from .interrupt import HeldSigint
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, read_weight_file, save_weights)
 from .specs import cuda_device_count, parse_devices
@@ -206,15 +207,22 @@ class Network:
         self._close()
 
     def _close(self) -> None:
-        if self._net is not None:
+        # Ctrl-C waits until every device is stopped and the network holds its weights (cut
+        # short, it kept stopped devices, or older weights, and left threads running)
+        with HeldSigint():
             try:
-                self._params = self._net.params()
-            except Exception:  # a failed device: keep the last weights we had
-                pass
-        if self._finalizer is not None:
-            self._finalizer()          # closes the devices, once
-        self._devices, self._net, self._calibration, self._finalizer = [], None, None, None
-        self._planned_for, self._batch_high = None, 0
+                if self._net is not None:
+                    try:
+                        self._params = self._net.params()
+                    except Exception:  # a failed device: keep the last weights we had
+                        pass
+            finally:
+                try:
+                    if self._finalizer is not None:
+                        self._finalizer()          # closes the devices, once
+                finally:
+                    self._devices, self._net, self._calibration = [], None, None
+                    self._finalizer, self._planned_for, self._batch_high = None, None, 0
 
     def _not_copied(self, *args):
         raise TypeError("a pyhet.Network runs devices and cannot be copied or pickled: save() "
@@ -398,7 +406,8 @@ class Network:
         self._epochs = epochs
         try:
             none = {name: (None, None) for name in [c.name for c in net.convs] + net.head.names}
-            net.set_state(params, moms if moms is not None else none)
+            with HeldSigint():       # every layer put back, or Ctrl-C waits
+                net.set_state(params, moms if moms is not None else none)
         except Exception:
             self._close()
             self._params = params
@@ -608,8 +617,15 @@ def _overflow_message(what: str, bad, n: int) -> str:
 
 
 def _close_all(devices) -> None:
+    """Close every device, also where one fails to (then its error is raised at the end)."""
+    failed = None
     for d in devices:
-        d.close()
+        try:
+            d.close()
+        except BaseException as e:
+            failed = failed or e
+    if failed is not None:
+        raise failed
 
 
 def _is_whole(v) -> bool:

@@ -45,6 +45,8 @@ Letters as in pyhet.geometry: x (N, C, H, W) layer input, out (N, K, PH, PW) blo
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .devices import (SharedCol, channel_shares, gather, group_gradients, join_states, kept,
@@ -52,6 +54,7 @@ from .devices import (SharedCol, channel_shares, gather, group_gradients, join_s
                       shared_input_grad)
 from .errors import DeviceError
 from .geometry import ConvGeometry
+from .interrupt import HeldSigint
 from .timing import PartTimer
 
 
@@ -176,7 +179,10 @@ class PartitionedConv:
         if counts == self.counts:
             return
         old, new = self.bounds, _ranges(counts)
-        with self.phases("repartition"):
+        # Ctrl-C waits for the move's end: cut short, the devices would hold one partition and
+        # the layer's record another (on other ranks, Ctrl-C there ends every rank)
+        local = all(getattr(d, "peer", None) is None for d in self.devices)
+        with HeldSigint() if local else contextlib.nullcontext(), self.phases("repartition"):
             # 1. each device hands out its kernels outside its new range: global [a, b)
             wanted = []
             for j, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):

@@ -9,6 +9,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +138,60 @@ def test_ctrl_c_while_a_step_commits_leaves_every_layer_at_that_step(monkeypatch
         got = net.params()
     monkeypatch.setattr(model.Head, "update", real)
     assert_same(got, trained(1))
+
+
+def pyhet_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("pyhet-")]
+
+
+def test_ctrl_c_while_kernels_move_waits_for_the_move(monkeypatch):
+    """SIGINT (a real one, sent from a device's worker while the balancer's move runs) is held
+    until every device holds its new kernels and the layer records them: cut short, the
+    devices held one partition and the layer another, and every later call failed."""
+    x, y = data()
+    with pyhet.Network("6C3-P2-8N", SHAPE, 3, devices="cpu:1,cpu:1", seed=3) as net:
+        net.fit(x, y, steps=1, batch_size=8)
+        conv = net._net.convs[0]
+        c0, c1 = conv.counts
+        want = [c0 - 1, c1 + 1] if c0 > 0 else [c0 + 1, c1 - 1]
+        dev = conv.devices[1]
+        real = dev.reshard
+
+        def reshard(*args):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)                      # the main thread waits on this work
+            return real(*args)
+        monkeypatch.setattr(dev, "reshard", reshard)
+        with pytest.raises(KeyboardInterrupt):
+            conv.repartition(want)
+        assert conv.counts == want
+        assert [d._shards["conv1"].k for d in conv.devices] == want
+        assert net.predict(x[:4]).shape == (4, 3)
+        net.fit(x, y, steps=1, batch_size=8)
+
+
+def test_ctrl_c_while_the_devices_stop_stops_them_all(monkeypatch):
+    """SIGINT while close() stops the first device: every device is stopped, the network lets
+    them go (it kept stopped devices: every call failed), and then it is a KeyboardInterrupt."""
+    x, y = data()
+    net = pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1,cpu:1", seed=3)
+    net.fit(x, y, steps=1, batch_size=8)
+    want = net.params()
+    dev = net._devices[0]
+    real = dev._release
+
+    def release():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        real()
+    monkeypatch.setattr(dev, "_release", release)
+    with pytest.raises(KeyboardInterrupt):
+        net.close()
+    assert pyhet_threads() == []
+    assert_same(net.params(), want)
+    assert net.predict(x[:4]).shape == (4, 3)
+    net.close()
+    assert pyhet_threads() == []
 
 
 def test_ctrl_c_outside_the_commit_is_not_held():
