@@ -974,14 +974,22 @@ def entry():  # console script (through pyhet._command)
             signal.signal(signal.SIGTERM, _terminate)
         try:
             code = main()
+            try:
+                sys.stdout.flush()
+            except OutputError as e:
+                code = report_output_error(e)
+            # the command is over, its output written: what is left is Python's shutdown,
+            # where a signal killed the process without a line (Python puts back the default
+            # handlers there) or broke the exit with a traceback; one now changes nothing
+            # (under mpiexec, where MPI's shutdown waits for the other ranks, a signal still
+            # ends a rank)
+            if launched_size() <= 1:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
         except KeyboardInterrupt as e:   # while the parser is built or reads the arguments
             if isinstance(e, Interrupted):
                 print(f"pyhet: {e.message}", file=sys.stderr, flush=True)
                 os._exit(e.exit_status)
             _loading_interrupted()
             raise
-        try:
-            sys.stdout.flush()
-        except OutputError as e:
-            code = report_output_error(e)
     sys.exit(code)

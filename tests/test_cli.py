@@ -585,6 +585,25 @@ def test_sigterm_outside_training_is_one_line_and_143():
     assert (p.returncode, p.stderr) == (143, "pyhet: interrupted by SIGTERM\n"), p.stderr
 
 
+def test_a_signal_once_the_command_is_over_changes_nothing():
+    # after the output was written, Python's shutdown killed the process by the signal (no
+    # line, status -15) or broke the exit with a traceback (status 1)
+    code = ("import os, signal, sys, time\n"
+            "from pyhet import cli\n"
+            "end = sys.exit\n"
+            "def exit(code):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    time.sleep(0.1)\n"
+            "    end(code)\n"
+            "sys.exit = exit\n"
+            "sys.argv = ['pyhet', 'plan', '--describe', 'g:gflops=5', '--json']\n"
+            "cli.entry()\n")
+    p = run_python(code)
+    assert (p.returncode, p.stderr) == (0, ""), (p.returncode, p.stderr)
+    assert json.loads(p.stdout)["devices"]
+
+
 @pytest.mark.parametrize("argv", [["train", "--steps=--"], ["train", "--init=--"],
                                   ["evaluate", "--weights=--"], ["plan", "--sweep=--"],
                                   ["bench", "gemm", "--shapes=--"],
