@@ -1139,6 +1139,9 @@ PackedB::PackedB(bool trans, int64_t K, int64_t N) : trans_(trans), K_(K), N_(N)
     const size_t bytes = round_up(floats_ * static_cast<int64_t>(sizeof(float)), 64);
     data_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
     if (!data_) throw std::bad_alloc();
+    // zeros until packed: a product read from parts never packed gives zeros, not whatever
+    // the memory held (once per buffer, which a layer keeps from step to step)
+    std::memset(data_.get(), 0, bytes);
   }
 }
 

@@ -234,14 +234,15 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
 
 # ------------------------------------------------------------------------------------------------
 # GEMM with op(B) packed once, for several products that share B (the devices of one process
-# multiplying their own rows of weights by one im2col matrix): made empty by packed_b, filled in
+# multiplying their own rows of weights by one im2col matrix): made of zeros by packed_b, filled in
 # parts by pack_b (parts that do not overlap may be packed at once from different threads), used
 # by sgemm_packed, which then packs only its A.
 
 
 def packed_b(k, n, *, trans_b=False):
     """Room for op(b) (k, n) packed for the GEMM's micro-kernel in use now (b is stored (n, k)
-    when trans_b). Its ``slivers`` are its panels of columns, the unit of pack_b's parts."""
+    when trans_b), zeros until pack_b fills it. Its ``slivers`` are its panels of columns, the
+    unit of pack_b's parts."""
     k, n = _size(k, "k", "packed_b"), _size(n, "n", "packed_b")
     return _core_call("packed_b", "ints k and n and a bool trans_b", _core.PackedB, k, n,
                       trans_b=bool(trans_b))

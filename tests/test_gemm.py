@@ -682,6 +682,27 @@ def test_packed_b_k_zero_scales_c(beta):
     np.testing.assert_array_equal(c, beta * c0)
 
 
+def test_packed_b_is_zeros_until_packed():
+    """Parts never packed read as zeros (they held whatever the memory did: a different
+    product each call): an empty PackedB gives beta * c, one packed in part the product of the
+    rows packed."""
+    rng = np.random.default_rng(4)
+    m, n, k = 5, 37, 300
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    for _ in range(3):     # fresh allocations, which may reuse freed memory
+        junk = ops.packed_b(k, n)
+        ops.pack_b(rng.standard_normal((k, n)).astype(np.float32) * 1e30, junk)
+        del junk
+        packed = ops.packed_b(k, n)
+        np.testing.assert_array_equal(ops.sgemm_packed(a, packed, c0.copy(), beta=0.5),
+                                      0.5 * c0)
+        ops.pack_b(b, packed, rows=(0, 100))
+        want = a[:, :100].astype(np.float64) @ b[:100]
+        np.testing.assert_allclose(ops.sgemm_packed(a, packed), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("pack,room", [(ops.pack_b, ops.packed_b),
                                        (ops.pack_quadrants, ops.packed_quadrants)])
 def test_packed_b_of_another_kernel_is_refused(pack, room):
