@@ -348,8 +348,11 @@ class Network:
         start = {"step": 0, "epoch": self._epochs, "batch": 0}
         # the network as it is now, which a fit that diverges puts back: its weights may have
         # grown so large that every output overflows, and every later fit with them too
-        before = ((self._net.params(), self._net.momentum()) if self._net is not None
-                  else (self._params, None), self._epochs)
+        try:
+            before = ((self._net.params(), self._net.momentum()) if self._net is not None
+                      else (self._params, None), self._epochs)
+        except Exception:   # a device that failed since: training fails over, if it can
+            before = None
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
         if found:      # the checkpoint's weights and momentum, on freshly planned devices
             path, params, moms, meta = found
@@ -382,6 +385,10 @@ class Network:
             result = run_steps(cfg, ds, net, start, log, balance, callback,
                                save_checkpoint=save if folder is not None else None, at=at)
         except TrainingError as e:
+            if before is None:       # nothing to put back (rare: see above)
+                self._epochs = at["epoch"] + (1 if at["batch"] else 0)
+                changed["weights"] = getattr(net, "steps_made", 0) > made or changed["weights"]
+                raise
             self._put_back(net, *before)
             changed["weights"] = False
             raise TrainingError(f"{e}; the network is as it was before this fit(): its "

@@ -287,6 +287,27 @@ def test_a_fit_that_diverges_puts_back_the_network_it_started_with(tmp_path):
         assert all(np.array_equal(back.params()[k], before[k]) for k in before)
 
 
+def test_a_diverging_fit_that_could_not_read_the_weights_first_says_nothing_of_them(
+        monkeypatch):
+    """Where the weights could not be read before the fit (a device that failed since), the
+    error does not claim that they were put back."""
+    from pyhet import model
+    x, y = arrays()
+    with network() as net:
+        net.fit(x, y, steps=2, batch_size=4, lr=0.05)
+        real, calls = model.Net.params, []
+
+        def params(self):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("a device that failed")
+            return real(self)
+        monkeypatch.setattr(model.Net, "params", params)
+        with pytest.raises(TrainingError, match="diverged") as e:
+            net.fit(x, y, steps=4, batch_size=4, lr=1e30)
+        assert "put back" not in str(e.value)
+
+
 def test_a_callback_that_raises_leaves_its_steps_checkpoint(tmp_path):
     # the callback ran before the step's checkpoint was written: the folder stayed a step
     # behind the network, and resuming redid that step
