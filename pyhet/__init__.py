@@ -34,12 +34,28 @@ def _loading_interrupted() -> None:
         os._exit(130)
 
 
+def _interrupted_import(e: ImportError) -> bool:
+    """Whether an ImportError is Ctrl-C in disguise: NumPy reports a KeyboardInterrupt while
+    its C extensions load as a failed import (a page of advice on broken installs)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 try:
     from . import errors, ops
     from .api import Network, load
     from .data import Dataset, load_dataset
 except KeyboardInterrupt:
     _loading_interrupted()
+    raise
+except ImportError as e:
+    if _interrupted_import(e):
+        _loading_interrupted()
     raise
 
 __version__ = "0.1.0"

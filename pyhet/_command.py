@@ -5,7 +5,7 @@ pyhet.cli itself (finding and reading its code) came after that and before pyhet
 guard, where it gave a traceback.
 """
 
-from . import _loading_interrupted
+from . import _interrupted_import, _loading_interrupted
 
 
 def entry():   # console script, and `python -m pyhet`
@@ -13,5 +13,9 @@ def entry():   # console script, and `python -m pyhet`
         from .cli import entry as run
     except KeyboardInterrupt:
         _loading_interrupted()
+        raise
+    except ImportError as e:
+        if _interrupted_import(e):
+            _loading_interrupted()
         raise
     run()

@@ -569,6 +569,30 @@ def test_ctrl_c_while_the_parser_is_built_or_the_cli_loads_is_one_line():
         assert (p.returncode, p.stderr) == (130, "pyhet: interrupted\n"), (p.returncode, p.stderr)
 
 
+@pytest.mark.parametrize("module", ["pyhet.ops", "pyhet.cli"])
+def test_ctrl_c_that_a_library_reports_as_a_failed_import_is_one_line(module):
+    """NumPy turns Ctrl-C while its C extensions load into an ImportError (a page of advice on
+    broken installs, status 1); the KeyboardInterrupt is in its chain."""
+    code = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == {module!r}:\n"
+            "            try:\n"
+            "                raise KeyboardInterrupt\n"
+            "            except KeyboardInterrupt as e:\n"
+            "                raise ImportError('the C extensions failed to load') from e\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            "sys.argv = ['pyhet', 'train']\n"
+            "from pyhet._command import entry\n"
+            "entry()\n")
+    p = run_python(code)
+    assert (p.returncode, p.stderr) == (130, "pyhet: interrupted\n"), (p.returncode, p.stderr)
+    # an import that fails on its own is still its traceback
+    p = run_python(code.replace("raise KeyboardInterrupt", "raise OSError('no such file')")
+                   .replace("except KeyboardInterrupt", "except OSError"))
+    assert p.returncode == 1 and "ImportError: the C extensions failed to load" in p.stderr
+
+
 def test_sigterm_outside_training_is_one_line_and_143():
     # before training installs its handlers (and in evaluate, predict, plan, bench) SIGTERM
     # killed the process without a word
