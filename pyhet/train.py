@@ -767,15 +767,17 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
                             f"outputs overflow, training diverged"
                             + ("; the weights were not saved" if cfg.save else "")
                             + "; " + _advice(cfg))
-    if test is None and cfg.save and step > 0:
-        # no test split to tell: the same check on a batch of training images, before --save
-        # writes weights that give NaN on every input
+    if test is None and step > 0:
+        # no test split to tell: the same check on a batch of training images (weights that
+        # give NaN on every input are not a run that ended well, saved or not; fit() puts back
+        # the weights it started from)
         n = largest_batch(cfg, ds)
         probe = evaluate(net, ds.x_train[:n], ds.y_train[:n], n)["loss"]
         if not math.isfinite(probe):
             raise TrainingError(f"the loss on the first {n} training images is {probe} after "
                                 f"step {step}: the network's outputs overflow, training "
-                                f"diverged; the weights were not saved; " + _advice(cfg))
+                                f"diverged" + ("; the weights were not saved" if cfg.save
+                                               else "") + "; " + _advice(cfg))
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,

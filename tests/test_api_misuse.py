@@ -287,6 +287,21 @@ def test_a_fit_that_diverges_puts_back_the_network_it_started_with(tmp_path):
         assert all(np.array_equal(back.params()[k], before[k]) for k in before)
 
 
+def test_a_fit_whose_outputs_all_overflow_at_its_end_diverged():
+    """Without a test split, a fit whose last update made the weights so large (and finite)
+    that every output overflows ended well; predict failed, and every later fit diverged at its
+    first step and was put back to those weights. It is a TrainingError, and put back."""
+    x, y = arrays()
+    with network() as net:
+        want = net.params()
+        with pytest.raises(TrainingError, match="training images is nan.*put back"):
+            net.fit(x, y, steps=1, batch_size=8, lr=1e20)
+        for k in want:
+            np.testing.assert_array_equal(net.params()[k], want[k], err_msg=k)
+        net.fit(x, y, steps=2, batch_size=8, lr=0.01)
+        assert np.isfinite(net.predict(x[:4])).all()
+
+
 def test_a_diverging_fit_that_could_not_read_the_weights_first_says_nothing_of_them(
         monkeypatch):
     """Where the weights could not be read before the fit (a device that failed since), the

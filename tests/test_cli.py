@@ -790,3 +790,8 @@ def test_save_without_a_test_split_checks_the_outputs_overflow(cli, tmp_path):
     assert res.code == 1, res.err
     assert "the loss on the first 8 training images is nan" in res.err
     assert "the weights were not saved" in res.err and not (tmp_path / "w.npz").exists()
+    # without --save too: a run whose outputs all overflow has diverged (it ended with 0)
+    res = cli(*train_argv(data, "--steps", "1", "--lr", "1e37"))
+    assert res.code == 1, res.err
+    assert "the loss on the first 8 training images is nan" in res.err
+    assert "not saved" not in res.err
