@@ -7,6 +7,7 @@ kernels exactly by the largest-remainder method, so the counts always sum to the
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 import numpy as np
@@ -187,7 +188,40 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
               (np.where(able, s2, 0.0).tolist(), o2.tolist())]
     counts = _fill(counts, total, cap, phases)
-    return _polish(counts, phases, cap) if n <= 16 else counts
+    counts = _polish(counts, phases, cap) if n <= 16 else counts
+    # a small layer over few devices: every split weighed (the moves of single kernels can
+    # stop short of the best one where a device's overhead is a step of its own)
+    return _every_split(total, phases, cap, counts)
+
+
+EVERY_SPLIT_LIMIT = 5000     # splits weighed at once at most (a few milliseconds)
+
+
+def _every_split(total: int, phases, caps, counts) -> list[int]:
+    """The split of least phases_time among all of `total` kernels over the devices (within
+    caps; none on a device that cannot run), where there are at most EVERY_SPLIT_LIMIT of
+    them; else `counts`. Ties keep `counts`."""
+    n = len(caps)
+    if n < 2 or math.comb(total + n - 1, n - 1) > EVERY_SPLIT_LIMIT:
+        return counts
+    # every split, by stars and bars: n - 1 bars among total + n - 1 places
+    bars = np.array(list(itertools.combinations(range(total + n - 1), n - 1)), np.int64)
+    edges = np.concatenate([np.full((len(bars), 1), -1), bars,
+                            np.full((len(bars), 1), total + n - 1)], axis=1)
+    splits = np.diff(edges, axis=1) - 1                     # (splits, n)
+    can = np.array([caps[i] if all(sp[i] > 0 for sp, _ in phases) else 0 for i in range(n)])
+    splits = splits[(splits <= can).all(axis=1)]
+    if len(splits) == 0:
+        return counts
+    times = np.zeros(len(splits))
+    for speeds, overheads in phases:
+        s, o = np.asarray(speeds, float), np.asarray(overheads, float)
+        t = np.where(splits > 0, o + splits / np.where(s > 0, s, 1.0), 0.0)
+        times += t.max(axis=1)
+    j = int(np.argmin(times))
+    if times[j] < phases_time(counts, phases) * (1 - 1e-12):
+        return [int(k) for k in splits[j]]
+    return counts
 
 
 def _least_time(speeds, overheads, caps, total) -> float:
