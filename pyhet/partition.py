@@ -113,7 +113,7 @@ def predicted_time(counts, speeds, overheads=None) -> float:
 # whole kernels; callers then keep the single-phase split.
 
 
-def balanced_phases(total: int, phases, caps=None) -> list[int]:
+def balanced_phases(total: int, phases, caps=None, every_split: bool = True) -> list[int]:
     """Kernels per device minimising the sum over phases of max_i t_pi(k_i): phases is a list
     of one or two (speeds, overheads), whole numbers summing to `total`.
 
@@ -122,7 +122,9 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     are piecewise linear in T), and the T1 that minimises T1 + T2 is found by a scan and a
     golden-section search. The shares are then rounded down, made up to `total` as by
     balanced() (by each device's time for both phases), and single kernels moved between
-    devices while that shortens the predicted time (up to 16 devices)."""
+    devices while that shortens the predicted time (up to 16 devices); with every_split, a
+    layer of at most EVERY_SPLIT_LIMIT whole-kernel splits has them all weighed (milliseconds:
+    the dynamic balancer, which asks every step, goes without)."""
     if len(phases) == 1:
         return balanced(total, *phases[0], caps)
     if len(phases) != 2:
@@ -191,7 +193,7 @@ def balanced_phases(total: int, phases, caps=None) -> list[int]:
     counts = _polish(counts, phases, cap) if n <= 16 else counts
     # a small layer over few devices: every split weighed (the moves of single kernels can
     # stop short of the best one where a device's overhead is a step of its own)
-    return _every_split(total, phases, cap, counts)
+    return _every_split(total, phases, cap, counts) if every_split else counts
 
 
 EVERY_SPLIT_LIMIT = 5000     # splits weighed at once at most (a few milliseconds)
@@ -352,7 +354,7 @@ class Balancer:
 
     def partition(self) -> list[int]:
         """The best kernels per device under the current estimates."""
-        counts = balanced_phases(self.total, self.model(), self.caps)
+        counts = balanced_phases(self.total, self.model(), self.caps, every_split=False)
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
             # by more than the threshold: a split that times about the same is kept (both
