@@ -349,8 +349,8 @@ class Network:
         # the network as it is now, which a fit that diverges puts back: its weights may have
         # grown so large that every output overflows, and every later fit with them too
         try:
-            before = ((self._net.params(), self._net.momentum()) if self._net is not None
-                      else (self._params, None), self._epochs)
+            before = (self._net.state() if self._net is not None else (self._params, None),
+                      self._epochs)
         except Exception:   # a device that failed since: training fails over, if it can
             before = None
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None

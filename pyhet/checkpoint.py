@@ -247,7 +247,7 @@ class CheckpointDir:
         """Write the checkpoint after step position["step"]; then delete all but the `keep`
         newest. position: {"step", "epoch", "batch"} (the next batch to train); plan: see
         Plan.record."""
-        arrays = dict(net.params())
+        arrays, moms = net.state()
         # never a checkpoint of weights that diverged (the loss, computed before the update,
         # may still have been finite)
         st = self.settings
@@ -255,7 +255,7 @@ class CheckpointDir:
                      divergence_advice(st.get("lr", float("nan")), st.get("momentum", 0.0),
                                        st.get("weight_decay", 0.0), self.python),
                      "neither this checkpoint nor a weight file was written")
-        for name, (vw, vb) in net.momentum().items():
+        for name, (vw, vb) in moms.items():
             if vw is not None:
                 arrays[f"momentum/{name}.weight"], arrays[f"momentum/{name}.bias"] = vw, vb
         meta = {"format": FORMAT, **position,

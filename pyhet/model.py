@@ -440,28 +440,30 @@ class Net:
         """The indices of the devices that failed (pyhet.failover), left out of every layer."""
         return set(self.convs[0].dead)
 
+    def state(self) -> tuple:
+        """(params(), momentum()) from one gathering of each conv layer's shards (which gives
+        the weights and the momentum together)."""
+        params, moms = {}, {}
+        for conv in self.convs:
+            w, b, vw, vb = conv.gather_state()
+            params[f"{conv.name}.weight"], params[f"{conv.name}.bias"] = w, b
+            moms[conv.name] = (vw, vb)
+        for name, fc in zip(self.head.names, self.head.fcs):
+            params[f"{name}.weight"] = np.array(fc.params["weight"])
+            params[f"{name}.bias"] = np.array(fc.params["bias"])
+            # copies: the update changes the buffers in place
+            moms[name] = tuple(None if v is None else np.array(v)
+                               for v in (self.head.momentum[name]["weight"],
+                                         self.head.momentum[name]["bias"]))
+        return params, moms
+
     def params(self) -> dict:
         """The current weights as host float32 arrays in PyTorch's layout, in layer order."""
-        out = {}
-        for conv in self.convs:
-            w, b, _, _ = conv.gather_state()
-            out[f"{conv.name}.weight"], out[f"{conv.name}.bias"] = w, b
-        for name, fc in zip(self.head.names, self.head.fcs):
-            out[f"{name}.weight"] = np.array(fc.params["weight"])
-            out[f"{name}.bias"] = np.array(fc.params["bias"])
-        return out
+        return self.state()[0]
 
     def momentum(self) -> dict:
         """{layer: (vw, vb)} host arrays, (None, None) before the first step."""
-        out = {}
-        for conv in self.convs:
-            _, _, vw, vb = conv.gather_state()
-            out[conv.name] = (vw, vb)
-        for name in self.head.names:   # copies: the update changes the buffers in place
-            out[name] = tuple(None if v is None else np.array(v)
-                              for v in (self.head.momentum[name]["weight"],
-                                        self.head.momentum[name]["bias"]))
-        return out
+        return self.state()[1]
 
     def set_momentum(self, moms: dict) -> None:
         """Install momentum buffers {"conv1.weight": array, ...} (from a checkpoint)."""

@@ -310,14 +310,14 @@ def test_a_diverging_fit_that_could_not_read_the_weights_first_says_nothing_of_t
     x, y = arrays()
     with network() as net:
         net.fit(x, y, steps=2, batch_size=4, lr=0.05)
-        real, calls = model.Net.params, []
+        real, calls = model.Net.state, []
 
-        def params(self):
+        def state(self):
             calls.append(1)
             if len(calls) == 1:
                 raise RuntimeError("a device that failed")
             return real(self)
-        monkeypatch.setattr(model.Net, "params", params)
+        monkeypatch.setattr(model.Net, "state", state)
         with pytest.raises(TrainingError, match="diverged") as e:
             net.fit(x, y, steps=4, batch_size=4, lr=1e30)
         assert "put back" not in str(e.value)
