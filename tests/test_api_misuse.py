@@ -323,6 +323,28 @@ def test_a_diverging_fit_that_could_not_read_the_weights_first_says_nothing_of_t
         assert "put back" not in str(e.value)
 
 
+def test_a_put_back_that_fails_on_the_devices_keeps_the_weights_and_stops_them(monkeypatch):
+    """Where the devices fail while the weights are put back, the network keeps the weights it
+    started from, its devices stopped (the next call starts them afresh)."""
+    from pyhet import model
+    x, y = arrays()
+    with network(devices="cpu:1,cpu:1") as net:
+        net.fit(x, y, steps=2, batch_size=4, lr=0.05)
+        want = net.params()
+
+        def broken(self, params, moms):
+            raise RuntimeError("a device that failed")
+        monkeypatch.setattr(model.Net, "set_state", broken)
+        with pytest.raises(TrainingError, match="put back"):
+            net.fit(x, y, steps=4, batch_size=4, lr=1e30)
+        assert net._net is None and net._devices == []
+        got = net.params()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        monkeypatch.undo()
+        assert np.isfinite(net.predict(x[:4])).all()
+
+
 def test_a_callback_that_raises_leaves_its_steps_checkpoint(tmp_path):
     # the callback ran before the step's checkpoint was written: the folder stayed a step
     # behind the network, and resuming redid that step
