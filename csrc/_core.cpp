@@ -779,6 +779,13 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("m"), py::arg("n"), py::arg("k"), py::arg("threads") = 1,
         "Whether sgemm runs an (m, n) x k product on `threads` threads by Strassen's scheme.");
+  m.def("gemm_splits_k",
+        [](int64_t m, int64_t n, int64_t k, int threads) {
+          return pyhet::gemm::splits_k(m, n, k, threads);
+        },
+        py::arg("m"), py::arg("n"), py::arg("k"), py::arg("threads") = 1,
+        "Whether sgemm splits an (m, n) x k product's k among its `threads` threads (few tiles "
+        "of the output over a long k) rather than the output's rows and columns.");
   m.def("set_gemm_strassen_min_dim", &pyhet::gemm::set_strassen_min_dim, py::arg("dim"),
         "Test hook and benchmark switch: products whose every dimension is at least `dim` use "
         "one level of Strassen's scheme (0: none; < 0: the default again, 768 unless "

@@ -16,6 +16,7 @@
 // (a band of columns), chosen by shape, so no two threads ever write the same element of C.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -233,6 +234,15 @@ void pack_a_from(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0
       // 4 x 4 blocks transposed in registers, as pack_b does for a transposed B; the rows past
       // a multiple of 4 (MR = 6) one by one
       constexpr int whole = MR / 4 * 4;
+      // a cache line of each group of 4 rows at a time, as pack_b does (rows a power of two
+      // apart share one set of L1)
+      for (; p + 16 <= kc; p += 16) {
+        for (int i = 0; i < whole; i += 4)
+          for (int64_t q = p; q < p + 16; q += 4)
+            transpose_4x4<Sum>(A, src + i * lda + q, dst + q * MR + i, MR);
+        for (int i = whole; i < MR; ++i)
+          for (int64_t q = p; q < p + 16; ++q) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
+      }
       for (; p + 4 <= kc; p += 4) {
         for (int i = 0; i < whole; i += 4)
           transpose_4x4<Sum>(A, src + i * lda + p, dst + p * MR + i, MR);
@@ -243,8 +253,32 @@ void pack_a_from(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0
       for (; p < kc; ++p)
         for (int i = 0; i < MR; ++i) dst[p * MR + i] = at<Sum>(A, src + i * lda + p);
     } else {
-      for (int64_t p = 0; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? at<Sum>(A, src + i * lda + p) : 0.f;
+      // An edge sliver (M not a multiple of MR): its whole groups of 4 rows as above, the rest
+      // one by one, then zeros.
+      const int64_t whole = m / 4 * 4;
+      int64_t p = 0;
+#ifdef __SSE2__
+      for (; p + 16 <= kc && whole > 0; p += 16)  // a line at a time, as above
+        for (int64_t i = 0; i < whole; i += 4)
+          for (int64_t q = p; q < p + 16; q += 4)
+            transpose_4x4<Sum>(A, src + i * lda + q, dst + q * MR + i, MR);
+      for (int64_t q = 0; q < p; ++q) {
+        for (int64_t i = whole; i < m; ++i) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
+        for (int64_t i = m; i < MR; ++i) dst[q * MR + i] = 0.f;
+      }
+      for (; p + 4 <= kc; p += 4) {
+        for (int64_t i = 0; i < whole; i += 4)
+          transpose_4x4<Sum>(A, src + i * lda + p, dst + p * MR + i, MR);
+        for (int64_t q = p; q < p + 4; ++q) {
+          for (int64_t i = whole; i < m; ++i) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
+          for (int64_t i = m; i < MR; ++i) dst[q * MR + i] = 0.f;
+        }
+      }
+#endif
+      for (; p < kc; ++p) {
+        for (int64_t i = 0; i < m; ++i) dst[p * MR + i] = at<Sum>(A, src + i * lda + p);
+        for (int64_t i = m; i < MR; ++i) dst[p * MR + i] = 0.f;
+      }
     }
   }
 }
@@ -294,7 +328,14 @@ void pack_b_from(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0
     if (n == NR) {
       int64_t p = 0;
 #ifdef __SSE2__
-      // 4 x 4 blocks transposed in registers
+      // 4 x 4 blocks transposed in registers, 16 p (a cache line of each row) at a time: rows
+      // of B a power of two apart (ldb = 4096) share one set of L1, whose ways NR rows at once
+      // overflow, so each group of 4 rows is read a whole line at a time (not 4 p of all NR
+      // rows, then the next 4: 1.6x slower at ldb = 4096)
+      for (; p + 16 <= kc; p += 16)
+        for (int j = 0; j < NR; j += 4)
+          for (int64_t q = p; q < p + 16; q += 4)
+            transpose_4x4<Sum>(B, src + j * ldb + q, d + q * NR + j, NR);
       for (; p + 4 <= kc; p += 4)
         for (int j = 0; j < NR; j += 4)
           transpose_4x4<Sum>(B, src + j * ldb + p, d + p * NR + j, NR);
@@ -302,8 +343,33 @@ void pack_b_from(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0
       for (; p < kc; ++p)
         for (int j = 0; j < NR; ++j) d[p * NR + j] = at<Sum>(B, src + j * ldb + p);
     } else {
-      for (int64_t p = 0; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) d[p * NR + j] = j < n ? at<Sum>(B, src + j * ldb + p) : 0.f;
+      // An edge sliver (N not a multiple of NR: the weight gradient of a layer of few input
+      // channels has N = C * R * S = 25, 75): its whole groups of 4 rows of B as above, the
+      // rest one by one, then zeros.
+      const int64_t whole = n / 4 * 4;
+      int64_t p = 0;
+#ifdef __SSE2__
+      for (; p + 16 <= kc && whole > 0; p += 16)  // a line at a time, as above
+        for (int64_t j = 0; j < whole; j += 4)
+          for (int64_t q = p; q < p + 16; q += 4)
+            transpose_4x4<Sum>(B, src + j * ldb + q, d + q * NR + j, NR);
+      for (int64_t q = 0; q < p; ++q) {
+        for (int64_t j = whole; j < n; ++j) d[q * NR + j] = at<Sum>(B, src + j * ldb + q);
+        std::memset(d + q * NR + n, 0, sizeof(float) * (NR - n));
+      }
+      for (; p + 4 <= kc; p += 4) {
+        for (int64_t j = 0; j < whole; j += 4)
+          transpose_4x4<Sum>(B, src + j * ldb + p, d + p * NR + j, NR);
+        for (int64_t q = p; q < p + 4; ++q) {
+          for (int64_t j = whole; j < n; ++j) d[q * NR + j] = at<Sum>(B, src + j * ldb + q);
+          std::memset(d + q * NR + n, 0, sizeof(float) * (NR - n));
+        }
+      }
+#endif
+      for (; p < kc; ++p) {
+        for (int64_t j = 0; j < n; ++j) d[p * NR + j] = at<Sum>(B, src + j * ldb + p);
+        std::memset(d + p * NR + n, 0, sizeof(float) * (NR - n));
+      }
     }
   }
 }
@@ -505,6 +571,11 @@ struct Plan {
   // that runs ahead into the next (shorter) K block then never writes over a neighbour's sliver.
   int64_t b_stride = 0;
   int64_t mc = 0;  // the kernel's MC
+  // K split among the threads (see split_k below): thread t runs the K blocks
+  // [k_blocks * t / team, k_blocks * (t + 1) / team), every row and column of C, into C itself
+  // (t = 0) or into its own M x N partial sum, which are then added to C.
+  bool split_k = false;
+  int64_t k_blocks = 0;
 };
 
 // n split into blocks of at most `block`, all of the same size rounded up to a multiple of `unit`.
@@ -561,14 +632,87 @@ Plan make_plan(int64_t M, int64_t N, int64_t K, int threads, int mr, int nr,
   return plan;
 }
 
+// A K block is worth a thread of its own only from this many steps of K (the tile of C is
+// loaded and stored once a block).
+constexpr int64_t kMinSplitKc = 128;
+
+// Packing a float of A or B, in FLOPs of the micro-kernel's time: 27 (copies) to 68 (4 x 4
+// transposes) measured on a Zen 5 core against its 180 GFLOP/s (pack_b of 800 x 4096 floats;
+// sgemm_packed of the same).
+constexpr double kPackFlops = 48;
+// The partial sums of a split K stay below this many floats (16 MiB).
+constexpr int64_t kMaxPartialFloats = int64_t{1} << 22;
+
+// Whether to split K among the threads instead of the rows and columns of C: where C has too few
+// micro-tiles to share out evenly, and each thread of the grid would pack as much as it
+// multiplies (the weight gradient of a first conv layer of few kernels and channels: 32 x 25
+// floats of C over K = 36864 image positions, three 12 x 32 tiles between two threads, a
+// barrier per K block as they share B; or 6 x 16 tiles split by columns, each thread packing
+// all of A). Each thread then packs only its own part of A and B and never waits, and the
+// partial sums, M x N floats a thread, are added up at the end in a fixed order (so a call on
+// the same threads gives the same bits every time). Taken where the busiest thread's work, its
+// micro-tiles' FLOPs and its packing (and the addition of the partial sums), comes to at most
+// 0.9 of the grid's. `b_packed`: op(B) packed beforehand, in K blocks that cannot change.
+void plan_split_k(Plan& plan, int64_t M, int64_t N, int64_t K, int mr, int nr, int64_t kc,
+                  int64_t kc_unit, bool b_packed) {
+  if (plan.team < 2) return;
+  int64_t kc_step = plan.kc_step, blocks = ceil_div(K, kc_step);
+  if (blocks < plan.team && !b_packed) {  // smaller blocks, so that every thread has one
+    const int64_t step = even_step(K, std::min(kc, ceil_div(K, plan.team)), kc_unit);
+    if (step >= kMinSplitKc) {
+      kc_step = step;
+      blocks = ceil_div(K, kc_step);
+    }
+  }
+  const int64_t team = std::min<int64_t>(plan.team, blocks);
+  if (team < 2 || M * N * (team - 1) > kMaxPartialFloats) return;
+  const double tile = 2.0 * mr * nr, m = static_cast<double>(M), n = static_cast<double>(N);
+  const double m_tiles = static_cast<double>(ceil_div(M, mr));
+  const double n_blocks = static_cast<double>(ceil_div(N, plan.nc_step));
+  const double block_tiles = static_cast<double>(ceil_div(plan.nc_step, nr));
+  // the grid's busiest thread: its tiles, its rows of A (packed again for every NC block), its
+  // share of B (all of its columns' slivers, or an even share of each block where they share)
+  const double k = static_cast<double>(K);
+  const double rows = std::min(m, std::ceil(m_tiles / plan.tm) * mr);
+  const double grid =
+      tile * std::ceil(m_tiles / plan.tm) * n_blocks * std::ceil(block_tiles / plan.tn) * k +
+      kPackFlops * (rows * k * n_blocks +
+                    (b_packed ? 0.0 : n * k / (plan.cooperative ? plan.team : plan.tn)));
+  // split: every tile over its K blocks, all rows of A and columns of B over them, and its rows'
+  // share of the addition
+  const double kt = std::min(k, static_cast<double>(ceil_div(blocks, team) * kc_step));
+  const double split = tile * m_tiles * std::ceil(n / nr) * kt +
+                       kPackFlops * (m * kt * n_blocks + (b_packed ? 0.0 : n * kt) + m * n);
+  if (split > 0.9 * grid) return;
+  plan.split_k = true;
+  plan.team = static_cast<int>(team);
+  plan.tm = plan.tn = 1;
+  plan.cooperative = false;
+  plan.b_private = true;  // each thread packs its own K blocks of B
+  plan.kc_step = kc_step;
+  plan.k_blocks = blocks;
+  plan.b_stride = kc_step * nr;
+  plan.b_floats = ceil_div(plan.nc_step, nr) * plan.b_stride;
+  plan.a_floats = std::min(plan.mc, round_up(M, mr)) * kc_step;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The five loops, as run by thread t of the plan's team (or alone: t = 0, tm = tn = 1).
 // `#pragma omp barrier` binds to the team of sgemm's parallel region.
 
 template <int MR, int NR>
 void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, float* bpack,
-                float* apack, const PackedB* packed) {
-  const int row = t / plan.tn, col = t % plan.tn;
+                float* apack, const PackedB* packed, float* partial = nullptr) {
+  const int row = plan.split_k ? 0 : t / plan.tn, col = plan.split_k ? 0 : t % plan.tn;
+  // Where this thread's K blocks go: C, or (split_k, t > 0) its partial sum, M x N.
+  int64_t k0 = 0, k1 = P.K;
+  float* const C = plan.split_k && t > 0 ? partial : P.C;
+  const int64_t ldc = plan.split_k && t > 0 ? P.N : P.ldc;
+  const float beta0 = plan.split_k && t > 0 ? 0.f : P.beta;
+  if (plan.split_k) {
+    k0 = std::min(P.K, plan.k_blocks * t / plan.team * plan.kc_step);
+    k1 = std::min(P.K, plan.k_blocks * (t + 1) / plan.team * plan.kc_step);
+  }
   const int64_t m_tiles = ceil_div(P.M, MR);
   const int64_t m0 = std::min(P.M, m_tiles * row / plan.tm * MR);
   const int64_t m1 = std::min(P.M, m_tiles * (row + 1) / plan.tm * MR);
@@ -591,10 +735,10 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
     const int64_t nc = std::min(plan.nc_step, P.N - jc);
     const int64_t slivers = ceil_div(nc, NR);
     const int64_t s0 = std::min(own0, slivers), s1 = std::min(own1, slivers);
-    for (int64_t pc = 0; pc < P.K; pc += plan.kc_step) {
-      const int64_t kc = std::min(plan.kc_step, P.K - pc);
-      const float beta = pc == 0 ? P.beta : 1.f;  // later K blocks add to the first one
-      const float beta2 = pc == 0 ? P.beta2 : 1.f;
+    for (int64_t pc = k0; pc < k1; pc += plan.kc_step) {
+      const int64_t kc = std::min(plan.kc_step, k1 - pc);
+      const float beta = pc == k0 ? beta0 : 1.f;  // later K blocks add to the first one
+      const float beta2 = pc == k0 ? P.beta2 : 1.f;
       const float* b = bpack;
       if (packed) {  // op(B) packed whole beforehand: nothing to pack, nothing to wait for
         b = packed->block(pc, jc);
@@ -611,7 +755,7 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
         const int64_t mc = std::min(mc_step, m1 - ic);
         pack_a<MR>(P.trans_a, A, ic, mc, pc, kc, apack);
         macro_kernel<MR, NR>(kernel, mc, nc, kc, s0, s1, apack, b, plan.b_stride, P.alpha, beta,
-                             P.C + ic * P.ldc + jc, P.ldc,
+                             C + ic * ldc + jc, ldc,
                              P.C2 ? P.C2 + ic * P.ldc + jc : nullptr, P.alpha2, beta2);
       }
       if (plan.cooperative) {
@@ -619,6 +763,14 @@ void run_thread(const Problem& P, const Plan& plan, MicroKernel kernel, int t, f
       }
     }
   }
+}
+
+// Whether run_tiled splits K for a plain product (sgemm's; no packed operand).
+template <int MR, int NR>
+bool plans_split_k(int64_t M, int64_t N, int64_t K, int threads, const Blocks& blocks) {
+  Plan plan = make_plan(M, N, K, threads, MR, NR, blocks);
+  plan_split_k(plan, M, N, K, MR, NR, blocks.kc, 1, false);
+  return plan.split_k;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -629,17 +781,34 @@ template <int MR, int NR>
 void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int threads,
                const PackedB* packed) {
   // K blocks of whole NR x NR tiles of a packed source read transposed (pack_b_packed_t)
-  Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks, P.bt ? NR : 1);
+  const int64_t kc_unit = P.bt ? NR : 1;
+  Plan plan = make_plan(P.M, P.N, P.K, threads, MR, NR, blocks, kc_unit);
+  if (packed && (packed->kc_step() != plan.kc_step || packed->nr() != NR))
+    throw std::logic_error("sgemm_packed: B packed with other blocks than this kernel's");
+  if (!P.C2) plan_split_k(plan, P.M, P.N, P.K, MR, NR, blocks.kc, kc_unit, packed != nullptr);
   if (packed) {  // every thread reads the shared packed B: no B work space, no barriers
-    if (packed->kc_step() != plan.kc_step || packed->nr() != NR)
-      throw std::logic_error("sgemm_packed: B packed with other blocks than this kernel's");
     plan.cooperative = plan.b_private = false;
     plan.b_floats = 0;
   }
 
-  // The work space: the packed B block (one per thread when b_private), one A block per thread.
+  // The work space: the packed B block (one per thread when b_private), one A block per thread,
+  // and with K split, the partial sums of threads 1 ... team - 1.
   const int64_t b_total = plan.b_floats * (plan.b_private ? plan.team : 1);
-  float* ws = workspace(static_cast<size_t>(b_total + plan.a_floats * plan.team));
+  const int64_t a_total = plan.a_floats * plan.team;
+  const int64_t c_floats = plan.split_k ? P.M * P.N : 0;
+  float* ws = workspace(static_cast<size_t>(b_total + a_total + c_floats * (plan.team - 1)));
+  float* const partials = ws + b_total + a_total;  // thread t's at (t - 1) * c_floats
+  // C += the partial sums, over rows [i0, i1), adding them in the order of their threads.
+  auto add_partials = [&](int64_t i0, int64_t i1) {
+    for (int u = 1; u < plan.team; ++u) {
+      const float* part = partials + (u - 1) * c_floats;
+      for (int64_t i = i0; i < i1; ++i) {
+        float* c = P.C + i * P.ldc;
+        const float* q = part + i * P.N;
+        for (int64_t j = 0; j < P.N; ++j) c[j] += q[j];
+      }
+    }
+  };
 
   // One thread runs inline (an inactive region). Barriers, reached only when cooperative, bind
   // to this region's team, never to that of a caller who is itself inside a parallel region.
@@ -652,8 +821,20 @@ void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int t
 #endif
     float* apack = ws + b_total + plan.a_floats * t;
     float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
+    float* partial = t > 0 ? partials + (t - 1) * c_floats : nullptr;
     if (got == plan.team) {
-      run_thread<MR, NR>(P, plan, kernel, t, bpack, apack, packed);
+      run_thread<MR, NR>(P, plan, kernel, t, bpack, apack, packed, partial);
+      if (plan.split_k) {
+#pragma omp barrier
+        add_partials(P.M * t / plan.team, P.M * (t + 1) / plan.team);
+      }
+    } else if (t == 0 && plan.split_k) {
+      // The runtime gave fewer threads than asked for: thread 0 runs each thread's K blocks in
+      // turn (the same sums, so the same bits as on the whole team).
+      for (int u = 0; u < plan.team; ++u)
+        run_thread<MR, NR>(P, plan, kernel, u, bpack, apack, packed,
+                           u > 0 ? partials + (u - 1) * c_floats : nullptr);
+      add_partials(0, P.M);
     } else if (t == 0) {  // the runtime gave fewer threads than asked for: thread 0 does it all
       Plan alone = plan;
       alone.team = alone.tm = alone.tn = 1;
@@ -740,12 +921,13 @@ struct Kernel {
               const PackedB* packed);
   void (*pack)(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t p1, int64_t s0,
                int64_t s1, int threads);
+  bool (*split_k)(int64_t M, int64_t N, int64_t K, int threads, const Blocks& blocks);
 };
 
 template <class Tile>
 constexpr Kernel make_kernel(const char* name, MicroKernel micro, const Blocks& blocks) {
   return Kernel{name, micro, blocks, Tile::NR, &run_tiled<Tile::MR, Tile::NR>,
-                &pack_part<Tile::NR>};
+                &pack_part<Tile::NR>, &plans_split_k<Tile::MR, Tile::NR>};
 }
 
 template <class Tile>
@@ -1099,6 +1281,13 @@ int64_t get_strassen_min_dim() { return strassen_min_dim().load(std::memory_orde
 
 bool packed_strassen_applies(int64_t M, int64_t K2, int64_t N2, int threads) {
   return gemm::strassen_applies_packed(M, K2, N2, threads);
+}
+
+bool gemm::splits_k(int64_t M, int64_t N, int64_t K, int threads) {
+  using namespace gemm;
+  if (M <= 0 || N <= 0 || K <= 0 || strassen_applies(M, N, K, threads)) return false;
+  const Kernel& kernel = chosen_kernel();
+  return kernel.split_k(M, N, K, threads, kernel.blocks);
 }
 
 // ---------------------------------------------------------------------------------------------

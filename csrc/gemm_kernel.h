@@ -70,6 +70,9 @@ int64_t set_strassen_min_dim(int64_t dim);
 int64_t get_strassen_min_dim();  // the value in use
 // Whether sgemm runs an (M, N) x K product on `threads` threads by the scheme.
 bool strassen_applies(int64_t M, int64_t N, int64_t K, int threads);
+// Whether sgemm splits K among the threads of an (M, N) x K product (few tiles of C over a long
+// K; see plan_split_k in gemm.cpp) rather than the rows and columns of C.
+bool splits_k(int64_t M, int64_t N, int64_t K, int threads);
 
 }  // namespace gemm
 }  // namespace pyhet

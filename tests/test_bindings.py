@@ -459,6 +459,7 @@ def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
                  "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen",
+                 "gemm_splits_k",
                  "gemm_packed_uses_strassen"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
@@ -467,13 +468,15 @@ def test_every_binding_is_covered():
 @given(st.one_of(st.sampled_from(["auto", "portable", "avx2-fma", "AVX2", ""]), st.text(),
                  st.integers(), st.none()))
 def test_set_gemm_kernel_takes_only_its_names(name):
+    _core.set_gemm_kernel("auto")
+    chosen = _core.gemm_kernel()  # this CPU's: avx512 (but on Zen 4), avx2-fma or portable
     try:
         _core.set_gemm_kernel(name)
     except (ValueError, TypeError):
         assert name not in ("auto", "portable")
     else:
         assert name in ("auto", "portable", "avx2-fma")
-        assert _core.gemm_kernel() in ("avx2-fma", "portable")
+        assert _core.gemm_kernel() == (chosen if name == "auto" else name)
     finally:
         _core.set_gemm_kernel("auto")
     assert isinstance(_core.have_openmp(), bool)
@@ -522,6 +525,16 @@ def test_gemm_uses_strassen_takes_only_ints():
     for args in [("a", 2000, 2000), (2000.5, 2000, 2000), (2000, 2000, 2000, None)]:
         with pytest.raises(TypeError):
             _core.gemm_uses_strassen(*args)
+
+
+def test_gemm_splits_k_takes_only_ints():
+    assert _core.gemm_splits_k(32, 25, 36864, threads=2) is True
+    for args in [(0, 25, 36864, 2), (32, -1, 36864, 2), (32, 25, 0, 2), (32, 25, 36864, 0),
+                 (32, 25, 36864, -3)]:
+        assert _core.gemm_splits_k(*args) is False
+    for args in [("a", 25, 36864), (32.5, 25, 36864), (32, 25, 36864, None)]:
+        with pytest.raises(TypeError):
+            _core.gemm_splits_k(*args)
 
 
 def test_gemm_packed_uses_strassen_takes_only_ints():

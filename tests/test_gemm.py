@@ -392,6 +392,67 @@ def test_a_strassen_switch_the_core_does_not_read_is_named(value, said, tmp_path
 
 
 # ------------------------------------------------------------------------------------------------
+# K split among the threads: where C has too few tiles to share out (the weight gradient of a
+# first conv layer: 32 kernels x 25 = 1 x 5 x 5 weights over 64 images of 24 x 24), each thread
+# sums its own K blocks, and the partial sums are added to C at the end.
+
+# (M, N, K, threads, split every product): the first at its real size and threshold; the rest
+# small, so split only under the test hook, on 2, 3 and 7 threads (K too short for 7 blocks of
+# the usual size: smaller blocks), with edge tiles, one tile, and a single row and column.
+SPLIT_K_CASES = [
+    (32, 25, 36864, 2, False), (7, 20, 2000, 2, True), (30, 20, 777, 3, True),
+    (1, 1, 5000, 2, True), (20, 10, 4100, 7, True), (12, 32, 1024, 3, True),
+]
+
+
+@pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
+@pytest.mark.parametrize("m,n,k,threads,split", SPLIT_K_CASES)
+def test_split_k(kernel, m, n, k, threads, split):
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
+    with split_every_product() if split else contextlib.nullcontext():
+        assert _core.gemm_splits_k(m, n, k, threads)
+        assert not _core.gemm_splits_k(m, n, k, 1)
+        for trans_a, trans_b in TRANS:
+            a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
+            c = run_sgemm(a, b, c0, trans_a, trans_b, 1.0, 0.0, threads, nan_c=True)
+            expect_close(c, a, b, c0, trans_a, trans_b)
+            # the partial sums are added in a fixed order: the same bits every call
+            again = run_sgemm(a, b, c0, trans_a, trans_b, 1.0, 0.0, threads, nan_c=True)
+            np.testing.assert_array_equal(c, again)
+            for alpha, beta in [(-1.5, 1.0), (0.5, -0.75), (1.0, 0.0)]:
+                c, big_c = as_block(c0.copy() if beta else np.full_like(c0, np.nan), rng)
+                _core.sgemm(as_block(a, rng)[0], as_block(b, rng)[0], c, trans_a=trans_a,
+                            trans_b=trans_b, alpha=alpha, beta=beta, threads=threads)
+                expect_close(c, a, b, c0, trans_a, trans_b, alpha, beta)
+                left = (c.ctypes.data - big_c.ctypes.data) // 4
+                assert np.isnan(big_c[:, :left]).all() and np.isnan(big_c[:, left + n:]).all()
+
+
+@pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
+@pytest.mark.parametrize("m,n,k,threads,split", SPLIT_K_CASES)
+def test_split_k_packed(kernel, m, n, k, threads, split):
+    # sgemm_packed (op(b) packed whole, in blocks that cannot change) and sgemm_packed_t (the
+    # weight gradient read from the forward's packed im2col matrix, in blocks of whole tiles)
+    rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k + 1)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    with split_every_product() if split else contextlib.nullcontext():
+        assert _core.gemm_splits_k(m, n, k, threads)  # as sgemm plans it
+        packed = packed_parts(b, k, n, False, "grid", 2)
+        c = np.full((m, n), np.nan, np.float32)
+        ops.sgemm_packed(a, packed, c, threads=threads)
+        expect_close(c, a, b, c)
+        fwd = packed_parts(b.T.copy(), n, k, False, "rows", 2)  # b^T (n, k), as w @ col packs
+        c = np.full((m, n), np.nan, np.float32)
+        ops.sgemm_packed_t(a, fwd, c, threads=threads)
+        expect_close(c, a, b, c)
+        c0 = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+        c = c0.copy()
+        ops.sgemm_packed_t(a, fwd, c, alpha=0.5, beta=-0.75, threads=threads)
+        expect_close(c, a, b, c0, alpha=0.5, beta=-0.75)
+
+
+# ------------------------------------------------------------------------------------------------
 # Concurrency: each Python thread's call has its own OpenMP team and its own pack buffers
 
 
@@ -432,7 +493,7 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
         import numpy as np
         from pyhet import _core
         rng = np.random.default_rng(0)
-        for m, n, k in [(300, 200, 700), (7, 4133, 700)]:
+        for m, n, k in [(300, 200, 700), (7, 4133, 700), (32, 25, 36864)]:
             a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
             b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
             c = np.full((m, n), np.nan, np.float32)
@@ -442,11 +503,19 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
             rounds = k + k // 32 + 4  # the bound of the module doc
             tol = rounds * 2.0**-24 / (1 - rounds * 2.0**-24) * scale
             assert np.all(np.abs(c - exact) <= tol), (m, n, k)
+        np.save("split_k.npy", c)
     """)
-    env = dict(os.environ, OMP_THREAD_LIMIT="1")
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, timeout=120,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    # The last product splits K between the two threads planned (the fewer threads' process
+    # runs both halves in turn): the same bits as where the runtime gives both.
+    whole = {k: v for k, v in os.environ.items() if k != "OMP_THREAD_LIMIT"}
+    for name, env in [("limited", dict(whole, OMP_THREAD_LIMIT="1")), ("whole", whole)]:
+        (tmp_path / name).mkdir()
+        done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path / name,
+                              timeout=120, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    assert _core.gemm_splits_k(32, 25, 36864, 2)
+    np.testing.assert_array_equal(np.load(tmp_path / "limited" / "split_k.npy"),
+                                  np.load(tmp_path / "whole" / "split_k.npy"))
 
 
 @pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
