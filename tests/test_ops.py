@@ -507,6 +507,24 @@ def test_sgd_update_matches_reference(n, momentum, weight_decay, first, threads,
     np.testing.assert_allclose(got_p, want_p, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_v, v if not momentum else want_v, rtol=1e-6, atol=1e-6)
 
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_sgd_update_split_among_threads(threads):
+    # split among threads only from 2^20 entries a thread (below, waking them costs more)
+    n = (1 << 20) * threads + 7
+    rng = np.random.default_rng(threads)
+    p, g, v = rand(rng, n), rand(rng, n), rand(rng, n)
+    cfg = SGDConfig(0.05, 0.9, 1e-2)
+    want_p = p.copy()
+    want_v = sgd_update(want_p, g, v.copy(), cfg)
+    p_out, v_out = np.full_like(p, np.nan), np.full_like(v, np.nan)
+    _core.sgd_update(p, g, v, cfg.lr, 0.9, 1e-2, False, threads, p_out, v_out)
+    np.testing.assert_allclose(p_out, want_p, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(v_out, want_v, rtol=1e-6, atol=1e-6)
+    _core.sgd_update(p, g, v, cfg.lr, 0.9, 1e-2, False, threads)  # in place
+    np.testing.assert_array_equal(p, p_out)
+    np.testing.assert_array_equal(v, v_out)
+
 # ------------------------------------------------------------------------------------------------
 # The SGD update
 
