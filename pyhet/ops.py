@@ -41,7 +41,7 @@ finally:
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
     "PackedQuadrants", "packed_quadrants", "pack_quadrants", "uses_packed_strassen",
-    "strassen_min_dim", "uses_strassen",
+    "strassen_min_dim", "uses_strassen", "splits_k",
     "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "quadrant_units",
     "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
@@ -104,6 +104,13 @@ def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether an (m, n) x k product on `threads` threads runs by Strassen's scheme (on several
     threads each of its seven products must also be big enough to wake them for)."""
     return _core.gemm_uses_strassen(int(m), int(n), int(k), int(threads))
+
+
+def splits_k(m: int, n: int, k: int, threads: int = 1) -> bool:
+    """Whether the threads of an (m, n) x k product share out k rather than the rows and columns
+    of the output (which then has too few tiles to share out evenly): each sums its own blocks
+    of k, and the partial sums are added in a fixed order."""
+    return _core.gemm_splits_k(int(m), int(n), int(k), int(threads))
 
 
 # ------------------------------------------------------------------------------------------------

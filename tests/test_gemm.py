@@ -410,8 +410,8 @@ SPLIT_K_CASES = [
 def test_split_k(kernel, m, n, k, threads, split):
     rng = np.random.default_rng(m * 1_000_003 + n * 1009 + k)
     with split_every_product() if split else contextlib.nullcontext():
-        assert _core.gemm_splits_k(m, n, k, threads)
-        assert not _core.gemm_splits_k(m, n, k, 1)
+        assert _core.gemm_splits_k(m, n, k, threads) and ops.splits_k(m, n, k, threads)
+        assert not ops.splits_k(m, n, k, 1)
         for trans_a, trans_b in TRANS:
             a, b, c0 = operands(rng, m, n, k, trans_a, trans_b)
             c = run_sgemm(a, b, c0, trans_a, trans_b, 1.0, 0.0, threads, nan_c=True)
