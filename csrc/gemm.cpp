@@ -189,6 +189,42 @@ inline void transpose_4x4(const Source& s, int64_t off, float* dst, int64_t ld_d
 }
 #endif
 
+// dst[q * T + r] = the source at off + r * ld + q, for q < kc and r < rows (rows <= T), and zeros
+// for rows <= r < T: T rows of a matrix, kc floats of each, as a sliver of T side by side (an
+// MR x kc sliver of op(A) from rows of A; a kc x NR sliver of op(B) from rows of a transposed
+// B). By 4 x 4 transposes in registers where 4 rows are left, one float at a time past them;
+// 16 q (a cache line of each row) at a time: rows a power of two apart (ld = 4096) share one
+// set of L1, whose ways T rows at once overflow, so each group of 4 rows is read a whole line at
+// a time (not 4 q of all T rows, then the next 4: 1.6x slower at ld = 4096).
+template <int T, bool Sum>
+void transpose_rows(const Source& s, int64_t off, int64_t rows, int64_t kc, float* dst) {
+  const int64_t ld = s.ld, whole = rows / 4 * 4;
+  // the rows past the last group of 4 and the zeros, for q in [q0, q1)
+  auto rest = [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      for (int64_t r = whole; r < rows; ++r) dst[q * T + r] = at<Sum>(s, off + r * ld + q);
+      for (int64_t r = rows; r < T; ++r) dst[q * T + r] = 0.f;
+    }
+  };
+  int64_t p = 0;
+#ifdef __SSE2__
+  for (; p + 16 <= kc; p += 16) {
+    for (int64_t r = 0; r < whole; r += 4)
+      for (int64_t q = p; q < p + 16; q += 4)
+        transpose_4x4<Sum>(s, off + r * ld + q, dst + q * T + r, T);
+    rest(p, p + 16);
+  }
+  for (; p + 4 <= kc; p += 4) {
+    for (int64_t r = 0; r < whole; r += 4)
+      transpose_4x4<Sum>(s, off + r * ld + p, dst + p * T + r, T);
+    rest(p, p + 4);
+  }
+#endif
+  for (int64_t r = 0; r < whole; ++r)  // without SSE2, or the last kc % 4
+    for (int64_t q = p; q < kc; ++q) dst[q * T + r] = at<Sum>(s, off + r * ld + q);
+  rest(p, kc);
+}
+
 // The rows [i0, i0 + mc) and columns [p0, p0 + kc) of op(A), as MR x kc slivers.
 template <int MR, bool Sum>
 void pack_a_from(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
@@ -225,62 +261,8 @@ void pack_a_from(bool trans, const Source& A, int64_t i0, int64_t mc, int64_t p0
     return;
   }
   // op(A)[i][p] = A[i * lda + p]: MR rows read side by side, sliver by sliver
-  for (int64_t ir = 0; ir < mc; ir += MR, dst += kc * MR) {
-    const int64_t m = std::min<int64_t>(MR, mc - ir);
-    const int64_t src = (i0 + ir) * lda + p0;
-    if (m == MR) {
-      int64_t p = 0;
-#ifdef __SSE2__
-      // 4 x 4 blocks transposed in registers, as pack_b does for a transposed B; the rows past
-      // a multiple of 4 (MR = 6) one by one
-      constexpr int whole = MR / 4 * 4;
-      // a cache line of each group of 4 rows at a time, as pack_b does (rows a power of two
-      // apart share one set of L1)
-      for (; p + 16 <= kc; p += 16) {
-        for (int i = 0; i < whole; i += 4)
-          for (int64_t q = p; q < p + 16; q += 4)
-            transpose_4x4<Sum>(A, src + i * lda + q, dst + q * MR + i, MR);
-        for (int i = whole; i < MR; ++i)
-          for (int64_t q = p; q < p + 16; ++q) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
-      }
-      for (; p + 4 <= kc; p += 4) {
-        for (int i = 0; i < whole; i += 4)
-          transpose_4x4<Sum>(A, src + i * lda + p, dst + p * MR + i, MR);
-        for (int i = whole; i < MR; ++i)
-          for (int q = 0; q < 4; ++q) dst[(p + q) * MR + i] = at<Sum>(A, src + i * lda + p + q);
-      }
-#endif
-      for (; p < kc; ++p)
-        for (int i = 0; i < MR; ++i) dst[p * MR + i] = at<Sum>(A, src + i * lda + p);
-    } else {
-      // An edge sliver (M not a multiple of MR): its whole groups of 4 rows as above, the rest
-      // one by one, then zeros.
-      const int64_t whole = m / 4 * 4;
-      int64_t p = 0;
-#ifdef __SSE2__
-      for (; p + 16 <= kc && whole > 0; p += 16)  // a line at a time, as above
-        for (int64_t i = 0; i < whole; i += 4)
-          for (int64_t q = p; q < p + 16; q += 4)
-            transpose_4x4<Sum>(A, src + i * lda + q, dst + q * MR + i, MR);
-      for (int64_t q = 0; q < p; ++q) {
-        for (int64_t i = whole; i < m; ++i) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
-        for (int64_t i = m; i < MR; ++i) dst[q * MR + i] = 0.f;
-      }
-      for (; p + 4 <= kc; p += 4) {
-        for (int64_t i = 0; i < whole; i += 4)
-          transpose_4x4<Sum>(A, src + i * lda + p, dst + p * MR + i, MR);
-        for (int64_t q = p; q < p + 4; ++q) {
-          for (int64_t i = whole; i < m; ++i) dst[q * MR + i] = at<Sum>(A, src + i * lda + q);
-          for (int64_t i = m; i < MR; ++i) dst[q * MR + i] = 0.f;
-        }
-      }
-#endif
-      for (; p < kc; ++p) {
-        for (int64_t i = 0; i < m; ++i) dst[p * MR + i] = at<Sum>(A, src + i * lda + p);
-        for (int64_t i = m; i < MR; ++i) dst[p * MR + i] = 0.f;
-      }
-    }
-  }
+  for (int64_t ir = 0; ir < mc; ir += MR, dst += kc * MR)
+    transpose_rows<MR, Sum>(A, (i0 + ir) * lda + p0, std::min<int64_t>(MR, mc - ir), kc, dst);
 }
 
 template <int MR>
@@ -320,58 +302,11 @@ void pack_b_from(bool trans, const Source& B, int64_t p0, int64_t kc, int64_t j0
     }
     return;
   }
-  // op(B)[p][j] = B[j * ldb + p]: sliver by sliver, NR rows of B read side by side.
-  for (int64_t s = s0; s < s1; ++s) {
-    const int64_t n = std::min<int64_t>(NR, nc - s * NR);
-    const int64_t src = (j0 + s * NR) * ldb + p0;
-    float* d = dst + s * stride;
-    if (n == NR) {
-      int64_t p = 0;
-#ifdef __SSE2__
-      // 4 x 4 blocks transposed in registers, 16 p (a cache line of each row) at a time: rows
-      // of B a power of two apart (ldb = 4096) share one set of L1, whose ways NR rows at once
-      // overflow, so each group of 4 rows is read a whole line at a time (not 4 p of all NR
-      // rows, then the next 4: 1.6x slower at ldb = 4096)
-      for (; p + 16 <= kc; p += 16)
-        for (int j = 0; j < NR; j += 4)
-          for (int64_t q = p; q < p + 16; q += 4)
-            transpose_4x4<Sum>(B, src + j * ldb + q, d + q * NR + j, NR);
-      for (; p + 4 <= kc; p += 4)
-        for (int j = 0; j < NR; j += 4)
-          transpose_4x4<Sum>(B, src + j * ldb + p, d + p * NR + j, NR);
-#endif
-      for (; p < kc; ++p)
-        for (int j = 0; j < NR; ++j) d[p * NR + j] = at<Sum>(B, src + j * ldb + p);
-    } else {
-      // An edge sliver (N not a multiple of NR: the weight gradient of a layer of few input
-      // channels has N = C * R * S = 25, 75): its whole groups of 4 rows of B as above, the
-      // rest one by one, then zeros.
-      const int64_t whole = n / 4 * 4;
-      int64_t p = 0;
-#ifdef __SSE2__
-      for (; p + 16 <= kc && whole > 0; p += 16)  // a line at a time, as above
-        for (int64_t j = 0; j < whole; j += 4)
-          for (int64_t q = p; q < p + 16; q += 4)
-            transpose_4x4<Sum>(B, src + j * ldb + q, d + q * NR + j, NR);
-      for (int64_t q = 0; q < p; ++q) {
-        for (int64_t j = whole; j < n; ++j) d[q * NR + j] = at<Sum>(B, src + j * ldb + q);
-        std::memset(d + q * NR + n, 0, sizeof(float) * (NR - n));
-      }
-      for (; p + 4 <= kc; p += 4) {
-        for (int64_t j = 0; j < whole; j += 4)
-          transpose_4x4<Sum>(B, src + j * ldb + p, d + p * NR + j, NR);
-        for (int64_t q = p; q < p + 4; ++q) {
-          for (int64_t j = whole; j < n; ++j) d[q * NR + j] = at<Sum>(B, src + j * ldb + q);
-          std::memset(d + q * NR + n, 0, sizeof(float) * (NR - n));
-        }
-      }
-#endif
-      for (; p < kc; ++p) {
-        for (int64_t j = 0; j < n; ++j) d[p * NR + j] = at<Sum>(B, src + j * ldb + p);
-        std::memset(d + p * NR + n, 0, sizeof(float) * (NR - n));
-      }
-    }
-  }
+  // op(B)[p][j] = B[j * ldb + p]: sliver by sliver, NR rows of B read side by side (the edge
+  // sliver's fewer: the weight gradient of a layer of few input channels has N = C * R * S = 25)
+  for (int64_t s = s0; s < s1; ++s)
+    transpose_rows<NR, Sum>(B, (j0 + s * NR) * ldb + p0, std::min<int64_t>(NR, nc - s * NR), kc,
+                            dst + s * stride);
 }
 
 template <int NR>
