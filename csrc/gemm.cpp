@@ -13,7 +13,9 @@
 //           for ir in MC by MR:     micro-kernel call per MR x NR tile of C
 //
 // Threads split M (each thread owns a band of rows of C) and/or the NR slivers of each NC block
-// (a band of columns), chosen by shape, so no two threads ever write the same element of C.
+// (a band of columns), chosen by shape, so no two threads ever write the same element of C; or,
+// where C has too few tiles for that (plan_split_k), K: each thread sums its own K blocks into
+// C or a partial sum of its own, and the partial sums are added to C by bands of rows.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
