@@ -194,10 +194,11 @@ inline void transpose_4x4(const Source& s, int64_t off, float* dst, int64_t ld_d
 // dst[q * T + r] = the source at off + r * ld + q, for q < kc and r < rows (rows <= T), and zeros
 // for rows <= r < T: T rows of a matrix, kc floats of each, as a sliver of T side by side (an
 // MR x kc sliver of op(A) from rows of A; a kc x NR sliver of op(B) from rows of a transposed
-// B). By 4 x 4 transposes in registers where 4 rows are left, one float at a time past them;
-// 16 q (a cache line of each row) at a time: rows a power of two apart (ld = 4096) share one
-// set of L1, whose ways T rows at once overflow, so each group of 4 rows is read a whole line at
-// a time (not 4 q of all T rows, then the next 4: 1.6x slower at ld = 4096).
+// B). By 4 x 4 transposes in registers where 4 rows are left, one float at a time past them (an
+// edge sliver, N = C * R * S = 25 of a first conv layer's weight gradient, went one float at a
+// time before: its product 1.9x slower on one thread). 16 q (a cache line of each row) at a
+// time: rows a power of two apart (ld = 4096) share a set of L1, and T of them at once may
+// overflow its ways (measured within noise of 4 q of all T rows at a time on Zen 5).
 template <int T, bool Sum>
 void transpose_rows(const Source& s, int64_t off, int64_t rows, int64_t kc, float* dst) {
   const int64_t ld = s.ld, whole = rows / 4 * 4;
