@@ -34,9 +34,10 @@ def _loading_interrupted() -> None:
         os._exit(130)
 
 
-def _interrupted_import(e: ImportError) -> bool:
-    """Whether an ImportError is Ctrl-C in disguise: NumPy reports a KeyboardInterrupt while
-    its C extensions load as a failed import (a page of advice on broken installs)."""
+def _is_interrupt(e: BaseException) -> bool:
+    """Whether an exception of loading is Ctrl-C: a KeyboardInterrupt, or one in disguise, an
+    ImportError with it in its chain (NumPy reports a KeyboardInterrupt while its C extensions
+    load as a failed import, with a page of advice on broken installs)."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
@@ -50,11 +51,8 @@ try:
     from . import errors, ops
     from .api import Network, load
     from .data import Dataset, load_dataset
-except KeyboardInterrupt:
-    _loading_interrupted()
-    raise
-except ImportError as e:
-    if _interrupted_import(e):
+except (KeyboardInterrupt, ImportError) as e:
+    if _is_interrupt(e):
         _loading_interrupted()
     raise
 

@@ -5,17 +5,14 @@ pyhet.cli itself (finding and reading its code) came after that and before pyhet
 guard, where it gave a traceback.
 """
 
-from . import _interrupted_import, _loading_interrupted
+from . import _is_interrupt, _loading_interrupted
 
 
 def entry():   # console script, and `python -m pyhet`
     try:
         from .cli import entry as run
-    except KeyboardInterrupt:
-        _loading_interrupted()
-        raise
-    except ImportError as e:
-        if _interrupted_import(e):
+    except (KeyboardInterrupt, ImportError) as e:
+        if _is_interrupt(e):
             _loading_interrupted()
         raise
     run()
