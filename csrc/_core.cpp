@@ -843,6 +843,16 @@ PYBIND11_MODULE(_core, m) {
         "and quadrants (k2, n2) on `threads` threads.");
   m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
+  m.def(
+      "start_team",
+      [](py::handle threads) {
+        const int t = thread_count(threads);
+        py::gil_scoped_release nogil;
+        return pyhet::start_team(t);
+      },
+      py::arg("threads"),
+      "Start the calling thread's team of `threads` OpenMP threads now (kept for its later "
+      "calls); returns its size (1 without OpenMP).");
   m.def("im2col", &bind_im2col, py::arg("x"), py::arg("kh"), py::arg("kw"), py::arg("stride"),
         py::arg("pad"), py::arg("col"), py::arg("threads") = 1, py::arg("channels") = py::none());
   m.def("im2col_pack", &bind_im2col_pack, py::arg("x"), py::arg("kh"), py::arg("kw"),

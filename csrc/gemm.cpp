@@ -750,17 +750,28 @@ void run_tiled(const Problem& P, MicroKernel kernel, const Blocks& blocks, int t
 
   // One thread runs inline (an inactive region). Barriers, reached only when cooperative, bind
   // to this region's team, never to that of a caller who is itself inside a parallel region.
-#pragma omp parallel num_threads(plan.team) if (plan.team > 1)
+  // The region opens the caller's whole team (region_size; threads past plan.team meet only the
+  // barrier of a split K), except where the team packs B together: there a thread that sat out
+  // would be woken at both barriers of every block of B (passive waiting), which costs more
+  // than libgomp's making it anew (a small product of a long K, 2 x 72 barriers).
+  const int region = plan.cooperative ? plan.team : region_size(plan.team, threads);
+  (void)region;
+#pragma omp parallel num_threads(region) if (plan.team > 1)
   {
     int t = 0, got = 1;
 #ifdef _OPENMP
     t = omp_get_thread_num();
     got = omp_get_num_threads();
 #endif
-    float* apack = ws + b_total + plan.a_floats * t;
-    float* bpack = ws + (plan.b_private ? plan.b_floats * t : 0);
-    float* partial = t > 0 ? partials + (t - 1) * c_floats : nullptr;
-    if (got == plan.team) {
+    // (thread t's buffers, for t < plan.team)
+    float* apack = ws + b_total + plan.a_floats * std::min(t, plan.team - 1);
+    float* bpack = ws + (plan.b_private ? plan.b_floats * std::min(t, plan.team - 1) : 0);
+    float* partial = t > 0 && t < plan.team ? partials + (t - 1) * c_floats : nullptr;
+    if (got >= plan.team && t >= plan.team) {
+      if (plan.split_k) {  // sits out, but meets the team's one barrier
+#pragma omp barrier
+      }
+    } else if (got >= plan.team) {
       run_thread<MR, NR>(P, plan, kernel, t, bpack, apack, packed, partial);
       if (plan.split_k) {
 #pragma omp barrier
@@ -792,8 +803,9 @@ void pack_part(const float* B, int64_t ldb, PackedB& packed, int64_t p0, int64_t
   const int64_t kcs = packed.kc_step(), stride = kcs * NR;
   const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(
       clamp_threads(threads), s1 - s0)));
-  (void)team;
-#pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
+  const int region = region_size(team, threads);
+  (void)region;
+#pragma omp parallel for num_threads(region) schedule(static) if (team > 1)
   for (int t = 0; t < team; ++t) {
     const int64_t q0 = s0 + (s1 - s0) * t / team, q1 = s0 + (s1 - s0) * (t + 1) / team;
     for (int64_t r0 = p0; r0 < p1;) {  // the rows of one K block at a time

@@ -246,9 +246,10 @@ void im2col_pack(const float* x, int64_t N, int64_t C, int64_t H, int64_t W, int
   const int64_t G = images_per_chunk(P, nr), chunks = chunk_count(G, n_begin, n_end);
   const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), chunks));
   std::vector<float> bufs(static_cast<size_t>(team) * nr * G * P);  // before the team starts
-#pragma omp parallel num_threads(team)
+  // the caller's whole team (region_size): threads past `team` get no chunk
+#pragma omp parallel num_threads(region_size(team, threads))
   {
-    float* buf = bufs.data() + thread_id() * nr * G * P;
+    float* buf = bufs.data() + std::min(thread_id(), team - 1) * nr * G * P;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
       int64_t n, n1;
@@ -345,9 +346,11 @@ void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int6
   const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), count));
   const int64_t tile = nr * G * P;  // one buffer: NR rows of a chunk's columns
   std::vector<float> bufs(static_cast<size_t>(team) * 5 * tile);
-#pragma omp parallel num_threads(team)
+  // the caller's whole team (region_size): threads past `team` get no item
+#pragma omp parallel num_threads(region_size(team, threads))
   {
-    float* const blocks = bufs.data() + thread_id() * 5 * tile;  // the four blocks' rows
+    // the four blocks' rows (a thread past `team` has none to make)
+    float* const blocks = bufs.data() + std::min(thread_id(), team - 1) * 5 * tile;
     float* const sum = blocks + 4 * tile;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < count; ++i) {

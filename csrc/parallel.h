@@ -8,6 +8,16 @@ namespace pyhet {
 
 inline int clamp_threads(int threads) { return threads < 1 ? 1 : threads; }
 
+// The threads a parallel region opens to run `team` of them for a caller of `threads`. libgomp
+// keeps the threads of a calling thread's last team, but where a region has fewer (2 or more),
+// it lets the rest end, and makes them anew for the next larger region: a team smaller than
+// the caller's between two whole ones cost a thread's creation and end for each one left out.
+// So a region of 2 or more opens the caller's whole team, and threads past `team` sit it out
+// (at its barriers too); a team of 1 runs inline and keeps the others.
+inline int region_size(int team, int threads) {
+  return team > 1 ? (threads > team ? threads : team) : 1;
+}
+
 // The calling thread's number within its team (0 outside a parallel region, or without OpenMP).
 inline int thread_id() {
 #ifdef _OPENMP
@@ -23,6 +33,23 @@ inline bool have_openmp() {
 #else
   return false;
 #endif
+}
+
+// Starts the calling thread's team of `threads` OpenMP threads now (libgomp keeps a team for
+// each thread that starts one, for its later regions); returns the team's size (1 without
+// OpenMP). libgomp ends the process where it cannot make a thread: callers check first.
+inline int start_team(int threads) {
+  int size = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(clamp_threads(threads))
+  {
+#pragma omp single
+    size = omp_get_num_threads();
+  }
+#else
+  (void)threads;
+#endif
+  return size;
 }
 
 }  // namespace pyhet

@@ -22,16 +22,19 @@ void sgd_update(const float* p, const float* g, const float* v, float* p_out, fl
   // entry i is read before it is written, so p_out == p and v_out == v update in place
   const int team = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(clamp_threads(threads), n / kMinEntriesPerThread)));
-  (void)team;  // without OpenMP
-#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
-  for (int64_t i = 0; i < n; ++i) {
-    float d = g[i];
-    if (weight_decay != 0.f) d += weight_decay * p[i];
-    if (momentum != 0.f) {
-      d = first ? d : momentum * v[i] + d;
-      v_out[i] = d;
+  const int region = region_size(team, threads);
+  (void)region;  // without OpenMP
+#pragma omp parallel for schedule(static) num_threads(region) if (team > 1)
+  for (int u = 0; u < team; ++u) {
+    for (int64_t i = n * u / team, end = n * (u + 1) / team; i < end; ++i) {
+      float d = g[i];
+      if (weight_decay != 0.f) d += weight_decay * p[i];
+      if (momentum != 0.f) {
+        d = first ? d : momentum * v[i] + d;
+        v_out[i] = d;
+      }
+      p_out[i] = p[i] - lr * d;
     }
-    p_out[i] = p[i] - lr * d;
   }
 }
 

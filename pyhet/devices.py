@@ -104,6 +104,13 @@ class Device:
         self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
         self.step: int | None = None       # the training step under way (for the fault)
         self._woken = threading.Event()    # set: emulated slowness is skipped from now on
+        start = getattr(self.backend, "start", None)   # a cpu device's OpenMP team, made now
+        if start is not None:
+            try:
+                self._pool.submit(start).result()
+            except BaseException:
+                self._pool.shutdown(wait=True)
+                raise
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"

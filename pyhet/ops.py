@@ -67,6 +67,14 @@ def have_openmp() -> bool:
     return _core.have_openmp()
 
 
+def start_team(threads=None) -> int:
+    """Start the calling thread's team of OpenMP threads now, rather than at its first call
+    (a device's worker does, after pyhet.specs.check_threads found the threads can be had);
+    returns its size (1 without OpenMP). libgomp keeps the team for that thread's later calls.
+    """
+    return _core.start_team(_threads(threads))
+
+
 def strassen_min_dim() -> int:
     """The GEMM runs a product by one level of Strassen's scheme (1/8 fewer operations, a
     rounding of its own) when each of its dimensions is at least this; 0: never (the
@@ -188,9 +196,14 @@ def _matrix(a, name: str) -> np.ndarray:
     return _array(a, name, 2)
 
 
-def _out(out, shape, name: str, dtype=np.float32) -> np.ndarray:
+def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np.ndarray:
     if out is None:
-        return np.empty(shape, dtype)
+        try:
+            return np.empty(shape, dtype)
+        except (MemoryError, ValueError) as e:  # NumPy's own words name neither call nor size
+            size = np.prod(shape, dtype=object) * np.dtype(dtype).itemsize
+            raise MemoryError(f"{what or name}: cannot allocate the result, shape "
+                              f"{tuple(shape)} ({size / 2**30:.3g} GiB)") from e
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array")
     if out.shape != tuple(shape):
@@ -467,7 +480,7 @@ def im2col(x, kh, kw, stride=1, pad=0, *, out=None, channels=None, threads=None)
 
     channels=(c0, c1) fills only the rows of those input channels (of `out`)."""
     x, kh, kw, stride, pad = _conv_input("im2col", x, kh, kw, stride, pad)
-    col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out")
+    col = _out(out, _col_shape(x.shape, kh, kw, stride, pad), "out", what="im2col")
     _core_call("im2col", "float32 arrays and ints", _core.im2col, x, kh, kw, stride, pad, col,
                threads=_threads(threads), channels=_range(channels, "channels", "im2col"))
     return col
@@ -528,7 +541,7 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
     col = _array(col, "col", 2)
     kh, kw = _size(kh, "kh", "col2im", 1), _size(kw, "kw", "col2im", 1)
     stride, pad = _size(stride, "stride", "col2im", 1), _size(pad, "pad", "col2im")
-    x = _out(out, _shape(x_shape, "x_shape", "col2im"), "out")
+    x = _out(out, _shape(x_shape, "x_shape", "col2im"), "out", what="col2im")
     _core_call("col2im", "float32 arrays and ints", _core.col2im, col, kh, kw, stride, pad, x,
                threads=_threads(threads), channels=_range(channels, "channels", "col2im"))
     return x
@@ -595,7 +608,8 @@ def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, stride=None, *, out=N
     stride as given to bias_relu_maxpool."""
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
-    dy = _out(out, _shape(y_shape, "y_shape", "bias_relu_maxpool_backward"), "out")
+    dy = _out(out, _shape(y_shape, "y_shape", "bias_relu_maxpool_backward"), "out",
+              what="bias_relu_maxpool_backward")
     pool, stride = _pool_window("bias_relu_maxpool_backward", pool, stride)
     _core_call("bias_relu_maxpool_backward", "float32 dout, int32 arg and ints",
                _core.bias_relu_maxpool_backward, dout, arg, pool, stride, dy,

@@ -10,6 +10,7 @@ in ASCII digits.
 from __future__ import annotations
 
 import re
+import threading
 import warnings
 from dataclasses import dataclass, replace
 
@@ -146,12 +147,39 @@ def cuda_device_count() -> int:
 
 
 def check_threads(specs: list[DeviceSpec]) -> None:
-    """Warn when the cpu devices ask for more threads than this process has cores."""
+    """Warn when the cpu devices ask for more threads than this process has cores; raise a
+    DeviceError when this process cannot start that many (its limits: ulimit -u, or -v with
+    a stack each), which libgomp would meet by ending the process."""
     total = sum(s.threads for s in specs if s.kind == "cpu")
     cores = ops.default_threads()
     if total > cores:
         warnings.warn(f"the cpu devices use {total} threads in all but this process may run on "
                       f"{cores} cores: they will compete for them", RuntimeWarning, stacklevel=2)
+    started = startable_threads(total)
+    if started < total:
+        raise DeviceError(f"the cpu devices use {total:,} threads in all, but this process could "
+                          f"start only {started:,} more (see ulimit -u, and ulimit -v: each "
+                          f"thread reserves ulimit -s of stack): give them fewer (cpu:N)")
+
+
+def startable_threads(n: int) -> int:
+    """How many of `n` threads this process can start and hold at once: each a thread of the
+    default stack size, as an OpenMP team's (and a device's worker) is; all ended again."""
+    gate = threading.Event()
+    started = []
+    try:
+        for _ in range(n):
+            t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
+            try:
+                t.start()
+            except RuntimeError:  # "can't start new thread"
+                break
+            started.append(t)
+    finally:
+        gate.set()
+        for t in started:
+            t.join()
+    return len(started)
 
 
 # ================================================================================================

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyhet import _core
+from pyhet import _core, ops
 
 THREADS = st.sampled_from([1, 2, 3, 7])
 INT32_MAX = 2**31 - 1
@@ -459,7 +459,7 @@ def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
                  "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen",
-                 "gemm_splits_k",
+                 "gemm_splits_k", "start_team",
                  "gemm_packed_uses_strassen"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
@@ -536,6 +536,19 @@ def test_gemm_splits_k_takes_only_ints():
     for args in [("a", 25, 36864), (32.5, 25, 36864), (32, 25, 36864, None)]:
         with pytest.raises(TypeError):
             _core.gemm_splits_k(*args)
+
+
+def test_start_team_takes_a_thread_count():
+    """Its team's size (1 without OpenMP); a count out of [1, 1024] or not an int is refused
+    before any thread starts."""
+    assert _core.start_team(3) == (3 if _core.have_openmp() else 1)
+    assert _core.start_team(1) == 1
+    assert ops.start_team(2) == (2 if ops.have_openmp() else 1)
+    for bad, error, words in [(0, ValueError, ">= 1"), (1025, ValueError, "at most 1024"),
+                              (2**70, ValueError, "64 bits"), (1.5, TypeError, "int"),
+                              ("2", TypeError, "int"), (None, TypeError, "int")]:
+        with pytest.raises(error, match=words):
+            _core.start_team(bad)
 
 
 def test_gemm_packed_uses_strassen_takes_only_ints():

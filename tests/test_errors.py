@@ -385,6 +385,40 @@ def test_a_warning_is_one_line(files, tmp_path):
         f"run on {cores} cores: they will compete for them"], p.stderr
 
 
+def _limited_memory():
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))    # 4 GiB of address space
+    resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, resource.getrlimit(
+        resource.RLIMIT_STACK)[1]))                                  # 8 MiB a thread's stack
+
+
+@pytest.mark.skipif(not pyhet.ops.have_openmp(), reason="built without OpenMP")
+def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
+    """1024 threads of 8 MiB of stack in 4 GiB: libgomp would end the process with its own
+    line; pyhet tries them first (pyhet.specs.check_threads) and says what it could start.
+    64 threads, which the limits allow, train."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("not Linux")
+    argv = _argv(TRAIN, files)
+    argv[argv.index("--devices") + 1] = "cpu:1024"
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run([sys.executable, "-m", "pyhet", *argv], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
+                       preexec_fn=_limited_memory)
+    assert p.returncode == 1, p.stderr
+    lines = [line for line in p.stderr.strip().splitlines() if "warning" not in line]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("pyhet: error: the cpu devices use 1,024 threads in all, but this "
+                               "process could start only "), lines[0]
+    assert "ulimit" in lines[0] and "libgomp" not in p.stderr, p.stderr
+    argv[argv.index("--devices") + 1] = "cpu:64"
+    p = subprocess.run([sys.executable, "-m", "pyhet", *argv], cwd=tmp_path, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
+                       preexec_fn=_limited_memory)
+    assert p.returncode == 0, p.stderr
+
+
 # ================================================================ nothing left to resume
 
 def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):

@@ -484,6 +484,75 @@ def test_concurrent_calls_from_python_threads():
             expect_close(c, a, b, c0, ta, tb)
 
 
+def _thread_ids() -> set:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no /proc/self/task")
+def test_a_callers_team_is_kept_by_calls_that_use_fewer_of_its_threads():
+    """libgomp lets the threads of a caller's team past a smaller region's size end, and makes
+    them anew for the next larger one: calls that use fewer of a caller's threads than it has
+    (2 or more) open its whole team, and no thread is made after ops.start_team (a device's
+    worker starts its team once; under a memory limit a thread made later could fail, and
+    libgomp ends the process there). The products whose team packs B together (barriers in
+    each block) still take a smaller team: none of those here."""
+    threads, rng = 6, np.random.default_rng(5)
+    big = [rng.standard_normal((480, 480)).astype(np.float32) for _ in range(2)]  # all 6
+    a, b = rng.standard_normal((32, 75)).astype(np.float32), \
+        rng.standard_normal((75, 16000)).astype(np.float32)   # 4 threads by columns
+    dy, col = rng.standard_normal((32, 8000)).astype(np.float32), \
+        rng.standard_normal((75, 8000)).astype(np.float32)    # K split between 2
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)  # 2 images: 2 chunks
+    bp = rng.standard_normal((16000, 64)).astype(np.float32)
+    packed = ops.packed_b(16000, 64)                  # 2 to 4 slivers (NR 32 to 16): as many
+    n = 3 << 20                                                   # the update: 3 threads
+    p, g, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    quads = ops.packed_quadrants(6 * 9, 4 * 100)                  # 2 items: 2 threads
+    xq = rng.standard_normal((4, 6, 12, 12)).astype(np.float32)
+    assert _core.gemm_splits_k(32, 75, 8000, threads)
+    outcome = {}
+
+    def work():
+        try:
+            run()
+        except Exception as e:  # noqa: BLE001 (reported by the test's thread)
+            outcome["error"] = e
+
+    def run():
+        outcome["team"] = ops.start_team(threads)
+        before = seen = _thread_ids()
+        fwd = ops.packed_b(27, 2 * 100)
+        calls = [
+            lambda: ops.sgemm(*big, threads=threads),
+            lambda: ops.sgemm(a, b, threads=threads),
+            lambda: ops.sgemm(dy, col, trans_b=True, threads=threads),
+            lambda: ops.pack_b(bp, packed, threads=threads),
+            lambda: ops.im2col_pack(x, 3, 3, fwd=fwd, threads=threads),
+            lambda: _core.sgd_update(p, g, v, 0.1, 0.9, 0.0, False, threads, p.copy(), v.copy()),
+            lambda: ops.im2col_pack_quadrants(xq, 3, 3, fwd=quads, images=(0, 2),
+                                              threads=threads),
+        ]
+        for _ in range(2):
+            for call in calls:   # each followed by a product on the whole team
+                call()
+                seen = seen | _thread_ids()
+                calls[0]()
+                seen = seen | _thread_ids()
+        c, dw = ops.sgemm(a, b, threads=threads), ops.sgemm(dy, col, trans_b=True,
+                                                             threads=threads)
+        outcome["made"] = seen - before
+        outcome["right"] = (np.allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+                            and np.allclose(dw, dy @ col.T, rtol=1e-4, atol=1e-2))
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["team"] == threads and outcome["right"]
+    assert outcome["made"] == set(), f"{len(outcome['made'])} threads made after start_team"
+
+
 @pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")
 def test_runtime_gives_fewer_threads_than_asked(tmp_path):
     # OMP_THREAD_LIMIT=1 makes num_threads(2) yield one thread: the split planned for two must

@@ -31,6 +31,12 @@ class CpuBackend:
         self.threads = int(threads)
         self._buffers: dict = {}
 
+    def start(self):
+        """On the device's worker thread, before any work: its OpenMP team made now, right
+        after pyhet.specs.check_threads found that many threads can be had (libgomp ends the
+        process where it cannot make one)."""
+        ops.start_team(self.threads)
+
     # --- arrays -----------------------------------------------------------------------------
 
     def asarray(self, a):
