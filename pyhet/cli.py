@@ -29,7 +29,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .api import load
     from .data import input_shape_of, name_problem, read_images
     from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
-                         OutputError, PyhetError, UsageError, shown)
+                         OutputError, PyhetError, UsageError, brief, shown)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
     from .report import calibrate_spec, describe_devices
@@ -80,7 +80,7 @@ class Parser(argparse.ArgumentParser):
         if launched_rank() != 0:
             self.exit(EXIT_USAGE)     # under mpiexec every rank parses; rank 0 says why
         where = self.prog if "--help" in self._option_string_actions else self.prog.split()[0]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {where} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {brief(message)} (see {where} --help)\n")
 
 
 def kernel_counts(text: str):
@@ -728,7 +728,7 @@ def main(argv=None) -> int:
     except PyhetError as e:
         if args.debug:
             raise
-        print(f"pyhet: error: {e}", file=sys.stderr, flush=True)
+        print(f"pyhet: error: {brief(e)}", file=sys.stderr, flush=True)
         if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job at once
             end_job_unstarted(e.exit_status)
         return e.exit_status
@@ -811,9 +811,9 @@ def run_rank(args, parser, ranks: int) -> int:
             e, KeyboardInterrupt) else 1
         if args.debug or not isinstance(e, (PyhetError, KeyboardInterrupt)):
             traceback.print_exc()   # asked for, or a bug: show where
-        _abort(comm, f"pyhet: error: {e}" if isinstance(e, PyhetError) else "pyhet: interrupted"
-               if isinstance(e, KeyboardInterrupt) else f"pyhet: error: {type(e).__name__}: {e}",
-               status)
+        _abort(comm, f"pyhet: error: {brief(e)}" if isinstance(e, PyhetError) else
+               "pyhet: interrupted" if isinstance(e, KeyboardInterrupt) else
+               f"pyhet: error: {type(e).__name__}: {brief(e)}", status)
     mpi.dismiss(comm, limit)   # the serving ranks wait for it (not in MPI_Finalize)
     return status
 
@@ -860,7 +860,7 @@ def report_output_error(e: OutputError) -> int:
     other command-line tools do; any other failure to write (a full disk) is said in one line.
     Exit status 1 either way."""
     if e.errno != errno.EPIPE:
-        print(f"pyhet: error: {e}", file=sys.stderr)
+        print(f"pyhet: error: {brief(e)}", file=sys.stderr)
     return EXIT_ERROR
 
 
@@ -939,7 +939,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     """A warning (more threads than cores, say) as one line on stderr, as pyhet's own warnings
     are: no source file, no line of code."""
     try:
-        print(f"pyhet: warning: {message}", file=sys.stderr if file is None else file,
+        print(f"pyhet: warning: {brief(message)}", file=sys.stderr if file is None else file,
               flush=True)
     except (OSError, ValueError):     # stderr closed: nowhere to say it
         pass

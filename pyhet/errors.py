@@ -4,6 +4,7 @@ that cannot be parsed), 1 for the rest."""
 
 from __future__ import annotations
 
+import re
 import signal
 
 
@@ -23,6 +24,17 @@ def said(e: BaseException) -> str:
     file's bytes)."""
     text = str(e)
     return text if text.isprintable() and len(text) <= 160 else shown(text, 120)
+
+
+_LONG_WORD = re.compile(r"\S{241,}")
+
+
+def brief(message: str) -> str:
+    """A message as the command line prints it: every run of more than 240 characters without
+    a space (a path of 100 KB, say, quoted by an error that names it) cut to its start and end,
+    with its length."""
+    return _LONG_WORD.sub(lambda m: f"{m[0][:120]}...[{len(m[0]):,} chars]...{m[0][-60:]}",
+                          str(message))
 
 
 def option(name: str, python: bool = False) -> str:

@@ -241,6 +241,12 @@ BAD = [
     (TRAIN + ["--devices", ",".join(["cpu:2"] * 513)], 2, ["1,026 cpu threads", "at most 1024"]),
     (TRAIN + ["--devices", "cpu:1024,1/cpu:1"], 2, ["1,025 cpu threads", "on rank 1"]),
     (TRAIN + ["--devices", "cpu:1@" + "9" * 100_000], 2, ["speed", "(100000 chars)"]),
+    # a path of 100 KB (no system takes one) is quoted by its start and end
+    (TRAIN + ["--save", "/tmp/" + "a" * 100_000 + ".npz"], 2, ["--save", "...[100,0", "chars]..."]),
+    (TRAIN + ["--init", "/tmp/" + "a" * 100_000 + ".npz"], 1, ["weight file", "[100,0"]),
+    (TRAIN + ["--checkpoint-dir", "/tmp/" + "a" * 100_000], 2, ["--checkpoint-dir", "[100,0"]),
+    (["train", "--dataset", "npz:/tmp/" + "a" * 100_000, "--steps", "1"], 1,
+     ["[100,0", "cannot be read"]),
     (["plan", "--describe", "g:gflops=" + "1" * 10_000], 2, ["gflops=", "(10000 chars)"]),
     (["plan", "--describe", "g:gflops=1", "--link", "x" * 10_000], 2, ["--link", "chars)"]),
     (["bench", "gemm", "--shapes", "1000000x1000000x1000000"], 2,
@@ -262,7 +268,7 @@ def _argv(argv, files):
     return out
 
 
-@pytest.mark.parametrize("argv,code,words", BAD, ids=[" ".join(a[:1] + a[-2:]) for a, _, _
+@pytest.mark.parametrize("argv,code,words", BAD, ids=[" ".join(a[:1] + a[-2:])[:80] for a, _, _
                                                       in BAD])
 def test_a_bad_command_line_is_one_line_with_its_status(cli, files, argv, code, words):
     res = cli(*_argv(argv, files))
