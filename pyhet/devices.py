@@ -107,7 +107,7 @@ class Device:
         start = getattr(self.backend, "start", None)   # a cpu device's OpenMP team, made now
         if start is not None:
             try:
-                self._pool.submit(start).result()
+                self._on_worker(start).result()
             except BaseException:
                 self._pool.shutdown(wait=True)
                 raise
@@ -169,13 +169,16 @@ class Device:
 
     def submit(self, what: str, fn, *args, tag: str | None = None) -> Future:
         """Run fn(*args) on this device's worker; errors come back naming the device."""
+        return self._on_worker(self._run, what, tag, fn, *args)
+
+    def _on_worker(self, fn, *args) -> Future:
         try:
-            return self._pool.submit(self._run, what, tag, fn, *args)
+            return self._pool.submit(fn, *args)
         except RuntimeError as e:
             if "thread" not in str(e) or "start" not in str(e):
                 raise           # (a pool shut down: the caller's mistake, said as it is)
-            # its worker starts with its first work: the machine's (or ulimit's) threads or
-            # memory for their stacks ran out
+            # its worker starts with its first work (a cpu device's: its team, when it is
+            # made): the machine's (or ulimit's) threads or memory for their stacks ran out
             raise DeviceError(f"device {self.name} ({self.spec}): its worker thread cannot be "
                               f"started ({e}): fewer devices, or a higher limit on threads "
                               f"and memory (ulimit -u, -v), are needed") from None

@@ -12,6 +12,7 @@ Letters: x (N, C, H, W) images in NCHW; col (C*KH*KW, N*OH*OW) the im2col matrix
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -196,14 +197,20 @@ def _matrix(a, name: str) -> np.ndarray:
     return _array(a, name, 2)
 
 
+_ADDRESSABLE = 1 << 47    # bytes: a process's address space on x86-64 (48-bit addresses)
+
+
 def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np.ndarray:
     if out is None:
-        try:
-            return np.empty(shape, dtype)
-        except (MemoryError, ValueError) as e:  # NumPy's own words name neither call nor size
-            size = np.prod(shape, dtype=object) * np.dtype(dtype).itemsize
-            raise MemoryError(f"{what or name}: cannot allocate the result, shape "
-                              f"{tuple(shape)} ({size / 2**30:.3g} GiB)") from e
+        size = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+        failure = None
+        if size < _ADDRESSABLE:   # beyond it, not even asked for: no process has that much
+            try:
+                return np.empty(shape, dtype)
+            except (MemoryError, ValueError) as e:  # NumPy's words name neither call nor size
+                failure = e
+        raise MemoryError(f"{what or name}: cannot allocate the result, shape {tuple(shape)} "
+                          f"({size / 2**30:.3g} GiB)") from failure
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array")
     if out.shape != tuple(shape):

@@ -146,20 +146,33 @@ def cuda_device_count() -> int:
         return 0
 
 
-def check_threads(specs: list[DeviceSpec]) -> None:
+def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     """Warn when the cpu devices ask for more threads than this process has cores; raise a
-    DeviceError when this process cannot start that many (its limits: ulimit -u, or -v with
-    a stack each), which libgomp would meet by ending the process."""
+    DeviceError when this process cannot start the threads its devices need at once (its
+    limits: ulimit -u, or -v at ulimit -s of stack a thread), which libgomp would meet by
+    ending the process: a cpu device's team of T (its worker and T - 1 more), another
+    device's worker, and where this process is the master, the team of the master's own work
+    (the fc layers, on every core). The threads are tried with Python's default stack size,
+    which is an OpenMP thread's unless OMP_STACKSIZE (or threading.stack_size) says otherwise;
+    a limit used up later (by another process of the user, say) is not foreseen."""
     total = sum(s.threads for s in specs if s.kind == "cpu")
     cores = ops.default_threads()
     if total > cores:
         warnings.warn(f"the cpu devices use {total} threads in all but this process may run on "
                       f"{cores} cores: they will compete for them", RuntimeWarning, stacklevel=2)
-    started = startable_threads(total)
-    if started < total:
-        raise DeviceError(f"the cpu devices use {total:,} threads in all, but this process could "
-                          f"start only {started:,} more (see ulimit -u, and ulimit -v: each "
-                          f"thread reserves ulimit -s of stack): give them fewer (cpu:N)")
+    others = sum(1 for s in specs if s.kind != "cpu")   # their workers
+    own = cores - 1 if master else 0                     # the master's team, past this thread
+    need = total + others + own
+    started = startable_threads(need)
+    if started < need:
+        parts = [f"{total:,} for the cpu devices"] + (
+            [f"{others:,} for the other devices' workers"] if others else []) + (
+            [f"{own:,} for the master's own work"] if own else [])
+        what = (f"the devices need {need:,} threads at once ({', '.join(parts)})"
+                if len(parts) > 1 else f"the cpu devices need {total:,} threads at once")
+        raise DeviceError(f"{what}, but this process could start only {started:,} (see ulimit "
+                          f"-u, and ulimit -v: each thread reserves ulimit -s of stack): give "
+                          f"the cpu devices fewer (cpu:N)")
 
 
 def startable_threads(n: int) -> int:

@@ -702,3 +702,6 @@ def test_a_worker_thread_that_cannot_start_is_a_device_error(monkeypatch):
     monkeypatch.setattr(ThreadPoolExecutor, "submit", no_thread)
     with pytest.raises(DeviceError, match=r"d0 \(cpu:1\): its worker thread cannot be started"):
         devices[0].call("a test", lambda: None)
+    # a cpu device's worker starts when the device is made (its OpenMP team with it)
+    with pytest.raises(DeviceError, match=r"d0 \(cpu:2\): its worker thread cannot be started"):
+        make_devices(parse_devices("cpu:2"))

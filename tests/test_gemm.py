@@ -573,18 +573,29 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
             tol = rounds * 2.0**-24 / (1 - rounds * 2.0**-24) * scale
             assert np.all(np.abs(c - exact) <= tol), (m, n, k)
         np.save("split_k.npy", c)
+        a = rng.uniform(-1, 1, (32, 8000)).astype(np.float32)
+        b = rng.uniform(-1, 1, (75, 8000)).astype(np.float32)
+        c = np.full((32, 75), np.nan, np.float32)
+        _core.sgemm(a, b, c, trans_b=True, threads=6)
+        np.save("sit_out.npy", c)
     """)
-    # The last product splits K between the two threads planned (the fewer threads' process
-    # runs both halves in turn): the same bits as where the runtime gives both.
+    # The product of 32 x 25 x 36864 splits K between the two threads planned (the fewer
+    # threads' process runs both halves in turn): the same bits as where the runtime gives
+    # both. 32 x 75 x 8000 on 6 threads splits K between 2 and opens a region of all 6, the
+    # other 4 meeting the team's one barrier: with 3 threads given, one of them sits out;
+    # with 1, it runs both halves: the same bits each time.
     whole = {k: v for k, v in os.environ.items() if k != "OMP_THREAD_LIMIT"}
-    for name, env in [("limited", dict(whole, OMP_THREAD_LIMIT="1")), ("whole", whole)]:
+    for name, env in [("limited", dict(whole, OMP_THREAD_LIMIT="1")),
+                      ("three", dict(whole, OMP_THREAD_LIMIT="3")), ("whole", whole)]:
         (tmp_path / name).mkdir()
         done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path / name,
                               timeout=120, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert _core.gemm_splits_k(32, 25, 36864, 2)
-    np.testing.assert_array_equal(np.load(tmp_path / "limited" / "split_k.npy"),
-                                  np.load(tmp_path / "whole" / "split_k.npy"))
+    assert _core.gemm_splits_k(32, 25, 36864, 2) and _core.gemm_splits_k(32, 75, 8000, 6)
+    for name in ("split_k.npy", "sit_out.npy"):
+        for limited in ("limited", "three"):
+            np.testing.assert_array_equal(np.load(tmp_path / limited / name),
+                                          np.load(tmp_path / "whole" / name))
 
 
 @pytest.mark.skipif(not ops.have_openmp(), reason="built without OpenMP")

@@ -206,6 +206,23 @@ def test_placement_errors_name_the_rank_and_what_to_run(tmp_path, data, ranks, d
     assert not (tmp_path / "w.npz").exists()
 
 
+def test_a_serving_rank_that_cannot_start_its_threads_says_so_through_the_master(tmp_path, data):
+    """Rank 1's devices need more threads than its limits allow (1,024 of 8 MiB of stack in 4
+    GiB): the master ends the job with rank 1's error, not a wait for a rank that has gone."""
+    limits = 'ulimit -v 4194304 && ulimit -s 8192 && exec "$0" -m pyhet "$@"'
+    argv = train_argv(data, "0/cpu:1,1/cpu:1024", tmp_path / "w.npz")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([MPIEXEC, "-n", "2", "sh", "-c", limits, sys.executable,
+                        *map(str, argv)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    if "ulimit" in p.stderr and "pyhet" not in p.stderr:
+        pytest.skip(f"the shell cannot set these limits: {p.stderr.strip()}")
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert "rank 1" in p.stderr and "could start only" in p.stderr, p.stderr
+    assert "libgomp" not in p.stderr and "did not answer" not in p.stderr, p.stderr
+    assert not (tmp_path / "w.npz").exists()
+
+
 CORES = len(os.sched_getaffinity(0))
 
 

@@ -538,10 +538,10 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     rank = comm.Get_rank()
     master = Peer(comm, 0)
     mine = for_rank(specs, rank)
-    with warnings.catch_warnings(record=True) as said:   # a serving rank says nothing itself:
-        warnings.simplefilter("always")                    # the master passes its warnings on
-        check_threads(mine)
     try:
+        with warnings.catch_warnings(record=True) as said:   # a serving rank says nothing
+            warnings.simplefilter("always")                    # itself: the master passes its
+            check_threads(mine, master=False)                  # warnings on
         devices = make_devices(mine)
     except Exception as e:
         master.send(TAG_HELLO, "error", [text(str(e))])
