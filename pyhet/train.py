@@ -293,7 +293,12 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     size = 1 if comm is None else comm.Get_size()
     check_ranks(specs, size)
-    check_threads(for_rank(specs, 0) if size > 1 else specs)
+    try:
+        check_threads(for_rank(specs, 0) if size > 1 else specs)
+    except DeviceError as e:
+        if size == 1:
+            raise
+        raise DeviceError(f"rank 0: {e}") from None   # as the other ranks' errors are named
     if comm is None:
         devices = Devices(make_devices(specs))
     else:

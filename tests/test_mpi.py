@@ -206,11 +206,14 @@ def test_placement_errors_name_the_rank_and_what_to_run(tmp_path, data, ranks, d
     assert not (tmp_path / "w.npz").exists()
 
 
-def test_a_serving_rank_that_cannot_start_its_threads_says_so_through_the_master(tmp_path, data):
-    """Rank 1's devices need more threads than its limits allow (1,024 of 8 MiB of stack in 4
-    GiB): the master ends the job with rank 1's error, not a wait for a rank that has gone."""
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_rank_that_cannot_start_its_threads_ends_the_job_naming_itself(tmp_path, data, rank):
+    """A rank's devices need more threads than its limits allow (1,024 of 8 MiB of stack in 4
+    GiB): the master ends the job with that rank's error, naming it (a serving rank's, not a
+    wait for a rank that has gone)."""
     limits = 'ulimit -v 4194304 && ulimit -s 8192 && exec "$0" -m pyhet "$@"'
-    argv = train_argv(data, "0/cpu:1,1/cpu:1024", tmp_path / "w.npz")
+    devices = "0/cpu:1,1/cpu:1024" if rank == 1 else "0/cpu:1024,1/cpu:1"
+    argv = train_argv(data, devices, tmp_path / "w.npz")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     p = subprocess.run([MPIEXEC, "-n", "2", "sh", "-c", limits, sys.executable,
                         *map(str, argv)], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -218,7 +221,7 @@ def test_a_serving_rank_that_cannot_start_its_threads_says_so_through_the_master
     if "ulimit" in p.stderr and "pyhet" not in p.stderr:
         pytest.skip(f"the shell cannot set these limits: {p.stderr.strip()}")
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
-    assert "rank 1" in p.stderr and "could start only" in p.stderr, p.stderr
+    assert f"error: rank {rank}: " in p.stderr and "could start only" in p.stderr, p.stderr
     assert "libgomp" not in p.stderr and "did not answer" not in p.stderr, p.stderr
     assert not (tmp_path / "w.npz").exists()
 
