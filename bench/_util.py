@@ -398,11 +398,11 @@ def mpiexec():
 def missing_mpi():
     """Why pyhet cannot run under mpiexec here, or None."""
     if mpiexec() is None:
-        return "there is no mpiexec (pip install 'pyhet[mpi]')"
+        return "there is no mpiexec (pip install '.[mpi]' in pyhet's source folder)"
     try:
         import mpi4py  # noqa: F401  (only whether it is there)
     except ImportError:
-        return "mpi4py is not installed (pip install 'pyhet[mpi]')"
+        return "mpi4py is not installed (pip install '.[mpi]' in pyhet's source folder)"
     return None
 
 

@@ -399,7 +399,7 @@ def cmd_train(args, parser, comm=None) -> int:
 
 def human_summary(r: dict) -> str:
     st, start = r["step_time_s"], r.get("start_step") or 0
-    done = f"{r['steps']} steps ({r['epochs']:.2f} epochs)"
+    done = f"{r['steps']} step{'' if r['steps'] == 1 else 's'} ({r['epochs']:.2f} epochs)"
     if start:     # resumed: what this run trained, then the whole run's count
         now = r["steps"] - start
         done = (f"{now or 'no'} step{'' if now < 2 else 's'} after resuming at step {start}, "

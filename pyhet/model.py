@@ -148,7 +148,7 @@ def save_weights(path, params: dict, net: NetGeometry, classes=None, normalizati
 def read_weight_file(path) -> tuple[dict, dict | None]:
     """(arrays, description) of a weight file or checkpoint; the description (the ``arch``
     entry, parsed) is None for files that do not carry one."""
-    arrays = npzfile.read(path, _WeightFileError, "an .npz of named float32 arrays "
+    arrays = npzfile.read(path, _weight_file_error, "an .npz of named float32 arrays "
                           "(pyhet train --save, Network.save or np.savez)")
     meta = None
     if ARCH_KEY in arrays:
@@ -188,11 +188,9 @@ def _whole_entry(v, what: str) -> int:
     return v
 
 
-class _WeightFileError(WeightsError):
-    """A WeightsError whose message begins "weight file PATH: ..."."""
-
-    def __init__(self, message):
-        super().__init__(f"weight file {message}")
+def _weight_file_error(message) -> WeightsError:
+    """A WeightsError whose message begins "weight file PATH: ..." (raised by npzfile.read)."""
+    return WeightsError(f"weight file {message}")
 
 
 def check_class_names(names, num_classes: int):

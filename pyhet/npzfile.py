@@ -26,7 +26,7 @@ ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")       # a zip archive (np.savez), or
 
 def read(path, error, expected: str, keys=None, npy: bool = False):
     """{name: array} of the .npz file at `path` (only `keys` where given, those present), or,
-    with npy=True, the array of an .npy file. Anything else raises `error` (a PyhetError class)
+    with npy=True, the array of an .npy file. Anything else raises `error(message)` (a PyhetError)
     with "PATH: what it is; expected EXPECTED" in one line."""
     path = os.fspath(path)
     if os.path.isdir(path):

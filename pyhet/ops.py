@@ -31,6 +31,12 @@ if not _chosen:
 try:
     from . import _core
 except ImportError as e:  # a source tree without the built extension, usually
+    _here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.exists(os.path.join(_here, "..", "CMakeLists.txt")):   # the source folder
+        raise ImportError(
+            f"pyhet was imported from its source folder ({os.path.dirname(_here)}), whose "
+            f"pyhet/ has no built core: run Python from another folder (pip install . first, "
+            f"if it is not installed)") from None
     raise ImportError(
         f"pyhet's compiled core (pyhet._core) cannot be imported ({e}). Install the package "
         f"with `pip install .`, and run it from outside the source folder, whose pyhet/ has "

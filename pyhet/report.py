@@ -40,7 +40,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
                          "kernel_size": net.blocks[0].R, "input_shape": list(net.input_shape),
                          "batch_size": batch}
     specs = parse_devices(spec, gpu_count=cuda_device_count)
-    check_ranks(specs, 1)     # calibrated here, in one process, as a train of one would be
+    check_ranks(specs, 1, "devices")   # calibrated here, in one process
     check_threads(specs)
     devices = make_devices(specs)
     try:

@@ -199,15 +199,21 @@ def startable_threads(n: int) -> int:
 # Placement on MPI ranks
 
 
-def check_ranks(specs: list[DeviceSpec], world_size: int) -> None:
-    """Every R/ entry must name a rank of the job (0 .. world_size - 1)."""
+def check_ranks(specs: list[DeviceSpec], world_size: int, command: str = "train") -> None:
+    """Every R/ entry must name a rank of the job (0 .. world_size - 1). command: the pyhet
+    command that checks (only `train` runs under mpiexec)."""
     for s in specs:
         if s.rank is None or s.rank < world_size:
             continue
+        if command != "train":
+            raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but pyhet "
+                                  f"{command} runs in one process: give it this machine's "
+                                  f"devices without R/ (only pyhet train runs under mpiexec)")
         if world_size == 1:
             raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but this run is "
                                   f"one process (rank 0): start it with mpiexec -n {s.rank + 1} "
-                                  f"pyhet ... (pip install 'pyhet[mpi]' brings mpiexec)")
+                                  f"pyhet ... (pip install '.[mpi]' in pyhet's source folder brings "
+                                  f"mpiexec)")
         raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but the job has "
                               f"{world_size} ranks (0..{world_size - 1}): start it with mpiexec "
                               f"-n {s.rank + 1}, or place the device on another rank")

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,6 +149,8 @@ BAD = [
     (TRAIN + ["--dataset", "cifar10", "--data-dir", "DIR"], 1, ["no CIFAR-10 batches"]),
     # --- devices
     (["devices", "--devices", "tpu"], 2, ["--devices", "tpu"]),
+    (["devices", "--devices", "0/cpu:1,1/cpu:1", "--no-calibrate"], 2,
+     ["rank 1", "pyhet devices runs in one process", "without R/"]),
     (["devices", "--batch-size", "0"], 2, ["--batch-size"]),
     (["devices", "--dataset", "npz:DIR", "--devices", "cpu:1"], 1, ["folder"]),
     (["devices", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1"], 1, ["GiB"]),
@@ -436,6 +439,39 @@ def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120,
                        preexec_fn=_limited_memory)
     assert p.returncode == 0, p.stderr
+
+
+def test_importing_from_the_source_folder_says_so(tmp_path):
+    """Python started in the source folder imports its pyhet/, which has no built core: the
+    error says so and what to do, not Python's words about a partly initialised module."""
+    import shutil
+    src = Path(__file__).resolve().parent.parent    # the source folder (tests/..)
+    shutil.copy(src / "CMakeLists.txt", tmp_path / "CMakeLists.txt")
+    shutil.copytree(src / "pyhet", tmp_path / "pyhet",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", "import pyhet; print(pyhet.__file__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode == 0 and not p.stdout.strip().startswith(str(tmp_path)):
+        pytest.skip("an editable install's import hook comes before the current folder")
+    for argv in (["-c", "import pyhet"], ["-m", "pyhet", "train", "--steps", "1"]):
+        p = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0, p.stderr
+        assert f"pyhet was imported from its source folder ({tmp_path})" in p.stderr, p.stderr
+        assert "run Python from another folder" in p.stderr, p.stderr
+        assert "circular import" not in p.stderr and "partially initialized" not in p.stderr
+
+
+def test_a_weight_file_that_cannot_be_read_is_a_public_weights_error(tmp_path):
+    """pyhet.load of a missing or damaged file raises pyhet.errors.WeightsError itself (its
+    class, in a traceback, is the documented one)."""
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    for name in ("missing.npz", "bad.npz"):
+        with pytest.raises(pyhet.errors.WeightsError) as e:
+            pyhet.load(tmp_path / name)
+        assert type(e.value) is pyhet.errors.WeightsError
+        assert str(e.value).startswith(f"weight file {tmp_path / name}: "), e.value
 
 
 # ================================================================ nothing left to resume

@@ -22,8 +22,8 @@ def import_cupy():
         import cupy
     except ImportError as e:
         raise DeviceError(f"a gpu device needs CuPy, which is not installed ({e}); install it "
-                          f"with pip install 'pyhet[cuda12]' (or 'pyhet[cuda13]', matching "
-                          f"your CUDA driver)") from None
+                          f"with pip install '.[cuda12]' in pyhet's source folder (or "
+                          f"'.[cuda13]', matching your CUDA driver)") from None
     return cupy
 
 

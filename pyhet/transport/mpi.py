@@ -51,7 +51,8 @@ try:
     from mpi4py import MPI
 except ImportError as e:  # a launcher started us, but this Python has no mpi4py
     raise DeviceError(f"this run was started by mpiexec with several ranks, but mpi4py is not "
-                      f"installed ({e}); install it with pip install 'pyhet[mpi]'") from None
+                      f"installed ({e}); install it with pip install '.[mpi]' in pyhet's "
+                      f"source folder") from None
 
 if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # devices' worker threads send and receive at once
     raise DeviceError("the MPI library gives no MPI_THREAD_MULTIPLE support, which pyhet's "
