@@ -317,7 +317,9 @@ def test_calibration_sees_the_emulated_speeds():
             d.close()
     for layer, s in cal.speeds.items():
         assert 0.6 < s[0] / s[1] < 1.6, (layer, s)       # the same device twice
-        assert 1.4 < s[0] / s[2] < 2.8, (layer, s)       # one at half speed
+        # one at half speed: its idling after each piece of work overshoots on these small
+        # layers (2.04-2.86 in nine runs on a 2-core VM, where 2 is exact)
+        assert 1.4 < s[0] / s[2] < 3.2, (layer, s)
         assert cal.overheads[layer] == [0.0, 0.0, 0.0]   # host devices: no fixed cost
         assert cal.caps[layer] == [32 if layer == "conv1" else 96] * 3
     part = balanced(96, cal.speeds["conv2"])
