@@ -48,7 +48,7 @@ finally:
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
     "PackedQuadrants", "packed_quadrants", "pack_quadrants", "uses_packed_strassen",
-    "strassen_min_dim", "uses_strassen", "splits_k",
+    "strassen_min_dim", "uses_strassen", "splits_k", "start_team",
     "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "quadrant_units",
     "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",

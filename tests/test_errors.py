@@ -441,6 +441,22 @@ def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+def test_a_result_that_cannot_be_allocated_names_the_call(tmp_path):
+    """An im2col result within the address space but past the process's memory limit: the
+    MemoryError names the call, the shape and the size (NumPy's names neither)."""
+    code = ("import numpy as np, pyhet.ops as o\n"
+            "try:\n"
+            "    o.im2col(np.zeros((1, 1, 4, 4), np.float32), 3, 3, pad=30000)\n"
+            "except MemoryError as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120, preexec_fn=_limited_memory)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == ("MemoryError im2col: cannot allocate the result, shape "
+                                "(9, 3600240004) (121 GiB)"), p.stdout
+
+
 def test_importing_from_the_source_folder_says_so(tmp_path):
     """Python started in the source folder imports its pyhet/, which has no built core: the
     error says so and what to do, not Python's words about a partly initialised module."""
