@@ -12,10 +12,11 @@ the master's device alone (one process, `--devices cpu:1`), the cost model's ste
 measured one (its conv time, compute plus link, and the measured rest of the step), and, where
 PyTorch is installed, PyTorch DDP (gloo, 2 processes of 1 thread, half the batch each) on the
 same link: the data-parallel alternative, which moves the gradients of every weight each step
-where pyhet moves activations. Beside them, `pyhet plan`'s predictions of both for the measured
-link (`--devices cpu:1,cpu:1 --describe "d1:bw=...,lat=..."`, the pair calibrated together in
-this process right before each rate's run, so that a slow minute of this machine moves a plan
-and the run it predicts together).
+where pyhet moves activations. Beside them, `pyhet plan`'s predictions of both, made by the
+plan under mpiexec over the same link right before each rate's run (`pyhet plan --devices
+0/cpu:1,1/cpu:1`: rank 1's device calibrated on its rank beside the master's, as the run places
+them, and the link measured by the plan), so that a slow minute of this machine moves a plan
+and the run it predicts together.
 
 The namespaces and links are removed when it ends, also when interrupted. Without root, `ip`,
 `tc` or mpiexec it says so and does nothing.
@@ -41,9 +42,9 @@ except ImportError:  # run as a script: python bench/bandwidth.py
     import step
 
 from pyhet.cli import Parser, kernel_counts, positive
-from pyhet.links import Link as LinkFigures
 
 SUBNET = "10.201.{}.{}"
+PAIR = "0/cpu:1,1/cpu:1"    # the master's device and, across the link, rank 1's
 
 
 def parse_args(argv):
@@ -154,16 +155,38 @@ def train_argv(args, devices):
     return _util.train_argv(args.kernels, args.batch_size, args.steps, devices)
 
 
-def pyhet_over(link: Link, args, cwd):
+def over_link(link: Link, args, cwd, argv):
+    """The JSON summary of `argv` run as rank 0 (the master) and rank 1, one in each namespace,
+    MPICH sent over the link (not through shared memory)."""
     env = dict(os.environ, MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
     env.pop("PYTHONPATH", None)
     cmd = [_util.mpiexec()]
     for i, (ns, dev) in enumerate(zip(link.ns, link.dev)):
         if i:
             cmd.append(":")
-        cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns,
-                *train_argv(args, "0/cpu:1,1/cpu:1")]
+        cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns, *argv]
     return _util.run_json(cmd, args.timeout, cwd, env)
+
+
+def pyhet_over(link: Link, args, cwd):
+    return over_link(link, args, cwd, train_argv(args, PAIR))
+
+
+def plan_over(link: Link, args, cwd, ddp_speed: float = 1.0) -> dict:
+    """`pyhet plan` of the pair as the run places it, under mpiexec over the same link: rank 1's
+    device calibrated on its rank beside the master's (their slowing of each other as two
+    processes of this machine), the link measured by the plan itself; DDP's replicas at
+    ddp_speed (PyTorch's speed relative to pyhet's)."""
+    r = over_link(link, args, cwd, [
+        sys.executable, "-m", "pyhet", "plan", "--dataset", "synthetic",
+        *_util.network_argv(args.kernels, None),
+        "--batch-size", str(args.batch_size), "--devices", PAIR, "--ddp-speed",
+        f"{ddp_speed:.6g}", "--json"])
+    d1 = next(d for d in r["devices"] if d["name"] == "d1")
+    return {"plan_step_s": r["predicted_step_s"], "plan_partition": r["partition"]["conv2"],
+            "plan_ddp_step_s": r["ddp"]["step_s"],
+            "plan_bits_per_s": (None if d1.get("bandwidth_bytes_per_s") is None
+                                else 8 * d1["bandwidth_bytes_per_s"])}
 
 
 DDP = textwrap.dedent('''
@@ -224,16 +247,6 @@ def ddp_over(link: Link, args, cwd):
 # ================================================================================================
 
 
-def calibrated_pair(args):
-    """(network, (names, Calibration)) of `--devices cpu:1,cpu:1` on this machine, as `pyhet
-    plan` calibrates them: the master's device and the device rank's, computing together."""
-    from pyhet import arch
-    from pyhet.report import calibrate_spec
-
-    net = arch.build(arch.shorthand(kernel_counts(args.kernels), 5), (3, 32, 32), 10)
-    return net, calibrate_spec("cpu:1,cpu:1", net, args.batch_size)
-
-
 def replica_speed(args, rounds: int = 2) -> dict:
     """PyTorch's speed relative to pyhet's on one DDP replica's work (one process, 1 thread,
     batch / 2 images, as `pyhet bench step` runs them): pyhet's step time over PyTorch's, each
@@ -252,19 +265,6 @@ def replica_speed(args, rounds: int = 2) -> dict:
     times = {side: median(t) for side, t in runs.items()}
     return {"pyhet_s": times["pyhet"], "torch_s": times["torch"],
             "speed": times["pyhet"] / times["torch"]}
-
-
-def plan_of(planned, args, link: LinkFigures, ddp_speed: float = 1.0) -> dict:
-    """pyhet plan's step time for the pair with d1 behind the measured link, and DDP's with the
-    replicas at ddp_speed (PyTorch's speed relative to pyhet's)."""
-    from pyhet import plan
-
-    net, calibrated = planned
-    cluster = plan.build_cluster(net, args.batch_size, calibrated,
-                                 [plan.Described("d1", link=link)])
-    r = plan.plan(cluster, net, args.batch_size, ddp_speed=ddp_speed)
-    return {"plan_step_s": r["predicted_step_s"], "plan_partition": r["partition"]["conv2"],
-            "plan_ddp_step_s": r["ddp"]["step_s"]}
 
 
 def summarise(runs: list) -> dict:
@@ -330,10 +330,12 @@ def main(argv=None) -> int:
         runs = {rate: [] for rate in rates}
         try:
             for rnd, rate in ((r, rate) for r in range(args.rounds) for rate in rates):
-                # pyhet plan's view of the same two devices, calibrated beside the run it
-                # predicts (once for all rates, one slow minute moved every plan by 20%+)
-                planned = calibrated_pair(args)
                 link.shape(rate)
+                # pyhet plan's view of the same two ranks over the same link, calibrated
+                # beside the run it predicts (once for all rates, one slow minute moved every
+                # plan by 20%+)
+                planned = plan_over(link, args, cwd,
+                                    replica["speed"] if replica is not None else 1.0)
                 s = pyhet_over(link, args, cwd)
                 figures = s["links"]["1"]
                 row = {"rate": rate, "set_bits_per_s": rate_bits(rate),
@@ -353,9 +355,7 @@ def main(argv=None) -> int:
                        "busy_s_per_step": {d["name"]: d["busy_s"] / s["steps"]
                                            for d in s["devices"]},
                        "ddp_step_s": ddp_over(link, args, cwd) if ddp else None}
-                row.update(plan_of(planned, args, LinkFigures(
-                    figures["latency_s"], figures["bandwidth_bytes_per_s"]),
-                    replica["speed"] if replica is not None else 1.0))
+                row.update(planned)
                 runs[rate].append(row)
                 print((f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else "") +
                       f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, old)
     rows = [summarise(rate_runs) for rate_runs in runs.values()]
 
-    print(f"\n--devices 0/cpu:1,1/cpu:1 (rank 1 across the link), kernels {args.kernels}, batch "
+    print(f"\n--devices {PAIR} (rank 1 across the link), kernels {args.kernels}, batch "
           f"{args.batch_size}; master's device alone {alone_s:.3f} s a step" +
           (f"; medians of {args.rounds} rounds (ratios: of each round's)" if args.rounds > 1
            else ""))

@@ -32,7 +32,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
                          OutputError, PyhetError, UsageError, brief, shown)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
-    from .report import calibrate_spec, describe_devices
+    from .report import calibrate_ranks, calibrate_spec, describe_devices
     from .specs import check_ranks, cuda_device_count, parse_devices
     from .train import TrainConfig, check_file_destination, train
     from .transport import DEFAULT_TIMEOUT, end_job_unstarted, launched_rank, launched_size
@@ -494,7 +494,9 @@ def _plan_options(option, text, parse, parser):
         parser.error(message)
 
 
-def cmd_plan(args, parser) -> int:
+def cmd_plan(args, parser, comm=None) -> int:
+    """pyhet plan; under mpiexec (comm, on rank 0) the devices of every rank are calibrated
+    where they are, each behind its rank's measured link (report.calibrate_ranks)."""
     parser = args.command_parser
     spec = network_spec(args, parser)
     described = [d for text in args.describe
@@ -532,18 +534,25 @@ def cmd_plan(args, parser) -> int:
         parser.error(str(e))
     in_shape, classes = input_shape_of(args.dataset)
     net = arch.build(spec, in_shape, classes)
-    calibrated = (calibrate_spec(args.devices, net, args.batch_size)
-                  if args.devices is not None else None)
+    calibrated = ranked = None
+    if comm is not None:
+        if args.devices is None:
+            raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
+                             "give --devices placing them, e.g. 0/cpu:1,1/cpu:1")
+        calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm)
+    elif args.devices is not None:
+        calibrated = calibrate_spec(args.devices, net, args.batch_size)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
-                          args.master_gflops, args.ddp_speed)
+                          args.master_gflops, args.ddp_speed, ranked)
         if args.json:
             print(json.dumps({"network": net.arch, "batch_size": args.batch_size,
                               "sweep": rows}))
         else:
             print(plan_sweep_table(rows, net.arch, args.batch_size))
         return 0
-    cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0])
+    cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0],
+                                 ranked=ranked)
     result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
     print(json.dumps(result) if args.json else plan_table(result))
     return 0
@@ -753,13 +762,14 @@ def main(argv=None) -> int:
 
 
 def run_rank(args, parser, ranks: int) -> int:
-    """Under mpiexec with several ranks: rank 0 trains (the master); every other rank serves
-    the devices placed on it until the master is done. An error on rank 0 ends the whole job."""
-    if args.command != "train":
+    """Under mpiexec with several ranks: rank 0 trains (the master), or plans (pyhet plan,
+    which calibrates the devices of every rank); every other rank serves the devices placed on
+    it until the master is done. An error on rank 0 ends the whole job."""
+    if args.command not in ("train", "plan"):
         if launched_rank() != 0:
             return EXIT_ERROR          # rank 0 says why
         raise PyhetError(f"pyhet {args.command} runs in one process: start it without mpiexec "
-                         f"(only pyhet train spreads its devices over MPI ranks)")
+                         f"(only pyhet train and pyhet plan place devices on MPI ranks)")
     # While MPI starts (MPI_Init waits for every rank, in C, where no Python handler runs),
     # Ctrl-C or SIGTERM ends this rank by the signal itself, so that the launcher ends the
     # others; once it has started, the handlers below end the job through MPI_Abort.
@@ -768,7 +778,8 @@ def run_rank(args, parser, ranks: int) -> int:
     # a rank that never starts (stopped, unreachable) would keep the others in MPI's start-up,
     # which holds the interpreter: after --timeout, SIGALRM's default action ends this rank,
     # and mpiexec the job, saying so in its own words
-    limit = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT
+    timeout = getattr(args, "timeout", None)   # pyhet plan has none: the default
+    limit = timeout if timeout is not None else DEFAULT_TIMEOUT
     # (the timer takes at most about 2**63 ns: a longer limit is none, as inf is)
     if limit < MAX_ALARM_S:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -791,7 +802,9 @@ def run_rank(args, parser, ranks: int) -> int:
         signal.signal(signal.SIGINT, ended("interrupted", 130))
         signal.signal(signal.SIGTERM, ended("terminated by SIGTERM", 143))
         try:
-            specs = parse_devices(args.devices, gpu_count=cuda_device_count)
+            # (a plan without --devices: none here; rank 0 says why and ends the job)
+            specs = ([] if args.devices is None else
+                     parse_devices(args.devices, gpu_count=cuda_device_count))
             check_ranks(specs, ranks)
             mpi.serve(comm, specs)
         except PyhetError:
@@ -802,7 +815,7 @@ def run_rank(args, parser, ranks: int) -> int:
     signal.signal(signal.SIGINT, lambda *_: _abort(comm, "pyhet: interrupted", 130))
     signal.signal(signal.SIGTERM, lambda *_: _abort(comm, "pyhet: terminated by SIGTERM", 143))
     try:
-        status = cmd_train(args, parser, comm)
+        status = (cmd_train if args.command == "train" else cmd_plan)(args, parser, comm)
     except SystemExit as e:            # a usage error: argparse has said why
         _abort(comm, None, e.code if isinstance(e.code, int) else EXIT_USAGE)
     except BaseException as e:

@@ -346,13 +346,19 @@ def placed(cal: Calibration, names: list, moved: set, joining: int = 0) -> Calib
     device alone in its process pays its whole fixed work (its own im2col and col2im); the host
     group's devices that stay share theirs, each carrying an equal part, with `joining` more
     members (described devices on this machine like one of them); and the scales of contention
-    stay as measured."""
+    stay as measured. A device calibrated on another rank that stays there keeps its compute
+    as calibrated (its rank's group unchanged)."""
     speeds, overheads = {}, {}
     for layer, rows in cal.fits.items():
         slower = (cal.contention or {}).get(layer) or [1.0] * len(names)
+        parts = (cal.parts or {}).get(layer) or [None] * len(names)
         group = [n for n, (_, _, shared) in zip(names, rows) if shared and n not in moved]
         speeds[layer], overheads[layer] = [], []
-        for name, (slope, intercept, shared), c in zip(names, rows, slower):
+        for name, (slope, intercept, shared), c, part in zip(names, rows, slower, parts):
+            if part is not None and name not in moved:
+                speeds[layer].append(part["compute_kernels_per_s"])
+                overheads[layer].append(part["compute_overhead_s"])
+                continue
             share = len(group) + joining if shared and name not in moved else 1
             speeds[layer].append(1.0 / (slope * c))
             overheads[layer].append(intercept * c / share)
@@ -385,11 +391,16 @@ def check_described(described, calibrated_names, sweep: bool = False) -> None:
 
 
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
-                  default_link: Link | None = None, count: int | None = None) -> Cluster:
+                  default_link: Link | None = None, count: int | None = None,
+                  ranked=None) -> Cluster:
     """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
-    machine) and the described ones. default_link: the link of described devices that give
-    none (None: they are on the master's machine). count: take this many described devices,
-    cycling through the described entries (their own count= ignored), as a sweep does."""
+    machine, or on the ranks of `ranked`) and the described ones. default_link: the link of
+    described devices that give none (None: they are on the master's machine). count: take this
+    many described devices, cycling through the described entries (their own count= ignored),
+    as a sweep does. ranked: {name: (Link, members)} of calibrated devices on other ranks
+    (pyhet.report.calibrate_ranks): each behind its rank's measured link, its per-kernel traffic
+    counted `members` times (the devices of its rank send in one message), unless a described
+    entry gives that device a link of its own (then it is placed as any calibrated device)."""
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
     names, links, gflops, cpu_like = [], [], [], []
@@ -434,6 +445,18 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             links.append(None)
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
+    for name, (lk, members) in (ranked or {}).items():   # behind their ranks' links
+        if name in moved or name not in names:
+            continue
+        i = names.index(name)
+        links[i] = lk
+        for g in net.blocks:
+            need_dx = g is not net.blocks[0]
+            fixed, per = link_cost(lk, g, batch, need_dx)
+            forward = link_phase_cost(lk, g, batch, need_dx)[0]
+            costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
+                                       link_per_kernel=per * members,
+                                       link_forward=(forward[0], forward[1] * members))
     for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
         if d.gflops is None and d.like is None:
             i = names.index(d.name)
@@ -711,10 +734,11 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
 
 
 def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, described=(),
-          master_gflops: float | None = None, ddp_speed: float = 1.0) -> list[dict]:
+          master_gflops: float | None = None, ddp_speed: float = 1.0,
+          ranked=None) -> list[dict]:
     """plan() of the calibrated devices plus n described devices (cycling through the
     described entries) for every n in counts and every link in links (None: the described
-    devices' own links)."""
+    devices' own links); ranked: as build_cluster's."""
     rows = []
     for lk, name in zip(links, link_names(links)):
         for n in counts:
@@ -723,7 +747,7 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
             cluster = build_cluster(net, batch, calibrated,
                                     [replace(d, link=lk) if lk is not None and (
                                         d.gflops is not None or d.like is not None) else d
-                                     for d in described], count=n)
+                                     for d in described], count=n, ranked=ranked)
             p = plan(cluster, net, batch, master_gflops, ddp_speed)
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],

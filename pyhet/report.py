@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from . import arch, ops
 from .backends.numpy_ref import host_available_memory
 from .calibrate import calibrate
@@ -60,24 +62,58 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
     return report
 
 
-def calibrate_spec(spec: str, net, batch: int):
+def calibrate_spec(spec: str, net, batch: int, comm=None, timeout: float | None = None):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
-    here too: the Calibration's master_s is its own work of a step, timed."""
+    here too: the Calibration's master_s is its own work of a step, timed. Given an MPI
+    communicator (pyhet plan under mpiexec, on rank 0), the devices of every rank, calibrated
+    where they are, as pyhet train calibrates them (see calibrate_ranks)."""
+    if comm is not None:
+        return calibrate_ranks(spec, net, batch, comm, timeout)[0]
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
             raise DeviceSpecError(f"--devices {spec}: {s} is placed on rank {s.rank}; pyhet plan "
-                                  f"calibrates the devices of this machine only: describe the "
-                                  f"others with --describe (their speed and link)")
+                                  f"calibrates a device of another rank only under mpiexec (as "
+                                  f"pyhet train runs it), else describe it with --describe (its "
+                                  f"speed and link)")
     check_threads(specs)
     devices = make_devices(specs)
     try:
-        cal = calibrate(devices, net.blocks, batch)
-        # the master runs on this machine: its own work timed on the backend training gives it
-        master_s = time_head(net, batch, host_backend(devices))
-        return [d.name for d in devices], replace(cal, master_s=master_s,
-                                                  cpu_like=[d.kind != "gpu" for d in devices])
+        return [d.name for d in devices], _with_master(calibrate(devices, net.blocks, batch),
+                                                      net, batch, devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def _with_master(cal, net, batch: int, devices):
+    """The calibration with the master's own work of a step timed here (the master runs on
+    this machine), on the backend training gives it."""
+    master_s = time_head(net, batch, host_backend(devices))
+    return replace(cal, master_s=master_s, cpu_like=[d.kind != "gpu" for d in devices])
+
+
+def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None):
+    """((device names, Calibration), {name: (Link, members)}) of the devices of a SPEC placed
+    on the ranks of an MPI job, on rank 0: each calibrated on its rank by pyhet train's
+    calibration (a device of another rank timed by its rank, computing beside the others, so
+    that the slowing of devices that share a machine is the job's own), with each rank's link
+    measured as pyhet train measures it. The second item names the devices of the other ranks:
+    the link to their rank, and how many devices of that rank share its messages (the cpu
+    devices of a rank, which share their im2col and input gradient; else 1)."""
+    from .calibrate import _group_size
+    from .train import open_devices
+
+    devices = open_devices(spec, timeout, comm)
+    try:
+        if devices.link is not None:   # as pyhet train measures them: at the largest input
+            devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch)))
+                                               for g in net.blocks))
+        cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices)
+        ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices
+                  if d.link is not None}
+        return ([d.name for d in devices], cal), ranked
     finally:
         for d in devices:
             d.close()

@@ -257,6 +257,31 @@ def test_ranks_on_one_machine_are_counted_on_the_cores_they_may_run_on():
     assert shared_host_warnings({0: "a\t4\t0,1"}) == []   # one rank: its own check says it
 
 
+def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_path, data):
+    """`mpiexec -n 2 pyhet plan --devices 0/cpu:1,1/cpu:1`: rank 1's device calibrated on its
+    rank, behind the link the plan measured (a described link of its own replaces it); the
+    job ends cleanly. Without mpiexec, or without --devices under it, a clear error."""
+    argv = ["plan", "--dataset", f"npz:{data}", "--arch", ARCH, "--batch-size", 8,
+            "--devices", "0/cpu:1,1/cpu:1", "--json"]
+    code, out, err = run(argv, 2, tmp_path)
+    assert code == 0, err
+    r = json.loads(out.strip().splitlines()[-1])
+    d0, d1 = r["devices"]
+    assert d0["link"] == "local" and d1["link"] != "local" and d1["latency_s"] > 0, r["devices"]
+    assert r["predicted_step_s"] > 0 and r["speedup"] > 0
+    for layer, counts in r["partition"].items():
+        assert sum(counts.values()) == next(g.K for g in build(ARCH, (1, 12, 12), 3).blocks
+                                            if g.name == layer)
+    code, out, err = run([*argv, "--describe", "d1:bw=1mbit,lat=10ms"], 2, tmp_path)
+    assert code == 0, err
+    d1 = json.loads(out.strip().splitlines()[-1])["devices"][1]
+    assert (d1["link"], d1["latency_s"], d1["bandwidth_bytes_per_s"]) == ("1mbit", 0.01, 125e3)
+    code, out, err = run([*argv[:-3], "--describe", "x:gflops=10"], 2, tmp_path, timeout=60)
+    assert code == 2 and "give --devices placing them" in err and "Traceback" not in err, err
+    code, out, err = run(argv, None, tmp_path, timeout=60)
+    assert code != 0 and "only under mpiexec" in err and "Traceback" not in err, err
+
+
 def test_other_commands_refuse_mpiexec(tmp_path, data):
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
                           f"npz:{data}"], 2, tmp_path, timeout=60)

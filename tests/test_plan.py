@@ -178,6 +178,50 @@ def test_a_moved_device_pays_its_own_fixed_work():
                                                            f0 * k, f0 * k])
 
 
+def test_a_device_calibrated_on_another_rank_keeps_its_rank_and_link():
+    """Calibrated under mpiexec, a device of another rank is its rank's compute (the
+    calibration's compute figures, its rank's group sharing its fixed work) behind the link the
+    plan measured, its per-kernel traffic counted once per member of its rank's group; with
+    described devices beside it, it stays as calibrated; a described link of its own
+    (NAME:bw=...) takes the measured one's place, its fixed work then its own."""
+    from pyhet.calibrate import Calibration
+
+    fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.006, 0]],
+            "conv2": [[0.003, 0.010, 1], [0.004, 0.012, 0]]}
+    contention = {"conv1": [1.2, 1.4], "conv2": [1.3, 1.5]}
+    parts = {layer: [None, {"compute_kernels_per_s": 1.0 / (f[1][0] * contention[layer][1]),
+                            "compute_overhead_s": f[1][1] * contention[layer][1] / 2,
+                            "link_fixed_s": 0.5, "link_s_per_kernel": 0.5}]
+             for layer, f in fits.items()}
+    # the calibration's speeds of d1 hold its link too: the plan must not take them
+    speeds = {k: [1.0 / (f[0][0] * contention[k][0]), 1.0] for k, f in fits.items()}
+    c = Calibration(speeds, {k: [0.0, 9.0] for k in speeds}, {k: [99, 99] for k in speeds},
+                    parts, contention, fits)
+    measured = Link(2e-4, 50e6)
+    ranked = {"d1": (measured, 2)}
+    for described in ((), plan.parse_describe("x:gflops=1")):
+        cluster = plan.build_cluster(NET, N, (["d0", "d1"], c), described, ranked=ranked)
+        assert cluster.links[:2] == [None, measured]
+        for i, g in enumerate(NET.blocks):
+            d1 = cluster.costs[g.name][1]
+            part = parts[g.name][1]
+            assert (d1.speed, d1.overhead) == pytest.approx(
+                (part["compute_kernels_per_s"], part["compute_overhead_s"]))
+            fixed, per = link_cost(measured, g, N, need_dx=i > 0)
+            assert (d1.link_fixed, d1.link_per_kernel) == pytest.approx((fixed, 2 * per))
+            assert d1.contention == contention[g.name][1]
+    own = Link(plan.parse_latency("50us"), 125e6)
+    moved = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("d1:bw=1gbit"),
+                               ranked=ranked)
+    assert moved.links == [None, own]
+    for i, g in enumerate(NET.blocks):
+        d1 = moved.costs[g.name][1]
+        slope, intercept, _ = fits[g.name][1]
+        k = contention[g.name][1]
+        assert (d1.speed, d1.overhead) == pytest.approx((1 / (slope * k), intercept * k))
+        assert (d1.link_fixed, d1.link_per_kernel) == link_cost(own, g, N, need_dx=i > 0)
+
+
 def test_alone_a_device_has_no_contention_but_its_typical_time():
     """The calibrated speeds of several devices are those of the devices computing together
     (contention); a device alone is taken without it, at its typical time alone (its
