@@ -554,6 +554,10 @@ def cmd_plan(args, parser, comm=None) -> int:
     cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0],
                                  ranked=ranked)
     result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
+    moved = {d.name for d in described if d.gflops is None and d.like is None}
+    for d in result["devices"]:   # behind its rank's link, as the plan measured it
+        if d["name"] in (ranked or {}) and d["name"] not in moved:
+            d["link_measured"] = True
     print(json.dumps(result) if args.json else plan_table(result))
     return 0
 
@@ -573,7 +577,8 @@ def _gflops(rate: float) -> str:
 def plan_table(r: dict) -> str:
     names = [d["name"] for d in r["devices"]]
     lines = [f"plan of {r['network']}, batch {r['batch_size']}, on "
-             + ", ".join(f"{d['name']} ({_gflops(d['gflops'])} GFLOP/s, {d['link']})"
+             + ", ".join(f"{d['name']} ({_gflops(d['gflops'])} GFLOP/s, {d['link']}"
+                         f"{' measured' if d.get('link_measured') else ''})"
                          for d in r["devices"]),
              f"{'layer':<8}{'conv s':>11}  " + "".join(f"{n:>12}" for n in names)]
     for layer, row in r["layers"].items():

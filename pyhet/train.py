@@ -15,6 +15,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -293,12 +294,17 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     size = 1 if comm is None else comm.Get_size()
     check_ranks(specs, size)
-    try:
-        check_threads(for_rank(specs, 0) if size > 1 else specs)
-    except DeviceError as e:
-        if size == 1:
-            raise
-        raise DeviceError(f"rank 0: {e}") from None   # as the other ranks' errors are named
+    if size == 1:
+        check_threads(specs)
+    else:   # its warnings and errors named, as the other ranks' are
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                check_threads(for_rank(specs, 0))
+            except DeviceError as e:
+                raise DeviceError(f"rank 0: {e}") from None
+        for w in said:
+            warnings.warn(f"rank 0: {w.message}", w.category, stacklevel=2)
     if comm is None:
         devices = Devices(make_devices(specs))
     else:

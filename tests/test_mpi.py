@@ -245,6 +245,15 @@ def test_a_serving_rank_warns_through_the_master(tmp_path, data, rank1_threads):
     assert (line in err) == together and (f"run on {CORES} cores there" in err) == together, err
 
 
+def test_the_masters_own_thread_warning_names_its_rank(tmp_path, data):
+    """Under mpiexec, rank 0's warning of more threads than its cores names rank 0, as a
+    serving rank's names that rank."""
+    code, out, err = run(train_argv(data, f"0/cpu:{CORES + 1},1/cpu:1", tmp_path / "w.npz"), 2,
+                         tmp_path)
+    assert code == 0, err
+    assert "rank 0: the cpu devices use" in err and "rank 1: the cpu" not in err, err
+
+
 def test_ranks_on_one_machine_are_counted_on_the_cores_they_may_run_on():
     """Threads are summed per machine name, against the union of the ranks' cores: ranks bound
     to cores of their own do not compete; a rank that does not say where it runs is left out."""
@@ -268,6 +277,7 @@ def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_pa
     r = json.loads(out.strip().splitlines()[-1])
     d0, d1 = r["devices"]
     assert d0["link"] == "local" and d1["link"] != "local" and d1["latency_s"] > 0, r["devices"]
+    assert d1["link_measured"] and "link_measured" not in d0
     assert r["predicted_step_s"] > 0 and r["speedup"] > 0
     for layer, counts in r["partition"].items():
         assert sum(counts.values()) == next(g.K for g in build(ARCH, (1, 12, 12), 3).blocks
@@ -276,6 +286,9 @@ def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_pa
     assert code == 0, err
     d1 = json.loads(out.strip().splitlines()[-1])["devices"][1]
     assert (d1["link"], d1["latency_s"], d1["bandwidth_bytes_per_s"]) == ("1mbit", 0.01, 125e3)
+    assert "link_measured" not in d1
+    code, out, err = run(argv[:-1], 2, tmp_path)   # the table says which link was measured
+    assert code == 0 and " measured)" in out.splitlines()[0], out
     code, out, err = run([*argv[:-3], "--describe", "x:gflops=10"], 2, tmp_path, timeout=60)
     assert code == 2 and "give --devices placing them" in err and "Traceback" not in err, err
     code, out, err = run(argv, None, tmp_path, timeout=60)
