@@ -33,7 +33,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
     from .report import calibrate_ranks, calibrate_spec, describe_devices
-    from .specs import check_ranks, cuda_device_count, parse_devices
+    from .specs import check_ranks, cuda_device_count, for_rank, parse_devices
     from .train import TrainConfig, check_file_destination, train
     from .transport import DEFAULT_TIMEOUT, end_job_unstarted, launched_rank, launched_size
 except KeyboardInterrupt:
@@ -525,9 +525,12 @@ def cmd_plan(args, parser, comm=None) -> int:
                      f"{sum(counts) * len(links):,}")
     # the described devices' names against the calibrated ones (d0, d1, ... from the SPEC
     # alone), before any calibration
-    cal_names = ([f"d{i}" for i in range(len(parse_devices(args.devices,
-                                                          gpu_count=cuda_device_count)))]
-                 if args.devices is not None else [])
+    specs = ([] if args.devices is None else
+             parse_devices(args.devices, gpu_count=cuda_device_count))
+    # (under mpiexec an entry without R/ is placed on every rank)
+    ranks = 1 if comm is None else comm.Get_size()
+    count = (sum(len(for_rank(specs, r)) for r in range(ranks)) if ranks > 1 else len(specs))
+    cal_names = [f"d{i}" for i in range(count)]
     try:
         plan.check_described(described, cal_names, counts is not None)
     except UsageError as e:

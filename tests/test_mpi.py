@@ -287,6 +287,12 @@ def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_pa
     d1 = json.loads(out.strip().splitlines()[-1])["devices"][1]
     assert (d1["link"], d1["latency_s"], d1["bandwidth_bytes_per_s"]) == ("1mbit", 0.01, 125e3)
     assert "link_measured" not in d1
+    # an entry without R/ is on every rank: d1 is rank 1's, and may be described
+    code, out, err = run([*argv[:-3], "--devices", "cpu:1", "--describe", "d1:bw=1mbit",
+                          "--json"], 2, tmp_path)
+    assert code == 0, err
+    assert [d["link"] for d in json.loads(out.strip().splitlines()[-1])["devices"]] == [
+        "local", "1mbit"]
     code, out, err = run(argv[:-1], 2, tmp_path)   # the table says which link was measured
     assert code == 0 and " measured)" in out.splitlines()[0], out
     code, out, err = run([*argv[:-3], "--describe", "x:gflops=10"], 2, tmp_path, timeout=60)
