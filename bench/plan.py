@@ -5,7 +5,10 @@
 
 For each configuration (a --devices SPEC of this machine) and batch size, one after the other:
 `pyhet plan --devices SPEC --json` (in its own process, calibrating as a user's run of it would),
-then `pyhet train --devices SPEC --balance static --json` on synthetic data. The table gives the
+then `pyhet train --devices SPEC --balance static --json` on synthetic data. A SPEC that places
+devices on ranks (`0/cpu:1,1/cpu:1`) runs both under `mpiexec -n R` (R: its highest rank + 1),
+ranks of this machine talking through shared memory; the plan then calibrates each rank's
+devices where they are, behind the link it measures. The table gives the
 plan's step time, the measured median step time and their ratio, both partitions of the last
 conv layer (conv2 of the paper network), and the prediction the training run's own cost model
 made (its summary's `predicted_step_time_s`; a single device is not calibrated in training).
@@ -51,6 +54,10 @@ def parse_args(argv):
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
     args.configs = _util.device_configs(p, args.configs)
+    if any(ranks_of(c) > 1 for c in args.configs):
+        why = _util.missing_mpi()
+        if why:
+            p.error(f"--configs places devices on MPI ranks, but {why}")
     if args.arch is not None and args.kernels is not None:   # as pyhet train refuses them
         p.error("--arch describes the whole network: give it without --kernels")
     if args.arch is None and args.kernels is None:
@@ -70,6 +77,19 @@ def plan_argv(spec: str, args, batch: int) -> list:
             *_util.network_argv(args.kernels, args.arch), "--batch-size", str(batch), "--json"]
 
 
+def ranks_of(spec: str) -> int:
+    """The MPI ranks a SPEC places devices on: its highest R/ + 1 (1: none, one process)."""
+    from pyhet.specs import parse_devices
+
+    return 1 + max((s.rank or 0) for s in parse_devices(spec))
+
+
+def launched(spec: str, argv: list) -> list:
+    """argv, under mpiexec where the SPEC places devices on several ranks."""
+    ranks = ranks_of(spec)
+    return argv if ranks == 1 else [_util.mpiexec(), "-n", str(ranks), *argv]
+
+
 def ratio(a, b) -> str:
     return "-" if a is None or b is None else f"{a / b:.2f}"
 
@@ -79,9 +99,9 @@ median = _util.median_or_none
 
 def measure(spec: str, batch: int, args, cwd) -> dict:
     """One round of one configuration: its plan, then its training run."""
-    p = _util.run_json(plan_argv(spec, args, batch), args.timeout, cwd)
-    s = _util.run_json(_util.train_argv(args.kernels, batch, args.steps, spec, arch=args.arch),
-                       args.timeout, cwd)
+    p = _util.run_json(launched(spec, plan_argv(spec, args, batch)), args.timeout, cwd)
+    s = _util.run_json(launched(spec, _util.train_argv(args.kernels, batch, args.steps, spec,
+                                                       arch=args.arch)), args.timeout, cwd)
     layer = list(p["partition"])[-1]   # the last conv layer (conv2 of the paper network)
     return {"plan_step_s": p["predicted_step_s"], "layer": layer,
             # the plan's conv layers and master, and the training run's conv layers (forward

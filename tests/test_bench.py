@@ -340,6 +340,27 @@ def test_bench_plan(tmp_path, capsys):
         assert all(v >= low for v in r["contention"].values())
     assert rows[0]["train_model_step_s"] is None and rows[1]["train_model_step_s"] > 0
     assert "plan/measured" in out and "largest difference" in out and "medians of 2" in out
+
+
+def test_bench_plan_runs_a_spec_of_ranks_under_mpiexec(tmp_path, capsys):
+    """A configuration that places devices on ranks runs its plan and its training run under
+    mpiexec (the plan then measures rank 1's link); without MPI, a clear usage error."""
+    try:
+        from pyhet.bench import _util
+    except ImportError:
+        from bench import _util
+    if _util.missing_mpi():
+        with pytest.raises(SystemExit):
+            main(["bench", "plan", "--configs", "0/cpu:1,1/cpu:1"])
+        assert "places devices on MPI ranks" in capsys.readouterr().err
+        return
+    run(capsys, "plan", "--configs", "0/cpu:1,1/cpu:1", "--batch-sizes", "2", "--kernels",
+        "4,6", "--steps", "2", "--json", str(tmp_path / "p.json"))
+    (row,) = json.loads((tmp_path / "p.json").read_text())["rows"]
+    (x,) = row["rounds"]
+    assert [d.get("link_measured", False) for d in x["plan"]["devices"]] == [False, True]
+    assert x["run"]["links"]["1"]["latency_s"] > 0     # the run's rank 1, over MPI
+    assert sum(row["plan_partition"].values()) == sum(row["partition"].values()) == 6
     # a network by --arch: the plan and the training run both take it
     out = run(capsys, "plan", "--configs", "cpu:1", "--batch-sizes", "2", "--arch",
               "3C3-P2-16N", "--steps", "2", "--json", str(tmp_path / "a.json"))
