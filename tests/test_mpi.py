@@ -8,6 +8,7 @@ is summed in another order).
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -547,6 +548,36 @@ def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
     assert unknown == 0.0 and fast == 0.0 and short == 0.0   # short: a 78 us pause
     assert slow == pytest.approx(1e-3)                      # 0.5 s expected: capped
     assert mid == pytest.approx((1 << 20) / 125e6 / 64)     # 8.4 ms expected: 131 us
+
+
+def test_a_message_long_in_coming_is_seen_soon_after_it_comes(tmp_path):
+    """Waiting for a message to begin, the polls sleep a sixteenth of the time waited (20 us to
+    2 ms): a reply that comes after T is seen by T * 17/16 (or T + 2 ms), and a long wait wakes
+    at most about 500 times a second (on a clock that moves only by the sleeps)."""
+    code = (
+        "import types\n"
+        "from pyhet.transport import mpi\n"
+        "clock = [0.0]\n"
+        "mpi.time = types.SimpleNamespace(monotonic=lambda: clock[0],\n"
+        "    sleep=lambda s: clock.__setitem__(0, clock[0] + s))\n"
+        "class Req:\n"
+        "    def __init__(self, at): self.at, self.polls = at, 0\n"
+        "    def Test(self, *a):\n"
+        "        self.polls += 1\n"
+        "        return clock[0] >= self.at\n"
+        "for at in (1e-4, 3e-3, 0.02, 0.15, 10.0):\n"
+        "    clock[0] = 0.0\n"
+        "    r = Req(at)\n"
+        "    mpi.wait(r, timeout=60)\n"
+        "    print(at, clock[0], r.polls)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)   # not the source folder: the built core
+    assert out.returncode == 0, out.stderr
+    for line in out.stdout.split("\n")[:-1]:
+        at, seen, polls = (float(v) for v in line.split())
+        assert at <= seen <= at + min(at / 16, 2e-3) + 20e-6, line
+        assert polls <= 60 + 16 * math.log(max(at, 320e-6) / 320e-6) + at / 2e-3, line
+    assert polls >= 10.0 / 2e-3   # ... never sleeping more than 2 ms
 
 
 def test_a_ranks_group_takes_its_weight_gradient_from_the_forwards_operand():
