@@ -533,6 +533,15 @@ def test_an_idle_rank_waits_without_a_busy_core(tmp_path):
     assert used < 0.25 * took, (used, took)
 
 
+def printed(code: str, cwd) -> str:
+    """What Python code run in a process of its own prints (in cwd, not the source folder,
+    whose pyhet/ has no built core; without initialising MPI in the tests' process)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
     """A transfer under way is polled without pausing until a rate is known, on a fast link
     (shared memory moves only while both sides poll) however large, and where the pause would
@@ -541,10 +550,7 @@ def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
         "from pyhet.transport.mpi import transfer_pause as p\n"
         "print(p(6 << 20, None), p(256 << 20, 2e9), p(6 << 20, 12.5e6), p(1 << 20, 125e6),"
         " p(64 << 10, 12.5e6))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)   # not the source folder: the built core
-    assert out.returncode == 0, out.stderr
-    unknown, fast, slow, mid, short = (float(v) for v in out.stdout.split())
+    unknown, fast, slow, mid, short = (float(v) for v in printed(code, tmp_path).split())
     assert unknown == 0.0 and fast == 0.0 and short == 0.0   # short: a 78 us pause
     assert slow == pytest.approx(1e-3)                      # 0.5 s expected: capped
     assert mid == pytest.approx((1 << 20) / 125e6 / 64)     # 8.4 ms expected: 131 us
@@ -570,10 +576,7 @@ def test_a_message_long_in_coming_is_seen_soon_after_it_comes(tmp_path):
         "    r = Req(at)\n"
         "    mpi.wait(r, timeout=60)\n"
         "    print(at, clock[0], r.polls)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)   # not the source folder: the built core
-    assert out.returncode == 0, out.stderr
-    for line in out.stdout.split("\n")[:-1]:
+    for line in printed(code, tmp_path).split("\n")[:-1]:
         at, seen, polls = (float(v) for v in line.split())
         assert at <= seen <= at + min(at / 16, 2e-3) + 20e-6, line
         assert polls <= 60 + 16 * math.log(max(at, 320e-6) / 320e-6) + at / 2e-3, line
