@@ -557,9 +557,8 @@ def cmd_plan(args, parser, comm=None) -> int:
     cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0],
                                  ranked=ranked)
     result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
-    moved = {d.name for d in described if d.gflops is None and d.like is None}
-    for d in result["devices"]:   # behind its rank's link, as the plan measured it
-        if d["name"] in (ranked or {}) and d["name"] not in moved:
+    for d, lk in zip(result["devices"], cluster.links):   # behind its rank's measured link
+        if lk is not None and lk is (ranked or {}).get(d["name"], (None,))[0]:
             d["link_measured"] = True
     print(json.dumps(result) if args.json else plan_table(result))
     return 0

@@ -445,9 +445,13 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             links.append(None)
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
-    for name, (lk, members) in (ranked or {}).items():   # behind their ranks' links
-        if name in moved or name not in names:
-            continue
+    # calibrated devices behind links: those of other ranks behind their ranks' (their rank's
+    # members sending in one message), and NAME:bw=... entries behind theirs
+    behind = {name: lm for name, lm in (ranked or {}).items()
+              if name not in moved and name in names}
+    behind.update({d.name: (d.link, 1) for d in described
+                   if d.gflops is None and d.like is None})
+    for name, (lk, members) in behind.items():
         i = names.index(name)
         links[i] = lk
         for g in net.blocks:
@@ -457,15 +461,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
                                        link_per_kernel=per * members,
                                        link_forward=(forward[0], forward[1] * members))
-    for d in described:   # NAME:bw=...: the calibrated device NAME, behind that link
-        if d.gflops is None and d.like is None:
-            i = names.index(d.name)
-            links[i] = d.link
-            for g in net.blocks:
-                fixed, per = link_cost(d.link, g, batch, need_dx=g is not net.blocks[0])
-                forward = link_phase_cost(d.link, g, batch, need_dx=g is not net.blocks[0])[0]
-                costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
-                                           link_per_kernel=per, link_forward=forward)
     for d in entries:
         link = d.link if d.link is not None else default_link
         for j in range(d.count):

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from . import arch, ops
 from .backends.numpy_ref import host_available_memory
-from .calibrate import calibrate
+from .calibrate import _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
 from .model import time_head
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
-from .train import check_memory, host_backend
+from .train import check_memory, host_backend, measure_links, open_devices
 
 
 def _gpus() -> list[dict]:
@@ -62,14 +60,11 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
     return report
 
 
-def calibrate_spec(spec: str, net, batch: int, comm=None, timeout: float | None = None):
+def calibrate_spec(spec: str, net, batch: int):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
-    here too: the Calibration's master_s is its own work of a step, timed. Given an MPI
-    communicator (pyhet plan under mpiexec, on rank 0), the devices of every rank, calibrated
-    where they are, as pyhet train calibrates them (see calibrate_ranks)."""
-    if comm is not None:
-        return calibrate_ranks(spec, net, batch, comm, timeout)[0]
+    here too: the Calibration's master_s is its own work of a step, timed. (Under mpiexec,
+    calibrate_ranks.)"""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
@@ -102,14 +97,9 @@ def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = No
     measured as pyhet train measures it. The second item names the devices of the other ranks:
     the link to their rank, and how many devices of that rank share its messages (the cpu
     devices of a rank, which share their im2col and input gradient; else 1)."""
-    from .calibrate import _group_size
-    from .train import open_devices
-
     devices = open_devices(spec, timeout, comm)
     try:
-        if devices.link is not None:   # as pyhet train measures them: at the largest input
-            devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch)))
-                                               for g in net.blocks))
+        measure_links(devices, net.blocks, batch)
         cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices)
         ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices
                   if d.link is not None}

@@ -213,8 +213,8 @@ def check_ranks(specs: list[DeviceSpec], world_size: int, command: str = "train"
         if world_size == 1:
             raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but this run is "
                                   f"one process (rank 0): start it with mpiexec -n {s.rank + 1} "
-                                  f"pyhet ... (pip install '.[mpi]' in pyhet's source folder brings "
-                                  f"mpiexec)")
+                                  f"pyhet ... (pip install '.[mpi]' in pyhet's source folder "
+                                  f"brings mpiexec)")
         raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but the job has "
                               f"{world_size} ranks (0..{world_size - 1}): start it with mpiexec "
                               f"-n {s.rank + 1}, or place the device on another rank")

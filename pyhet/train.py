@@ -321,6 +321,14 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     return devices
 
 
+def measure_links(devices, blocks, batch: int) -> dict:
+    """Each other rank's link as MasterLink.measure_links gives it, measured at the size of the
+    largest layer input ({} in one process)."""
+    if devices.link is None:
+        return {}
+    return devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch))) for g in blocks))
+
+
 class Devices(list):
     """The devices of a run, in order; under mpiexec also the ranks that hold none (they idle)
     and the master's link to the others (pyhet.transport.mpi.MasterLink)."""
@@ -570,10 +578,7 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
     try:
         if stop is not None:
             stop.devices = list(devices)
-        links = {}
-        if devices.link is not None:   # each rank's link, at the size of the largest input
-            links = devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch)))
-                                                       for g in shape.blocks))
+        links = measure_links(devices, shape.blocks, batch)
         planned, balancer_state = reused_plan(plan, devices, shape, cfg, log)
         net, cal = build_net(shape, params, devices, cfg.balance, batch, cfg.seed,
                              log if cfg.progress else None, cfg.deterministic, planned)

@@ -342,17 +342,22 @@ def test_bench_plan(tmp_path, capsys):
     assert "plan/measured" in out and "largest difference" in out and "medians of 2" in out
 
 
-def test_bench_plan_runs_a_spec_of_ranks_under_mpiexec(tmp_path, capsys):
+def test_bench_plan_runs_a_spec_of_ranks_under_mpiexec(tmp_path, capsys, monkeypatch):
     """A configuration that places devices on ranks runs its plan and its training run under
     mpiexec (the plan then measures rank 1's link); without MPI, a clear usage error."""
     try:
         from pyhet.bench import _util
     except ImportError:
         from bench import _util
-    if _util.missing_mpi():
-        with pytest.raises(SystemExit):
-            main(["bench", "plan", "--configs", "0/cpu:1,1/cpu:1"])
-        assert "places devices on MPI ranks" in capsys.readouterr().err
+    why = _util.missing_mpi()
+    with monkeypatch.context() as m:
+        m.setattr(_util, "missing_mpi", lambda: why or "there is no mpiexec (say)")
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "plan", "--configs", "cpu:1;0/cpu:1,1/cpu:1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "places devices on MPI ranks, but there is no" in err, err
+    if why:
         return
     run(capsys, "plan", "--configs", "0/cpu:1,1/cpu:1", "--batch-sizes", "2", "--kernels",
         "4,6", "--steps", "2", "--json", str(tmp_path / "p.json"))

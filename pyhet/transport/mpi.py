@@ -19,11 +19,12 @@ holds none.
 Waiting costs no core: waiting for a message to begin (a header) polls a non-blocking request
 with short sleeps (MPI implementations busy-poll inside blocking calls, which would take a core
 from the devices' threads), each a sixteenth of the time waited so far (20 us to 2 ms), so that
-a reply is seen at most about 6% (or 2 ms) after it came. Once a message is under way, its buffers are polled without sleeping
-on a fast link, since a large transfer advances only while both sides call into MPI (MPICH moves
-it through shared memory in chunks); on a slow one, with pauses of a small share of the time the
-transfer should take (see transfer_pause), so that it does not keep a core. Every wait on the
-master has a deadline (--timeout), after which the rank is named in the error.
+a reply is seen at most about 6% (or 2 ms) after it came. Once a message is under way, its
+buffers are polled without sleeping on a fast link, since a large transfer advances only while
+both sides call into MPI (MPICH moves it through shared memory in chunks); on a slow one, with
+pauses of a small share of the time the transfer should take (see transfer_pause), so that it
+does not keep a core. Every wait on the master has a deadline (--timeout), after which the rank
+is named in the error.
 
 Letters as in pyhet.geometry.
 """
