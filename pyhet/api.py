@@ -47,6 +47,10 @@ from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
 
 __all__ = ["Network", "load"]
 
+# copies of every parameter that fit() holds beside the running network: the weights and the
+# momentum it started with, which it puts back after a fit that diverges
+FIT_KEEPS = 2
+
 
 def _one_at_a_time(in_callback: bool):
     """A Network method that runs alone: a call from another thread waits for the running one
@@ -138,6 +142,7 @@ class Network:
         self._turn = threading.Lock()    # one call at a time (_one_at_a_time)
         self._owner = None               # the thread of the call under way
         self._batch_high = 0      # the largest batch the running devices have been given
+        self._kept = 0            # copies of the parameters beside them, memory checked for
 
     # --- description --------------------------------------------------------------------------
 
@@ -182,7 +187,7 @@ class Network:
                 and self._planned_for[0] != batch_size):
             self._close()         # no momentum yet: the weights are all there is to keep
         if self._net is None:
-            check_memory(self.geometry, batch_size)
+            self._check_memory(batch_size, training)
             self._devices = open_devices(self.devices_spec)
             # a Network dropped without close() still stops its devices' threads
             self._finalizer = weakref.finalize(self, _close_all, list(self._devices))
@@ -194,12 +199,24 @@ class Network:
                 self._close()
                 raise
             self._planned_for, self._batch_high = (batch_size, False), batch_size
-        elif batch_size > self._batch_high:   # a larger batch than the devices have run
-            check_memory(self.geometry, batch_size, self._batch_high)
-            self._batch_high = batch_size
+            self._kept = FIT_KEEPS if training else 0
+        else:   # a larger batch than the devices have run, or a fit after predict()
+            self._check_memory(batch_size, training)
         if training:
             self._planned_for = (self._planned_for[0], True)
         return self._net
+
+    def _check_memory(self, batch_size: int, training: bool) -> None:
+        """Refuse (DeviceError), before anything is allocated for it, a batch size or a fit that
+        this machine's memory cannot hold; what the running devices hold counts as held."""
+        kept = FIT_KEEPS if training else 0
+        if self._net is None:
+            check_memory(self.geometry, batch_size, kept=kept)
+        elif batch_size > self._batch_high or kept > self._kept:
+            check_memory(self.geometry, max(batch_size, self._batch_high), self._batch_high,
+                         max(kept, self._kept), self._kept)
+            self._batch_high = max(batch_size, self._batch_high)
+            self._kept = max(kept, self._kept)
 
     @_one_at_a_time(in_callback=False)
     def close(self) -> None:
@@ -223,6 +240,7 @@ class Network:
                 finally:
                     self._devices, self._net, self._calibration = [], None, None
                     self._finalizer, self._planned_for, self._batch_high = None, None, 0
+                    self._kept = 0
 
     def _not_copied(self, *args):
         raise TypeError("a pyhet.Network runs devices and cannot be copied or pickled: save() "
@@ -346,6 +364,7 @@ class Network:
     def _fit(self, cfg: TrainConfig, ds: Dataset, log, folder, callback, changed) -> dict:
         # changed["weights"]: set to True once the weights are no longer the network's own
         start = {"step": 0, "epoch": self._epochs, "batch": 0}
+        self._check_memory(largest_batch(cfg, ds), training=True)   # before the copies below
         # the network as it is now, which a fit that diverges puts back: its weights may have
         # grown so large that every output overflows, and every later fit with them too
         try:
@@ -353,6 +372,10 @@ class Network:
                       self._epochs)
         except Exception:   # a device that failed since: training fails over, if it can
             before = None
+        if before is not None:
+            # the weights kept while the devices run (their own are on the devices) are these:
+            # the copy made when they started goes (a large fc layer is held once, not twice)
+            self._params = before[0][0]
         found = folder.newest(self.geometry) if folder is not None and cfg.resume else None
         if found:      # the checkpoint's weights and momentum, on freshly planned devices
             path, params, moms, meta = found

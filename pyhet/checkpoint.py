@@ -200,7 +200,7 @@ class CheckpointDir:
                 self._skip(path, e, older)
                 continue
             self._check_settings(path, meta)
-            problem = plan_problem(meta.get("plan"))
+            problem = plan_problem(meta.get("plan"), shape)
             if problem is not None:
                 meta["plan"] = None
                 if self.log is not None:
@@ -247,7 +247,7 @@ class CheckpointDir:
         """Write the checkpoint after step position["step"]; then delete all but the `keep`
         newest. position: {"step", "epoch", "batch"} (the next batch to train); plan: see
         Plan.record."""
-        arrays, moms = net.state()
+        arrays, moms = net.state(copy=False)   # written before the next step changes them
         # never a checkpoint of weights that diverged (the loss, computed before the update,
         # may still have been finite)
         st = self.settings
@@ -301,6 +301,8 @@ def checked_meta(meta, settings: "dict | None" = None) -> dict:
         v = meta.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"its position {key!r} is {v!r}, not a whole number >= 0")
+    if form >= 2 and "settings" not in meta:   # format 1's were all it had; 2 writes them
+        raise ValueError(f"its meta entry of format {form} has no settings")
     stored = meta.get("settings", {})
     if not isinstance(stored, dict):
         raise ValueError(f"its settings are {stored!r}, not a dict")
@@ -335,11 +337,12 @@ def _kind(value) -> str:
     return "string" if isinstance(value, str) else type(value).__name__
 
 
-def plan_problem(plan) -> "str | None":
+def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
     """What keeps a checkpoint's plan (devices, partition, calibration, balancer state) from
     being reused, or None: a plan of another form (an edited file, or one of a version whose
     calibration held other fields) is planned afresh, while the checkpoint's weights,
-    momentum and position are resumed."""
+    momentum and position are resumed. Given the network's shape, also a partition whose
+    counts do not split its layers' kernels over the plan's devices."""
     if plan is None:
         return None
     if not isinstance(plan, dict):
@@ -353,6 +356,11 @@ def plan_problem(plan) -> "str | None":
                                              and k >= 0 for k in counts)
             for counts in partition.values()):
         return f"its partition is {partition!r}, not kernel counts per layer"
+    for g in (shape.blocks if shape is not None and partition else ()):
+        counts = partition.get(g.name)
+        if counts is None or len(counts) != len(devices) or sum(counts) != g.K:
+            return (f"its partition of {g.name} is {counts!r}, not the layer's {g.K} kernels "
+                    f"over its {len(devices)} devices")
     cal = plan.get("calibration")
     if cal is not None:
         try:

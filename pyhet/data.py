@@ -140,20 +140,20 @@ def load_dataset(name, data_dir=None, seed=0):
     dataset's usual place); the other names ignore it. seed only changes synthetic.
     """
     if not isinstance(name, str):
-        raise DataError(f"dataset name must be a string, got {shown(name)}")
+        raise UsageError(f"dataset name must be a string, got {shown(name)}")
     if data_dir is not None:
         try:
             data_dir = os.fspath(data_dir)
         except TypeError:   # not a path: said below
             pass
         if not isinstance(data_dir, str) or not data_dir or "\0" in data_dir:
-            raise DataError(f"data_dir must be a folder's path (a non-empty str or "
+            raise UsageError(f"data_dir must be a folder's path (a non-empty str or "
                             f"os.PathLike, without NUL), got {shown(data_dir)}")
     if (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
             or seed < 0):
         raise UsageError(f"seed must be a whole number >= 0, got {shown(seed)}")
-    if name_problem(name) is not None:
-        raise DataError(name_problem(name))
+    if name_problem(name) is not None:   # a bad argument, as the command line's exit 2
+        raise UsageError(name_problem(name))
     if name.startswith("npz:"):
         return load_npz(name[len("npz:"):])
     if name == "bundled":

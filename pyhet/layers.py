@@ -26,9 +26,19 @@ from .backends import numpy_ref as ref
 # weight, which is U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias.
 
 
+INIT_CHUNK = 1 << 16   # numbers drawn at once: the float64 draw is 512 KB, not the layer's
+
+
 def init_uniform(rng: np.random.Generator, shape, fan_in: int) -> np.ndarray:
+    """U(-bound, bound) as float32: the numbers of one float64 draw of the whole shape, drawn a
+    chunk at a time, so that a large fc layer costs its float32 array, not three times that."""
     bound = 1.0 / math.sqrt(fan_in)
-    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    out = np.empty(shape, np.float32)
+    flat = out.reshape(-1)
+    for i in range(0, flat.size, INIT_CHUNK):
+        part = flat[i:i + INIT_CHUNK]
+        part[...] = rng.uniform(-bound, bound, size=part.size)
+    return out
 
 
 class Layer:
@@ -111,6 +121,7 @@ class Linear(Layer):
         return self.backend.linear_forward(x, self.params["weight"], self.params["bias"])
 
     def backward(self, dy):
+        self.grads = {}   # the last step's go first: a large layer holds one gradient, not two
         dx, dw, db = self.backend.linear_backward(dy, self.x, self.params["weight"], self.need_dx)
         self.grads = {"weight": dw, "bias": db}
         return dx

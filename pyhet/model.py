@@ -347,6 +347,7 @@ class Head:
             mom = self.momentum[name]
             for k in ("weight", "bias"):
                 mom[k] = self.host.sgd_update(fc.params[k], fc.grads[k], mom[k], cfg)
+            fc.grads = {}   # used: between steps (and fits) a large layer holds no gradient
 
 
 def time_head(net: NetGeometry, batch: int, host, rounds: int = 7, seed: int = 0,
@@ -438,26 +439,34 @@ class Net:
         """The indices of the devices that failed (pyhet.failover), left out of every layer."""
         return set(self.convs[0].dead)
 
-    def state(self) -> tuple:
+    def state(self, copy: bool = True) -> tuple:
         """(params(), momentum()) from one gathering of each conv layer's shards (which gives
-        the weights and the momentum together)."""
+        the weights and the momentum together). copy=False: the fc layers' own arrays, not
+        copies (the next update changes them in place: for a caller done with them before it,
+        such as a checkpoint, which then needs no second copy of a large fc layer)."""
         params, moms = {}, {}
         for conv in self.convs:
             w, b, vw, vb = conv.gather_state()
             params[f"{conv.name}.weight"], params[f"{conv.name}.bias"] = w, b
             moms[conv.name] = (vw, vb)
+        take = np.array if copy else np.asarray
         for name, fc in zip(self.head.names, self.head.fcs):
-            params[f"{name}.weight"] = np.array(fc.params["weight"])
-            params[f"{name}.bias"] = np.array(fc.params["bias"])
-            # copies: the update changes the buffers in place
-            moms[name] = tuple(None if v is None else np.array(v)
+            params[f"{name}.weight"] = take(fc.params["weight"])
+            params[f"{name}.bias"] = take(fc.params["bias"])
+            moms[name] = tuple(None if v is None else take(v)
                                for v in (self.head.momentum[name]["weight"],
                                          self.head.momentum[name]["bias"]))
         return params, moms
 
-    def params(self) -> dict:
-        """The current weights as host float32 arrays in PyTorch's layout, in layer order."""
-        return self.state()[0]
+    def params(self, copy: bool = True) -> dict:
+        """The current weights as host float32 arrays in PyTorch's layout, in layer order
+        (copy=False: the fc layers' own arrays, as state() gives them; no momentum copied)."""
+        params = self.state(copy=False)[0]
+        if copy:
+            for name in self.head.names:
+                for k in ("weight", "bias"):
+                    params[f"{name}.{k}"] = params[f"{name}.{k}"].copy()
+        return params
 
     def momentum(self) -> dict:
         """{layer: (vw, vb)} host arrays, (None, None) before the first step."""

@@ -255,23 +255,30 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     return part, cal
 
 
-def memory_needed(shape: NetGeometry, batch: int) -> int:
+def memory_needed(shape: NetGeometry, batch: int, kept: int = 0) -> int:
     """Bytes a training step of the network at this batch size needs at least, wherever its
     kernels go: every parameter with its gradient and momentum, every conv output and its
-    gradient, and the largest im2col matrix with its gradient (ConvGeometry's figures)."""
+    gradient, and the largest im2col matrix with its gradient (ConvGeometry's figures), every
+    fc layer's output, ReLU's and their gradient; and `kept` more copies of every parameter
+    held beside the running network (a Network's fit keeps the weights and momentum it
+    started with, to put back after a fit that diverges)."""
     fc = sum(f_in * f_out + f_out for _, f_in, f_out in shape.fc_layers())
-    return (4 * 3 * fc + sum(g.K * g.bytes_per_kernel(batch) for g in shape.blocks)
+    fc_outputs = sum(f_out for _, _, f_out in shape.fc_layers())
+    params = sum(math.prod(s) for s in shape.param_shapes().values())
+    return (4 * 3 * fc + 4 * 3 * batch * fc_outputs + 4 * kept * params
+            + sum(g.K * g.bytes_per_kernel(batch) for g in shape.blocks)
             + max(g.fixed_bytes(batch) for g in shape.blocks))
 
 
-def check_memory(shape: NetGeometry, batch: int, held_batch: int = 0) -> None:
+def check_memory(shape: NetGeometry, batch: int, held_batch: int = 0, kept: int = 0,
+                 held_kept: int = 0) -> None:
     """Refuse, before anything is allocated, a network that cannot fit in this machine's
     available memory at this batch size, naming its largest parameter. held_batch: the batch
-    the network already runs at (its memory is held, not available); only the rest is
-    checked."""
+    the network already runs at (its memory is held, not available), with held_kept copies of
+    its parameters beside it; only the rest is checked. kept: see memory_needed."""
     free = host_available_memory()
-    need = memory_needed(shape, batch)
-    more = need - (memory_needed(shape, held_batch) if held_batch else 0)
+    need = memory_needed(shape, batch, kept)
+    more = need - (memory_needed(shape, held_batch, held_kept) if held_batch else 0)
     if free is None or more <= free:
         return
     shapes = shape.param_shapes()
@@ -279,11 +286,12 @@ def check_memory(shape: NetGeometry, batch: int, held_batch: int = 0) -> None:
     largest = max(shapes, key=lambda k: math.prod(shapes[k]))
     held = (f", {more / 2**30:,.1f} GiB more than at batch {held_batch}, which it runs at"
             if held_batch else "")
+    beside = f", and {kept} more copies of the parameters held beside them" if kept else ""
     raise DeviceError(f"the network {shape.arch} on {'x'.join(map(str, shape.input_shape))} "
                       f"images with {shape.num_classes:,} classes needs at least "
                       f"{need / 2**30:,.1f} GiB at batch {batch}{held} ({params:,} parameters, "
                       f"the largest {largest} {shapes[largest]}; the conv outputs and im2col "
-                      f"matrices), but this machine has {free / 2**30:.1f} GiB available")
+                      f"matrices{beside}), but this machine has {free / 2**30:.1f} GiB available")
 
 
 def open_devices(spec: str, timeout: float | None = None, comm=None):
@@ -506,7 +514,15 @@ def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig
     fits = all(len(partition.get(g.name, [])) == len(devices) and
                sum(partition[g.name]) == g.K for g in shape.blocks)
     cal = Calibration(**plan["calibration"]) if plan.get("calibration") else None
-    if not fits or (cal is None and not cfg.deterministic):
+    if not fits:    # an edited file: its counts do not add up to this network's layers
+        shown = "; ".join(f"{g.name} {partition.get(g.name)}" for g in shape.blocks)
+        print(f"the checkpoint's partition ({shown}) does not split the kernels of "
+              f"{', '.join(f'{g.name} ({g.K})' for g in shape.blocks)} over {len(devices)} "
+              f"devices: planning the partition afresh", file=log, flush=True)
+        return None, None
+    if cal is None and not cfg.deterministic:
+        print("the checkpoint's partition has no calibration to go on with: planning the "
+              "partition afresh", file=log, flush=True)
         return None, None
     print("resuming with the checkpoint's partition (the same devices)", file=log, flush=True)
     return ({g.name: list(partition[g.name]) for g in shape.blocks}, cal), plan.get("balancer")
@@ -584,6 +600,7 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
                              log if cfg.progress else None, cfg.deterministic, planned)
         if moms:
             net.set_momentum(moms)
+        params = moms = found = None   # the net holds its own: a large fc layer is not kept twice
         balance = (DynamicBalance(net, cal, balancer_state)
                    if cfg.balance == "dynamic" and cal and not cfg.deterministic else None)
 
@@ -768,7 +785,7 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
              for r, t in traffic(net.devices).items()}
     phases = {conv.name: {k: v - phases0[conv.name].get(k, 0.0)
                           for k, v in conv.phases.parts.items()} for conv in net.convs}
-    params = net.params()
+    params = net.params(copy=False)   # read before anything changes them: no second copy
     check_finite(params, step, _advice(cfg), "the weights were not saved" if cfg.save else None)
 
     # on the whole test split, in batches of the training size (the memory the devices were

@@ -6,6 +6,7 @@ threads left behind, and bad input.
 x (N, C, H, W) images, y (N,) labels, M classes.
 """
 
+import io
 import json
 import re
 import subprocess
@@ -205,6 +206,58 @@ def test_a_larger_batch_on_running_devices_is_checked_against_the_memory_left(mo
         monkeypatch.setattr(train, "host_available_memory", lambda: more)
         net.fit(x, y, steps=1, batch_size=64)
         assert not np.array_equal(net.params()["fc.weight"], before["fc.weight"])
+
+
+# A network whose memory is nearly all one fc layer (1.6M weights: 6.4 MB a copy): what
+# training holds at its peak is what the memory check counts, within 10% (copies the check does
+# not count, such as a float64 draw of the initial weights or an update's temporaries of the
+# layer's size, each add 20% or more); without momentum, a third less than it counts (the check
+# counts a momentum buffer whatever the settings).
+BIG_FC = "2C3-P2-32000N"       # on 12x12: conv 10x10 -> pool 5x5 -> 50 features -> 32000
+
+
+def traced_peak(run) -> int:
+    """Bytes allocated at the peak of run(), beyond what was allocated when it began
+    (tracemalloc: NumPy's arrays included)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        run()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.9, 0.01), (0.0, 0.01)])
+@pytest.mark.parametrize("devices", ["cpu:1", "numpy"])
+def test_training_a_large_fc_layer_needs_what_the_memory_check_counts(tmp_path, devices,
+                                                                     momentum, weight_decay):
+    from pyhet import arch
+    from pyhet.api import FIT_KEEPS
+    from pyhet.train import TrainConfig, memory_needed, train
+    make_npz_dataset(tmp_path / "d.npz", n=16, n_test=8)
+    shape = arch.build(BIG_FC, (1, 12, 12), 3)
+    need = memory_needed(shape, 8)
+    cfg = TrainConfig(arch=BIG_FC, dataset=f"npz:{tmp_path / 'd.npz'}", devices=devices,
+                      batch_size=8, steps=3, momentum=momentum, weight_decay=weight_decay,
+                      save=str(tmp_path / "w.npz"), checkpoint_dir=str(tmp_path / "ck"),
+                      checkpoint_every=1, progress=False)
+    low = 0.8 if momentum else 0.6
+    peak = traced_peak(lambda: train(cfg, log=io.StringIO()))
+    assert low * need <= peak <= 1.1 * need, (peak, need)
+
+    x, y = arrays(n=16)
+
+    def fits():
+        with pyhet.Network(BIG_FC, (1, 12, 12), 3, devices=devices) as net:
+            net.predict(x[:4])
+            for _ in range(2):
+                net.fit(x, y, steps=2, batch_size=8, momentum=momentum,
+                        weight_decay=weight_decay)
+    need = memory_needed(shape, 8, FIT_KEEPS)
+    peak = traced_peak(fits)
+    assert low * need <= peak <= 1.1 * need, (peak, need)
 
 
 def test_calls_from_two_threads_run_one_after_the_other():

@@ -269,13 +269,20 @@ def test_idx_file_that_is_a_folder(tmp_path):
         load_dataset("mnist", data_dir=str(tmp_path))
 
 
-def test_data_dir_must_be_a_path():
-    with pytest.raises(DataError, match="data_dir must be a folder's path .* got 3"):
+def test_data_dir_and_name_must_be_usable():
+    """A bad argument is a UsageError (a ValueError), as the command line's exit status 2."""
+    from pyhet.errors import UsageError
+    with pytest.raises(UsageError, match="data_dir must be a folder's path .* got 3"):
         load_dataset("mnist", data_dir=3)
     # an empty one read the default folder; NUL and bytes were bare ValueError, TypeError
     for bad in ("", "a\0b", b"data", Path("a\0b")):
-        with pytest.raises(DataError, match="data_dir must be a folder's path"):
+        with pytest.raises(UsageError, match="data_dir must be a folder's path"):
             load_dataset("mnist", data_dir=bad)
+    for bad, words in [("foo", "unknown dataset 'foo': expected one of"),
+                       ("npz: ", "expected npz:FILE"), (3, "must be a string, got 3")]:
+        with pytest.raises(ValueError, match=words) as e:
+            load_dataset(bad)
+        assert isinstance(e.value, UsageError)
     with pytest.raises(DataError, match="cannot hold a NUL"):
         load_dataset("npz:a\0b.npz")
 
@@ -596,7 +603,8 @@ def test_debian_fashion_mnist():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(DataError) as info:
+    from pyhet.errors import UsageError
+    with pytest.raises(UsageError) as info:
         load_dataset("imagenet")
     for name in DATASETS + ("npz:FILE",):
         assert name in str(info.value)

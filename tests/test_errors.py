@@ -537,6 +537,9 @@ DAMAGED_CHECKPOINT = {
     "step a string": (lambda m, v: _meta(m, step="x"), ["'step' is 'x'"]),
     "step negative": (lambda m, v: _meta(m, step=-5), ["'step' is -5"]),
     "settings a list": (lambda m, v: _meta(m, settings=[1]), ["settings are [1]"]),
+    # (without them a different --lr went unnoticed)
+    "settings missing": (lambda m, v: {"meta": np.array(json.dumps(
+        {k: x for k, x in m.items() if k != "settings"}))}, ["format 2 has no settings"]),
     "meta nested too deeply": (lambda m, v: {"meta": np.array("[" * 5000 + "]" * 5000)},
                                ["nested too deeply"]),
     "a format to come": (lambda m, v: _meta(m, format=99), ["format is 99, not one of 1..2"]),
@@ -601,7 +604,8 @@ def test_resume_refuses_an_earlier_versions_checkpoint_of_another_network(cli, f
     weights are not of this run's network may be of another network: refused, not passed
     over, and left as it was."""
     argv, path, arrays = _one_checkpoint(cli, files, tmp_path)
-    meta = {k: v for k, v in json.loads(str(arrays["meta"])).items() if k != "settings"}
+    meta = {k: v for k, v in json.loads(str(arrays["meta"])).items()
+            if k not in ("settings", "format")}     # format 1's meta
     np.savez(path, **{**arrays, **_meta(meta), "conv1.weight": arrays["conv1.weight"][:1]})
     before = path.read_bytes()
     res = cli(*argv, "--steps", "2", "--resume")
@@ -620,6 +624,19 @@ PLAN_NOT_REUSED = {
         lambda plan: {**plan, "calibration": {**plan["calibration"], "alone": {}}},
         ["calibration is not one of this version", "'alone'"]),
     "balancer state a list": (lambda plan: {**plan, "balancer": [1]}, ["balancer state is [1]"]),
+    # counts that do not split the layer's kernels over the devices (they were planned afresh
+    # without a word)
+    "partition of too many kernels": (
+        lambda plan: {**plan, "partition": {**plan["partition"], "conv1": [1000, 1000]}},
+        ["its partition of conv1 is [1000, 1000], not the layer's", "over its 2 devices"]),
+    "partition of one device": (
+        lambda plan: {**plan, "partition": {**plan["partition"],
+                                            "conv1": [sum(plan["partition"]["conv1"])]}},
+        ["its partition of conv1 is [", "over its 2 devices"]),
+    "partition without a layer": (
+        lambda plan: {**plan, "partition": {k: v for k, v in plan["partition"].items()
+                                            if k != "conv2"}},
+        ["its partition of conv2 is None"]),
 }
 
 

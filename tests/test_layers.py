@@ -134,3 +134,40 @@ def test_maxpool_floor_mode_and_ties():
     assert y.shape == (1, 1, 1, 2)                     # the odd row and column are dropped
     np.testing.assert_array_equal(y[0, 0], [[3, 3]])
     np.testing.assert_array_equal(arg[0, 0], [[1, 2]])  # the first maximum wins
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 16])
+def test_initial_weights_drawn_in_chunks_are_one_draws(monkeypatch, chunk):
+    """init_uniform draws a chunk at a time (a large fc layer costs its float32 array, not a
+    float64 one beside it): the numbers, and the generator's state after them, are those of
+    one draw of the whole shape."""
+    from pyhet import layers
+    monkeypatch.setattr(layers, "INIT_CHUNK", chunk)
+    for shape in [(5, 3, 2, 2), (3,), (11, 13)]:
+        a, b = np.random.default_rng(4), np.random.default_rng(4)
+        got = layers.init_uniform(a, shape, 9)
+        want = b.uniform(-1 / 3, 1 / 3, size=shape).astype(np.float32)
+        assert got.dtype == np.float32 and got.shape == shape
+        np.testing.assert_array_equal(got, want)
+        assert a.uniform() == b.uniform()
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.9, 0.01), (0.0, 0.01),
+                                                   (0.0, 0.0)])
+def test_the_update_a_part_at_a_time_is_the_whole_update(momentum, weight_decay):
+    """sgd_update_parts (the NumPy update of a large layer, with a part's temporaries) gives
+    the numbers of pyhet.optim.sgd_update, on the first step and after it."""
+    from pyhet.backends.numpy_ref import sgd_update_parts
+    from pyhet.optim import SGDConfig, sgd_update
+    cfg = SGDConfig(lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    rng = np.random.default_rng(0)
+    p = rng.standard_normal((13, 7)).astype(np.float32)
+    q, v, u = p.copy(), None, None
+    for _ in range(3):
+        g = rng.standard_normal(p.shape).astype(np.float32)
+        v = sgd_update(p, g, v, cfg)
+        u = sgd_update_parts(q, g, u, cfg, part=5)
+        np.testing.assert_array_equal(q, p)
+        assert (u is None) == (v is None)
+        if v is not None:
+            np.testing.assert_array_equal(u, v)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core, ops
-from ..optim import sgd_update, sgd_update_into
+from ..optim import sgd_update_into
 from . import numpy_ref as ref
 
 
@@ -202,9 +202,10 @@ class CpuBackend:
     # --- the update, in one pass over memory --------------------------------------------------
 
     def sgd_update(self, p, g, v, cfg):
-        """As pyhet.optim.sgd_update (torch.optim.SGD's rule), on the C++ core."""
+        """As pyhet.optim.sgd_update (torch.optim.SGD's rule), on the C++ core; without
+        momentum, NumPy's, a part at a time (its temporaries a part's size, not p's)."""
         if not cfg.momentum:
-            return sgd_update(p, g, v, cfg)
+            return ref.sgd_update_parts(p, g, v, cfg)
         first = v is None
         if first:
             v = np.empty_like(p)

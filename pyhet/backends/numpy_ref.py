@@ -277,6 +277,23 @@ def _quiet(method):
     return run
 
 
+UPDATE_PART = 1 << 18   # numbers sgd_update_parts updates at once (1 MB temporaries)
+
+
+def sgd_update_parts(p, g, v, cfg, part: int = UPDATE_PART):
+    """pyhet.optim.sgd_update on NumPy arrays a part at a time: the same numbers, with
+    temporaries of a part's size, not p's (a large fc layer's update needs no more memory than
+    its weights, gradient and momentum). Returns the momentum buffer to keep."""
+    if cfg.momentum and v is None:
+        v = np.zeros_like(p)     # momentum * 0 + d is d, the first step's buffer
+    flat_p, flat_g = p.reshape(-1), np.ascontiguousarray(g).reshape(-1)
+    flat_v = None if v is None else v.reshape(-1)
+    for i in range(0, flat_p.size, part):
+        sgd_update(flat_p[i:i + part], flat_g[i:i + part],
+                   None if flat_v is None else flat_v[i:i + part], cfg)
+    return v
+
+
 class NumpyBackend:
     """The reference backend as a device kind: host arrays, plain NumPy. Conv methods take the
     layer's geometry g (pyhet.geometry.ConvGeometry). Its computations raise no NumPy warnings
@@ -327,7 +344,7 @@ class NumpyBackend:
 
     @_quiet
     def sgd_update(self, p, g, v, cfg):
-        return sgd_update(p, g, v, cfg)
+        return sgd_update_parts(p, g, v, cfg)
 
     @_quiet
     def sgd_update_into(self, p, g, v, cfg, p_out=None, v_out=None):
