@@ -40,7 +40,7 @@ from .geometry import NetGeometry
 from .interrupt import HeldSigint
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, read_weight_file, save_weights)
-from .specs import cuda_device_count, parse_devices
+from .specs import check_ranks, cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
                     check_file_destination, check_memory, largest_batch, open_devices,
                     plan_record, run_settings, run_steps, with_plan)
@@ -117,7 +117,8 @@ class Network:
             raise UsageError(f"devices must be a SPEC string such as 'cpu:1,cpu:1', got "
                              f"{devices!r}")
         self.devices_spec, self.balance, self.seed = devices, balance, seed
-        parse_devices(devices, gpu_count=cuda_device_count)  # a bad SPEC fails here, not later
+        # a bad SPEC fails here, not later (and so does one that places a device on a rank)
+        check_ranks(parse_devices(devices, gpu_count=cuda_device_count), 1, "Network")
         if isinstance(classes, (str, bytes)):       # list("abc") would make three names
             raise UsageError(f"classes must be a list of {self.num_classes} class names, got "
                              f"{classes!r}")

@@ -458,7 +458,8 @@ def cmd_devices(args, parser) -> int:
 
 
 # The most described devices one plan takes (its time grows with their number: 65,536 take
-# seconds; an absurd count would never end)
+# seconds, about 10 behind links, where the bottleneck re-plans their class once; an absurd
+# count would never end)
 MAX_ALARM_S = 1e9            # seconds (31 years): --timeout past it sets no start-up alarm
 MAX_PLAN_DEVICES = 2 ** 16
 MAX_SWEEP_DEVICES = 2 ** 18     # in a sweep, over every count and link (about a minute)
@@ -518,13 +519,18 @@ def cmd_plan(args, parser, comm=None) -> int:
                                          for d in described):
         parser.error("--link is the link of described devices (--describe NAME:gflops=G or "
                      "like=DEVICE): there is none")
+    # (a sweep's --link is every described device's, bw= or not: see plan.sweep)
+    if args.link is not None and args.sweep is None and not any(
+            (d.gflops is not None or d.like is not None) and d.link is None for d in described):
+        parser.error("--link is the link of described devices that give no bw= of their own: "
+                     "every described device gives its own bw=")
     counts = _sweep_counts(args.sweep, parser) if args.sweep is not None else None
     if counts is not None and sum(counts) * len(links) > MAX_SWEEP_DEVICES:
         parser.error(f"--sweep {shown(args.sweep)}: at most {MAX_SWEEP_DEVICES:,} devices planned "
                      f"in all (the counts' sum times the links), got "
                      f"{sum(counts) * len(links):,}")
     # the described devices' names against the calibrated ones (d0, d1, ... from the SPEC
-    # alone), before any calibration
+    # alone, of every rank's devices under mpiexec), before any calibration
     specs = ([] if args.devices is None else
              parse_devices(args.devices, gpu_count=cuda_device_count))
     # (under mpiexec an entry without R/ is placed on every rank)
@@ -595,7 +601,11 @@ def plan_table(r: dict) -> str:
                  f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")
               + f", bottleneck: {r['bottleneck']}"]
     d = r["ddp"]
+    replicas = d["replicas"]
     lines.append(f"data parallel (DDP"
+                 + ("" if replicas == len(names) else
+                    f", {replicas} of the {len(names)} devices as replicas, "
+                    f"{d['replica_images']} image{'s' if d['replica_images'] > 1 else ''} each")
                  + ("" if d["speed"] == 1.0 else f", replicas at {d['speed']:g} of pyhet's speed")
                  + f"): {_secs(d['step_s'])} s (compute {_secs(d['compute_s'])} s on "
                  f"{d['slowest_device']}, all-reduce {_secs(d['allreduce_s'])} s), speedup "
@@ -620,6 +630,16 @@ def plan_sweep_table(rows, network: str, batch: int) -> str:
                                  f"{b:.2f}{'*' if r['winner'] == 'ddp' else ''}")
             line += f"{text:>22}"
         lines.append(line)
+    # why a row is n/a, once: its devices cannot hold the network (the first such row's
+    # reason), or no device holds a layer alone (the speedups are over the best one alone)
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        r, more = failed[0], len(failed) - 1
+        lines.append(f"n/a at {r['devices']} described ({r['link']})"
+                     + (f" and {more} more" if more else "") + f": {r['error']}")
+    if any(r["speedup"] is None and not r.get("error") for r in rows):
+        lines.append("n/a elsewhere: no device holds a layer alone (a speedup is over the "
+                     "best single device)")
     return "\n".join(lines)
 
 

@@ -154,7 +154,14 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
     if ARCH_KEY in arrays:
         entry = arrays.pop(ARCH_KEY)
         try:
-            meta = json.loads(str(entry))
+            if entry.dtype.kind not in "US" or entry.shape != ():
+                what = "strings" if entry.dtype.kind in "US" else entry.dtype
+                raise ValueError(f"an array of {what} of shape {entry.shape}, not one JSON "
+                                 f"string")
+            try:
+                meta = json.loads(str(entry))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not JSON: {e}") from None
             if not isinstance(meta, dict) or not isinstance(meta.get("arch"), str):
                 raise ValueError("no 'arch' string")
             if meta.get("format", 1) != FORMAT:
@@ -174,8 +181,9 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
                                f"description (JSON nested too deeply)") from None
         except (ValueError, TypeError, KeyError) as e:
+            why = f"it has no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
-                               f"description ({e})") from None
+                               f"description ({why})") from None
     return arrays, meta
 
 

@@ -8,7 +8,8 @@ loss, their update) is as timed on this machine where its devices are calibrated
 (Calibration.master_s), else modelled by the fc layers' FLOPs at the master's rate.
 
 The same cluster is also modelled under data parallelism (DDP): every device a full replica on
-batch / n images, the gradients of every weight all-reduced each step by a ring. The replicas
+its share of the batch in whole images (at most one replica per image), the gradients of every
+weight all-reduced each step by a ring. The replicas
 compute at pyhet's speed, or at `ddp_speed` times it: the framework that runs DDP has its own
 (PyTorch's CPU step is about 0.8 of pyhet's on one core here, `pyhet bench step`).
 
@@ -107,7 +108,9 @@ def parse_latency(text: str, what: str = "latency") -> float:
 
 
 def parse_memory(text: str) -> float:
-    """'80G' (binary: K, M, G, T = 2**10 ...), '512M' -> bytes (> 0)."""
+    """'80G', '512M' -> bytes (> 0): binary units whatever the spelling, K, KB and KiB (any
+    case) all 2**10, M 2**20, G 2**30, T 2**40 (a bandwidth's GB is 10**9 bytes/s); a bare
+    number or B is bytes."""
     v = _quantity(text, _MEMORY, "memory", "80G or 512M")
     if v <= 0:
         raise UsageError(f"memory {shown(text)}: must be > 0")
@@ -275,7 +278,8 @@ class Cost:
     link_per_kernel: float = 0.0
     contention: float = 1.0   # its compute time among the others over alone (calibration's)
     # its typical compute time for a layer on its own over its model alone (calibration's
-    # whole-layer factor, Calibration.whole_factor; 1 for a described device)
+    # whole-layer factor, Calibration.whole_factor, for figures measured as a step runs a
+    # share; 1 for a described device, and where build_cluster folds it into the figures)
     whole: float = 1.0
     forward_share: float = 1 / 3   # the forward's share of its compute (ConvGeometry's)
     link_forward: tuple = (0.0, 0.0)   # the link's fixed and per-kernel seconds of the forward
@@ -327,10 +331,15 @@ class Cluster:
 
     def without_link(self, i: int) -> "Cluster":
         """The same cluster with device i's link free."""
+        return self.without_links([i])
+
+    def without_links(self, indices) -> "Cluster":
+        """The same cluster with the links of these devices free."""
+        free = set(indices)
         costs = {layer: [replace(c, link_fixed=0.0, link_per_kernel=0.0,
-                                 link_forward=(0.0, 0.0)) if j == i else c
+                                 link_forward=(0.0, 0.0)) if j in free else c
                          for j, c in enumerate(cs)] for layer, cs in self.costs.items()}
-        links = [None if j == i else lk for j, lk in enumerate(self.links)]
+        links = [None if j in free else lk for j, lk in enumerate(self.links)]
         return replace(self, links=links, costs=costs)
 
 
@@ -368,8 +377,10 @@ def placed(cal: Calibration, names: list, moved: set, joining: int = 0) -> Calib
 def check_described(described, calibrated_names, sweep: bool = False) -> None:
     """UsageError where described devices name what the calibrated devices (their names, d0,
     d1, ...: known from the SPEC before any calibration) do not have: a link-only entry or
-    like= of a device that is not calibrated, one device's link given twice; or a sweep with
-    no entry to count."""
+    like= of a device that is not calibrated, one device's link given twice; where a plan's
+    device would take a calibrated or another described device's name; or a sweep with no
+    entry to count, two entries of one name, or an entry with count= (a sweep takes its
+    entries in turn, one device at a time, to the row's count)."""
     known = ", ".join(calibrated_names) or "none"
     moving = [d.name for d in described if d.gflops is None and d.like is None]
     twice = sorted({n for n in moving if moving.count(n) > 1})
@@ -388,6 +399,19 @@ def check_described(described, calibrated_names, sweep: bool = False) -> None:
     if sweep and len(moving) == len(described):
         raise UsageError("--sweep counts described devices of a speed of their own: give "
                          "--describe NAME:gflops=G (or like=DEVICE)")
+    if not sweep:
+        check_distinct(list(calibrated_names) + described_names(described))
+        return
+    named = [d.name for d in described]
+    twice = [n for n, c in Counter(named).items() if c > 1]
+    if twice:
+        raise UsageError(f"--describe: two entries named {shown(twice[0])}; give each its own "
+                         f"NAME")
+    counted = [d for d in described if d.count != 1]
+    if counted:
+        raise UsageError(f"--sweep takes the described entries in turn, one device at a time, "
+                         f"to each row's count: leave out count={counted[0].count} of "
+                         f"{counted[0].name}")
 
 
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
@@ -396,11 +420,12 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
     machine, or on the ranks of `ranked`) and the described ones. default_link: the link of
     described devices that give none (None: they are on the master's machine). count: take this
-    many described devices, cycling through the described entries (their own count= ignored),
-    as a sweep does. ranked: {name: (Link, members)} of calibrated devices on other ranks
-    (pyhet.report.calibrate_ranks): each behind its rank's measured link, its per-kernel traffic
-    counted `members` times (the devices of its rank send in one message), unless a described
-    entry gives that device a link of its own (then it is placed as any calibrated device)."""
+    many described devices, cycling through the described entries (each of count 1:
+    check_described refuses count= here), as a sweep does. ranked: {name: (Link, members)}
+    of calibrated devices on other ranks (pyhet.report.calibrate_ranks): each behind its
+    rank's measured link, its per-kernel traffic counted `members` times (the devices of its
+    rank send in one message), unless a described entry gives that device a link of its own
+    (then it is placed as any calibrated device)."""
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
     names, links, gflops, cpu_like = [], [], [], []
@@ -414,6 +439,23 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     entries = [d for d in described if d.gflops is not None or d.like is not None]
     if count is not None:
         entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
+    # (layer, device) whose compute figures were measured as a step runs a share (calibration's
+    # parts): its typical time. The others' are a model of its best time alone, so a
+    # whole-layer factor above 1 (its typical time over that) is folded into them: a share is
+    # predicted at a typical time too, as a layer on its own is (_alone_s), and a device split
+    # with copies of itself is never predicted faster than its share of the whole. (One below
+    # 1 is the whole layer's own: a GEMM that takes Strassen's scheme at its size.)
+    measured = set()
+    if calibrated is not None:
+        for layer, ps in (calibrated[1].parts or {}).items():
+            measured.update((layer, n) for n, p in zip(calibrated[0], ps)
+                            if p is not None and n not in moved)
+
+    def modelled(layer, name, speed, overhead, cap, c, w) -> Cost:
+        if (layer, name) in measured or w < 1:
+            return Cost(speed, overhead, cap, contention=c, whole=w)
+        return Cost(speed / w, overhead * w, cap, contention=c)
+
     if calibrated is not None and calibrated[1].fits and described:
         # other devices beside the calibrated ones: the host group's fixed work is no longer
         # shared by every device; described devices on this machine like a member join it
@@ -424,9 +466,13 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for layer, rows in cal.fits.items():
             slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
             for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
-                own.setdefault(n, {})[layer] = Cost(1.0 / (slope * c), intercept * c,
-                                                    cal.caps[layer][i], contention=c,
-                                                    whole=cal.whole_factor(layer, i))
+                # a copy's model of its best time, with the factor as modelled() takes it
+                w = cal.whole_factor(layer, i)
+                own.setdefault(n, {})[layer] = (
+                    Cost(1.0 / (slope * c), intercept * c, cal.caps[layer][i], contention=c,
+                         whole=w) if w < 1 else
+                    Cost(1.0 / (slope * c) / w, intercept * c * w, cal.caps[layer][i],
+                         contention=c))
         calibrated = cal_names, placed(cal, cal_names, moved, joining)
     if calibrated is not None:
         cal_names, cal = calibrated
@@ -437,9 +483,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 speed = part["compute_kernels_per_s"] if part else cal.speeds[g.name][i]
                 overhead = part["compute_overhead_s"] if part else cal.overheads[g.name][i]
                 slower = ((cal.contention or {}).get(g.name) or [1.0] * len(cal_names))[i]
-                known[name][g.name] = Cost(speed, overhead, cal.caps[g.name][i],
-                                           contention=slower,
-                                           whole=cal.whole_factor(g.name, i))
+                known[name][g.name] = modelled(g.name, name, speed, overhead,
+                                               cal.caps[g.name][i], slower,
+                                               cal.whole_factor(g.name, i))
                 costs[g.name].append(known[name][g.name])
             names.append(name)
             links.append(None)
@@ -604,15 +650,23 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
 
 def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
         fc_rate: float = 1.0) -> dict:
-    """Data parallelism as PyTorch DDP: every device a full replica on batch / n images (conv
+    """Data parallelism as PyTorch DDP: r = min(n, batch) devices each a full replica (conv
     layers at its calibrated or described rate, fc layers at its GFLOP/s, times `fc_rate` on a
     device that computes like this machine's CPU cores (cluster.cpu_like), all of it at `speed`
-    times that: the DDP framework's speed relative to pyhet's), then a ring
-    all-reduce of every weight's gradient: each device sends and receives 2 (n - 1) / n of the
-    weight bytes over the slowest link, in 2 (n - 1) messages. Communication does not overlap
-    the backward; devices on the master's machine exchange through memory (free); memory is
-    not checked."""
+    times that: the DDP framework's speed relative to pyhet's), then a ring all-reduce of every
+    weight's gradient: each replica sends and receives 2 (r - 1) / r of the weight bytes over
+    the slowest of the replicas' links, in 2 (r - 1) messages.
+
+    A replica takes whole images: each computes ceil(batch / r) of them (DistributedSampler
+    pads a batch that does not divide, so the slowest replica computes that many), and beyond
+    `batch` devices there is no image left for another replica: the r devices fastest at their
+    share are the replicas, the others take no part (in the all-reduce neither).
+    Communication does not overlap the backward; devices on the master's machine exchange
+    through memory (free); memory is not checked."""
     n = len(cluster.names)
+    replicas = min(n, batch)
+    images = -(-batch // replicas)
+    parts = batch / images     # the batch over one replica's images: n where it divides
     fc = fc_flops(net, batch)
     compute = []
     for i in range(n):
@@ -620,48 +674,92 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
         for g in net.blocks:
             c = cluster.costs[g.name][i]
             # a replica alone runs each whole layer on its own, as layer_seconds counts it
-            t += (_alone_s(c, g.K) - c.link_s(g.K) if n == 1 else
-                  c.overhead + g.K / (c.speed * n))
+            t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
+                  c.overhead + g.K / (c.speed * parts))
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
-        compute.append((t + fc / n / (cluster.gflops[i] * rate * 1e9)) / speed)
+        compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
+    # the fastest devices are the replicas (the first of equals)
+    used = sorted(sorted(range(n), key=lambda i: compute[i])[:replicas])
+    slowest = max(used, key=lambda i: compute[i])
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
-    remote = [lk for lk in cluster.links if lk is not None]
+    remote = [cluster.links[i] for i in used if cluster.links[i] is not None]
     allreduce = 0.0
-    if n > 1 and remote:
+    if replicas > 1 and remote:
         # the slowest link; one too fast to time (bandwidth None) moves its bytes for free
-        slowest = max(remote, key=lambda lk: lk.seconds(weight_bytes))
-        allreduce = (slowest.seconds(2 * (n - 1) / n * weight_bytes) +
-                     2 * (n - 1) * max(lk.latency_s for lk in remote))
-    return {"step_s": max(compute) + allreduce, "compute_s": max(compute),
-            "replica_compute_s": compute,
+        slow = max(remote, key=lambda lk: lk.seconds(weight_bytes))
+        allreduce = (slow.seconds(2 * (replicas - 1) / replicas * weight_bytes) +
+                     2 * (replicas - 1) * max(lk.latency_s for lk in remote))
+    taking = set(used)
+    return {"step_s": compute[slowest] + allreduce, "compute_s": compute[slowest],
+            "replica_compute_s": [t if i in taking else None for i, t in enumerate(compute)],
+            "replicas": replicas, "replica_images": images,
             "allreduce_s": allreduce, "weight_bytes": weight_bytes,
-            "slowest_device": cluster.names[max(range(n), key=lambda i: compute[i])]}
+            "slowest_device": cluster.names[slowest]}
 
 
-LINK_GAIN = 0.05   # a link is the bottleneck when freeing it would save at least this share
+LINK_GAIN = 0.05   # links are the bottleneck when freeing them would save at least this share
+MAX_REPLANNED = 4  # classes of devices alike re-planned each with its links free, at most
+
+
+def link_classes(cluster: Cluster, net: NetGeometry) -> list:
+    """The devices behind links in classes of devices alike (the same figures on every layer,
+    behind the same link): [[device index, ...]], each in the order of the devices, the classes
+    in that of their first devices."""
+    classes = {}
+    for i, lk in enumerate(cluster.links):
+        if lk is not None:
+            key = (lk, tuple(cluster.costs[g.name][i] for g in net.blocks))
+            classes.setdefault(key, []).append(i)
+    return list(classes.values())
 
 
 def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: float,
                master_s: float) -> str:
-    """'master' when the non-conv part is at least the conv part; else 'link D' for the link
-    of device D whose time dominates that device's (more than its compute), or that keeps it
-    out of a layer, and whose removal would shorten the step most (by LINK_GAIN or more);
-    else 'compute'."""
+    """'master' when the non-conv part is at least the conv part. Else 'link D' where, of the
+    classes of devices alike behind links (link_classes), those whose links dominate (take
+    more of their time than their compute, or keep one of them out of a layer) would, with
+    every such link free, shorten the step by LINK_GAIN or more: D is the first device of
+    the class whose links, freed alone, would shorten it most (of the MAX_REPLANNED classes
+    paying the most link time, counting the fixed part of a device left out of a layer: what
+    keeps it out). Else 'compute'.
+
+    Links are weighed by class, not one by one: freeing one of many links alike saves next to
+    nothing while the others still pay theirs, and re-planning per device took n re-plans of
+    n devices (hours for 65,536). Here a plan takes at most MAX_REPLANNED + 1 re-plans."""
     if master_s >= conv_s:
         return "master"
     step = conv_s + master_s
-    best, gain = None, 0.0
-    for i, lk in enumerate(cluster.links):
-        if lk is None:
-            continue
-        ks = [(g.name, partition[g.name][i]) for g in net.blocks]
-        link = sum(cluster.costs[layer][i].link_s(k) for layer, k in ks)
-        compute = sum(cluster.costs[layer][i].compute_s(k) for layer, k in ks)
-        if link > compute or any(k == 0 for _, k in ks):
-            saved = step - _step(cluster.without_link(i), net, master_s)
-            if saved >= LINK_GAIN * step and saved > gain:
-                best, gain = i, saved
-    return "compute" if best is None else f"link {cluster.names[best]}"
+    dominant = []   # (link seconds paid, class)
+    for members in link_classes(cluster, net):
+        link = compute = paid = 0.0
+        out = False
+        for g in net.blocks:
+            for i in members:
+                c, k = cluster.costs[g.name][i], partition[g.name][i]
+                link += c.link_s(k)
+                compute += c.compute_s(k)
+                paid += c.link_fixed + k * c.link_per_kernel
+                out = out or k == 0
+        if link > compute or out:
+            dominant.append((paid, members))
+    if not dominant:
+        return "compute"
+
+    def saved(indices) -> float:
+        return step - _step(cluster.without_links(indices), net, master_s)
+    if len(dominant) == 1:
+        members = dominant[0][1]
+        return f"link {cluster.names[members[0]]}" if saved(members) >= LINK_GAIN * step \
+            else "compute"
+    # the classes paying most (the first of equals), each freed alone; where none saves
+    # enough alone, all of them together
+    ranked = sorted(dominant, key=lambda pm: -pm[0])[:MAX_REPLANNED]
+    gains = [saved(members) for _, members in ranked]
+    best = max(range(len(ranked)), key=lambda j: (gains[j], -j))
+    if gains[best] < LINK_GAIN * step and \
+            saved([i for _, members in dominant for i in members]) < LINK_GAIN * step:
+        return "compute"
+    return f"link {cluster.names[ranked[best][1][0]]}"
 
 
 def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | None = None,
@@ -723,6 +821,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         "ddp": {"step_s": _sig(d["step_s"]), "compute_s": _sig(d["compute_s"]),
                 "allreduce_s": _sig(d["allreduce_s"]), "weight_bytes": d["weight_bytes"],
                 "slowest_device": d["slowest_device"], "speed": ddp_speed,
+                "replicas": d["replicas"], "replica_images": d["replica_images"],
                 "speedup": None if base is None else round(base / d["step_s"], 4)},
         "winner": "pyhet" if step <= d["step_s"] else "ddp",
     }
@@ -733,8 +832,10 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
           ranked=None) -> list[dict]:
     """plan() of the calibrated devices plus n described devices (cycling through the
     described entries) for every n in counts and every link in links (None: the described
-    devices' own links); ranked: as build_cluster's."""
-    rows = []
+    devices' own links); ranked: as build_cluster's. A row whose devices cannot hold the
+    network (a DeviceError) has None for its figures and the reason as `error`, unless every
+    row fails: then that error, raised."""
+    rows, failed = [], None
     for lk, name in zip(links, link_names(links)):
         for n in counts:
             # the column's link is the described devices'; an entry of a calibrated device's
@@ -743,11 +844,20 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                                     [replace(d, link=lk) if lk is not None and (
                                         d.gflops is not None or d.like is not None) else d
                                      for d in described], count=n, ranked=ranked)
-            p = plan(cluster, net, batch, master_gflops, ddp_speed)
+            try:
+                p = plan(cluster, net, batch, master_gflops, ddp_speed)
+            except DeviceError as e:
+                failed = failed or e
+                rows.append({"devices": n, "link": name, "predicted_step_s": None,
+                             "speedup": None, "bottleneck": None, "ddp_step_s": None,
+                             "ddp_speedup": None, "winner": None, "error": str(e)})
+                continue
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
                          "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],
                          "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"]})
+    if failed is not None and all("error" in r for r in rows):
+        raise failed
     return rows
 
 

@@ -201,13 +201,15 @@ def startable_threads(n: int) -> int:
 
 def check_ranks(specs: list[DeviceSpec], world_size: int, command: str = "train") -> None:
     """Every R/ entry must name a rank of the job (0 .. world_size - 1). command: the pyhet
-    command that checks (only `train` and `plan` run under mpiexec)."""
+    command that checks (only `train` and `plan` run under mpiexec), or "Network" (the Python
+    API, in one process)."""
     for s in specs:
         if s.rank is None or s.rank < world_size:
             continue
         if command not in ("train", "plan"):
-            raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but pyhet "
-                                  f"{command} runs in one process: give it this machine's "
+            who = "a pyhet.Network" if command == "Network" else f"pyhet {command}"
+            raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but {who} "
+                                  f"runs in one process: give it this machine's "
                                   f"devices without R/ (only pyhet train and pyhet plan run under "
                                   f"mpiexec)")
         if world_size == 1:

@@ -417,6 +417,9 @@ def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
     ({"arch": "4C13"}, ArchitectureError, ["conv1", "13x13 kernel", "12x12"]),
     ({"input_shape": (12, 12)}, PyhetError, ["input_shape", "(C, H, W)"]),
     ({"devices": "cpu:1,tpu"}, DeviceError, ["tpu"]),
+    # (was accepted until its first use, which then advised mpiexec -n 2 pyhet ...)
+    ({"devices": "0/cpu:1,1/cpu:1"}, UsageError,
+     ["1/cpu:1", "rank 1", "a pyhet.Network runs in one process", "without R/"]),
     ({"balance": "fast"}, PyhetError, ["balance", "dynamic"]),
     ({"seed": -1}, PyhetError, ["seed", ">= 0"]),
     ({"num_classes": 3.9}, PyhetError, ["num_classes", "3.9"]),

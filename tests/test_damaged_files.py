@@ -8,8 +8,10 @@ The zip edits are of the central directory that np.savez writes (one entry per a
 """
 
 import io
+import json
 import lzma
 import pickle
+import re
 import struct
 import zipfile
 
@@ -316,6 +318,25 @@ def test_a_network_description_of_sizes_past_the_cores_is_not_one(tmp_path, weig
     np.savez(tmp_path / "bad.npz", **{**arrays, "arch": np.array(json.dumps(arch))})
     with pytest.raises(WeightsError, match=r"'arch' entry is not a network description "
                                            r"\(input_shape: 9223372036854775808 is not in 1 "):
+        pyhet.load(tmp_path / "bad.npz", devices="numpy")
+
+
+@pytest.mark.parametrize("entry,words", [
+    (lambda arch: np.array(json.dumps({k: v for k, v in arch.items() if k != "input_shape"})),
+     "(it has no 'input_shape')"),
+    (lambda arch: np.arange(3.0), "(an array of float64 of shape (3,), not one JSON string)"),
+    (lambda arch: np.array([json.dumps(arch)] * 2),
+     "(an array of strings of shape (2,), not one JSON string)"),
+    (lambda arch: np.array("{oops"), "(not JSON: Expecting property name"),
+])
+def test_a_damaged_network_description_says_what_is_wrong(tmp_path, weight_file, entry, words):
+    """A missing key was named by KeyError's bare text ("('input_shape')"), an array of numbers
+    by a JSON parser's complaint."""
+    arrays = dict(np.load(weight_file))
+    arch = json.loads(str(arrays["arch"]))
+    np.savez(tmp_path / "bad.npz", **{**arrays, "arch": entry(arch)})
+    with pytest.raises(WeightsError, match=re.escape(
+            f"'arch' entry is not a network description {words}")):
         pyhet.load(tmp_path / "bad.npz", devices="numpy")
 
 

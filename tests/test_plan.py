@@ -262,6 +262,27 @@ def test_the_whole_layer_factor_counts_only_where_a_device_runs_the_whole_layer(
         max(counts) / 300.0, rel=1e-6)
 
 
+@pytest.mark.parametrize("link", [None, "1tbit"])
+def test_a_device_slower_typically_than_at_its_best_is_so_in_a_share_too(link):
+    """A whole-layer factor above 1 (a device's typical time over the best time its model
+    gives) holds for a share as for the whole layer: the device and a copy of it (like=) each
+    take a share at 1.2 times the model's rate, and the pair is not predicted more than twice
+    as fast as the device alone (it was 2.27x for a calibrated cpu:1 and its copy, whose
+    shares ran at the best time and the device alone at its typical time)."""
+    names, c = cal({"conv1": [1000.0], "conv2": [300.0]})
+    c.whole = {"conv1": [1.2], "conv2": [1.2]}
+    copy = "x:like=d0" + ("" if link is None else f",bw={link},lat=0")
+    pair = plan.build_cluster(NET, N, (names, c), plan.parse_describe(copy))
+    r = plan.plan(pair, NET, N, master_gflops=1e6)
+    alone = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    for g in NET.blocks:
+        counts = [r["partition"][g.name][n] for n in ("d0", "x")]
+        assert all(counts)
+        assert r["layers"][g.name]["conv_s"] >= 1.2 * max(counts) / c.speeds[g.name][0] * 0.999
+    assert r["predicted_step_s"] >= alone["predicted_step_s"] / 2 * 0.999
+    assert r["speedup"] <= 2.0
+
+
 def test_a_device_with_the_whole_layer_shows_the_time_the_layer_takes():
     """Per device, `compute_s` (with its link's seconds) is what the layer takes where it has
     the whole layer, alone or among several: its typical time alone, not its shared rate."""
@@ -632,3 +653,215 @@ def test_described_names_are_checked_against_auto_with_its_gpus(cli, monkeypatch
     res = cli("plan", "--devices", "auto", "--describe", "d2:bw=1gbit", "--kernels", "4,6",
               "--dataset", "synthetic")
     assert res.code == 2 and "the --devices SPEC gives d0, d1" in res.err, res.err
+
+
+# ================================================================================================
+# Many devices alike; DDP's whole images; the sweep's rows and entries
+
+
+def _counting_steps(monkeypatch):
+    """A list that grows by one at every re-plan of a whole cluster (plan._step)."""
+    calls, step = [], plan._step
+    monkeypatch.setattr(plan, "_step", lambda *a: calls.append(1) or step(*a))
+    return calls
+
+
+def test_the_bottleneck_replans_devices_alike_once(monkeypatch):
+    """The bottleneck re-planned the cluster once per device behind a link: 65,536 devices took
+    hours. Devices alike (the same figures behind the same link) save the same: their class is
+    re-planned once, however many there are."""
+    calls = _counting_steps(monkeypatch)
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=512"),
+                                 default_link=plan.parse_link("1gbit"))
+    bottleneck = plan.plan(cluster, NET, N, master_gflops=1e6)["bottleneck"]
+    assert len(calls) <= 2, len(calls)
+    assert bottleneck == "link g.0"
+    # two classes (and a device on the master's machine, which has no link): a re-plan each, and
+    # one with every link free
+    del calls[:]
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe(
+        "g:gflops=1,count=300;h:gflops=2,bw=100mbit,count=200;m:gflops=3"),
+        default_link=plan.parse_link("1gbit"))
+    assert plan.plan(cluster, NET, N, master_gflops=1e6)["bottleneck"].startswith("link ")
+    assert len(calls) <= 3, len(calls)
+    # many classes: the MAX_REPLANNED paying the most link time, and all of them together
+    del calls[:]
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe(
+        ";".join(f"x{j}:gflops={1 + j},count=20" for j in range(9))),
+        default_link=plan.parse_link("1gbit"))
+    assert plan.plan(cluster, NET, N, master_gflops=1e6)["bottleneck"].startswith("link x")
+    assert len(calls) <= plan.MAX_REPLANNED + 1, len(calls)
+    # a sweep's row: as a plan's
+    del calls[:]
+    plan.sweep(NET, N, [1000], [plan.parse_link("1gbit")],
+               described=plan.parse_describe("g:gflops=1"), master_gflops=1e6)
+    assert len(calls) <= 2, len(calls)
+
+
+def test_many_links_alike_are_the_bottleneck_together():
+    """16 devices alike, each link taking 8 times its compute: freeing one link saved nothing
+    (the other 15 still pay theirs), so the bottleneck was 'compute'; freeing them all takes
+    the step from 1 ms to 0.12 ms."""
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=16"),
+                                 default_link=plan.parse_link("1gbit"))
+    r = plan.plan(cluster, NET, N, master_gflops=1e6)
+    free = cluster
+    for i in range(16):
+        free = free.without_link(i)
+    free = plan._step(free, NET, r["master_s"])
+    assert free < 0.2 * r["predicted_step_s"]
+    assert r["bottleneck"] == "link g.0"
+    # beside them a fast device on the master's machine: the links still dominate
+    both = plan.build_cluster(NET, N, described=plan.parse_describe(
+        "m:gflops=1;g:gflops=1,bw=1gbit,count=16"))
+    assert plan.plan(both, NET, N, master_gflops=1e6)["bottleneck"] == "link g.0"
+    # links that cost little next to the compute: 'compute'
+    fast = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=0.01,count=16"),
+                              default_link=plan.parse_link("100gbit@1us"))
+    assert plan.plan(fast, NET, N, master_gflops=1e6)["bottleneck"] == "compute"
+
+
+def test_the_bottleneck_names_the_class_whose_links_cost_most():
+    """Two classes behind links: the one whose links, made free, save the most is named (by its
+    first device), whatever the order of the entries."""
+    for text in ("slow:gflops=1,bw=10mbit,count=4;quick:gflops=1,bw=10gbit,count=4",
+                 "quick:gflops=1,bw=10gbit,count=4;slow:gflops=1,bw=10mbit,count=4"):
+        cluster = plan.build_cluster(NET, N, described=plan.parse_describe(text))
+        r = plan.plan(cluster, NET, N, master_gflops=1e6)
+        assert r["bottleneck"] == "link slow.0", (text, r["bottleneck"])
+
+
+def test_ddp_takes_whole_images():
+    """A replica cannot take a fraction of an image: 256 replicas of a batch of 8 predicted a
+    speedup of 256. At most `batch` replicas (the fastest devices) take part, in the compute and
+    in the all-reduce, each on ceil(batch / replicas) images."""
+    many = plan.build_cluster(NET, 8, described=plan.parse_describe("g:gflops=1,count=256"))
+    one = plan.build_cluster(NET, 8, described=plan.parse_describe("g:gflops=1"))
+    d, alone = plan.ddp(many, NET, 8), plan.ddp(one, NET, 8)
+    flops = sum(NET.flops_per_image().values())
+    assert d["compute_s"] == pytest.approx(flops / 1e9, rel=1e-9)      # one image each
+    assert alone["compute_s"] / d["compute_s"] == pytest.approx(8, rel=1e-9)
+    assert d["replicas"] == 8 and d["replica_images"] == 1
+    r = plan.plan(many, NET, 8, master_gflops=1e6)
+    assert r["ddp"]["replicas"] == 8 and r["ddp"]["speedup"] <= 8 + 1e-9
+    # 16 images on 3 replicas: the slowest takes 6 (DistributedSampler pads to 18)
+    three = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=3"))
+    d = plan.ddp(three, NET, N)
+    assert d["replicas"] == 3 and d["replica_images"] == 6
+    assert d["compute_s"] == pytest.approx(6 * flops / 1e9, rel=1e-9)
+    # beyond the batch, the fastest devices are the replicas: the slow one is left out, of the
+    # all-reduce too (its slow link not counted)
+    mixed = plan.build_cluster(NET, 2, described=plan.parse_describe(
+        "a:gflops=2,bw=10gbit;slow:gflops=0.1,bw=1mbit;b:gflops=2,bw=10gbit"))
+    d = plan.ddp(mixed, NET, 2)
+    assert d["replicas"] == 2 and d["slowest_device"] == "a"
+    assert d["replica_compute_s"][1] is None
+    weights = d["weight_bytes"]
+    assert d["allreduce_s"] == pytest.approx(weights / 1.25e9 + 2 * 50e-6, rel=1e-9)
+    # where the batch divides, the figures are as before: batch / n images each
+    even = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=4"))
+    assert plan.ddp(even, NET, N)["compute_s"] == pytest.approx(4 * flops / 1e9, rel=1e-12)
+
+
+def test_cli_ddp_says_how_many_replicas(cli):
+    res = cli("plan", "--describe", "g:gflops=100,count=32", "--kernels", "4,6", "--dataset",
+              "synthetic", "--batch-size", "8")
+    assert res.code == 0, res.err
+    line = res.out.splitlines()[-1]
+    assert line.startswith("data parallel (DDP, 8 of the 32 devices as replicas, 1 image each)")
+    speedup = float(line.split("speedup ")[1].split("x")[0])
+    assert speedup <= 8
+
+
+def test_a_described_name_of_a_calibrated_device_is_refused_before_calibration(cli,
+                                                                               monkeypatch):
+    """--devices cpu:1,cpu:1 gives d0 and d1: a described d1 was refused only after calibrating
+    them (seconds), and as 'pyhet: error:' where the other plan usage errors say 'pyhet plan:
+    error:'."""
+    from pyhet import cli as cli_module
+    from test_cli import assert_one_error_line
+
+    def calibrate(*_):
+        raise AssertionError("calibrated")
+    monkeypatch.setattr(cli_module, "calibrate_spec", calibrate)
+    res = cli("plan", "--devices", "cpu:1,cpu:1", "--describe", "d1:gflops=100", "--kernels",
+              "4,6", "--dataset", "synthetic")
+    assert_one_error_line(res, "two devices named 'd1'", "d0, d1, d1", code=2)
+    assert res.err.startswith("pyhet plan: error: --describe"), res.err
+    # under mpiexec, the names are those of every rank's devices: cpu:1 on each of 2 ranks is
+    # d0 and d1
+    parser = cli_module.build_parser()
+
+    class TwoRanks:
+        def Get_size(self):
+            return 2
+    args = parser.parse_args(["plan", "--devices", "cpu:1", "--describe", "d1:gflops=5",
+                              "--kernels", "4,6", "--dataset", "synthetic"])
+    with pytest.raises(SystemExit) as e:
+        cli_module.cmd_plan(args, parser, TwoRanks())
+    assert e.value.code == 2
+
+
+def test_a_sweep_row_without_memory_enough_is_n_a(cli):
+    """One device cannot hold conv2 at this batch, two can: the sweep stopped with the error and
+    no table; now that row is n/a, with the reason below the table. Where every row fails, the
+    error as before."""
+    argv = ["plan", "--dataset", "synthetic", "--kernels", "500,1500", "--describe",
+            "a:gflops=100,mem=1100M;big:gflops=100", "--sweep", "devices=1,2,3"]
+    res = cli(*argv)
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert lines[2].split() == ["1", "n/a", "/", "n/a"], res.out
+    assert "n/a" not in lines[3] + lines[4], res.out
+    assert lines[5].startswith("n/a at 1 described (own): conv2: the devices' memory holds 772 "
+                               "of its 1500 kernels"), res.out
+    assert len(lines) == 6
+    rows = json.loads(cli(*argv, "--json").out)["sweep"]
+    assert rows[0]["predicted_step_s"] is None and rows[0]["speedup"] is None
+    assert rows[0]["winner"] is None and "772 of its 1500" in rows[0]["error"]
+    assert rows[1]["speedup"] > 1 and "error" not in rows[1]
+    # the audit's: rows of two and four fit, though no device holds a layer alone
+    res = cli("plan", "--dataset", "synthetic", "--kernels", "500,1500", "--describe",
+              "a:gflops=100,mem=1100M", "--sweep", "devices=1,2,4")
+    assert res.code == 0, res.err
+    assert res.out.splitlines()[-2].startswith("n/a at 1 described (own): conv2")
+    assert res.out.splitlines()[-1].startswith("n/a elsewhere: no device holds a layer alone")
+    from test_cli import assert_one_error_line
+    res = cli("plan", "--dataset", "synthetic", "--kernels", "8,16", "--batch-size", "64",
+              "--describe", "g:gflops=10,mem=8M", "--sweep", "devices=1,2")
+    assert_one_error_line(res, "conv1: the devices' memory holds 0 of its 8 kernels", code=1)
+
+
+@pytest.mark.parametrize("argv, words", [
+    # --link is the link of described devices without one of their own: here there is none
+    (["--describe", "g:gflops=1,bw=1gbit", "--link", "10gbit"],
+     ["--link", "every described device gives its own bw="]),
+    # a sweep takes its described devices in turn, one at a time: count= has no place there
+    (["--describe", "a:gflops=10,count=5;b:gflops=1000", "--sweep", "devices=1,2"],
+     ["--sweep", "count=5", "a"]),
+    # two entries of one name: a plan's devices would share names; a sweep's too, in their turn
+    (["--describe", "a:gflops=1;a:gflops=2"], ["two devices named 'a'"]),
+    (["--describe", "a:gflops=1;a:gflops=2", "--sweep", "devices=1,2"],
+     ["two entries named 'a'"]),
+])
+def test_more_bad_plans_are_usage_errors(cli, argv, words):
+    from test_cli import assert_one_error_line
+    res = cli("plan", *argv, "--kernels", "4,6", "--dataset", "synthetic")
+    assert_one_error_line(res, *words, code=2)
+
+
+def test_a_sweeps_link_replaces_a_described_devices_own():
+    """In a sweep the column's link is every described device's (so --link applies even where
+    each gives bw=)."""
+    rows = plan.sweep(NET, N, [2], [plan.parse_link("1kbit")],
+                      described=plan.parse_describe("g:gflops=1,bw=100gbit"), master_gflops=1e6)
+    assert rows[0]["ddp_step_s"] > 1.0         # a 1 kbit/s link's all-reduce
+
+
+@pytest.mark.parametrize("text", ["10G", "10g", "10GB", "10gb", "10GiB", "10gib", "10 GiB"])
+def test_memory_is_in_binary_units(text):
+    """mem= counts in powers of 1024 whatever the spelling (README), unlike a bandwidth's GB."""
+    assert plan.parse_memory(text) == 10 * 2 ** 30
+    assert plan.parse_memory("512M") == plan.parse_memory("0.5G") == 2 ** 29
+    assert plan.parse_memory("1000") == 1000.0
+    assert plan.parse_bandwidth("10GB") == 1e10
