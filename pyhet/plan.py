@@ -440,21 +440,27 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     if count is not None:
         entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     # (layer, device) whose compute figures were measured as a step runs a share (calibration's
-    # parts): its typical time. The others' are a model of its best time alone, so a
-    # whole-layer factor above 1 (its typical time over that) is folded into them: a share is
-    # predicted at a typical time too, as a layer on its own is (_alone_s), and a device split
-    # with copies of itself is never predicted faster than its share of the whole. (One below
-    # 1 is the whole layer's own: a GEMM that takes Strassen's scheme at its size.)
+    # parts): its typical time. The others' are a model of its best time alone (times its
+    # contention c), so a whole-layer factor w above 1 (its typical time over that best) is
+    # folded into them: a share takes m times the model's best, as the layer on its own takes
+    # w (_alone_s): m = w for a single calibrated device (whose c is its typical time over its
+    # best at a short trial, a noisier figure of the same thing), else max(c, w) (c: the
+    # devices slowing each other). So a device split with copies of itself is never predicted
+    # faster than its share of the whole. (A w below 1 is the whole layer's own: a GEMM that
+    # takes Strassen's scheme at its size.)
     measured = set()
+    single = calibrated is not None and len(calibrated[0]) == 1
     if calibrated is not None:
         for layer, ps in (calibrated[1].parts or {}).items():
             measured.update((layer, n) for n, p in zip(calibrated[0], ps)
                             if p is not None and n not in moved)
 
     def modelled(layer, name, speed, overhead, cap, c, w) -> Cost:
+        """speed, overhead: with contention c; w: the whole-layer factor."""
         if (layer, name) in measured or w < 1:
             return Cost(speed, overhead, cap, contention=c, whole=w)
-        return Cost(speed / w, overhead * w, cap, contention=c)
+        m = w if single else max(c, w)
+        return Cost(speed * c / m, overhead * m / c, cap, contention=c, whole=w * c / m)
 
     if calibrated is not None and calibrated[1].fits and described:
         # other devices beside the calibrated ones: the host group's fixed work is no longer
@@ -466,13 +472,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for layer, rows in cal.fits.items():
             slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
             for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
-                # a copy's model of its best time, with the factor as modelled() takes it
-                w = cal.whole_factor(layer, i)
-                own.setdefault(n, {})[layer] = (
-                    Cost(1.0 / (slope * c), intercept * c, cal.caps[layer][i], contention=c,
-                         whole=w) if w < 1 else
-                    Cost(1.0 / (slope * c) / w, intercept * c * w, cal.caps[layer][i],
-                         contention=c))
+                # a copy's model of its best time, the factor taken as modelled() takes it
+                own.setdefault(n, {})[layer] = modelled(
+                    layer, None, 1.0 / (slope * c), intercept * c, cal.caps[layer][i], c,
+                    cal.whole_factor(layer, i))
         calibrated = cal_names, placed(cal, cal_names, moved, joining)
     if calibrated is not None:
         cal_names, cal = calibrated
