@@ -42,8 +42,8 @@ from .model import (check_class_names, checked_params, init_params, load_weights
                     network_of_file, read_weight_file, save_weights)
 from .specs import check_ranks, cuda_device_count, parse_devices
 from .train import (BALANCE_MODES, DynamicBalance, TrainConfig, build_net,
-                    check_file_destination, check_memory, largest_batch, open_devices,
-                    plan_record, run_settings, run_steps, with_plan)
+                    check_file_destination, check_memory, host_devices, largest_batch,
+                    open_devices, plan_record, run_settings, run_steps, with_plan)
 
 __all__ = ["Network", "load"]
 
@@ -210,12 +210,12 @@ class Network:
     def _check_memory(self, batch_size: int, training: bool) -> None:
         """Refuse (DeviceError), before anything is allocated for it, a batch size or a fit that
         this machine's memory cannot hold; what the running devices hold counts as held."""
-        kept = FIT_KEEPS if training else 0
+        kept, devices = FIT_KEEPS if training else 0, host_devices(self.devices_spec)
         if self._net is None:
-            check_memory(self.geometry, batch_size, kept=kept)
+            check_memory(self.geometry, batch_size, kept=kept, devices=devices)
         elif batch_size > self._batch_high or kept > self._kept:
             check_memory(self.geometry, max(batch_size, self._batch_high), self._batch_high,
-                         max(kept, self._kept), self._kept)
+                         max(kept, self._kept), self._kept, devices)
             self._batch_high = max(batch_size, self._batch_high)
             self._kept = max(kept, self._kept)
 

@@ -236,12 +236,14 @@ class Device:
         conv = (lambda a: None if a is None else be.asarray(np.array(a, np.float32)))
         self._shards[layer] = _Shard(g, conv(w), conv(b), conv(vw), conv(vb))
 
-    def get_shard(self, layer: str, lo=None, hi=None):
+    def get_shard(self, layer: str, lo=None, hi=None, momentum: bool = True):
         """(w, b, vw, vb) of the shard, or of its kernels [lo, hi), as host arrays (vw, vb None
-        before the first step)."""
+        before the first step, and where momentum is not asked for)."""
         s = self._shards[layer]
         lo, hi = (0 if lo is None else lo), (s.k if hi is None else hi)
         host = (lambda a: None if a is None else np.array(self.backend.to_host(a[lo:hi])))
+        if not momentum:
+            return host(s.w), host(s.b), None, None
         return host(s.w), host(s.b), host(s.vw), host(s.vb)
 
     def reshard(self, layer: str, keep_lo: int, keep_hi: int, before=None, after=None):
@@ -557,7 +559,10 @@ def gather(futures):
 
 def join_states(parts):
     """(w, b, vw, vb) of consecutive shards joined; momentum None where none of them has
-    started, else zeros for those that have not."""
+    started, else zeros for those that have not. One part is itself (not copied again: a
+    large layer's gathered weights are not held twice)."""
+    if len(parts) == 1:
+        return tuple(parts[0])
     w, b = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
     if all(p[2] is None for p in parts):
         return w, b, None, None

@@ -447,21 +447,22 @@ class Net:
         """The indices of the devices that failed (pyhet.failover), left out of every layer."""
         return set(self.convs[0].dead)
 
-    def state(self, copy: bool = True) -> tuple:
+    def state(self, copy: bool = True, momentum: bool = True) -> tuple:
         """(params(), momentum()) from one gathering of each conv layer's shards (which gives
         the weights and the momentum together). copy=False: the fc layers' own arrays, not
         copies (the next update changes them in place: for a caller done with them before it,
-        such as a checkpoint, which then needs no second copy of a large fc layer)."""
+        such as a checkpoint, which then needs no second copy of a large fc layer).
+        momentum=False: the weights alone (the momentum None)."""
         params, moms = {}, {}
         for conv in self.convs:
-            w, b, vw, vb = conv.gather_state()
+            w, b, vw, vb = conv.gather_state(momentum)
             params[f"{conv.name}.weight"], params[f"{conv.name}.bias"] = w, b
             moms[conv.name] = (vw, vb)
         take = np.array if copy else np.asarray
         for name, fc in zip(self.head.names, self.head.fcs):
             params[f"{name}.weight"] = take(fc.params["weight"])
             params[f"{name}.bias"] = take(fc.params["bias"])
-            moms[name] = tuple(None if v is None else take(v)
+            moms[name] = tuple(None if v is None or not momentum else take(v)
                                for v in (self.head.momentum[name]["weight"],
                                          self.head.momentum[name]["bias"]))
         return params, moms
@@ -469,7 +470,7 @@ class Net:
     def params(self, copy: bool = True) -> dict:
         """The current weights as host float32 arrays in PyTorch's layout, in layer order
         (copy=False: the fc layers' own arrays, as state() gives them; no momentum copied)."""
-        params = self.state(copy=False)[0]
+        params = self.state(copy=False, momentum=False)[0]
         if copy:
             for name in self.head.names:
                 for k in ("weight", "bias"):
@@ -484,7 +485,7 @@ class Net:
         """Install momentum buffers {"conv1.weight": array, ...} (from a checkpoint)."""
         for conv in self.convs:
             if f"{conv.name}.weight" in moms:
-                w, b, _, _ = conv.gather_state()
+                w, b, _, _ = conv.gather_state(momentum=False)
                 conv.install(w, b, moms[f"{conv.name}.weight"], moms[f"{conv.name}.bias"],
                              conv.counts)
         for name in self.head.names:

@@ -141,13 +141,16 @@ class PartitionedConv:
         shares = channel_shares(self.g.C, [self.counts[i] for i in members])
         return {i: ch for i, ch in zip(members, shares) if ch[1] > ch[0]}
 
-    def gather_state(self):
+    def gather_state(self, momentum: bool = True):
         """(w, b, vw, vb) of the whole layer, joined from the devices (host arrays); the
-        momentum is None before the first update."""
+        momentum is None before the first update, and where it is not asked for."""
         if not self.live:   # every device failed: the state they had before
-            return tuple(None if a is None else a.copy() for a in self._orphan)
+            state = tuple(None if a is None else a.copy() for a in self._orphan[:2])
+            return state + ((None, None) if not momentum else tuple(
+                None if a is None else a.copy() for a in self._orphan[2:]))
         return join_states(gather([self.devices[i].submit("get_shard",
-                                                          self.devices[i].get_shard, self.name)
+                                                          self.devices[i].get_shard, self.name,
+                                                          None, None, momentum)
                                    for i in self.live]))
 
     # --- failures (pyhet.failover) ---------------------------------------------------------------

@@ -13,7 +13,7 @@ from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
 from .model import time_head
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
-from .train import check_memory, host_backend, measure_links, open_devices
+from .train import check_memory, host_backend, host_devices, measure_links, open_devices
 
 
 def _gpus() -> list[dict]:
@@ -35,7 +35,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
               "gpus": _gpus()}
     in_shape, classes = input_shape_of(dataset, data_dir)
     net = arch.build(arch_spec, in_shape, classes)
-    check_memory(net, batch)
+    check_memory(net, batch, devices=host_devices(spec))
     report["network"] = {"arch": net.arch, "kernels": list(net.kernels),
                          "kernel_size": net.blocks[0].R, "input_shape": list(net.input_shape),
                          "batch_size": batch}

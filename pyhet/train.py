@@ -255,30 +255,40 @@ def plan_partition(shape: NetGeometry, devices, balance: str, batch: int, seed: 
     return part, cal
 
 
-def memory_needed(shape: NetGeometry, batch: int, kept: int = 0) -> int:
+def host_devices(spec: str) -> int:
+    """The devices of a SPEC that compute in this process's memory (cpu and numpy devices of
+    rank 0: a GPU's work arrays are in its own memory, another rank's on its machine); at
+    least 1, the master's."""
+    return max(1, sum(1 for d in for_rank(parse_devices(spec, gpu_count=cuda_device_count), 0)
+                      if d.kind != "gpu"))
+
+
+def memory_needed(shape: NetGeometry, batch: int, kept: int = 0, devices: int = 1) -> int:
     """Bytes a training step of the network at this batch size needs at least, wherever its
     kernels go: every parameter with its gradient and momentum, every conv output and its
-    gradient, and the largest im2col matrix with its gradient (ConvGeometry's figures), every
-    fc layer's output, ReLU's and their gradient; and `kept` more copies of every parameter
-    held beside the running network (a Network's fit keeps the weights and momentum it
-    started with, to put back after a fit that diverges)."""
+    gradient, and the largest im2col matrix with its gradient for each of the `devices` that
+    compute in this process (ConvGeometry's figures: a host group shares the matrix, and each
+    device makes its own part of the gradient), every fc layer's output, ReLU's and their
+    gradient; and `kept` more copies of every parameter held beside the running network (a
+    Network's fit keeps the weights and momentum it started with, to put back after a fit
+    that diverges)."""
     fc = sum(f_in * f_out + f_out for _, f_in, f_out in shape.fc_layers())
     fc_outputs = sum(f_out for _, _, f_out in shape.fc_layers())
     params = sum(math.prod(s) for s in shape.param_shapes().values())
     return (4 * 3 * fc + 4 * 3 * batch * fc_outputs + 4 * kept * params
             + sum(g.K * g.bytes_per_kernel(batch) for g in shape.blocks)
-            + max(g.fixed_bytes(batch) for g in shape.blocks))
+            + devices * max(g.fixed_bytes(batch) for g in shape.blocks))
 
 
 def check_memory(shape: NetGeometry, batch: int, held_batch: int = 0, kept: int = 0,
-                 held_kept: int = 0) -> None:
+                 held_kept: int = 0, devices: int = 1) -> None:
     """Refuse, before anything is allocated, a network that cannot fit in this machine's
     available memory at this batch size, naming its largest parameter. held_batch: the batch
     the network already runs at (its memory is held, not available), with held_kept copies of
-    its parameters beside it; only the rest is checked. kept: see memory_needed."""
+    its parameters beside it; only the rest is checked. kept, devices: see memory_needed."""
     free = host_available_memory()
-    need = memory_needed(shape, batch, kept)
-    more = need - (memory_needed(shape, held_batch, held_kept) if held_batch else 0)
+    need = memory_needed(shape, batch, kept, devices)
+    more = need - (memory_needed(shape, held_batch, held_kept, devices) if held_batch else 0)
     if free is None or more <= free:
         return
     shapes = shape.param_shapes()
@@ -565,7 +575,7 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
     ds = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     shape = arch_notation.build(cfg.network, ds.input_shape, ds.num_classes)
     batch = largest_batch(cfg, ds)
-    check_memory(shape, batch)
+    check_memory(shape, batch, devices=host_devices(cfg.devices))
 
     start = {"step": 0, "epoch": 0, "batch": 0}
     moms, plan = {}, None

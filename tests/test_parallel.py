@@ -348,3 +348,32 @@ def test_a_group_member_without_its_weight_gradient_rows_says_so():
     finally:
         for d in devices:
             d.close()
+
+
+@pytest.mark.parametrize("spec,counts", [("cpu:1", ([7], [9])),
+                                         ("cpu:1,numpy", ([4, 3], [5, 4]))])
+def test_the_weights_are_gathered_without_the_momentum_and_copied_once(spec, counts):
+    """params() asks no device for its momentum, and a layer on one device is its shard's one
+    copy, not that copy joined again (a large layer's gathered weights were held three times
+    at the end of training, beside its shards)."""
+    from pyhet import devices as devices_module
+    devices = make_devices(parse_devices(spec))
+    asked = []
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, dict(zip(("conv1", "conv2"), counts)),
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        for d in devices:
+            get = d.get_shard
+            d.get_shard = (lambda get: lambda *a: asked.append(a[3:]) or get(*a))(get)
+        params, moms = net.params(), net.momentum()
+        assert all(a == (False,) for a in asked[:2 * len(devices)])
+        assert all(v is not None for pair in moms.values() for v in pair)
+        state = net.state()
+        for k, v in params.items():
+            np.testing.assert_array_equal(v, state[0][k], err_msg=k)
+    finally:
+        for d in devices:
+            d.close()
+    part = (np.ones((2, 3)), np.ones(2), None, None)
+    assert all(a is b for a, b in zip(devices_module.join_states([part]), part))

@@ -318,10 +318,10 @@ class RemoteDevice(Device):
     def load_shard(self, layer: str, g: ConvGeometry, w, b, vw=None, vb=None):
         self._call("load", [text(layer), *geometry_arrays(g), w, b, vw, vb])
 
-    def get_shard(self, layer: str, lo=None, hi=None):
+    def get_shard(self, layer: str, lo=None, hi=None, momentum: bool = True):
         span = None if lo is None else np.array([lo, hi], np.int64)
         w, b, vw, vb = self._call("get", [text(layer), span])
-        return w, b, vw, vb
+        return (w, b, vw, vb) if momentum else (w, b, None, None)
 
     def reshard(self, layer: str, keep_lo: int, keep_hi: int, before=None, after=None):
         # a missing part travels as four empty slots; a part's w is never None
