@@ -389,6 +389,11 @@ class Network:
                           training=True)
         if found:
             net.set_momentum(moms)
+            # the net holds the checkpoint's weights and momentum now; beside it, only the
+            # state it puts back (FIT_KEEPS copies, as the memory check counts)
+            params = moms = found = None
+            if before is not None:
+                self._params = before[0][0]
         balance = (DynamicBalance(net, self._calibration)
                    if self.balance == "dynamic" and self._calibration else None)
         if balance is not None:

@@ -254,8 +254,9 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
 
 def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
                    copy: bool = True) -> dict:
-    """Copies (or, copy=False, the arrays themselves) of the network's parameters from {name:
-    array}: every name present, float32, the network's shapes, finite; else WeightsError,
+    """C-ordered copies (or, copy=False, the arrays themselves where they are C-ordered) of the
+    network's parameters from {name: array}: every name present, float32, the network's
+    shapes, finite; else WeightsError,
     which calls them `what` (weights, a checkpoint's momentum)."""
     if not isinstance(weights, dict):
         raise WeightsError(f"{what} must be a dict of arrays, got {type(weights).__name__}")
@@ -274,7 +275,9 @@ def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
                                f"{getattr(a, 'shape', '')}")
         if not np.isfinite(a).all():
             raise WeightsError(f"{what} for {net.arch}: {k} holds NaN or infinite values")
-        out[k] = np.array(a, np.float32) if copy else a
+        # (C order: the updates work on flat views of the arrays)
+        out[k] = (np.array(a, np.float32, order="C") if copy or not a.flags.c_contiguous
+                  else a)
     return out
 
 
@@ -501,8 +504,9 @@ class Net:
             conv.set_state(params[f"{conv.name}.weight"], params[f"{conv.name}.bias"],
                            *moms[conv.name])
         for name, fc in zip(self.head.names, self.head.fcs):
-            fc.params = {k: np.array(params[f"{name}.{k}"]) for k in ("weight", "bias")}
-            self.head.momentum[name] = {k: None if v is None else np.array(v)
+            fc.params = {k: np.array(params[f"{name}.{k}"], order="C")
+                         for k in ("weight", "bias")}
+            self.head.momentum[name] = {k: None if v is None else np.array(v, order="C")
                                         for k, v in zip(("weight", "bias"), moms[name])}
 
     def fail_over(self, failed, states: dict, partition: dict | None) -> None:

@@ -21,8 +21,8 @@ import pytest
 import pyhet
 from conftest import load_npz, make_npz_dataset
 from pyhet import data
-from pyhet.errors import (ArchitectureError, DataError, DeviceError, PyhetError, UsageError,
-                          WeightsError)
+from pyhet.errors import (ArchitectureError, DataError, DeviceError, PyhetError,
+                          TrainingError, UsageError, WeightsError)
 from pyhet.images import Normalization
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -258,6 +258,51 @@ def test_training_a_large_fc_layer_needs_what_the_memory_check_counts(tmp_path, 
     need = memory_needed(shape, 8, FIT_KEEPS)
     peak = traced_peak(fits)
     assert low * need <= peak <= 1.1 * need, (peak, need)
+
+
+def test_a_resumed_fit_keeps_beside_the_network_what_the_memory_check_counts(tmp_path):
+    """A fit that resumes from a checkpoint kept its weights and momentum beside the network
+    built from them (two copies more than FIT_KEEPS, which the check counts)."""
+    import tracemalloc
+    from pyhet.api import FIT_KEEPS
+    x, y = arrays(n=16)
+    held = []
+
+    def step(info):
+        held.append(tracemalloc.get_traced_memory()[0])
+    with pyhet.Network(BIG_FC, (1, 12, 12), 3, devices="cpu:1", balance="even") as net:
+        net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=1)
+        copy = sum(v.nbytes for v in net.params().values())
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            net.fit(x, y, steps=4, batch_size=8, checkpoint_dir=tmp_path, resume=True,
+                    callback=step)
+        finally:
+            tracemalloc.stop()
+    # the rebuilt network's weights and momentum, and the FIT_KEEPS copies beside them
+    assert held and max(held) - start <= (2 + FIT_KEEPS + 0.3) * copy, (
+        (max(held) - start) / copy)
+
+
+def test_weights_in_fortran_order_train_as_in_c_order():
+    """Weights given in Fortran order, and put back so after a fit that diverged, were updated
+    in a flat copy that was then dropped: the fc layer stopped learning."""
+    x, y = arrays(n=16)
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+        start = net.params()
+    ends = []
+    for order in ("C", "F"):
+        weights = {k: np.array(v, order=order) for k, v in start.items()}
+        with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", weights=weights) as net:
+            with pytest.raises(TrainingError):
+                net.fit(x, y, lr=1e30, momentum=0.0, steps=2, batch_size=8)
+            net.fit(x, y, lr=0.5, momentum=0.0, steps=3, batch_size=8)
+            net.fit(x, y, lr=0.5, momentum=0.9, steps=3, batch_size=8)
+            ends.append(net.params())
+    assert not np.array_equal(ends[0]["fc.weight"], start["fc.weight"])
+    for k in start:
+        np.testing.assert_array_equal(ends[1][k], ends[0][k], err_msg=k)
 
 
 def test_the_memory_check_counts_the_im2col_of_each_device_in_this_process():

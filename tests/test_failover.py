@@ -94,10 +94,10 @@ class Gone(Device):
     """A device that is gone with its memory once it failed (as a rank that died): its shards
     cannot be read back."""
 
-    def get_shard(self, layer, lo=None, hi=None):
+    def get_shard(self, layer, lo=None, hi=None, momentum=True):
         if self.fault is not None and self.fault.fired:
             raise RuntimeError("the device is gone")
-        return super().get_shard(layer, lo, hi)
+        return super().get_shard(layer, lo, hi, momentum)
 
 
 @pytest.mark.parametrize("phase", ["forward", "update"])

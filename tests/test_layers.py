@@ -152,21 +152,31 @@ def test_initial_weights_drawn_in_chunks_are_one_draws(monkeypatch, chunk):
         assert a.uniform() == b.uniform()
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.9, 0.01), (0.0, 0.01),
                                                    (0.0, 0.0)])
-def test_the_update_a_part_at_a_time_is_the_whole_update(momentum, weight_decay):
-    """sgd_update_parts (the NumPy update of a large layer, with a part's temporaries) gives
-    the numbers of pyhet.optim.sgd_update, on the first step and after it."""
+@pytest.mark.parametrize("update", ["parts", "cpu"])
+def test_the_update_a_part_at_a_time_is_the_whole_update(momentum, weight_decay, order,
+                                                         update):
+    """sgd_update_parts (the NumPy update of a large layer, with a part's temporaries) and the
+    cpu backend's update give the numbers of pyhet.optim.sgd_update, on the first step and
+    after it, also on arrays in Fortran order (whose flat form is a copy: their update was
+    lost)."""
+    from pyhet.backends.cpu import CpuBackend
     from pyhet.backends.numpy_ref import sgd_update_parts
     from pyhet.optim import SGDConfig, sgd_update
     cfg = SGDConfig(lr=0.1, momentum=momentum, weight_decay=weight_decay)
     rng = np.random.default_rng(0)
-    p = rng.standard_normal((13, 7)).astype(np.float32)
-    q, v, u = p.copy(), None, None
-    for _ in range(3):
+    p = np.array(rng.standard_normal((13, 7)).astype(np.float32), order=order)
+    q, v, u = p.copy(order="K"), None, None
+    step = ((lambda q, g, u: sgd_update_parts(q, g, u, cfg, part=5)) if update == "parts"
+            else (lambda q, g, u: CpuBackend(1).sgd_update(q, g, u, cfg)))
+    for i in range(3):
         g = rng.standard_normal(p.shape).astype(np.float32)
         v = sgd_update(p, g, v, cfg)
-        u = sgd_update_parts(q, g, u, cfg, part=5)
+        if i == 1 and v is not None and order == "F":
+            u = np.asfortranarray(u)
+        u = step(q, g, u)
         np.testing.assert_array_equal(q, p)
         assert (u is None) == (v is None)
         if v is not None:

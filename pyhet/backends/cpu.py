@@ -204,7 +204,9 @@ class CpuBackend:
     def sgd_update(self, p, g, v, cfg):
         """As pyhet.optim.sgd_update (torch.optim.SGD's rule), on the C++ core; without
         momentum, NumPy's, a part at a time (its temporaries a part's size, not p's)."""
-        if not cfg.momentum:
+        if not cfg.momentum or not p.flags.c_contiguous or (
+                v is not None and not v.flags.c_contiguous):
+            # (the core updates flat arrays: one not C-ordered would be a copy, its update lost)
             return ref.sgd_update_parts(p, g, v, cfg)
         first = v is None
         if first:

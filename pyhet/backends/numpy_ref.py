@@ -283,7 +283,10 @@ UPDATE_PART = 1 << 18   # numbers sgd_update_parts updates at once (1 MB tempora
 def sgd_update_parts(p, g, v, cfg, part: int = UPDATE_PART):
     """pyhet.optim.sgd_update on NumPy arrays a part at a time: the same numbers, with
     temporaries of a part's size, not p's (a large fc layer's update needs no more memory than
-    its weights, gradient and momentum). Returns the momentum buffer to keep."""
+    its weights, gradient and momentum). Returns the momentum buffer to keep. (Arrays that are
+    not C-ordered, whose flat form would be a copy, are updated whole, in place.)"""
+    if not p.flags.c_contiguous or (v is not None and not v.flags.c_contiguous):
+        return sgd_update(p, g, v, cfg)
     if cfg.momentum and v is None:
         v = np.zeros_like(p)     # momentum * 0 + d is d, the first step's buffer
     flat_p, flat_g = p.reshape(-1), np.ascontiguousarray(g).reshape(-1)
