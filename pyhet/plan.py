@@ -328,6 +328,10 @@ class Cluster:
     # master's rate on the fc layers is set against (ddp)
     cpu_like: list | None = None
     cpu_gflops: float | None = None
+    # layer -> [Cost or None per device]: a calibrated device's compute on its own in its
+    # process (its whole fixed work, where in the cluster it shares it with its host group;
+    # its link is the cluster's), for the best single device; None: the cluster's costs
+    alone: dict | None = None
 
     def without_link(self, i: int) -> "Cluster":
         """The same cluster with device i's link free."""
@@ -429,6 +433,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
     names, links, gflops, cpu_like = [], [], [], []
+    on_own = []   # per device, {layer: Cost} of its compute on its own in its process, or {}
     costs = {g.name: [] for g in net.blocks}
     known = {}   # calibrated name -> {layer: Cost}
     own = {}     # calibrated name -> {layer: Cost} of a copy on another machine
@@ -462,6 +467,17 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         m = w if single else max(c, w)
         return Cost(speed * c / m, overhead * m / c, cap, contention=c, whole=w * c / m)
 
+    if calibrated is not None and calibrated[1].fits:
+        # each calibrated device on its own in its process (its whole fixed work, its own
+        # im2col and col2im): a copy of it on another machine, and the device alone (the best
+        # single device's baseline), the factor taken as modelled() takes it
+        cal_names, cal = calibrated
+        for layer, rows in cal.fits.items():
+            slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
+            for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
+                own.setdefault(n, {})[layer] = modelled(
+                    layer, None, 1.0 / (slope * c), intercept * c, cal.caps[layer][i], c,
+                    cal.whole_factor(layer, i))
     if calibrated is not None and calibrated[1].fits and described:
         # other devices beside the calibrated ones: the host group's fixed work is no longer
         # shared by every device; described devices on this machine like a member join it
@@ -469,13 +485,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         shared = {n for n, row in zip(cal_names, next(iter(cal.fits.values()))) if row[2]}
         joining = sum(d.count for d in entries if d.like in shared and
                       (d.link if d.link is not None else default_link) is None)
-        for layer, rows in cal.fits.items():
-            slower = (cal.contention or {}).get(layer) or [1.0] * len(cal_names)
-            for i, (n, (slope, intercept, _), c) in enumerate(zip(cal_names, rows, slower)):
-                # a copy's model of its best time, the factor taken as modelled() takes it
-                own.setdefault(n, {})[layer] = modelled(
-                    layer, None, 1.0 / (slope * c), intercept * c, cal.caps[layer][i], c,
-                    cal.whole_factor(layer, i))
         calibrated = cal_names, placed(cal, cal_names, moved, joining)
     if calibrated is not None:
         cal_names, cal = calibrated
@@ -492,6 +501,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 costs[g.name].append(known[name][g.name])
             names.append(name)
             links.append(None)
+            on_own.append(own.get(name, {}))
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     # calibrated devices behind links: those of other ranks behind their ranks' (their rank's
@@ -515,6 +525,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for j in range(d.count):
             names.append(_entry_name(d, j if count is None else len(names), count is None))
             links.append(link)
+            # on its own, a copy of a calibrated device does its own im2col, as that one does
+            on_own.append({} if d.like not in own else {
+                layer: replace(a, speed=a.speed * d.factor, overhead=a.overhead
+                               if d.overhead_s is None else d.overhead_s)
+                for layer, a in own[d.like].items()})
             for g in net.blocks:
                 if d.like is not None:
                     # on another machine, a copy of a calibrated device does its own im2col
@@ -549,7 +564,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         master_s = calibrated[1].master_s
         mine = len(calibrated[0])   # the calibrated devices come first
         cpu_gflops = sum(gf for gf, cpu in zip(gflops[:mine], cpu_like) if cpu) or None
-    return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops)
+    alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
+    return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
+                   alone if own else None)
 
 
 # ================================================================================================
@@ -647,6 +664,10 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
         c = cluster.costs[g.name][i]
         if c.cap < g.K:
             return None
+        a = ((cluster.alone or {}).get(g.name) or [None] * (i + 1))[i]
+        if a is not None:   # on its own in its process: its whole fixed work
+            c = replace(c, speed=a.speed, overhead=a.overhead, contention=a.contention,
+                        whole=a.whole)
         total += _alone_s(c, g.K)
     return total
 

@@ -178,6 +178,29 @@ def test_a_moved_device_pays_its_own_fixed_work():
                                                            f0 * k, f0 * k])
 
 
+@pytest.mark.parametrize("describe", [None, "x:like=d0", "x:like=d0,count=2;y:gflops=1e-3",
+                                      "x:like=d0,bw=1gbit"])
+def test_the_best_single_device_pays_its_whole_fixed_work(describe):
+    """Alone, a device of a host group does its own im2col and col2im: its time is its fits'
+    (fixed work and per-kernel time alone), however many devices share that work in the
+    cluster (it was the cluster's share of it, a third with two copies beside it)."""
+    from pyhet.calibrate import Calibration
+
+    fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.004, 1]],
+            "conv2": [[0.003, 0.010, 1], [0.003, 0.010, 1]]}
+    contention = {"conv1": [1.0, 1.0], "conv2": [1.5, 1.5]}
+    speeds = {g.name: [1.0 / (f[0] + f[1] / g.K) for f in fits[g.name]] for g in NET.blocks}
+    c = Calibration(speeds, {k: [0.0, 0.0] for k in speeds}, {k: [99, 99] for k in speeds},
+                    None, contention, fits)
+    described = () if describe is None else plan.parse_describe(describe)
+    r = plan.plan(plan.build_cluster(NET, N, (["d0", "d1"], c), described), NET, N,
+                  master_gflops=1e6)
+    alone = r["master_s"] + sum(fits[g.name][0][1] + g.K * fits[g.name][0][0]
+                                for g in NET.blocks)
+    assert r["best_single"]["device"] in ("d0", "x", "x.0")   # x: a copy of d0, as fast
+    assert r["best_single"]["step_s"] == pytest.approx(alone, rel=1e-6)
+
+
 def test_a_device_calibrated_on_another_rank_keeps_its_rank_and_link():
     """Calibrated under mpiexec, a device of another rank is its rank's compute (the
     calibration's compute figures, its rank's group sharing its fixed work) behind the link the
