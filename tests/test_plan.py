@@ -142,12 +142,9 @@ def test_a_calibrated_device_behind_a_link():
         assert (twin.link_fixed, twin.link_per_kernel) == (0.0, 0.0)
 
 
-def test_a_moved_device_pays_its_own_fixed_work():
-    """Calibrated as one host group, two devices share their im2col (its fixed time folded into
-    their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
-    that stays; with a described device beside them, the two share it, half each, and described
-    copies of a member on this machine share it too, while those on another machine pay all of
-    it."""
+def host_group():
+    """(fits, contention, speeds, Calibration) of two devices calibrated as one host group
+    (sharing their im2col: its fixed time folded into their speeds)."""
     from pyhet.calibrate import Calibration
 
     fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.004, 1]],
@@ -156,6 +153,16 @@ def test_a_moved_device_pays_its_own_fixed_work():
     speeds = {g.name: [1.0 / (f[0] + f[1] / g.K) for f in fits[g.name]] for g in NET.blocks}
     c = Calibration(speeds, {k: [0.0, 0.0] for k in speeds}, {k: [99, 99] for k in speeds},
                     None, contention, fits)
+    return fits, contention, speeds, c
+
+
+def test_a_moved_device_pays_its_own_fixed_work():
+    """Calibrated as one host group, two devices share their im2col (its fixed time folded into
+    their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
+    that stays; with a described device beside them, the two share it, half each, and described
+    copies of a member on this machine share it too, while those on another machine pay all of
+    it."""
+    fits, contention, speeds, c = host_group()
     alone = plan.build_cluster(NET, N, (["d0", "d1"], c))
     assert [x.speed for x in alone.costs["conv2"]] == speeds["conv2"]      # as calibrated
     moved = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("d1:bw=1gbit"))
@@ -184,14 +191,7 @@ def test_the_best_single_device_pays_its_whole_fixed_work(describe):
     """Alone, a device of a host group does its own im2col and col2im: its time is its fits'
     (fixed work and per-kernel time alone), however many devices share that work in the
     cluster (it was the cluster's share of it, a third with two copies beside it)."""
-    from pyhet.calibrate import Calibration
-
-    fits = {"conv1": [[0.001, 0.004, 1], [0.002, 0.004, 1]],
-            "conv2": [[0.003, 0.010, 1], [0.003, 0.010, 1]]}
-    contention = {"conv1": [1.0, 1.0], "conv2": [1.5, 1.5]}
-    speeds = {g.name: [1.0 / (f[0] + f[1] / g.K) for f in fits[g.name]] for g in NET.blocks}
-    c = Calibration(speeds, {k: [0.0, 0.0] for k in speeds}, {k: [99, 99] for k in speeds},
-                    None, contention, fits)
+    fits, contention, speeds, c = host_group()
     described = () if describe is None else plan.parse_describe(describe)
     r = plan.plan(plan.build_cluster(NET, N, (["d0", "d1"], c), described), NET, N,
                   master_gflops=1e6)
