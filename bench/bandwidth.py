@@ -64,12 +64,12 @@ def parse_args(argv):
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     args = p.parse_args(argv)
-    try:
-        kernel_counts(args.kernels)
-        for rate in args.rates.split(","):
-            rate_bits(rate)
-    except (argparse.ArgumentTypeError, ValueError) as e:
-        p.error(str(e))
+    for option, check in (("--kernels", lambda: kernel_counts(args.kernels)),
+                          ("--rates", lambda: [rate_bits(r) for r in args.rates.split(",")])):
+        try:
+            check()
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            p.error(f"argument {option}: {e}")
     _util.check_outputs(p, args)
     return args
 

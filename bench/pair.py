@@ -24,6 +24,7 @@ except ImportError:  # run as a script: python bench/pair.py
     import _util
 
 from pyhet.cli import Parser, arch_spec, dataset, positive
+from pyhet.data import load_dataset
 from pyhet.errors import PyhetError
 
 
@@ -42,6 +43,10 @@ def parse_args(argv):
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    try:   # the file it reads, before any work (an npz: file, a named dataset's files)
+        load_dataset(args.dataset)
+    except PyhetError as e:
+        p.error(f"argument --dataset: {e}")
     args.configs = _util.device_configs(p, args.configs)
     if len(args.configs) < 2:
         p.error(f"argument --configs: expected a reference and at least one more, got "

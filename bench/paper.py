@@ -26,6 +26,7 @@ solo throughputs. The paper's own figures are printed beside ours, labelled as t
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -44,7 +45,7 @@ except ImportError:  # run as a script: python bench/paper.py
 
 from pyhet import arch, ops
 from pyhet.cli import Parser, kernel_counts, positive
-from pyhet.errors import PyhetError
+from pyhet.errors import PyhetError, shown
 from pyhet.model import init_params
 from pyhet.timing import PartTimer
 
@@ -64,12 +65,21 @@ PAPER = {
 
 
 def kernels_list(text: str):
-    """'50,150/100,300' -> [(50, 150), (100, 300)]."""
-    return [kernel_counts(t) for t in text.split("/") if t.strip()]
+    """'50,150/100,300' -> [(50, 150), (100, 300)]; an empty entry is refused."""
+    parts = text.split("/")
+    if any(not t.strip() for t in parts):
+        raise argparse.ArgumentTypeError(f"expected at least one A,B, '/'-separated without "
+                                         f"empty entries, got {shown(text)}")
+    return [kernel_counts(t) for t in parts]
 
 
 def int_list(text: str):
-    return [positive(int)(t) for t in text.split(",") if t.strip()]
+    """'8,16' -> [8, 16]; an empty entry is refused (8,,16 was taken as 8,16)."""
+    parts = text.split(",")
+    if any(not t.strip() for t in parts):
+        raise argparse.ArgumentTypeError(f"expected at least one batch size, comma-separated "
+                                         f"without empty entries, got {shown(text)}")
+    return [positive(int)(t) for t in parts]
 
 
 def parse_args(argv):
@@ -90,7 +100,8 @@ def parse_args(argv):
     p.add_argument("--bandwidth-json", metavar="FILE",
                    help="the JSON of a `pyhet bench bandwidth --json FILE` run for analysis 4")
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--plot", metavar="DIR", help="one PNG per analysis (needs matplotlib)")
+    p.add_argument("--plot", metavar="DIR",
+                   help="one PNG per analysis measured (needs matplotlib)")
     p.add_argument("--quick", action="store_true",
                    help="batch sizes to 64, a smaller network (100,300), no bandwidth run")
     args = p.parse_args(argv)
@@ -503,10 +514,15 @@ def plot(res, folder):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    info = _util.system_info()
-    print(_util.describe_system(info))
     cores = ops.default_threads()
     counts = scaling.cpu_counts(cores)
+    # every network at every batch size it runs, before any work (a later one that does not
+    # fit lost the analyses already measured)
+    _util.check_memory([(k, args.batch_size) for k in args.kernels_list]
+                       + [(args.network, b) for b in args.batch_sizes + [args.batch_size]],
+                       max(counts), INPUT, CLASSES)
+    info = _util.system_info()
+    print(_util.describe_system(info))
     points = Points(args.steps, counts)
     res = {"benchmark": "paper", "system": info, "quick": args.quick,
            "settings": {"kernels_list": [list(k) for k in args.kernels_list],

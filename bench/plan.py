@@ -65,9 +65,12 @@ def parse_args(argv):
     try:
         if args.kernels is not None:
             kernel_counts(args.kernels)
+    except (argparse.ArgumentTypeError, ValueError) as e:
+        p.error(f"argument --kernels: {e}")
+    try:
         args.batch_sizes = [positive(int)(b) for b in args.batch_sizes.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as e:
-        p.error(str(e))
+        p.error(f"argument --batch-sizes: {e}")
     _util.check_outputs(p, args)
     return args
 
@@ -150,8 +153,8 @@ def main(argv=None) -> int:
                     r = measure(spec, batch, args, cwd)
                     runs[(batch, spec)].append(r)
                     print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
-                          f"{r['plan_step_s']:.3f} s, measured {r['step_s']:.3f} s",
-                          flush=True)
+                          f"{_util.secs(r['plan_step_s'])} s, measured "
+                          f"{_util.secs(r['step_s'])} s", flush=True)
     except PyhetError as e:          # a run that failed: the others are kept
         done = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys
                 if runs[(batch, spec)]]
@@ -164,9 +167,9 @@ def main(argv=None) -> int:
           f"{args.steps} steps a run"
           + (f"; medians of {args.rounds} rounds (ratios: of each round's)"
              if args.rounds > 1 else ""))
-    table = [[r["devices"], r["batch_size"], f"{r['plan_step_s']:.3f}", f"{r['step_s']:.3f}",
-              f"{r['plan_ratio']:.2f}",
-              "-" if r["train_model_step_s"] is None else f"{r['train_model_step_s']:.3f}",
+    table = [[r["devices"], r["batch_size"], _util.secs(r["plan_step_s"]),
+              _util.secs(r["step_s"]), f"{r['plan_ratio']:.2f}",
+              "-" if r["train_model_step_s"] is None else _util.secs(r["train_model_step_s"]),
               "-" if r["train_model_ratio"] is None else f"{r['train_model_ratio']:.2f}",
               "/".join(map(str, r["plan_partition"].values())),
               "/".join(map(str, r["partition"].values()))] for r in rows]

@@ -58,7 +58,7 @@ def parse_args(argv):
     try:
         kernel_counts(args.kernels)
     except argparse.ArgumentTypeError as e:
-        p.error(str(e))
+        p.error(f"argument --kernels: {e}")
     try:
         args.quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
     except ValueError:

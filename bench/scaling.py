@@ -259,6 +259,8 @@ def settling_summary(dyn: dict, steps: int) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    _util.check_memory([(args.kernels, args.batch_size)],
+                       max(args.cpu_devices or cpu_counts(ops.default_threads())), INPUT, CLASSES)
     info = _util.system_info()
     print(_util.describe_system(info))
     shape = arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES)
@@ -270,7 +272,7 @@ def main(argv=None) -> int:
     rows = part1(args, shape, params, x, y)
     print(f"\nPart 1: one SGD step, kernels {args.kernels[0]},{args.kernels[1]}, 3x32x32, batch "
           f"{args.batch_size}; median of {args.steps * args.rounds} steps")
-    table = [[r["config"], r["balance"] or "-", r["step_s"], r["images_per_s"],
+    table = [[r["config"], r["balance"] or "-", _util.secs(r["step_s"]), r["images_per_s"],
               "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
               "-" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
               "/".join(str(v) for v in r["partition"]["conv2"].values())] for r in rows]
@@ -289,7 +291,7 @@ def main(argv=None) -> int:
     print(f"\nPart 2: --balance dynamic on cpu:1,cpu:1; d1 slowed to 0.5 before step "
           f"{dyn['change_at_step']}")
     print(_util.format_table(["step", "d1 speed", "step s", "conv1 partition", "conv2 partition"],
-                             [[t["step"], t["d1_speed"], t["step_s"],
+                             [[t["step"], t["d1_speed"], _util.secs(t["step_s"]),
                                "/".join(map(str, t["conv1"])), "/".join(map(str, t["conv2"]))]
                               for t in dyn["trace"]]))
     print(settling_summary(dyn, args.dynamic_steps))

@@ -163,6 +163,7 @@ def main(argv=None) -> int:
 
     from pyhet import arch
 
+    _util.check_memory([(args.kernels, args.batch_size)], 1, INPUT, CLASSES)
     shape = arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES)
     flops = sum(shape.flops_per_image().values()) * args.batch_size
     sides = (["pyhet"] + ([BLOCKED] if args.blocked else []) +

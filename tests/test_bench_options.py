@@ -285,12 +285,19 @@ def test_plan_keeps_what_it_measured_before_a_run_failed(capsys, tmp_path):
 
 
 def test_pair_whose_run_fails_says_why_in_one_line(capsys, tmp_path):
-    assert main(["bench", "pair", "--dataset", f"npz:{tmp_path / 'none.npz'}", "--configs",
-                 "cpu:1;cpu:1,cpu:1", "--steps", "2", "--rounds", "1", "--batch-size",
-                 "2"]) == 1
+    assert main(["bench", "pair", "--configs", "cpu:1;cpu:1,gpu:99", "--steps", "2",
+                 "--rounds", "1", "--batch-size", "2", "--arch", "2C3-P2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("pyhet: error: pyhet train --devices cpu:1 ... failed (exit status 1): ")
-    assert "none.npz" in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("pyhet: error: pyhet train --devices cpu:1,gpu:99 ... failed (exit "
+                          "status 1): "), err
+    assert "gpu" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pair_checks_its_dataset_before_any_work(capsys, tmp_path):
+    """A dataset file it cannot read was found by its first run, after the system's header."""
+    err = refused(capsys, "pair", "--dataset", f"npz:{tmp_path / 'none.npz'}", "--steps", "2",
+                  "--rounds", "1")
+    assert "argument --dataset" in err and "none.npz" in err, err
 
 
 def test_step_whose_worker_fails_says_why_in_one_line(capsys, tmp_path, monkeypatch):
@@ -304,3 +311,43 @@ def test_step_whose_worker_fails_says_why_in_one_line(capsys, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert err == ("pyhet: error: the pyhet worker (its steps in a process of their own) failed "
                    "(exit status 1): RuntimeError: the worker broke\n")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["bandwidth", "--kernels", "0,1"], "--kernels"),
+    (["bandwidth", "--rates", "foo"], "--rates"),
+    (["ranks", "--kernels", "0,1"], "--kernels"),
+    (["plan", "--batch-sizes", "0"], "--batch-sizes"),
+    (["plan", "--kernels", "0,1"], "--kernels"),
+    (["plan", "--configs", "tpu"], "--configs"),
+    (["pair", "--configs", "cpu:1;bogus"], "--configs"),
+])
+def test_a_bad_value_names_its_option(capsys, argv, option):
+    """(They said what was wrong, not where: "kernel counts must be >= 1, got '0,1'".)"""
+    assert f"argument {option}: " in refused(capsys, *argv)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--batch-sizes", "8,,16"], "without empty entries, got '8,,16'"),
+    (["--batch-sizes", ""], "expected at least one batch size"),
+    (["--kernels-list", ""], "expected at least one A,B"),
+    (["--kernels-list", "/"], "expected at least one A,B"),
+    (["--kernels-list", "8,16//4,8"], "without empty entries"),
+])
+def test_paper_lists_without_empty_entries(capsys, argv, says):
+    """8,,16 was taken as 8,16; an empty list said "expected one argument, got '--'"."""
+    err = refused(capsys, "paper", *argv)
+    assert says in err and f"argument {argv[0]}: " in err, err
+
+
+@pytest.mark.parametrize("argv", [["step", "--kernels", "200000,200000"],
+                                  ["scaling", "--quick", "--kernels", "200000,200000"],
+                                  ["paper", "--quick", "--network", "200000,200000"],
+                                  ["paper", "--quick", "--kernels-list", "8,16/200000,200000"]])
+def test_a_network_too_large_for_memory_is_refused_before_any_work(capsys, argv):
+    """As pyhet train refuses it: one line naming the sizes, exit status 1, nothing measured
+    (they printed the system's header and ran into NumPy's MemoryError or a traceback)."""
+    assert main(["bench", *argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "200000C5-P2-200000C5-P2" in err and "GiB" in err and "available" in err
