@@ -452,6 +452,8 @@ def cmd_devices(args, parser) -> int:
                 line += (f"{c['kernels_per_s']:>18.1f}{1000 * c['overhead_s']:>13.2f}"
                          f"{report['partition'][layer][d['name']]:>7}")
         print(line)
+    for note in report.get("left_out") or []:
+        print(f"{note['device']} gets no kernels of {note['layer']}: {note['why']}")
     if any(d["emulated_speed"] for d in report["devices"]):
         print("(devices with @S are emulated: they idle to run S times as fast)")
     return 0

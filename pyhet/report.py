@@ -13,7 +13,8 @@ from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
 from .model import time_head
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
-from .train import check_memory, host_backend, host_devices, measure_links, open_devices
+from .train import (check_memory, host_backend, host_devices, left_out, measure_links,
+                    open_devices)
 
 
 def _gpus() -> list[dict]:
@@ -47,13 +48,15 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
         report["devices"] = [{"name": d.name, "spec": str(d.spec), "kind": d.kind,
                               "emulated_speed": d.spec.speed if d.spec.speed != 1 else None}
                              for d in devices]
-        report["calibration"] = report["partition"] = None
+        report["calibration"] = report["partition"] = report["left_out"] = None
         if calibrate_them:
             cal = calibrate(devices, net.blocks, batch)
             report["calibration"] = cal.as_dict(devices)
-            report["partition"] = {
-                g.name: dict(zip([d.name for d in devices],
-                                 cal.partition(g.name, g.K))) for g in net.blocks}
+            counts = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
+            report["partition"] = {layer: dict(zip([d.name for d in devices], c))
+                                   for layer, c in counts.items()}
+            # a device without kernels of a layer, and why (as pyhet train's summary says)
+            report["left_out"] = left_out(devices, counts, cal)
     finally:
         for d in devices:
             d.close()

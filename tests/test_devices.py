@@ -707,3 +707,18 @@ def test_a_worker_thread_that_cannot_start_is_a_device_error(monkeypatch):
     # a cpu device's worker starts when the device is made (its OpenMP team with it)
     with pytest.raises(DeviceError, match=r"d0 \(cpu:2\): its worker thread cannot be started"):
         make_devices(parse_devices("cpu:2"))
+
+
+def test_pyhet_devices_says_why_a_device_gets_no_kernels(capsys):
+    """A share of 0 was shown without a reason (train's summary gives one: `left_out`)."""
+    import json as _json
+    from pyhet.cli import main
+    argv = ["devices", "--devices", "cpu:1,cpu:1@0.02", "--arch", "4C3-P2-8N", "--dataset",
+            "synthetic", "--batch-size", "2"]
+    assert main(argv + ["--json"]) == 0
+    report = _json.loads(capsys.readouterr().out.splitlines()[-1])
+    out = [n for n in report["left_out"] if n["device"] == "d1"]
+    assert out and all(report["partition"][n["layer"]]["d1"] == 0 for n in out)
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"d1 gets no kernels of {out[0]['layer']}: " in text      # (timed anew: its figures)
