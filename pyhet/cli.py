@@ -796,8 +796,8 @@ def run_rank(args, parser, ranks: int) -> int:
     it until the master is done. An error on rank 0 ends the whole job."""
     if args.command not in ("train", "plan"):
         if launched_rank() != 0:
-            return EXIT_ERROR          # rank 0 says why
-        raise PyhetError(f"pyhet {args.command} runs in one process: start it without mpiexec "
+            return EXIT_USAGE          # rank 0 says why
+        raise UsageError(f"pyhet {args.command} runs in one process: start it without mpiexec "
                          f"(only pyhet train and pyhet plan place devices on MPI ranks)")
     # While MPI starts (MPI_Init waits for every rank, in C, where no Python handler runs),
     # Ctrl-C or SIGTERM ends this rank by the signal itself, so that the launcher ends the
@@ -835,7 +835,7 @@ def run_rank(args, parser, ranks: int) -> int:
             specs = ([] if args.devices is None else
                      parse_devices(args.devices, gpu_count=cuda_device_count))
             check_ranks(specs, ranks)
-            mpi.serve(comm, specs)
+            mpi.serve(comm, specs, args.devices)
         except PyhetError:
             return EXIT_ERROR
         return 0
@@ -856,7 +856,10 @@ def run_rank(args, parser, ranks: int) -> int:
         _abort(comm, f"pyhet: error: {brief(e)}" if isinstance(e, PyhetError) else
                "pyhet: interrupted" if isinstance(e, KeyboardInterrupt) else
                f"pyhet: error: {type(e).__name__}: {brief(e)}", status)
-    mpi.dismiss(comm, limit)   # the serving ranks wait for it (not in MPI_Finalize)
+    try:
+        mpi.dismiss(comm, limit)   # the serving ranks wait for it (not in MPI_Finalize)
+    except PyhetError as e:        # a rank that is stopped would hold MPI_Finalize for ever
+        _abort(comm, f"pyhet: error: {brief(e)}", e.exit_status)
     return status
 
 

@@ -328,7 +328,8 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     else:
         from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
-        link = mpi.MasterLink(comm, specs, mpi.DEFAULT_TIMEOUT if timeout is None else timeout)
+        link = mpi.MasterLink(comm, specs, mpi.DEFAULT_TIMEOUT if timeout is None else timeout,
+                              spec)
         devices = Devices(link.devices(specs), link.idle_ranks(), link)
     try:
         arm_faults(devices)

@@ -303,9 +303,22 @@ def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_pa
 
 
 def test_other_commands_refuse_mpiexec(tmp_path, data):
+    """A usage error (status 2), said once."""
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
                           f"npz:{data}"], 2, tmp_path, timeout=60)
-    assert code != 0 and err.count("runs in one process") == 1, err
+    assert code == 2 and err.count("runs in one process") == 1, (code, err)
+
+
+def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
+    """mpiexec -n 1 A : -n 1 B with another --devices on rank 1: it idled where the master gave
+    it a device (or made its own), silently."""
+    pyhet = [sys.executable, "-m", "pyhet", "train", "--dataset", f"npz:{data}", "--arch", ARCH,
+             "--steps", "2", "--quiet", "--devices"]
+    p = subprocess.run([MPIEXEC, "-n", "1", *pyhet, "0/cpu:1,1/cpu:1", ":", "-n", "1", *pyhet,
+                        "0/cpu:1"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "rank 1 was started with --devices '0/cpu:1', rank 0 with '0/cpu:1,1/cpu:1'" in \
+        p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 # ================================================================ a rank that fails
@@ -382,6 +395,49 @@ def test_a_rank_that_stops_or_dies_ends_the_run(tmp_path, signal_name):
         # a request and its reply within --timeout together (each in turn took twice it, and
         # closing the silent rank's devices waited for it once more)
         assert took < 5.5, (took, err)
+    time.sleep(1)
+    assert pids_with(str(data)) == [], "processes left behind"
+
+
+def test_an_idle_rank_stopped_before_the_end_ends_the_job_after_the_timeout(tmp_path):
+    """Rank 2 holds no device and is stopped while the others train: the run's summary is
+    printed, then the job ends within --timeout with an error naming rank 2 (it hung in
+    MPI_Finalize, which waits for every rank, however long)."""
+    import signal
+    import time
+
+    data = tmp_path / "long.npz"
+    make_npz_dataset(data, n=64, shape=(1, 12, 12), classes=3, seed=5)
+    argv = [MPIEXEC, "-n", "3", sys.executable, "-m", "pyhet", "train", "--dataset",
+            f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
+            "--steps", "200", "--batch-size", "8", "--timeout", "3", "--quiet", "--json",
+            "--checkpoint-dir", "ck", "--checkpoint-every", "5"]
+    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid = None
+    with p:
+        try:
+            deadline = time.monotonic() + 60
+            # in training (a checkpoint written): in MPI's start-up a stopped rank is the
+            # launcher's to end
+            while time.monotonic() < deadline and (
+                    pid is None or not list((tmp_path / "ck").glob("*.npz"))):
+                time.sleep(0.05)
+                pid = rank_pid(str(data), 2)
+            assert pid is not None, "rank 2 did not start"
+            os.kill(pid, signal.SIGSTOP)
+            out, err = p.communicate(timeout=60 + 3 + 30)
+        finally:
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+            if p.poll() is None:
+                p.kill()
+    err = err.decode()
+    assert p.returncode != 0, err
+    assert json.loads(out.decode().splitlines()[-1])["steps"] == 200     # the summary first
+    assert "rank 2 did not answer the end of the job within 3 s" in err, err
     time.sleep(1)
     assert pids_with(str(data)) == [], "processes left behind"
 

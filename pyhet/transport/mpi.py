@@ -42,7 +42,7 @@ import numpy as np
 
 from ..devices import (Device, SharedCol, gather, group_gradients, make_devices,
                        shared_im2col, shared_input_grad)
-from ..errors import DeviceError
+from ..errors import DeviceError, UsageError, shown
 from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
@@ -406,7 +406,10 @@ class MasterLink:
     """Rank 0's view of the job: the devices of every rank (local ones made here, the others as
     RemoteDevices), learnt by a hello from each rank at start-up."""
 
-    def __init__(self, comm, specs: list[DeviceSpec], timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, comm, specs: list[DeviceSpec], timeout: float = DEFAULT_TIMEOUT,
+                 spec_text: str | None = None):
+        """spec_text: the --devices SPEC as given, which every rank must have been given too
+        (mpiexec -n 1 ... : -n 1 ... with other options is refused)."""
         self.comm, self.size = comm, comm.Get_size()
         self.peers = {r: Peer(comm, r, timeout, self._timeout_text(r))
                       for r in range(1, self.size)}
@@ -421,6 +424,12 @@ class MasterLink:
                 warnings.warn(f"rank {r}: {untext(arrays[1])}", RuntimeWarning, stacklevel=2)
             if len(arrays) > 2 and arrays[2] is not None:
                 hosts[r] = untext(arrays[2])
+            if spec_text is not None and len(arrays) > 3 and arrays[3] is not None and \
+                    untext(arrays[3]) != spec_text:
+                raise UsageError(f"rank {r} was started with --devices "
+                                 f"{shown(untext(arrays[3]))}, rank 0 with {shown(spec_text)}: "
+                                 f"start every rank with the same command (mpiexec -n R "
+                                 f"pyhet ...)")
         for line in shared_host_warnings(hosts):
             warnings.warn(line, RuntimeWarning, stacklevel=2)
         # ... and learns the index of its first device in the job (devices follow rank order)
@@ -529,12 +538,18 @@ def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
 def dismiss(comm, timeout: float | None = DEFAULT_TIMEOUT) -> None:
     """The master's last word to every other rank, once training is over: each waits for it in
     Python, where SIGINT and SIGTERM are still handled, rather than in MPI_Finalize (where
-    Python's handlers are gone). A rank that cannot be told is left to the launcher."""
+    Python's handlers are gone), and answers it. A rank that does not answer within `timeout`
+    (stopped, or gone) is a DeviceError naming it: MPI_Finalize would wait for it without end,
+    so the caller ends the job (MPI_Abort)."""
+    told = []
     for r in range(1, comm.Get_size()):
-        try:
-            Peer(comm, r, timeout, lambda: "").send(TAG_BYE, "bye")
-        except DeviceError:
-            pass
+        peer = Peer(comm, r, timeout, lambda r=r: (
+            f"rank {r} did not answer the end of the job within {timeout:g} s (--timeout): it "
+            f"is stopped or gone"))
+        peer.send(TAG_BYE, "bye")
+        told.append(peer)
+    for peer in told:
+        peer.receive(TAG_BYE)
 
 
 def _spec_of(spec_text: str, rank: int) -> DeviceSpec:
@@ -546,9 +561,11 @@ def _spec_of(spec_text: str, rank: int) -> DeviceSpec:
 # A serving rank
 
 
-def serve(comm, specs: list[DeviceSpec]) -> None:
-    """Make this rank's devices, tell the master, and run their shard messages until the master
-    closes them all; then (or at once, for a rank with no devices) wait for its dismiss."""
+def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
+    """Make this rank's devices, tell the master (and the --devices SPEC this rank was given,
+    spec_text, which the master checks against its own), and run their shard messages until
+    the master closes them all; then (or at once, for a rank with no devices) wait for its
+    dismiss."""
     rank = comm.Get_rank()
     master = Peer(comm, 0)
     mine = for_rank(specs, rank)
@@ -562,9 +579,11 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
         raise
     master.send(TAG_HELLO, "hello", [text(",".join(str(s) for s in mine)) if mine else None,
                                      text("; ".join(str(w.message) for w in said))
-                                     if said else None, text(host_of(mine))])
+                                     if said else None, text(host_of(mine)),
+                                     None if spec_text is None else text(spec_text)])
     if not devices:
         master.receive(TAG_BYE)   # idle till the master is done (see dismiss)
+        master.send(TAG_BYE, "bye")
         return
     # this rank's devices, by their index (and name) in the job, which the master gives
     _, (first,), _ = master.receive(TAG_HELLO)
@@ -576,11 +595,13 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
     # a group's request waits on its members' workers, so it runs on a thread of its own
     groups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyhet-group")
     buffers: dict = {}    # the group's shared im2col matrix (a SharedCol), per layer
+    told = False          # the master's dismiss came
     try:
         while open_:
             op, arrays, tag = master.receive(MPI.ANY_TAG)
             if tag == TAG_BYE:               # the master is done (it closed what it could)
-                return
+                told = True
+                break
             if tag == TAG_ECHO:              # the master measures the link: send it back
                 master.send(TAG_ECHO, "ok", arrays)
                 continue
@@ -601,7 +622,9 @@ def serve(comm, specs: list[DeviceSpec]) -> None:
         groups.shutdown(wait=True)
         for d in devices:
             d.close()
-    master.receive(TAG_BYE)   # every device closed (or failed): wait for the master's end
+    if not told:
+        master.receive(TAG_BYE)   # every device closed (or failed): wait for the master's end
+    master.send(TAG_BYE, "bye")   # the master waits for every rank's answer (see dismiss)
 
 
 def _handle(device: Device, op: str, a):
