@@ -167,7 +167,11 @@ def _momentum(text):
 
 def _timeout(text):
     """Seconds > 0; inf waits for ever."""
-    v = float(text) if text.strip().lower() in ("inf", "infinity") else _float(text)
+    try:
+        v = float(text) if text.strip().lower() in ("inf", "infinity") else _float(text)
+    except argparse.ArgumentTypeError:   # (1e400 too: a finite number past float's range)
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, or inf "
+                                         f"for no limit, got {shown(text)}") from None
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a value > 0, got {shown(text)}")
     return v

@@ -403,6 +403,14 @@ def test_usage_errors_exit_2(cli, npz_dataset, bad):
     assert res.err.startswith("pyhet train: error: ")
 
 
+@pytest.mark.parametrize("value", ["1e400", "nan", "x"])
+def test_a_timeout_that_is_not_seconds_says_inf_is_the_no_limit(cli, value):
+    """1e400 (inf to float) was "expected a finite number", beside an inf that is taken."""
+    res = cli("train", "--timeout", value, "--steps", "1")
+    assert_one_error_line(res, "--timeout", "finite number of seconds > 0, or inf for no limit",
+                          code=2)
+
+
 def test_no_command_is_a_usage_error(cli):
     res = cli()
     assert_one_error_line(res, "COMMAND", "pyhet --help", code=2)
