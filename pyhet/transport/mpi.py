@@ -320,8 +320,10 @@ class RemoteDevice(Device):
 
     def get_shard(self, layer: str, lo=None, hi=None, momentum: bool = True):
         span = None if lo is None else np.array([lo, hi], np.int64)
-        w, b, vw, vb = self._call("get", [text(layer), span])
-        return (w, b, vw, vb) if momentum else (w, b, None, None)
+        # without momentum, only the weights cross the link (half the bytes)
+        w, b, vw, vb = self._call("get", [text(layer), span,
+                                          None if momentum else np.zeros(1, np.int64)])
+        return w, b, vw, vb
 
     def reshard(self, layer: str, keep_lo: int, keep_hi: int, before=None, after=None):
         # a missing part travels as four empty slots; a part's w is never None
@@ -635,7 +637,9 @@ def _handle(device: Device, op: str, a):
         return []
     if op == "get":
         span = a[1] if len(a) > 1 and a[1] is not None else (None, None)
-        return list(device.get_shard(layer, *(None if v is None else int(v) for v in span)))
+        momentum = len(a) < 3 or a[2] is None     # a third array: the weights alone
+        return list(device.get_shard(layer, *(None if v is None else int(v) for v in span),
+                                     momentum))
     if op == "reshard":
         part = (lambda p: None if p[0] is None else tuple(p))
         device.reshard(layer, int(a[1][0]), int(a[1][1]), part(a[2:6]), part(a[6:10]))
