@@ -684,7 +684,8 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     A replica takes whole images: each computes ceil(batch / r) of them (DistributedSampler
     pads a batch that does not divide, so the slowest replica computes that many), and beyond
     `batch` devices there is no image left for another replica: the r devices fastest at their
-    share are the replicas, the others take no part (in the all-reduce neither).
+    share and their link's part of the all-reduce are the replicas, the others take no part (in
+    the all-reduce neither).
     Communication does not overlap the backward; devices on the master's machine exchange
     through memory (free); memory is not checked."""
     n = len(cluster.names)
@@ -702,10 +703,16 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
                   c.overhead + g.K / (c.speed * parts))
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
         compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
-    # the fastest devices are the replicas (the first of equals)
-    used = sorted(sorted(range(n), key=lambda i: compute[i])[:replicas])
-    slowest = max(used, key=lambda i: compute[i])
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
+
+    def cost(i) -> float:   # its compute and its own link's part of the all-reduce
+        lk = cluster.links[i]
+        return compute[i] + (0.0 if lk is None or replicas == 1 else
+                             lk.seconds(2 * (replicas - 1) / replicas * weight_bytes) +
+                             2 * (replicas - 1) * lk.latency_s)
+    # the devices fastest at their part are the replicas (the first of equals)
+    used = sorted(sorted(range(n), key=cost)[:replicas])
+    slowest = max(used, key=lambda i: compute[i])
     remote = [cluster.links[i] for i in used if cluster.links[i] is not None]
     allreduce = 0.0
     if replicas > 1 and remote:

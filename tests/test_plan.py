@@ -789,6 +789,12 @@ def test_ddp_takes_whole_images():
     assert d["replica_compute_s"][1] is None
     weights = d["weight_bytes"]
     assert d["allreduce_s"] == pytest.approx(weights / 1.25e9 + 2 * 50e-6, rel=1e-9)
+    # a device a little faster behind a slow link is no replica where a local one serves
+    # (its link's part of the all-reduce counts in the choice, not its compute alone)
+    linked = plan.build_cluster(NET, 2, described=plan.parse_describe(
+        "far:gflops=2.2,bw=1mbit;a:gflops=2;b:gflops=2"))
+    d = plan.ddp(linked, NET, 2)
+    assert d["replica_compute_s"][0] is None and d["allreduce_s"] == 0.0
     # where the batch divides, the figures are as before: batch / n images each
     even = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=4"))
     assert plan.ddp(even, NET, N)["compute_s"] == pytest.approx(4 * flops / 1e9, rel=1e-12)
