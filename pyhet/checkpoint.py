@@ -356,7 +356,7 @@ def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
                                              and k >= 0 for k in counts)
             for counts in partition.values()):
         return f"its partition is {partition!r}, not kernel counts per layer"
-    for g in (shape.blocks if shape is not None and partition else ()):
+    for g in (shape.blocks if shape is not None else ()):
         counts = partition.get(g.name)
         if counts is None or len(counts) != len(devices) or sum(counts) != g.K:
             return (f"its partition of {g.name} is {counts!r}, not the layer's {g.K} kernels "

@@ -521,16 +521,9 @@ def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig
               f"{'' if cfg.deterministic else ' not'}: planning the partition afresh",
               file=log, flush=True)
         return None, None
-    partition = plan.get("partition") or {}
-    fits = all(len(partition.get(g.name, [])) == len(devices) and
-               sum(partition[g.name]) == g.K for g in shape.blocks)
+    # (its partition splits this network's layers over these devices: plan_problem)
+    partition = plan["partition"]
     cal = Calibration(**plan["calibration"]) if plan.get("calibration") else None
-    if not fits:    # an edited file: its counts do not add up to this network's layers
-        shown = "; ".join(f"{g.name} {partition.get(g.name)}" for g in shape.blocks)
-        print(f"the checkpoint's partition ({shown}) does not split the kernels of "
-              f"{', '.join(f'{g.name} ({g.K})' for g in shape.blocks)} over {len(devices)} "
-              f"devices: planning the partition afresh", file=log, flush=True)
-        return None, None
     if cal is None and not cfg.deterministic:
         print("the checkpoint's partition has no calibration to go on with: planning the "
               "partition afresh", file=log, flush=True)

@@ -512,6 +512,23 @@ def test_a_weight_file_in_the_folder_is_named_as_one(cli, npz_dataset, tmp_path)
     assert "no 'meta' entry: a weight file, not a checkpoint" in res.err, res.err
 
 
+def test_a_calibrated_resume_of_an_even_checkpoint_plans_afresh_and_says_so(cli, npz_dataset,
+                                                                         tmp_path):
+    """A checkpoint of --balance even has no calibration for --balance static to go on with: it
+    was planned afresh without a word."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--balance", "even",
+                          devices="cpu:1,cpu:1"))
+    assert res.code == 0, res.err
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume",
+                          "--balance", "static", "--json", devices="cpu:1,cpu:1"))
+    assert res.code == 0, res.err
+    assert ("the checkpoint's partition has no calibration to go on with: planning the "
+            "partition afresh") in res.err, res.err
+    assert json.loads(res.out.splitlines()[-1])["calibration"] is not None
+
+
 def test_a_deterministic_resume_of_a_calibrated_checkpoint_plans_afresh(cli, npz_dataset,
                                                                         tmp_path):
     """--deterministic promises the split of the declared speeds, no calibration: a resume

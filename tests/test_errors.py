@@ -688,8 +688,7 @@ PLAN_NOT_REUSED.update({
     "deterministic a string": (lambda plan: {**plan, "deterministic": "no"},
                                ["deterministic is 'no'"]),
     "calibration speeds a number": (
-        lambda plan: {**plan, "partition": {},
-                      "calibration": {**plan["calibration"], "speeds": 5}},
+        lambda plan: {**plan, "calibration": {**plan["calibration"], "speeds": 5}},
         ["calibration has speeds 5"]),
 })
 
