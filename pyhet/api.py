@@ -210,12 +210,13 @@ class Network:
     def _check_memory(self, batch_size: int, training: bool) -> None:
         """Refuse (DeviceError), before anything is allocated for it, a batch size or a fit that
         this machine's memory cannot hold; what the running devices hold counts as held."""
-        kept, devices = FIT_KEEPS if training else 0, host_devices(self.devices_spec)
+        kept = FIT_KEEPS if training else 0
         if self._net is None:
-            check_memory(self.geometry, batch_size, kept=kept, devices=devices)
-        elif batch_size > self._batch_high or kept > self._kept:
+            check_memory(self.geometry, batch_size, kept=kept,
+                         devices=host_devices(self.devices_spec))
+        elif batch_size > self._batch_high or kept > self._kept:   # (else: nothing to check)
             check_memory(self.geometry, max(batch_size, self._batch_high), self._batch_high,
-                         max(kept, self._kept), self._kept, devices)
+                         max(kept, self._kept), self._kept, host_devices(self.devices_spec))
             self._batch_high = max(batch_size, self._batch_high)
             self._kept = max(kept, self._kept)
 

@@ -333,10 +333,6 @@ class Cluster:
     # its link is the cluster's), for the best single device; None: the cluster's costs
     alone: dict | None = None
 
-    def without_link(self, i: int) -> "Cluster":
-        """The same cluster with device i's link free."""
-        return self.without_links([i])
-
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
         free = set(indices)
@@ -778,17 +774,13 @@ def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: floa
 
     def saved(indices) -> float:
         return step - _step(cluster.without_links(indices), net, master_s)
-    if len(dominant) == 1:
-        members = dominant[0][1]
-        return f"link {cluster.names[members[0]]}" if saved(members) >= LINK_GAIN * step \
-            else "compute"
     # the classes paying most (the first of equals), each freed alone; where none saves
-    # enough alone, all of them together
+    # enough alone, all of them together (where there are several)
     ranked = sorted(dominant, key=lambda pm: -pm[0])[:MAX_REPLANNED]
     gains = [saved(members) for _, members in ranked]
     best = max(range(len(ranked)), key=lambda j: (gains[j], -j))
-    if gains[best] < LINK_GAIN * step and \
-            saved([i for _, members in dominant for i in members]) < LINK_GAIN * step:
+    if gains[best] < LINK_GAIN * step and (len(dominant) == 1 or saved(
+            [i for _, members in dominant for i in members]) < LINK_GAIN * step):
         return "compute"
     return f"link {cluster.names[ranked[best][1][0]]}"
 

@@ -372,7 +372,7 @@ def test_a_timed_master_is_its_measured_time():
     assert untimed["master_s"] == pytest.approx(
         fc / (sum(d["gflops"] for d in untimed["devices"]) * 1e9), rel=1e-3)
     # the timed master stays with the cluster when a device moves behind a link
-    assert timed.without_link(0).master_s == M
+    assert timed.without_links([0]).master_s == M
     # the fc rate is set against the calibrated CPU devices only: beside a GPU (not cpu-like)
     # and a described device, the CPU device's replica still runs its fc layers at the rate
     # the master showed over it, the others at their GFLOP/s
@@ -738,7 +738,7 @@ def test_many_links_alike_are_the_bottleneck_together():
     r = plan.plan(cluster, NET, N, master_gflops=1e6)
     free = cluster
     for i in range(16):
-        free = free.without_link(i)
+        free = free.without_links([i])
     free = plan._step(free, NET, r["master_s"])
     assert free < 0.2 * r["predicted_step_s"]
     assert r["bottleneck"] == "link g.0"
