@@ -377,3 +377,157 @@ def test_the_weights_are_gathered_without_the_momentum_and_copied_once(spec, cou
             d.close()
     part = (np.ones((2, 3)), np.ones(2), None, None)
     assert all(a is b for a, b in zip(devices_module.join_states([part]), part))
+
+
+# ================================================================ the input gradient's tail
+
+@pytest.mark.parametrize("C,rows,counts", [(500, 25, [1010, 490]), (500, 25, [5, 5, 5]),
+                                           (1500, 9, [1, 0, 1]), (9000, 1, [3, 4])])
+def test_tail_split_covers_every_channel_once(C, rows, counts):
+    """The members' shares (in proportion to their kernels) and then the tail's ranges tile the
+    channels in order; the tail's ranges shrink and have at least TAIL_MIN_ROWS rows each."""
+    from pyhet.devices import TAIL_FRACTION, TAIL_MIN_ROWS, channel_shares, tail_split
+
+    shares, tail = tail_split(C, rows, counts)
+    edges = [0] + [c for lo, hi in shares + tail for c in (lo, hi)] + [C]
+    assert all(a == b for a, b in zip(edges[0::2], edges[1::2]))
+    assert tail[0][0] == C - int(C * TAIL_FRACTION)
+    assert shares == channel_shares(tail[0][0], counts)
+    sizes = [hi - lo for lo, hi in tail]
+    assert sizes[:-1] == sorted(sizes[:-1], reverse=True)   # (the rest joins the last)
+    assert min(sizes) * rows >= TAIL_MIN_ROWS and len(tail) >= 2
+
+
+@pytest.mark.parametrize("C,rows,counts", [(32, 25, [32, 32]), (500, 25, [1500, 0]),
+                                           (60, 25, [5, 5])])
+def test_a_layer_too_small_for_a_tail_has_none(C, rows, counts):
+    """The default network's conv2 (32 channels of 25 rows), one member, or ranges that would
+    be too few: no tail."""
+    from pyhet.devices import tail_split
+
+    assert tail_split(C, rows, counts) is None
+
+
+def _fake_start(per_channel, log, fail=None):
+    """start(i, (c0, c1)) for _hand_out_tail: device i sleeps per_channel[i] s a channel, on a
+    worker of its own; log gets (i, (c0, c1)); the range `fail` raises."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    pools = [ThreadPoolExecutor(1) for _ in per_channel]
+
+    def work(i, ch):
+        time.sleep(per_channel[i] * (ch[1] - ch[0]))
+        if ch == fail:
+            raise RuntimeError(f"device {i} failed on {ch}")
+        log.append((i, ch))
+
+    return (lambda i, ch: pools[i].submit(work, i, ch)), pools
+
+
+def test_the_tail_goes_to_the_device_that_would_finish_it_first():
+    """Device 0 ends its own share first and takes the first range; device 1 (25 times slower a
+    channel) ends its own while device 0 is at work on that range, and leaves the next one to
+    device 0, which would end it sooner. Device 1 takes a range where device 0's rate is not
+    known yet."""
+    from pyhet.devices import _hand_out_tail
+
+    for own, first_free in (((0, 10), (10, 11)), ((0, 100), (100, 101))):
+        log = []
+        start, pools = _fake_start([0.006, 0.15], log)
+        try:
+            _hand_out_tail(start, {0: own, 1: first_free}, [(11, 31), (31, 33)] if own[1] == 10
+                           else [(101, 103), (103, 105)])
+        finally:
+            for p in pools:
+                p.shutdown()
+        mine = [ch for i, ch in log if i == 1]
+        if own[1] == 10:     # device 0 (60 ms) then the range (120 ms); device 1 free at 150 ms
+            assert mine == [(10, 11)] and [ch for i, ch in log if i == 0] == [
+                (0, 10), (11, 31), (31, 33)]
+        else:                # device 0 at work for 600 ms, its rate unknown: device 1 takes one
+            assert mine[:2] == [(100, 101), (101, 103)]
+
+
+def test_a_failure_in_the_tail_hands_out_no_more_and_raises_after_all_end():
+    """The first range fails while the other device is at work on the second: the third is
+    never handed out, and the error comes once the second has ended."""
+    from pyhet.devices import _hand_out_tail
+
+    log = []
+    start, pools = _fake_start([0.01, 0.01], log, fail=(10, 11))
+    try:
+        with pytest.raises(RuntimeError, match=r"failed on \(10, 11\)"):
+            _hand_out_tail(start, {0: (0, 5), 1: (5, 10)}, [(10, 11), (11, 16), (16, 18)])
+    finally:
+        for p in pools:
+            p.shutdown()
+    assert sorted(ch for _, ch in log) == [(0, 5), (5, 10), (11, 16)]
+
+
+@pytest.mark.parametrize("spec,counts,strassen", [
+    ("cpu:1,cpu:1", {"conv1": [3, 3], "conv2": [4, 5]}, False),
+    ("cpu:1,cpu:1@0.5", {"conv1": [4, 2], "conv2": [6, 3]}, True),
+    ("cpu:1,cpu:2,cpu:1", {"conv1": [1, 3, 2], "conv2": [2, 4, 3]}, True),
+])
+def test_the_input_gradient_with_a_tail_gives_the_reference_weights(monkeypatch, spec, counts,
+                                                                     strassen):
+    """With ranges of a few rows (TAIL_MIN_ROWS lowered) conv2's 10 channels keep 2 out of the
+    shares, handed out a range at a time; with the group's weight gradient made from the
+    forward's quadrant sums too (the GEMM's threshold lowered to 2): the weights stay those of
+    one reference device, and every tail range is computed once a step."""
+    from pyhet import _core, devices as devmod
+
+    monkeypatch.setattr(devmod, "TAIL_MIN_ROWS", 1)
+    monkeypatch.setattr(devmod, "TAIL_FRACTION", 0.6)
+    shape = net_shape((2, 13, 12), (10, 9), 3, 5)
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((6,) + shape.input_shape).astype(np.float32),
+             rng.integers(0, shape.num_classes, 6)) for _ in range(3)]
+    counts = {"conv1": [c * 10 // 6 for c in counts["conv1"]], "conv2": counts["conv2"]}
+    counts["conv1"][0] += 10 - sum(counts["conv1"])
+    want = train_weights(shape, "numpy", {"conv1": [10], "conv2": [9]}, data, CFG)
+    devices = make_devices(parse_devices(spec))
+    calls = []
+    for d in devices:
+        d.backend.input_grad_part = (
+            lambda parts, dcol, dx, g, ch, dw, f=d.backend.input_grad_part, n=d.name:
+            (calls.append((n, ch)), f(parts, dcol, dx, g, ch, dw))[1])
+    old = _core.set_gemm_strassen_min_dim(2) if strassen else None
+    try:
+        net = Net(shape, init_params(shape, 0), devices, counts, CpuBackend(1))
+        conv2 = net.convs[1]
+        conv2.tail = True
+        assert conv2._tail is not None and conv2._tail[1][0][0] == 4
+        for x, y in data:
+            net.train_step(x, y, CFG)
+        if strassen:
+            assert conv2._shared.quadrants and conv2._shared.dw_from_fwd
+        assert_same_weights(net.params(), want[0])
+        ranges = [ch for _, ch in calls]
+        assert all(ranges.count(ch) == len(data) for ch in conv2._tail[1])
+    finally:
+        if old is not None:
+            _core.set_gemm_strassen_min_dim(old)
+        for d in devices:
+            d.close()
+
+
+@pytest.mark.parametrize("balance,deterministic,tail", [
+    ("static", False, True), ("static", True, False), ("dynamic", False, False),
+    ("even", False, False)])
+def test_only_a_static_partition_hands_out_a_tail(balance, deterministic, tail):
+    """No tail where no timing may decide who computes what (--deterministic: a GEMM of
+    another thread count rounds otherwise), nor where the balancer reads the devices' times
+    (dynamic), nor for even shares."""
+    from pyhet.train import build_net
+
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net, _ = build_net(SHAPE, init_params(SHAPE, 0), devices, balance, 6,
+                           deterministic=deterministic,
+                           planned=({"conv1": [3, 4], "conv2": [4, 5]}, None))
+        assert [c.tail for c in net.convs] == [tail, tail]
+    finally:
+        for d in devices:
+            d.close()
