@@ -574,7 +574,12 @@ def _hand_out_tail(start, channels: dict, tail: list) -> None:
                    for j, m, began in running.values()):
                 break
             free.remove(i)
-            running[start(i, tail[0])] = (i, n, now)
+            try:
+                running[start(i, tail[0])] = (i, n, now)
+            except Exception as e:    # (its worker cannot start: said once the others end)
+                errors.append(e)
+                tail.clear()
+                break
             tail.pop(0)
     if errors:
         errors[0].also = errors[1:]
