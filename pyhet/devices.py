@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -500,90 +500,14 @@ def shared_im2col(devices, kernels: dict, x, g: ConvGeometry, shared: SharedCol,
 
 
 def shared_input_grad(devices, channels: dict, parts, dcol, dx, g: ConvGeometry, tag=None,
-                      dw=None, tail=()):
+                      dw=None):
     """dx (N, C, H, W) of the layer from every shard's (w_j, dy_j) in parts, device i computing
     the rows of dcol and the channels of dx of channels[i]. dw: ([dw_j, ...], fwd), the
     shards' weight gradients (k_j, C*R*S), made here too, each device the columns of its
     channels (in quadrants, a share of each half of them in proportion to its channels), from
-    col packed for the forward (SharedCol.dw_from_fwd); or None. tail: channel ranges that
-    belong to no device's share (tail_split), each computed by the device that would finish it
-    first (_hand_out_tail)."""
-    def start(i, ch):
-        return devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
-                                 dcol, dx, g, ch, dw, tag=tag)
-
-    if tail:
-        _hand_out_tail(start, channels, list(tail))
-    else:
-        gather([start(i, ch) for i, ch in channels.items()])
-
-
-def tail_split(C: int, rows_per_channel: int, counts):
-    """A host group's input gradient split as (shares, tail), or None where the layer is too
-    small for a tail: shares, the channel ranges of each member in proportion to its kernels
-    (channel_shares) over the first C - TAIL_FRACTION * C channels; tail, the last channels in
-    ranges of decreasing size, at least TAIL_MIN_ROWS rows of dcol each, which go to whichever
-    device would finish them first (_hand_out_tail). The shares are sized for the devices'
-    speeds as calibrated, but a device's time in a step moves by 5-10% on a shared machine, and
-    the phase lasts as long as its slowest device: the tail absorbs that."""
-    members = sum(1 for c in counts if c > 0)
-    chunk = -(-TAIL_MIN_ROWS // rows_per_channel)   # channels of the smallest range
-    size = int(C * TAIL_FRACTION)
-    if members < 2 or size < 2 * members * chunk:
-        return None
-    shares = channel_shares(C - size, counts)
-    tail, c0 = [], C - size
-    while c0 < C:
-        n = min(C - c0, max(chunk, -(-(C - c0) // (2 * members))))
-        if C - c0 - n < chunk:    # no range smaller than the smallest: the rest joins this one
-            n = C - c0
-        tail.append((c0, c0 + n))
-        c0 += n
-    return shares, tail
-
-
-def _hand_out_tail(start, channels: dict, tail: list) -> None:
-    """Run start(i, channels[i]) on every device i, then each range of `tail` (in order) on the
-    device that would finish it first: a device that is free takes it unless one still at work
-    would end it sooner, by the rates (channels a second, its idling as a slower device
-    included) of their last calls. Errors as gather: the first raised once every call has
-    ended, no range handed out after it."""
-    now = time.perf_counter()
-    running = {start(i, ch): (i, ch[1] - ch[0], now) for i, ch in channels.items()}
-    rate: dict = {}
-    free: list = []
-    errors = []
-    while running:
-        done, _ = wait(running, return_when=FIRST_COMPLETED)
-        now = time.perf_counter()
-        for f in done:
-            i, n, began = running.pop(f)
-            if f.exception() is not None:
-                errors.append(f.exception())
-                tail.clear()
-            else:
-                rate[i] = n / max(now - began, 1e-9)
-                free.append(i)
-        while tail and free:
-            n = tail[0][1] - tail[0][0]
-            i = min(free, key=lambda d: n / rate[d])
-            mine = now + n / rate[i]
-            # a device still at work, whose rate is known, that would end this range sooner
-            # (the end of its call as its rate gives it, or now where that is past)
-            if any(j in rate and max(now, began + m / rate[j]) + n / rate[j] < mine
-                   for j, m, began in running.values()):
-                break
-            free.remove(i)
-            try:
-                running[start(i, tail[0])] = (i, n, now)
-            except Exception as e:    # (its worker cannot start: said once the others end)
-                errors.append(e)
-                tail.clear()
-                break
-            tail.pop(0)
-    if errors:
-        errors[0].also = errors[1:]
-        raise errors[0]
+    col packed for the forward (SharedCol.dw_from_fwd); or None."""
+    gather([devices[i].submit(f"{g.name} input gradient", devices[i].input_grad_part, parts,
+                              dcol, dx, g, ch, dw, tag=tag) for i, ch in channels.items()])
 
 
 def kept(store: dict, key, shape):
@@ -605,13 +529,6 @@ def group_gradients(store: dict, key, g: ConvGeometry, batch: int, kernels: int,
     rows, cols = g.col_shape(batch)
     dy = kept(store, (key, "dy"), (kernels, cols))
     return dy, kept(store, (key, "dw"), (kernels, rows)) if shared.dw_from_fwd else None
-
-
-# A host group's input gradient keeps this share of its channels out of the members' shares,
-# for the member that would finish each range first (tail_split); a range has at least
-# TAIL_MIN_ROWS rows of dcol (a product too small runs slower a row).
-TAIL_FRACTION = 0.12
-TAIL_MIN_ROWS = 200
 
 
 def channel_shares(C: int, counts) -> list:

@@ -50,7 +50,8 @@ import contextlib
 import numpy as np
 
 from .devices import (SharedCol, channel_shares, gather, group_gradients, join_states, kept,
-                      shared_im2col, shared_input_grad, tail_split)
+                      shared_im2col,
+                      shared_input_grad)
 from .errors import DeviceError
 from .geometry import ConvGeometry
 from .interrupt import HeldSigint
@@ -74,10 +75,6 @@ class PartitionedConv:
         self.moves = 0            # repartitions so far
         self.dead: set = set()    # devices that failed: no kernels, no calls
         self._orphan = None       # the layer's state once no device is left
-        # the host group's input gradient hands its last channels to whichever device would
-        # finish them first (devices.tail_split): a static partition's, where no timing is
-        # to decide the maths (--deterministic) and no balancer reads the devices' times
-        self.tail = False
         self.install(w, b, None, None, counts)
 
     # --- the partition --------------------------------------------------------------------------
@@ -133,9 +130,6 @@ class PartitionedConv:
         # their shares of the kernels
         self.group = groups.pop("host", [])
         self.channels = self._shares(self.group)
-        split = tail_split(self.g.C, self.g.R * self.g.S, [self.counts[i] for i in self.group])
-        self._tail = None if split is None else (
-            {i: ch for i, ch in zip(self.group, split[0]) if ch[1] > ch[0]}, split[1])
         # groups on other ranks, of two or more devices (one alone does its own): each runs as
         # one message to its first device's rank; {first: (members, their channel shares)}
         self.remote = {members[0]: (members, self._shares(members))
@@ -323,12 +317,10 @@ class PartitionedConv:
                     # the group's backward has read the im2col matrix for the last time:
                     # dcol takes its place (no second matrix of that size)
                     dcol = self._shared.col
-                    channels, tail = (self._tail if self.tail and self._tail is not None
-                                      else (self.channels, ()))
-                    shared_input_grad(self.devices, channels, group, dcol, dx, self.g,
+                    shared_input_grad(self.devices, self.channels, group, dcol, dx, self.g,
                                       tag=self.name, dw=None if dw_all is None else (
                                           [dw_all[slice(*self.bounds[i])] for i in self.group],
-                                          self._shared.fwd), tail=tail)
+                                          self._shared.fwd))
         finally:
             # every device's backward has finished before the layer returns (or fails): the
             # update must not start while a device still reads its shard

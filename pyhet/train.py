@@ -381,8 +381,6 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
                   file=log, flush=True)
     net = Net(shape, params, devices, partition, host_backend(devices))
     net.calibration = cal    # where a failed device's kernels go (pyhet.failover)
-    for conv in net.convs:   # (a static partition's input gradient: PartitionedConv.tail)
-        conv.tail = balance == "static" and not deterministic
     return net, cal
 
 
