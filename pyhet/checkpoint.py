@@ -35,8 +35,8 @@ from .geometry import NetGeometry
 from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
                     read_weight_file, write_npz)
 
-NAME = re.compile(r"^checkpoint-(\d+)\.npz$")
-TMP = re.compile(r"^\.checkpoint-\d+\.npz\.tmp$")
+NAME = re.compile(r"^checkpoint-([0-9]{9,})\.npz$")
+TMP = re.compile(r"^\.checkpoint-[0-9]{9,}\.npz\.tmp$")
 LOCK = ".lock"
 FORMAT = 2        # of the meta entry: 1 had only the position, seed, batch size and shuffle
 
@@ -59,6 +59,14 @@ def _same(key: str, stored: dict, ours: dict) -> bool:
     return a == b
 
 
+def is_checkpoint(name: str) -> bool:
+    """Whether a file name is one that a run writes: ``checkpoint-`` and the step in nine ASCII
+    digits or more, zero-padded to nine, ``.npz`` (no other file is read, nor removed by --keep
+    or --overwrite: ``checkpoint-5.npz``, ``checkpoint-0000000006.npz`` are a user's)."""
+    m = NAME.match(name)
+    return m is not None and name == f"checkpoint-{int(m.group(1)):09d}.npz"
+
+
 def step_of(path) -> int:
     return int(NAME.match(os.path.basename(path)).group(1))
 
@@ -69,7 +77,7 @@ def complete(folder) -> list:
         names = os.listdir(folder)
     except FileNotFoundError:
         return []
-    found = [os.path.join(folder, n) for n in names if NAME.match(n)]
+    found = [os.path.join(folder, n) for n in names if is_checkpoint(n)]
     return sorted(found, key=step_of)
 
 
@@ -104,7 +112,7 @@ class CheckpointDir:
             names = os.listdir(self.folder)
             for n in names:       # a folder (or a FIFO) named as a checkpoint is not one
                 p = os.path.join(self.folder, n)
-                there = (files.not_regular(p) if NAME.match(n) else
+                there = (files.not_regular(p) if is_checkpoint(n) else
                          files.temp_in_the_way(p) if TMP.match(n) else None)
                 if there is not None:
                     raise UsageError(f"{option} {self.folder}: {n} is {there}, not a "

@@ -78,7 +78,9 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     leaves either the earlier file or the new one, complete, and no temporary file (but for
     SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened).
     The temporary file is always made anew (a leftover one, or a link at its name, is removed,
-    never followed); a FIFO, a device or a folder at `path` is refused, never replaced."""
+    never followed); a FIFO, a device or a folder at `path` is refused, never replaced. Two
+    writes of one file at once: one whose temporary file the other took fails (WeightsError),
+    never renaming the other's unfinished one into place."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
     tmp = files.temp_name(path)
@@ -95,6 +97,15 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
             _savez(fh, arrays, name)
             fh.flush()
             os.fsync(fh.fileno())
+            mine = os.fstat(fh.fileno())
+        if not _still_mine(tmp, mine):
+            # another write of the same file at once removed this temporary file (as a
+            # leftover) and made its own there: that one is not this one's to rename, nor to
+            # remove
+            made = False
+            raise WeightsError(f"cannot write {what} {path}: another write of it at the same "
+                               f"time took its temporary file {tmp}; {path} is as that write "
+                               f"leaves it")
         os.replace(tmp, path)
         made = False
         _sync_folder(folder)
@@ -107,6 +118,16 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
         if isinstance(e, OSError):
             raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
         raise
+
+
+def _still_mine(tmp: str, mine: os.stat_result) -> bool:
+    """Whether the temporary file at `tmp` is still the one this write made (by device and
+    inode)."""
+    try:
+        there = os.lstat(tmp)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _savez(fh, arrays: dict, name: str) -> None:

@@ -177,11 +177,13 @@ def check_file_destination(path, option: str) -> None:
 
 
 def _probe_folder(path, tmp, option: str) -> None:
-    """Make and remove a new file named as write_npz's temporary one (or, where a leftover has
-    that name, one of the same length): the folder takes it (os.access says yes to root in
-    /proc or /sys, or on a read-only mount), and the name is not too long."""
+    """Make and remove a new file with a name of the length of write_npz's temporary one (one
+    of this process's, else that name itself: removing that name could remove the temporary
+    file of a write of the same file under way in another process): the folder takes it
+    (os.access says yes to root in /proc or /sys, or on a read-only mount), and the name is
+    not too long."""
     folder = os.path.dirname(tmp)
-    for probe in (tmp, f"{tmp[:-3]}p{os.getpid() % 100:02d}"):
+    for probe in (f"{tmp[:-3]}p{os.getpid() % 100:02d}", tmp):
         try:
             fd = files.create_new(probe, 0o600)
         except FileExistsError:

@@ -547,3 +547,55 @@ def test_a_deterministic_resume_of_a_calibrated_checkpoint_plans_afresh(cli, npz
     assert s["partition"] == json.loads(cli(*train_argv(
         data, "--steps", "1", "--deterministic", "--json", devices="cpu:1,cpu:1"
     )).out.splitlines()[-1])["partition"]
+
+
+def test_a_write_whose_temporary_file_another_write_took_fails_and_renames_nothing(
+        tmp_path, monkeypatch):
+    """Two writes of one file at once: the second removes the first's temporary file (as it
+    would a leftover) and makes its own. The first, once written, finds its temporary file
+    not its own: it fails, naming the other write, and neither renames the other's unfinished
+    file into place nor removes it; the file it would have replaced is as it was."""
+    from pyhet import model
+    from pyhet.errors import WeightsError
+    from pyhet.files import temp_name
+
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.arange(3, dtype=np.float32)})
+    before = path.read_bytes()
+    tmp = temp_name(path)
+    real = model.np.savez
+
+    def taken_meanwhile(fh, **arrays):
+        real(fh, **arrays)
+        os.unlink(tmp)                        # the other write, starting
+        with open(tmp, "wb") as other:
+            other.write(b"PK\x03\x04 the other write, half done")
+
+    monkeypatch.setattr(model.np, "savez", taken_meanwhile)
+    with pytest.raises(WeightsError, match="another write of it at the same time"):
+        model.write_npz(path, {"a": np.zeros(5, np.float32)})
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    with open(tmp, "rb") as other:
+        assert other.read() == b"PK\x03\x04 the other write, half done"
+
+
+@pytest.mark.parametrize("odd", ["checkpoint-5.npz", "checkpoint-0000000006.npz",
+                                 "checkpoint-\u0669\u0669\u0669\u0669\u0669\u0669\u0669\u0669"
+                                 "\u0669.npz", "checkpoint-000000007.npz.old"])
+def test_only_the_names_a_run_writes_are_checkpoints(cli, npz_dataset, tmp_path, odd):
+    """A file named almost as a checkpoint (the step in fewer or more digits than nine
+    zero-padded, or in other digits than ASCII's) is a user's: never resumed from, and never
+    removed by --keep."""
+    data = npz_dataset(n=24)
+    first = tmp_path / "first"
+    assert cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", first)).code == 0
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / odd).write_bytes((first / "checkpoint-000000002.npz").read_bytes())
+    res = cli(*train_argv(data, "--steps", "3", "--checkpoint-dir", ck, "--resume",
+                          "--checkpoint-every", "1", "--keep", "1"))
+    assert res.code == 0, res.err
+    assert "resuming from" not in res.err
+    assert sorted(p.name for p in ck.iterdir() if p.name != ".lock") == sorted(
+        [odd, "checkpoint-000000003.npz"])
