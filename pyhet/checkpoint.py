@@ -364,8 +364,16 @@ def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
                                              and k >= 0 for k in counts)
             for counts in partition.values()):
         return f"its partition is {partition!r}, not kernel counts per layer"
+    failed = plan.get("failed")
+    if failed is not None and not (isinstance(failed, list)
+                                   and all(isinstance(d, str) for d in failed)):
+        return f"its failed devices are {shown(failed)}, not a list of names"
+    # (a run whose every device failed kept its layers on the master: no kernels on any)
+    everyone_failed = bool(devices) and len(set(failed or [])) == len(devices)
     for g in (shape.blocks if shape is not None else ()):
         counts = partition.get(g.name)
+        if everyone_failed and counts == [0] * len(devices):
+            continue
         if counts is None or len(counts) != len(devices) or sum(counts) != g.K:
             return (f"its partition of {g.name} is {counts!r}, not the layer's {g.K} kernels "
                     f"over its {len(devices)} devices")
@@ -380,10 +388,6 @@ def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
             set(speeds) if isinstance(speeds, dict) else set()))
         if problem is not None:
             return f"its calibration {problem}"
-    failed = plan.get("failed")
-    if failed is not None and not (isinstance(failed, list)
-                                   and all(isinstance(d, str) for d in failed)):
-        return f"its failed devices are {shown(failed)}, not a list of names"
     if not isinstance(plan.get("deterministic", False), bool):
         return f"its deterministic is {shown(plan['deterministic'])}, not true or false"
     balancer = plan.get("balancer") or {}

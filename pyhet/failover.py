@@ -74,6 +74,7 @@ class Failover:
                               f"checkpoint)") from None
         for e in errors:
             e.device.close()
+        said = "; ".join(map(str, errors))   # every device that failed in the phase
         while True:
             alive = [i not in failed and i not in net.convs[0].dead
                      for i in range(len(net.devices))]
@@ -83,7 +84,7 @@ class Failover:
                     partition = {conv.name: self._plan(conv, alive) for conv in net.convs}
                 except ValueError as e:   # the others' memory cannot hold a layer
                     net.fail_over(failed, states, None)
-                    raise NoDeviceLeftError(f"{error}; the remaining devices cannot take its "
+                    raise NoDeviceLeftError(f"{said}; the remaining devices cannot take its "
                                        f"kernels: {e}") from None
             try:
                 net.fail_over(failed, states, partition)
@@ -95,7 +96,7 @@ class Failover:
                 failed.append(net.devices.index(other))
                 other.close()
         if partition is None:
-            raise NoDeviceLeftError(f"{error}, and no device is left to train on")
+            raise NoDeviceLeftError(f"{said}, and no device is left to train on")
         partition = net.partition()
         moved = "; ".join(f"{layer} " + ", ".join(f"{d} {c}" for d, c in counts.items() if c)
                           for layer, counts in partition.items())

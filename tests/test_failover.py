@@ -333,3 +333,27 @@ def test_devices_refuses_devices_on_other_ranks(cli):
     res = cli("devices", "--devices", "1/cpu:1,cpu:1", "--kernels", "4,6", "--dataset",
               "synthetic", "--no-calibrate")
     assert res.code == 2 and "placed on MPI rank 1" in res.err, res.err
+
+
+def test_every_device_failing_at_once_names_them_all_and_its_checkpoint_resumes_plainly(
+        cli_process, cli, data, tmp_path, monkeypatch):
+    """Both devices fail in one phase: the error names both; the checkpoint then holds a
+    partition of no kernels on any device (the layers were on the master), which a resume
+    on the same devices takes as devices that failed, not as a damaged plan; on one device,
+    without a word about the plan."""
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("PYHET_FAULT", "d0:forward:2,d1:forward:2")
+    res = cli_process("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices",
+                      "cpu:1,cpu:1", "--balance", "even", "--checkpoint-dir", ckpt, timeout=120)
+    assert res.code == 1 and "Traceback" not in res.err
+    assert len(res.err.strip().splitlines()) == 1, res.err     # (no warning: at once)
+    line = res.err.strip().splitlines()[-1]
+    assert "device d0 (cpu:1) failed" in line and "device d1 (cpu:1) failed" in line, line
+    assert "no device is left" in line and "checkpoint-000000001.npz" in line
+    monkeypatch.delenv("PYHET_FAULT")
+    for devices, words in (("cpu:1,cpu:1", "leaves out d0, d1, which failed"), ("cpu:1", None)):
+        res = cli("train", "--dataset", f"npz:{data}", *DATA_ARGS, "--devices", devices,
+                  "--balance", "static", "--checkpoint-dir", ckpt, "--resume", "--steps", "3")
+        assert res.code == 0, res.err
+        assert "warning" not in res.err and "cannot be reused" not in res.err, res.err
+        assert words is None or words in res.err, res.err
