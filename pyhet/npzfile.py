@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import zipfile
 import zlib
 
@@ -146,6 +147,12 @@ def _array(load, path, key, error):
     try:
         a = load()
     except ValueError as e:
+        if "max_header_size" in str(e):   # (its advice names allow_pickle too: no pickle)
+            size = re.search(r"length \((\d+)\)", str(e))
+            raise error(f"{path}: {what} has a header of "
+                        f"{f'{int(size.group(1)):,} bytes' if size else 'more bytes'}, more "
+                        f"than NumPy reads from a file it does not trust (np.save writes about "
+                        f"128 for an array of numbers): a damaged or hand-made file") from None
         if "allow_pickle" in str(e) or "pickle" in str(e).lower():
             raise error(f"{path}: {what} holds Python objects (a pickle), which pyhet does not "
                         f"load; save numeric arrays (float32, uint8, integers)") from None

@@ -60,6 +60,13 @@ def files(tmp_path_factory):
     np.save(f["NPY_CHANNEL_LAST"], np.zeros((2, 12, 12, 1), np.float32))
     f["NPY_OBJECTS"] = d / "objects.npy"
     np.save(f["NPY_OBJECTS"], np.array([1, None], dtype=object), allow_pickle=True)
+    # a numeric array whose header is padded past the 10,000 bytes NumPy reads untrusted
+    f["NPY_LONG_HEADER"] = d / "long_header.npy"
+    head = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 1, 12, 12), }"
+    head += b" " * (12000 - len(head) - 13) + b"\n"
+    head = head[:-1] + b" " * ((64 - (12 + len(head)) % 64) % 64) + b"\n"
+    f["NPY_LONG_HEADER"].write_bytes(np.lib.format.magic(2, 0) + len(head).to_bytes(4, "little")
+                                     + head + np.zeros((2, 1, 12, 12), np.float32).tobytes())
     f["IMAGES"] = d / "x.npy"
     np.save(f["IMAGES"], np.zeros((2, 1, 12, 12), np.float32))
     f["NOWHERE"] = d / "no-such-folder" / "out.npz"
@@ -166,6 +173,7 @@ BAD = [
     # --- predict
     (PREDICT + ["--input", "NPY_CHANNEL_LAST"], 1, ["channel-last", "(2, 1, 12, 12)"]),
     (PREDICT + ["--input", "NPY_OBJECTS"], 1, ["Python objects"]),
+    (PREDICT + ["--input", "NPY_LONG_HEADER"], 1, ["header of 12,020 bytes", "damaged"]),
     (PREDICT + ["--input", "DIR"], 1, ["folder"]),
     (PREDICT + ["--input", "EMPTY"], 1, ["empty file"]),
     (PREDICT + ["--input", "TEXT"], 1, ["not an .npy or .npz file"]),
