@@ -591,7 +591,9 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
             print(f"nothing left to train: {path} is at step {start['step']}, {where} of "
                   f"this run ({total} steps); give more --epochs or --steps to go on", file=log)
         else:
-            print(f"resuming from {path} (step {start['step']})", file=log)
+            print(f"resuming from {path} (step {start['step']})" + (
+                f"; --init {cfg.init} is not read (the run goes on from the checkpoint's "
+                f"weights)" if cfg.init else ""), file=log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
     else:

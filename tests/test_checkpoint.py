@@ -599,3 +599,20 @@ def test_only_the_names_a_run_writes_are_checkpoints(cli, npz_dataset, tmp_path,
     assert "resuming from" not in res.err
     assert sorted(p.name for p in ck.iterdir() if p.name != ".lock") == sorted(
         [odd, "checkpoint-000000003.npz"])
+
+
+def test_resume_from_a_checkpoint_says_that_init_is_not_read(cli, npz_dataset, tmp_path):
+    """The same command line starts a run from --init, and, once the folder holds a checkpoint,
+    resumes it: the checkpoint's weights go on, and stderr says --init was not read (a file
+    that no longer loads is not read either)."""
+    data = npz_dataset(n=24)
+    init = tmp_path / "init.npz"
+    assert cli(*train_argv(data, "--steps", "1", "--save", init)).code == 0
+    ck = tmp_path / "ck"
+    argv = train_argv(data, "--checkpoint-dir", ck, "--resume", "--init", init)
+    res = cli(*argv, "--steps", "2")
+    assert res.code == 0 and "resuming" not in res.err, res.err
+    init.write_bytes(b"not weights")
+    res = cli(*argv, "--steps", "3")
+    assert res.code == 0, res.err
+    assert f"--init {init} is not read" in res.err and "checkpoint-000000002.npz" in res.err
