@@ -467,20 +467,26 @@ def test_left_out_by_the_phases_says_what_one_kernel_would_cost():
 
 def test_the_together_trial_runs_the_layer_as_training_does():
     """_layer_trial runs the layer over the devices (shared im2col, forward, backward, input
-    gradient, update) and gives each device's busy seconds and the wall seconds, per round; its
-    shards are gone after. A layer that outlasts its busiest device (the devices out of step
-    phase by phase) scales every device's contention by that."""
+    gradient, update) and gives each device's busy seconds and the wall seconds, per round,
+    after two runs that are not timed (the second touches the arrays that take turns with the
+    first's); its shards are gone after. A layer that outlasts its busiest device (the devices
+    out of step phase by phase) scales every device's contention by that."""
     import pyhet.calibrate as calibrate_module
     from dataclasses import replace
+    from pyhet.parallel import PartitionedConv
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
     g = replace(shape.blocks[1], name="calibrate/conv2/together")
     devices = make_devices(parse_devices("cpu:1,cpu:1@0.5"))
+    runs = []
+    forward = PartitionedConv.forward
     try:
+        PartitionedConv.forward = lambda self, x: (runs.append(1), forward(self, x))[1]
         x = np.random.default_rng(0).standard_normal(g.x_shape(4)).astype(np.float32)
         rounds = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0,
                                                budget_s=0.0)
-        assert len(rounds) == 2
+        PartitionedConv.forward = forward
+        assert len(rounds) == 2 and len(runs) == 4
         # a short layer runs more times, up to five times as many, within the time budget
         more = calibrate_module._layer_trial(devices, g, [16, 8], x, True, 2, 0, budget_s=60)
         assert len(more) == 10
@@ -490,6 +496,7 @@ def test_the_together_trial_runs_the_layer_as_training_does():
             assert wall >= max(busy) * 0.99
         assert all(g.name not in d._shards for d in devices)
     finally:
+        PartitionedConv.forward = forward
         for d in devices:
             d.close()
 
@@ -722,3 +729,48 @@ def test_pyhet_devices_says_why_a_device_gets_no_kernels(capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert f"d1 gets no kernels of {out[0]['layer']}: " in text      # (timed anew: its figures)
+
+
+def test_a_layer_put_on_one_device_by_one_together_trial_is_tried_again(monkeypatch):
+    """Two devices whose together trial came out slow (both at 1.7 times their fits: a moment's
+    disturbance of the machine) make the split slower than one device alone, and calibration
+    would put the whole layer on it for the run: a second together trial is run, and the lower
+    of the two figures kept, so that the layer is split. Where the second trial is as slow,
+    the layer stays on one device."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1@0.5"))
+    alone = {"d0": 0.010, "d1": 0.020}                  # seconds per kernel, whatever the count
+    trials = []
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        return alone[device.name] * k
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        if g.name.endswith("/together"):
+            trials.append(g.name)
+        slower = factors[min(len(trials), len(factors)) - 1] if trials else 1.0
+        busy = [alone[d.name] * k * slower for d, k in zip(devices, counts)]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        factors = [1.7, 1.1]            # per together trial, in order (two layers: 1.7 first)
+        cal = calibrate(devices, shape.blocks[1:], 4)
+        assert trials == ["calibrate/conv2/together"] * 2
+        assert cal.contention["conv2"] == pytest.approx([1.1, 1.1])
+        assert all(cal.partition("conv2", 24))
+        trials.clear()
+        factors = [1.7, 1.7]
+        cal = calibrate(devices, shape.blocks[1:], 4)
+        assert len(trials) == 2 and cal.contention["conv2"] == pytest.approx([1.7, 1.7])
+        assert sorted(cal.partition("conv2", 24)) == [0, 24]
+        trials.clear()
+        factors = [1.1]                 # a split that the first trial keeps: no second one
+        cal = calibrate(devices, shape.blocks[1:], 4)
+        assert len(trials) == 1 and all(cal.partition("conv2", 24))
+    finally:
+        for d in devices:
+            d.close()
