@@ -658,10 +658,10 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::hand
   const int threads = thread_count(threads_);
   // arg comes from Python: check every index before scattering, plane by plane. Without
   // pooling (k == s == 1) the kernel reads arg as a mask, so each entry must be -1 or its
-  // element's own index; else -1 or inside the plane. (int32 compares: they vectorise.)
+  // element's own index; else -1 or inside its own window, as the forward chooses (a pool
+  // that tiles the plane writes each window's block alone, and would drop any other index).
   const int32_t* pa = cptr<int32_t>(arg);
-  const int64_t P = want[2] * want[3];
-  const int32_t last = static_cast<int32_t>(std::min<int64_t>(H * W - 1, INT32_MAX));
+  const int64_t PW = want[3], P = want[2] * PW;
   for (int64_t q = 0; q < N * K; ++q) {
     const int32_t* a = pa + q * P;
     if (k == 1 && s == 1) {
@@ -673,12 +673,26 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::hand
                               std::to_string(i) + " of a plane without pooling (pool 1, stride "
                               "1), where only -1 or the position itself can come");
     } else {
-      const int64_t i = first_wrong(a, P, [last](int32_t v, int64_t) {
-        return (v < -1) | (v > last);
-      });
+      int64_t i = -1;
+      for (int64_t o = 0, ph = 0; ph < want[2] && i < 0; ++ph)
+        for (int64_t pw = 0; pw < PW; ++pw, ++o) {
+          if (a[o] == -1) continue;
+          // its offset from its window's first element: dr * W + dc with 0 <= dr, dc < k
+          const int64_t rel = a[o] - (ph * s * W + pw * s);
+          bool inside = false;
+          for (int64_t dr = 0; dr < k; ++dr)
+            inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
+          if (!inside) {
+            i = o;
+            break;
+          }
+        }
       if (i >= 0)
-        throw py::value_error("arg: index " + std::to_string(a[i]) + " is outside a " +
-                              std::to_string(H) + "x" + std::to_string(W) + " plane");
+        throw py::value_error("arg: index " + std::to_string(a[i]) + " at position " +
+                              std::to_string(i) + " of a " + std::to_string(H) + "x" +
+                              std::to_string(W) + " plane is outside its " +
+                              std::to_string(k) + "x" + std::to_string(k) + " window (stride " +
+                              std::to_string(s) + "), where the max-pool's choice lies");
     }
   }
   const float* pd = cptr<float>(dout);

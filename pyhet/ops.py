@@ -118,14 +118,18 @@ def warn_about_environment() -> None:
 def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether an (m, n) x k product on `threads` threads runs by Strassen's scheme (on several
     threads each of its seven products must also be big enough to wake them for)."""
-    return _core.gemm_uses_strassen(int(m), int(n), int(k), int(threads))
+    what = "uses_strassen"
+    return _core.gemm_uses_strassen(_dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what),
+                                    _threads(threads))
 
 
 def splits_k(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether the threads of an (m, n) x k product share out k rather than the rows and columns
     of the output (which then has too few tiles to share out evenly): each sums its own blocks
     of k, and the partial sums are added in a fixed order."""
-    return _core.gemm_splits_k(int(m), int(n), int(k), int(threads))
+    what = "splits_k"
+    return _core.gemm_splits_k(_dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what),
+                               _threads(threads))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,6 +160,16 @@ def _size(v, name: str, what: str, minimum: int = 0) -> int:
         raise ValueError(f"{what}: {name} must be >= {minimum}, got {v}")
     if v > _INT_MAX:
         raise ValueError(f"{what}: {name} must be at most 2**31 - 1, got {v}")
+    return int(v)
+
+
+def _dim(v, name: str, what: str) -> int:
+    """A product's dimension, for the questions about how the core would run it: an int in
+    0..2**63-1."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
+    if not 0 <= v < 2**63:
+        raise ValueError(f"{what}: {name} must be in 0..2**63-1, got {v}")
     return int(v)
 
 
@@ -464,7 +478,9 @@ def uses_packed_strassen(m: int, k: int, n: int, threads: int = 1) -> bool:
     """Whether sgemm_packed runs m rows of a against op(b) (k, n) in quadrants by Strassen's
     scheme (strassen=None): from fewer rows than sgemm needs, since op(b)'s sums are made
     once for every product that shares them."""
-    return _core.gemm_packed_uses_strassen(int(m), int(k) // 2, int(n) // 2, int(threads))
+    what = "uses_packed_strassen"
+    return _core.gemm_packed_uses_strassen(_dim(m, "m", what), _dim(k, "k", what) // 2,
+                                           _dim(n, "n", what) // 2, _threads(threads))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -618,7 +634,8 @@ def bias_relu_maxpool(y, bias, pool=2, stride=None, *, threads=None):
 def bias_relu_maxpool_backward(dout, arg, y_shape, pool=2, stride=None, *, out=None,
                                threads=None):
     """dout, arg (N, K, PH, PW) -> dy (K, N, H, W), the gradient of the conv output; pool and
-    stride as given to bias_relu_maxpool."""
+    stride as given to bias_relu_maxpool, arg as it gives it: each entry -1 or an index of the
+    plane inside its own window (another is a ValueError)."""
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
     dy = _out(out, _shape(y_shape, "y_shape", "bias_relu_maxpool_backward"), "out",

@@ -287,8 +287,11 @@ def bias_relu_maxpool_backward_call(draw):
     if k == s == 1:  # without pooling each entry is -1 or its element's own index
         own = np.broadcast_to(np.arange(H * W, dtype=np.int32).reshape(H, W), (N, K, H, W))
         arg = np.where(rng.random((N, K, H, W)) < 0.5, own, -1).astype(np.int32)
-    else:
-        arg = rng.integers(-1, H * W, (N, K, PH, PW)).astype(np.int32)
+    else:   # each entry -1 or inside its own window, as the forward chooses
+        ph, pw = np.meshgrid(np.arange(PH), np.arange(PW), indexing="ij")
+        dr, dc = rng.integers(0, k, (2, N, K, PH, PW))
+        inside = (ph * s + dr) * W + pw * s + dc
+        arg = np.where(rng.random((N, K, PH, PW)) < 0.8, inside, -1).astype(np.int32)
     args = dict(dout=rand(rng, N, K, PH, PW), arg=arg, pool=k, stride=s,
                 dy=np.zeros((K, N, H, W), np.float32), threads=draw(THREADS))
     return Call(_core.bias_relu_maxpool_backward, args, outputs=("dy",), ints=("pool", "stride"),

@@ -8,6 +8,7 @@ examples of the profile in conftest.py.
 """
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -603,6 +604,19 @@ def test_core_refuses_out_of_range_pool_indices():
         ops.bias_relu_maxpool_backward(dout, np.array([[[[-2]]]], np.int32), (1, 1, 2, 2), 2)
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 4, 4), (1, 1, 5, 5), (1, 1, 5, 4)])
+def test_pool_backward_refuses_an_index_outside_its_window(shape):
+    """The forward picks each window's max inside that window: an index of another window of
+    the plane is refused, with its position, not scattered (a pool that tiles the plane writes
+    each window's block alone, and dropped it: 1 where 4 was due)."""
+    dout, arg = np.ones((1, 1, 2, 2), np.float32), np.zeros((1, 1, 2, 2), np.int32)
+    with pytest.raises(ValueError, match=r"index 0 at position 1 .* outside its 2x2 window"):
+        ops.bias_relu_maxpool_backward(dout, arg, shape, 2, 2)
+    arg[0, 0] = [[0, 3], [2 * shape[3] + 1, -1]]   # each inside its own window: taken
+    dy = ops.bias_relu_maxpool_backward(dout, arg, shape, 2, 2)
+    assert dy.sum() == 3 and dy[0, 0, 0, 0] == dy[0, 0, 0, 3] == dy[0, 0, 2, 1] == 1
+
+
 def test_pool_refuses_bad_window_and_stride():
     y, b = np.zeros((2, 3, 4, 5), np.float32), np.zeros(2, np.float32)
     out, arg = np.zeros((3, 2, 1, 2), np.float32), np.zeros((3, 2, 1, 2), np.int32)
@@ -793,3 +807,22 @@ def test_core_sizes_that_overflow_on_empty_arrays():
         _core.maxpool(np.zeros((0, 1, 2**16, 2**16), np.float32), 2, 2,
                       np.zeros((0, 1, 2**15, 2**15), np.float32),
                       np.zeros((0, 1, 2**15, 2**15), np.int32))
+
+
+@pytest.mark.parametrize("fn", ["uses_strassen", "splits_k", "uses_packed_strassen"])
+def test_the_questions_about_a_product_check_their_arguments(fn):
+    """As every function of the module: a size that is no int, or out of range, and threads
+    outside 1..MAX_THREADS are one-line TypeError or ValueError (they were passed to the core
+    as they came: pybind11's four-line message, and threads=0 answered)."""
+    ask = getattr(ops, fn)
+    assert isinstance(ask(64, 64, 64), bool) and isinstance(ask(64, 64, 64, 2), bool)
+    for args, error, words in [((10**30, 1, 1), ValueError, "m must be in 0..2**63-1"),
+                               ((1, -1, 1), ValueError, "must be in 0..2**63-1"),
+                               ((1, 1, 1.5), TypeError, "must be an int, got float"),
+                               ((1, True, 1), TypeError, "must be an int, got bool"),
+                               ((1, 1, 1, 0), ValueError, "threads must be >= 1, got 0"),
+                               ((1, 1, 1, -5), ValueError, "threads must be >= 1, got -5"),
+                               ((1, 1, 1, 2.0), TypeError, "threads must be an int")]:
+        with pytest.raises(error, match=re.escape(words)) as e:
+            ask(*args)
+        assert "\n" not in str(e.value)
