@@ -660,40 +660,72 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::hand
   // pooling (k == s == 1) the kernel reads arg as a mask, so each entry must be -1 or its
   // element's own index; else -1 or inside its own window, as the forward chooses (a pool
   // that tiles the plane writes each window's block alone, and would drop any other index).
+  // Branch-free compares a row of windows at a time (they vectorise), without the GIL:
+  // the other devices' threads go on meanwhile.
   const int32_t* pa = cptr<int32_t>(arg);
-  const int64_t PW = want[3], P = want[2] * PW;
-  for (int64_t q = 0; q < N * K; ++q) {
-    const int32_t* a = pa + q * P;
-    if (k == 1 && s == 1) {
-      const int64_t i = first_wrong(a, P, [](int32_t v, int64_t i) {
-        return (v != -1) & (v != static_cast<int32_t>(i));
-      });
-      if (i >= 0)
-        throw py::value_error("arg: index " + std::to_string(a[i]) + " at position " +
-                              std::to_string(i) + " of a plane without pooling (pool 1, stride "
-                              "1), where only -1 or the position itself can come");
-    } else {
-      int64_t i = -1;
-      for (int64_t o = 0, ph = 0; ph < want[2] && i < 0; ++ph)
-        for (int64_t pw = 0; pw < PW; ++pw, ++o) {
-          if (a[o] == -1) continue;
-          // its offset from its window's first element: dr * W + dc with 0 <= dr, dc < k
-          const int64_t rel = a[o] - (ph * s * W + pw * s);
-          bool inside = false;
-          for (int64_t dr = 0; dr < k; ++dr)
-            inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
-          if (!inside) {
-            i = o;
-            break;
+  const int64_t PH = want[2], PW = want[3], P = PH * PW;
+  int64_t bad = -1;   // the first wrong entry, as an index into arg
+  {
+    py::gil_scoped_release nogil;
+    for (int64_t q = 0; q < N * K && bad < 0; ++q) {
+      const int32_t* a = pa + q * P;
+      if (k == 1 && s == 1) {
+        const int64_t i = first_wrong(a, P, [](int32_t v, int64_t i) {
+          return (v != -1) & (v != static_cast<int32_t>(i));
+        });
+        if (i >= 0) bad = q * P + i;
+        continue;
+      }
+      for (int64_t ph = 0; ph < PH && bad < 0; ++ph) {
+        const int32_t* row = a + ph * PW;
+        const int64_t origin = ph * s * W;   // the first element of the row's first window
+        int wrong = 0;
+        if (k == 2 && H * W < INT32_MAX) {   // the common window, in int32 lanes
+          const int32_t o32 = static_cast<int32_t>(origin), s32 = static_cast<int32_t>(s);
+          const int32_t w32 = static_cast<int32_t>(W);
+          for (int64_t pw = 0; pw < PW; ++pw) {
+            const int32_t v = row[pw];
+            // v - the window's first element, in unsigned: 0, 1, W or W + 1
+            const uint32_t rel = static_cast<uint32_t>(v) - static_cast<uint32_t>(
+                o32 + static_cast<int32_t>(pw) * s32);
+            wrong |= (v != -1) & (rel != 0u) & (rel != 1u) &
+                     (rel != static_cast<uint32_t>(w32)) & (rel != static_cast<uint32_t>(w32) + 1u);
+          }
+        } else {
+          for (int64_t pw = 0; pw < PW; ++pw) {
+            // the offset from its window's first element: dr * W + dc with 0 <= dr, dc < k
+            const int64_t rel = row[pw] - origin - pw * s;
+            int inside = 0;
+            for (int64_t dr = 0; dr < k; ++dr)
+              inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
+            wrong |= (row[pw] != -1) & !inside;
           }
         }
-      if (i >= 0)
-        throw py::value_error("arg: index " + std::to_string(a[i]) + " at position " +
-                              std::to_string(i) + " of a " + std::to_string(H) + "x" +
-                              std::to_string(W) + " plane is outside its " +
-                              std::to_string(k) + "x" + std::to_string(k) + " window (stride " +
-                              std::to_string(s) + "), where the max-pool's choice lies");
+        if (wrong)
+          for (int64_t pw = 0; pw < PW; ++pw) {
+            const int64_t rel = row[pw] - origin - pw * s;
+            int inside = 0;
+            for (int64_t dr = 0; dr < k; ++dr)
+              inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
+            if ((row[pw] != -1) & !inside) {
+              bad = q * P + ph * PW + pw;
+              break;
+            }
+          }
+      }
     }
+  }
+  if (bad >= 0) {
+    const int64_t i = bad % P;
+    if (k == 1 && s == 1)
+      throw py::value_error("arg: index " + std::to_string(pa[bad]) + " at position " +
+                            std::to_string(i) + " of a plane without pooling (pool 1, stride "
+                            "1), where only -1 or the position itself can come");
+    throw py::value_error("arg: index " + std::to_string(pa[bad]) + " at position " +
+                          std::to_string(i) + " of a " + std::to_string(H) + "x" +
+                          std::to_string(W) + " plane is outside its " + std::to_string(k) +
+                          "x" + std::to_string(k) + " window (stride " + std::to_string(s) +
+                          "), where the max-pool's choice lies");
   }
   const float* pd = cptr<float>(dout);
   float* pdy = ptr<float>(dy);

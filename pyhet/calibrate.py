@@ -352,10 +352,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
-    models, xs, memory_of = {}, {}, {}   # what a second together trial needs, per layer
+    models, memory_of = {}, {}   # what a second together trial needs, per layer
     for index, g in enumerate(geometries):
         need_dx = index > 0
-        x = xs[g.name] = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
+        x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
         # the kernels each device's memory holds (before the trials take some)
         memory = memory_of[g.name] = []
         for d in devices:
@@ -435,7 +435,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             # machine slowed (both devices 1.5-1.8 times their fits, where 1.1-1.4 is usual)
             # takes it for a whole run; a second trial, and the lower of the two figures (a
             # disturbance only slows)
-            again = _together(devices, g, xs[g.name], index > 0, models[g.name][4],
+            x = np.random.default_rng((seed, index)).standard_normal(
+                g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
+            again = _together(devices, g, x, index > 0, models[g.name][4],
                               memory_of[g.name], seed + 1, together)
             contention[g.name] = [min(a, b) for a, b in zip(contention[g.name], again)]
             _layer_model(*models[g.name], contention[g.name], speeds, overheads, caps, parts,

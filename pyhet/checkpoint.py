@@ -36,7 +36,6 @@ from .model import (arch_entry, check_finite, checked_params, divergence_advice,
                     read_weight_file, write_npz)
 
 NAME = re.compile(r"^checkpoint-([0-9]{9,})\.npz$")
-TMP = re.compile(r"^\.checkpoint-[0-9]{9,}\.npz\.tmp$")
 LOCK = ".lock"
 FORMAT = 2        # of the meta entry: 1 had only the position, seed, batch size and shuffle
 
@@ -65,6 +64,12 @@ def is_checkpoint(name: str) -> bool:
     or --overwrite: ``checkpoint-5.npz``, ``checkpoint-0000000006.npz`` are a user's)."""
     m = NAME.match(name)
     return m is not None and name == f"checkpoint-{int(m.group(1)):09d}.npz"
+
+
+def is_leftover(name: str) -> bool:
+    """Whether a file name is that of a checkpoint's write under way, or cut short: ``.``, a
+    checkpoint's name (is_checkpoint), ``.tmp``."""
+    return name.startswith(".") and name.endswith(".tmp") and is_checkpoint(name[1:-4])
 
 
 def step_of(path) -> int:
@@ -113,12 +118,12 @@ class CheckpointDir:
             for n in names:       # a folder (or a FIFO) named as a checkpoint is not one
                 p = os.path.join(self.folder, n)
                 there = (files.not_regular(p) if is_checkpoint(n) else
-                         files.temp_in_the_way(p) if TMP.match(n) else None)
+                         files.temp_in_the_way(p) if is_leftover(n) else None)
                 if there is not None:
                     raise UsageError(f"{option} {self.folder}: {n} is {there}, not a "
                                      f"checkpoint file: move it away")
             for n in names:       # writes that a killed process left behind
-                if TMP.match(n):
+                if is_leftover(n):
                     os.remove(os.path.join(self.folder, n))
             found = complete(self.folder)
             if found and not resume:

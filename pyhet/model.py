@@ -79,8 +79,10 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened).
     The temporary file is always made anew (a leftover one, or a link at its name, is removed,
     never followed); a FIFO, a device or a folder at `path` is refused, never replaced. Two
-    writes of one file at once: one whose temporary file the other took fails (WeightsError),
-    never renaming the other's unfinished one into place."""
+    writes of one file at once: one whose temporary file the other took before it was done
+    fails (WeightsError), rather than rename the other's unfinished one into place (it checks
+    just before its rename: a take in the instant between the two goes unseen; a temporary
+    name of each write's own would close that, with leftovers of killed writes to clear)."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
     tmp = files.temp_name(path)

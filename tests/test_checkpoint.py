@@ -616,3 +616,18 @@ def test_resume_from_a_checkpoint_says_that_init_is_not_read(cli, npz_dataset, t
     res = cli(*argv, "--steps", "3")
     assert res.code == 0, res.err
     assert f"--init {init} is not read" in res.err and "checkpoint-000000002.npz" in res.err
+
+
+def test_only_the_leftovers_of_a_runs_writes_are_cleared(cli, npz_dataset, tmp_path):
+    """Opening the folder removes what a killed write of a checkpoint left (.NAME.tmp of a
+    name the run writes), and nothing named almost so."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    theirs = [".checkpoint-0000000006.npz.tmp", ".checkpoint-5.npz.tmp",
+              ".checkpoint-000000001.npz.tmp\n", ".checkpoint-000000001.npz.tmp.old"]
+    for name in theirs + [".checkpoint-000000001.npz.tmp"]:
+        (ck / name).write_bytes(b"half")
+    assert cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck)).code == 0
+    assert sorted(p.name for p in ck.iterdir() if p.name != ".lock") == sorted(
+        theirs + ["checkpoint-000000001.npz"])
