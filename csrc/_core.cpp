@@ -677,41 +677,28 @@ void bind_bias_relu_maxpool_backward(py::handle dout_, py::handle arg_, py::hand
         continue;
       }
       for (int64_t ph = 0; ph < PH && bad < 0; ++ph) {
-        const int32_t* row = a + ph * PW;
         const int64_t origin = ph * s * W;   // the first element of the row's first window
-        int wrong = 0;
-        if (k == 2 && H * W < INT32_MAX) {   // the common window, in int32 lanes
-          const int32_t o32 = static_cast<int32_t>(origin), s32 = static_cast<int32_t>(s);
-          const int32_t w32 = static_cast<int32_t>(W);
-          for (int64_t pw = 0; pw < PW; ++pw) {
-            const int32_t v = row[pw];
-            // v - the window's first element, in unsigned: 0, 1, W or W + 1
-            const uint32_t rel = static_cast<uint32_t>(v) - static_cast<uint32_t>(
-                o32 + static_cast<int32_t>(pw) * s32);
-            wrong |= (v != -1) & (rel != 0u) & (rel != 1u) &
-                     (rel != static_cast<uint32_t>(w32)) & (rel != static_cast<uint32_t>(w32) + 1u);
-          }
-        } else {
-          for (int64_t pw = 0; pw < PW; ++pw) {
-            // the offset from its window's first element: dr * W + dc with 0 <= dr, dc < k
-            const int64_t rel = row[pw] - origin - pw * s;
-            int inside = 0;
-            for (int64_t dr = 0; dr < k; ++dr)
-              inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
-            wrong |= (row[pw] != -1) & !inside;
-          }
-        }
-        if (wrong)
-          for (int64_t pw = 0; pw < PW; ++pw) {
-            const int64_t rel = row[pw] - origin - pw * s;
-            int inside = 0;
-            for (int64_t dr = 0; dr < k; ++dr)
-              inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
-            if ((row[pw] != -1) & !inside) {
-              bad = q * P + ph * PW + pw;
-              break;
-            }
-          }
+        const int64_t i =
+            k == 2 && H * W < INT32_MAX
+                // the common window, in int32 lanes: v less its window's first element,
+                // unsigned, is 0, 1, W or W + 1
+                ? first_wrong(a + ph * PW, PW,
+                              [o = static_cast<uint32_t>(origin), s32 = static_cast<uint32_t>(s),
+                               w = static_cast<uint32_t>(W)](int32_t v, int64_t pw) {
+                                const uint32_t rel = static_cast<uint32_t>(v) - o -
+                                                     static_cast<uint32_t>(pw) * s32;
+                                return (v != -1) & (rel != 0u) & (rel != 1u) & (rel != w) &
+                                       (rel != w + 1u);
+                              })
+                // dr * W + dc with 0 <= dr, dc < k
+                : first_wrong(a + ph * PW, PW, [origin, s, W, k](int32_t v, int64_t pw) {
+                    const int64_t rel = v - origin - pw * s;
+                    int inside = 0;
+                    for (int64_t dr = 0; dr < k; ++dr)
+                      inside |= (rel - dr * W >= 0) & (rel - dr * W < k);
+                    return (v != -1) & !inside;
+                  });
+        if (i >= 0) bad = q * P + ph * PW + i;
       }
     }
   }

@@ -304,7 +304,7 @@ def _alike(d) -> tuple:
 TRIAL_BUDGET_S = 0.3   # a layer trial's runs go on to this many seconds (_layer_trial)
 # Runs of a layer trial before the timed ones: the first touches the work arrays, the second the
 # arrays that take turns with them (the update's staged state, a host group's second weight
-# array), whose page faults made the first timed run of the paper network's conv2 15-30% slower
+# array), whose page faults made the first timed run of the paper network's conv2 9-36% slower
 WARM_UPS = 2
 WHOLE_BUDGET_S = 4.0   # a single device's whole-layer runs: three where they fit (_whole_layer)
 MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, not contention
@@ -352,12 +352,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
-    models, memory_of = {}, {}   # what a second together trial needs, per layer
+    models = {}   # layer -> what _layer_model (and a second together trial) needs
     for index, g in enumerate(geometries):
         need_dx = index > 0
         x = rng.standard_normal(g.x_shape(batch)).astype(np.float32)
-        # the kernels each device's memory holds (before the trials take some)
-        memory = memory_of[g.name] = []
+        memory = []   # the kernels each device's memory holds (before the trials take some)
         for d in devices:
             free = d.free_memory()
             memory.append(g.K if free is None else int(
@@ -423,22 +422,21 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             whole[g.name] = _spreads(devices, times, list(enumerate(larger)))
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
-        model = (devices, g, batch, need_dx, fits, memory, one_group)
-        models[g.name] = model
-        _layer_model(*model, slower, speeds, overheads, caps, parts, phases)
+        models[g.name] = (devices, g, batch, need_dx, fits, memory, one_group)
+        _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                       whole or None)
     for index, g in enumerate(geometries):
-        if together > 0 and _alone_by_one_trial(cal, devices, g, memory_of[g.name]):
+        _, _, _, need_dx, fits, memory, _ = models[g.name]
+        if together > 0 and _alone_by_one_trial(cal, devices, g, memory):
             # the whole layer on one device, where the others could take kernels: a decision
             # as costly as it is rare, and a together trial that a moment's disturbance of the
-            # machine slowed (both devices 1.5-1.8 times their fits, where 1.1-1.4 is usual)
+            # machine slowed (the pair 1.55 and 1.80 times their fits, d0 0.9-1.35 in others)
             # takes it for a whole run; a second trial, and the lower of the two figures (a
             # disturbance only slows)
             x = np.random.default_rng((seed, index)).standard_normal(
                 g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
-            again = _together(devices, g, x, index > 0, models[g.name][4],
-                              memory_of[g.name], seed + 1, together)
+            again = _together(devices, g, x, need_dx, fits, memory, seed + 1, together)
             contention[g.name] = [min(a, b) for a, b in zip(contention[g.name], again)]
             _layer_model(*models[g.name], contention[g.name], speeds, overheads, caps, parts,
                          phases)

@@ -74,7 +74,8 @@ class Failover:
                               f"checkpoint)") from None
         for e in errors:
             e.device.close()
-        said = "; ".join(map(str, errors))   # every device that failed in the phase
+        # every device that failed: in the phase, then any that failed taking their kernels
+        said = "; ".join(map(str, errors))
         while True:
             alive = [i not in failed and i not in net.convs[0].dead
                      for i in range(len(net.devices))]
@@ -95,6 +96,7 @@ class Failover:
                     raise
                 failed.append(net.devices.index(other))
                 other.close()
+                said += f"; {e}"
         if partition is None:
             raise NoDeviceLeftError(f"{said}, and no device is left to train on")
         partition = net.partition()

@@ -279,8 +279,8 @@ def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
                    copy: bool = True) -> dict:
     """C-ordered copies (or, copy=False, the arrays themselves where they are C-ordered) of the
     network's parameters from {name: array}: every name present, float32, the network's
-    shapes, finite; else WeightsError,
-    which calls them `what` (weights, a checkpoint's momentum)."""
+    shapes, finite; else WeightsError, which calls them `what` (weights, a checkpoint's
+    momentum)."""
     if not isinstance(weights, dict):
         raise WeightsError(f"{what} must be a dict of arrays, got {type(weights).__name__}")
     want = net.param_shapes()

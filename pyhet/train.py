@@ -262,8 +262,8 @@ def host_devices(spec: str) -> int:
     (ConvGeometry.fixed_bytes: the im2col matrix, its gradient, the input and its gradient) for
     the devices of a SPEC: once for each numpy device of rank 0 (each makes its own), once for
     a single cpu device and twice for two or more (a host group shares one im2col and packs
-    its operands for all its members: the paper network's peak at batch 64 was 1.84, 1.87 and
-    1.64 GiB with 2, 4 and 8 cpu:1 devices); at least 1, the master's. A GPU's work arrays are
+    its operands for all its members: the paper network's peak RSS at batch 64 was 1.80, 1.83
+    and 1.60 GiB with 2, 4 and 8 cpu:1 devices); at least 1, the master's. A GPU's work arrays are
     in its own memory, another rank's on its machine."""
     mine = [d.kind for d in for_rank(parse_devices(spec, gpu_count=cuda_device_count), 0)]
     return max(1, min(2, mine.count("cpu")) + mine.count("numpy"))
@@ -274,9 +274,9 @@ def memory_needed(shape: NetGeometry, batch: int, kept: int = 0, devices: int = 
     kernels go: every parameter with its gradient and momentum, every conv output and its
     gradient, and the largest im2col matrix with its gradient `devices` times (host_devices:
     a numpy device makes its own, a host group of cpu devices shares one and packs its
-    operands), every fc layer's output, ReLU's and their gradient; and `kept` more copies of every parameter held beside the running network (a
-    Network's fit keeps the weights and momentum it started with, to put back after a fit
-    that diverges)."""
+    operands), every fc layer's output, ReLU's and their gradient; and `kept` more copies of
+    every parameter held beside the running network (a Network's fit keeps the weights and
+    momentum it started with, to put back after a fit that diverges)."""
     fc = sum(f_in * f_out + f_out for _, f_in, f_out in shape.fc_layers())
     fc_outputs = sum(f_out for _, _, f_out in shape.fc_layers())
     params = sum(math.prod(s) for s in shape.param_shapes().values())

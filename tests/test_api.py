@@ -308,8 +308,8 @@ def test_weights_in_fortran_order_train_as_in_c_order():
 def test_the_memory_check_counts_the_im2col_of_each_device_in_this_process():
     """A numpy device makes its own im2col matrix and input gradient; a host group of cpu
     devices shares one and packs its operands, twice a single device's in all, whatever its
-    size (the paper network at batch 64: 1.21 GiB with one cpu:1, 1.84 with two, 1.87 with
-    four, 1.64 with eight; the check counted 5.8 GiB for eight). A GPU's work arrays, and
+    size (the paper network's peak RSS at batch 64: 1.18 GiB with one cpu:1, 1.80 with two,
+    1.83 with four, 1.60 with eight; the check counted 5.75 GiB for eight). A GPU's work arrays, and
     another rank's, are not in this memory."""
     from pyhet import arch
     from pyhet.train import host_devices, memory_needed

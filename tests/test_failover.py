@@ -142,6 +142,39 @@ def test_when_no_device_is_left_the_state_before_the_step_stays():
     assert_same_weights(got, one_device_weights(shape, data[:FAIL_AT - 1]))
 
 
+class BreaksOnLoad(Device):
+    """A device that fails when it takes more kernels than it was first given."""
+
+    def load_shard(self, layer, *args):
+        if layer in self._shards:
+            raise RuntimeError("cannot take more kernels")
+        return super().load_shard(layer, *args)
+
+
+def test_a_device_that_fails_taking_the_kernels_of_a_failed_one_is_named_too():
+    """d0 fails in the forward; d1 fails as it takes d0's kernels: no device is left, and the
+    error names both failures."""
+    shape = net_shape((2, 14, 14), (5, 7), 3, 4)
+    data = batches(shape)
+    specs = parse_devices("cpu:1,cpu:1")
+    devices = [Device("d0", specs[0]), BreaksOnLoad("d1", specs[1])]
+    devices[0].inject_fault("forward", FAIL_AT)
+    try:
+        net = Net(shape, init_params(shape, 0), devices, {"conv1": [3, 2], "conv2": [4, 3]},
+                  CpuBackend(1))
+        failover = Failover(net, log=io.StringIO())
+        with pytest.raises(NoDeviceLeftError) as e:
+            for step, (x, y) in enumerate(data, 1):
+                failover.train_step(x, y, CFG, step=step)
+    finally:
+        for d in devices:
+            d.close()
+    said = str(e.value)
+    assert "device d0 (cpu:1) failed during conv1 forward" in said, said
+    assert "device d1 (cpu:1) failed during load_shard" in said and "cannot take more" in said
+    assert said.endswith("no device is left to train on")
+
+
 def test_an_injected_fault_raises_in_the_worker_like_a_real_failure():
     d = make_devices(parse_devices("cpu:1"))[0]
     try:
