@@ -26,7 +26,8 @@ def _loading_interrupted() -> None:
     if command:
         from .transport import launched_rank, launched_size
         if launched_rank() == 0:
-            print("pyhet: interrupted", file=sys.stderr, flush=True)
+            sys.stderr.write("pyhet: interrupted\n")   # one write: ranks share stderr
+            sys.stderr.flush()
         if launched_size() > 1:   # under mpiexec: end by the signal, so that the launcher
             import signal        # ends the other ranks (an exit status alone it waits out)
             signal.signal(signal.SIGINT, signal.SIG_DFL)

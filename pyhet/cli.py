@@ -696,8 +696,7 @@ def cmd_predict(args) -> int:
     classes = probs.argmax(axis=1)
     if args.output:
         write_npz(args.output, {"classes": classes.astype(np.int64), "probabilities": probs})
-        print(f"wrote the classes and probabilities of {len(x)} images to {args.output}",
-              file=sys.stderr)
+        say(f"wrote the classes and probabilities of {len(x)} images to {args.output}")
         return 0
     names = net.classes
     for c, p in zip(classes, probs):
@@ -770,26 +769,25 @@ def main(argv=None) -> int:
     except PyhetError as e:
         if args.debug:
             raise
-        print(f"pyhet: error: {brief(e)}", file=sys.stderr, flush=True)
+        say(f"pyhet: error: {brief(e)}")
         if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job at once
             end_job_unstarted(e.exit_status)
         return e.exit_status
     except MemoryError:
-        print("pyhet: error: out of memory: the network, the batch or the data is too large "
-              "for this machine", file=sys.stderr)
+        say("pyhet: error: out of memory: the network, the batch or the data is too large for "
+            "this machine")
         return EXIT_ERROR
     except KeyboardInterrupt as e:
         if ranks > 1:   # Ctrl-C while MPI starts, before run_rank's handlers: once it has
             # started, the other ranks would wait for this one for ever
             _abort_if_started("pyhet: interrupted" if launched_rank() == 0 else None, 130)
             if launched_rank() == 0:
-                print("pyhet: interrupted", file=sys.stderr, flush=True)
+                say("pyhet: interrupted")
             end_job_unstarted(130)   # before MPI started here: the others may be in its start
             return 130
         # SIGINT or SIGTERM while training (pyhet.interrupt) says what it saved; a bare Ctrl-C
         # elsewhere is a KeyboardInterrupt
-        print(f"pyhet: {e.message}" if isinstance(e, Interrupted) else "pyhet: interrupted",
-              file=sys.stderr)
+        say(f"pyhet: {e.message}" if isinstance(e, Interrupted) else "pyhet: interrupted")
         return getattr(e, "exit_status", 130)
     return 0
 
@@ -870,7 +868,7 @@ def run_rank(args, parser, ranks: int) -> int:
 def _abort(comm, message, status: int):
     """End every rank of the job with this status, after `message` reached stderr."""
     if message:
-        print(message, file=sys.stderr, flush=True)
+        say(message)
     sys.stderr.flush()
     time.sleep(0.3)    # the launcher forwards our stderr before it ends the job
     try:               # MPI_Abort's own line ("Abort(130) on node 0 ...") is not ours to print
@@ -909,7 +907,7 @@ def report_output_error(e: OutputError) -> int:
     other command-line tools do; any other failure to write (a full disk) is said in one line.
     Exit status 1 either way."""
     if e.errno != errno.EPIPE:
-        print(f"pyhet: error: {brief(e)}", file=sys.stderr)
+        say(f"pyhet: error: {brief(e)}")
     return EXIT_ERROR
 
 
@@ -984,12 +982,20 @@ class QuietStderr:
         return getattr(self._stream, name)
 
 
+def say(line: str, file=None) -> None:
+    """One line on stderr (or `file`) in a single write, flushed: the ranks of an MPI job share
+    the launcher's stderr, and print's two writes (the text, then its newline) let two ranks'
+    lines run into each other."""
+    stream = sys.stderr if file is None else file
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
     """A warning (more threads than cores, say) as one line on stderr, as pyhet's own warnings
     are: no source file, no line of code."""
     try:
-        print(f"pyhet: warning: {brief(message)}", file=sys.stderr if file is None else file,
-              flush=True)
+        say(f"pyhet: warning: {brief(message)}", file)
     except (OSError, ValueError):     # stderr closed: nowhere to say it
         pass
 
@@ -1037,7 +1043,7 @@ def entry():  # console script (through pyhet._command)
                     signal.signal(sig, signal.SIG_IGN)
         except KeyboardInterrupt as e:   # while the parser is built or reads the arguments
             if isinstance(e, Interrupted):
-                print(f"pyhet: {e.message}", file=sys.stderr, flush=True)
+                say(f"pyhet: {e.message}")
                 os._exit(e.exit_status)
             _loading_interrupted()
             raise

@@ -452,6 +452,30 @@ def test_other_errors_exit_1_with_one_line(cli, npz_dataset, tmp_path, case):
     assert_one_error_line(res, *words, code=2 if usage else 1)
 
 
+def test_an_error_line_reaches_stderr_in_one_write(monkeypatch, tmp_path):
+    """The ranks of an MPI job share the launcher's stderr: a line written as two writes (the
+    text, then its newline, as print does) can run into another rank's line."""
+    from pyhet.cli import main
+
+    class Recorder:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    err = Recorder()
+    monkeypatch.setattr(sys, "stderr", err)
+    code = main(["train", "--dataset", f"npz:{tmp_path / 'absent.npz'}", *TINY, "--quiet"])
+    assert code == 1
+    assert len(err.writes) == 1 and err.writes[0].startswith("pyhet: error: "), err.writes
+    assert err.writes[0].endswith("\n") and err.writes[0].count("\n") == 1, err.writes
+
+
 def test_unusable_gpu_exits_1(cli, npz_dataset):
     from pyhet.specs import cuda_device_count
     if cuda_device_count() > 0:
