@@ -163,6 +163,32 @@ def _size(v, name: str, what: str, minimum: int = 0) -> int:
     return int(v)
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _flag(v, name: str, what: str) -> bool:
+    """A bool argument (trans_a, strassen): None or 0 would otherwise pass as False."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{what}: {name} must be a bool, got {type(v).__name__}")
+    return bool(v)
+
+
+def _scale(v, name: str, what: str) -> float:
+    """alpha or beta of a product: a finite real number that float32, the core's type, can
+    hold (a bigger one would become inf there without a word)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                             np.floating)):
+        raise TypeError(f"{what}: {name} must be a real number, got {type(v).__name__}")
+    try:
+        f = float(v)
+    except OverflowError:     # an int beyond float64
+        f = math.inf
+    if not abs(f) <= _FLOAT32_MAX:    # inf, nan, or beyond float32
+        raise ValueError(f"{what}: {name} must be finite and within float32's range "
+                         f"(+-{_FLOAT32_MAX:.4g}), the type the core computes in; got {v!r}")
+    return f
+
+
 def _dim(v, name: str, what: str) -> int:
     """A product's dimension, for the questions about how the core would run it: an int in
     0..2**63-1."""
@@ -229,6 +255,10 @@ def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np
                 return np.empty(shape, dtype)
             except (MemoryError, ValueError) as e:  # NumPy's words name neither call nor size
                 failure = e
+        if size == 0:     # NumPy refuses dimensions whose product (zeros left out) is too large
+            raise ValueError(f"{what or name}: the result's shape {tuple(shape)} is empty, but "
+                             f"NumPy refuses it (the product of its other dimensions is too "
+                             f"large)") from failure
         raise MemoryError(f"{what or name}: cannot allocate the result, shape {tuple(shape)} "
                           f"({size / 2**30:.3g} GiB)") from failure
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
@@ -266,6 +296,8 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
     may be blocks of bigger matrices whose rows are contiguous (``w[:, r0:r1]``).
     """
     a, b = _matrix(a, "a"), _matrix(b, "b")
+    trans_a, trans_b = _flag(trans_a, "trans_a", "sgemm"), _flag(trans_b, "trans_b", "sgemm")
+    alpha, beta = _scale(alpha, "alpha", "sgemm"), _scale(beta, "beta", "sgemm")
     m = a.shape[1] if trans_a else a.shape[0]
     n = b.shape[0] if trans_b else b.shape[1]
     if c is None:
@@ -292,7 +324,7 @@ def packed_b(k, n, *, trans_b=False):
     unit of pack_b's parts."""
     k, n = _size(k, "k", "packed_b"), _size(n, "n", "packed_b")
     return _core_call("packed_b", "ints k and n and a bool trans_b", _core.PackedB, k, n,
-                      trans_b=bool(trans_b))
+                      trans_b=_flag(trans_b, "trans_b", "packed_b"))
 
 
 def _packed(packed, what: str):
@@ -326,6 +358,13 @@ def pack_b(b, packed, *, rows=None, slivers=None, threads=None):
     return packed
 
 
+def _product_args(what, trans_a, strassen, alpha, beta):
+    """sgemm_packed's and sgemm_packed_t's trans_a, strassen (None or a bool), alpha, beta."""
+    return (_flag(trans_a, "trans_a", what),
+            None if strassen is None else _flag(strassen, "strassen", what),
+            _scale(alpha, "alpha", what), _scale(beta, "beta", what))
+
+
 def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, strassen=None,
                  threads=None):
     """``c = alpha * op(a) @ op(b) + beta * c`` as sgemm, op(b) (k, n) packed whole by pack_b,
@@ -337,6 +376,8 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, stras
     if not quads:
         packed = _packed(packed, "sgemm_packed")
     a = _matrix(a, "a")
+    trans_a, strassen, alpha, beta = _product_args("sgemm_packed", trans_a, strassen, alpha,
+                                                   beta)
     if c is None:
         if beta != 0:
             raise ValueError("sgemm_packed: beta != 0 needs an existing c")
@@ -347,7 +388,7 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, stras
         _core_call("sgemm_packed", "float32 matrices a and c, a PackedQuadrants, a bool "
                    "trans_a, numbers alpha and beta, None or a bool strassen, an int threads",
                    _core.sgemm_packed_quadrants, a, packed.packs, c, trans_a=trans_a,
-                   alpha=alpha, beta=beta, strassen=-1 if strassen is None else int(bool(strassen)),
+                   alpha=alpha, beta=beta, strassen=-1 if strassen is None else int(strassen),
                    threads=_threads(threads))
         return c
     _core_call("sgemm_packed", "float32 matrices a and c, a PackedB, a bool trans_a, numbers "
@@ -372,6 +413,8 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
     if not quads:
         packed = _packed(packed, "sgemm_packed_t")
     a = _matrix(a, "a")
+    trans_a, strassen, alpha, beta = _product_args("sgemm_packed_t", trans_a, strassen, alpha,
+                                                   beta)
     m = a.shape[1] if trans_a else a.shape[0]
     if quads:
         half = packed.k // 2
@@ -397,7 +440,7 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
                    "ints rows, a bool trans_a, numbers alpha and beta, None or a bool strassen, "
                    "an int threads", _core.sgemm_packed_quadrants_t, a, packed.packs, c,
                    rows=(r0, r1), trans_a=trans_a, alpha=alpha, beta=beta,
-                   strassen=-1 if strassen is None else int(bool(strassen)),
+                   strassen=-1 if strassen is None else int(strassen),
                    threads=_threads(threads))
         return c
     _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedB, a pair of ints rows, a "
@@ -444,8 +487,9 @@ def packed_quadrants(k, n, *, trans_b=False) -> PackedQuadrants:
     k, n = _size(k, "k", "packed_quadrants"), _size(n, "n", "packed_quadrants")
     if k % 2 or n % 2:
         raise ValueError(f"packed_quadrants: expected an even k and n, got {k} and {n}")
+    trans_b = _flag(trans_b, "trans_b", "packed_quadrants")
     return PackedQuadrants([packed_b(k // 2, n // 2, trans_b=trans_b) for _ in range(7)],
-                           k, n, bool(trans_b))
+                           k, n, trans_b)
 
 
 def _quadrants(packed, what: str) -> PackedQuadrants:
@@ -608,7 +652,8 @@ def maxpool(x, k=2, stride=None, *, threads=None):
 def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
-    dx = np.empty(_shape(x_shape, "x_shape", "maxpool_backward"), np.float32)
+    dx = _out(None, _shape(x_shape, "x_shape", "maxpool_backward"), "dx",
+              what="maxpool_backward")
     _core_call("maxpool_backward", "float32 dout, int32 arg and an int threads",
                _core.maxpool_backward, dout, arg, dx, threads=_threads(threads))
     return dx

@@ -685,7 +685,7 @@ def test_ops_accept_non_contiguous_inputs():
     (lambda a, x: ops.gemm(a, a.T, threads=2**63), ValueError, ["threads", "at most"]),
     (lambda a, x: ops.gemm(a, a.T, threads=1.0), TypeError, ["threads", "int"]),
     (lambda a, x: ops.sgemm(a, a.T, threads=10**6), ValueError, ["threads"]),
-    (lambda a, x: ops.sgemm(a, a.T, alpha="2"), TypeError, ["sgemm", "alpha and beta"]),
+    (lambda a, x: ops.sgemm(a, a.T, alpha="2"), TypeError, ["sgemm", "alpha", "number"]),
     (lambda a, x: ops.sgemm(a, a.T, trans_a="yes"), TypeError, ["sgemm", "trans_a"]),
     (lambda a, x: ops.im2col(x, 2**31, 3), ValueError, ["im2col", "kh", "2**31 - 1"]),
     (lambda a, x: ops.im2col(x, 3, 3, 1.5), TypeError, ["im2col", "stride", "int"]),
@@ -826,3 +826,63 @@ def test_the_questions_about_a_product_check_their_arguments(fn):
         with pytest.raises(error, match=re.escape(words)) as e:
             ask(*args)
         assert "\n" not in str(e.value)
+
+
+def _product(fn):
+    """A small call of each GEMM entry point, with keyword overrides."""
+    a, b = np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)
+    if fn == "sgemm":
+        return lambda **kw: ops.sgemm(a, b, **kw)
+    packed = ops.packed_b(6, 8) if fn == "sgemm_packed" else ops.packed_quadrants(6, 8)
+    ops.pack_b(b, packed) if fn == "sgemm_packed" else ops.pack_quadrants(b, packed)
+    return lambda **kw: ops.sgemm_packed(a, packed, **kw)
+
+
+@pytest.mark.parametrize("fn", ["sgemm", "sgemm_packed", "sgemm_packed quadrants"])
+def test_a_product_takes_only_bools_and_float32_scales(fn):
+    """trans_a=None (or 0, or a string) passed through pybind11 as False, and alpha = 1e300
+    became inf in the core's float32, making a product of infinities without a word: each is
+    a one-line error now."""
+    run = _product(fn)
+    np.testing.assert_array_equal(run(alpha=2, beta=0.0), np.full((4, 8), 12, np.float32))
+    np.testing.assert_array_equal(run(trans_a=np.bool_(False), alpha=np.float64(0.5)),
+                                  np.full((4, 8), 3, np.float32))
+    cases = [(dict(trans_a=None), TypeError, "trans_a must be a bool, got NoneType"),
+             (dict(trans_a=0), TypeError, "trans_a must be a bool, got int"),
+             (dict(alpha=1e300), ValueError, "alpha must be finite and within float32's range"),
+             (dict(alpha=-4e38), ValueError, "alpha must be finite"),
+             (dict(alpha=10**400), ValueError, "alpha must be finite"),
+             (dict(beta=float("nan")), ValueError, "beta must be finite"),
+             (dict(alpha="2"), TypeError, "alpha must be a real number, got str"),
+             (dict(alpha=True), TypeError, "alpha must be a real number, got bool")]
+    if fn == "sgemm":
+        cases.append((dict(trans_b="yes"), TypeError, "trans_b must be a bool, got str"))
+    else:
+        cases.append((dict(strassen=1), TypeError, "strassen must be a bool, got int"))
+    for kw, error, words in cases:
+        with pytest.raises(error, match=re.escape(words)) as e:
+            run(**kw)
+        assert "\n" not in str(e.value)
+    for make in (ops.packed_b, ops.packed_quadrants):
+        with pytest.raises(TypeError, match="trans_b must be a bool, got NoneType"):
+            make(6, 8, trans_b=None)
+
+
+def test_results_numpy_cannot_make_name_the_call():
+    """maxpool_backward made its result with NumPy's words ("array is too big", naming neither
+    call nor shape), and an empty result NumPy refuses (its other dimensions too large) was
+    called a MemoryError of 0 GiB."""
+    one, arg = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.int32)
+    with pytest.raises(MemoryError, match=re.escape(
+            "maxpool_backward: cannot allocate the result, shape (2147483647, 2147483647, "
+            "2147483647, 2)")):
+        ops.maxpool_backward(one, arg, (2**31 - 1, 2**31 - 1, 2**31 - 1, 2))
+    for call, words in [
+            (lambda: ops.col2im(np.zeros((0, 0), np.float32), (0, 2**31 - 1, 2**31 - 1,
+                                                               2**31 - 1), 3, 3),
+             "col2im: the result's shape (0, 2147483647, 2147483647, 2147483647) is empty, "
+             "but NumPy refuses it"),
+            (lambda: ops.im2col(np.zeros((0, 3, 5, 5), np.float32), 2**30, 2**30, 1, 2**30),
+             "im2col: the result's shape (3458764513820540928, 0) is empty, but NumPy")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            call()
