@@ -159,6 +159,30 @@ void expect_int32_plane(int64_t H, int64_t W, const char* what) {
                           "than the int32 indices of arg can address");
 }
 
+// Floor and ceiling of n / d, d > 0.
+int64_t floor_div(int64_t n, int64_t d) { return n / d - (n % d < 0); }
+int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d > 0); }
+
+// Whether two matrices whose byte spans meet are still apart: each row a run of contiguous
+// entries, both rows at one stride (column blocks of one matrix, w[:, 0:4] and w[:, 4:8]),
+// and no row of one meets a row of the other. Row i of a is the bytes [i L, i L + wa) from a's
+// start, row k of b [d + k L, d + k L + wb): they meet iff t = i - k has (d - wa) < t L < d + wb,
+// for some t in -(mb - 1)..ma - 1. Other layouts: false (their spans meeting is taken as meeting).
+bool rows_apart(const py::array& a, const py::array& b) {
+  if (a.ndim() != 2 || b.ndim() != 2 || a.itemsize() != b.itemsize() ||
+      a.strides(1) != a.itemsize() || b.strides(1) != b.itemsize())
+    return false;
+  int64_t ma = a.shape(0), mb = b.shape(0);
+  int64_t L = ma > 1 ? a.strides(0) : b.strides(0);   // a single row's stride is never read
+  if (L <= 0 || (ma > 1 && mb > 1 && a.strides(0) != b.strides(0))) return false;
+  int64_t wa = a.shape(1) * a.itemsize(), wb = b.shape(1) * b.itemsize();
+  int64_t d = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.data()) -
+                                   reinterpret_cast<uintptr_t>(a.data()));
+  int64_t t_lo = std::max(floor_div(d - wa, L) + 1, -(mb - 1));
+  int64_t t_hi = std::min(ceil_div(d + wb, L) - 1, ma - 1);
+  return t_lo > t_hi;
+}
+
 // An output must not share memory with an input: the kernels read inputs while writing.
 void expect_disjoint(const py::array& out, const py::array& in, const char* out_name,
                      const char* in_name) {
@@ -169,7 +193,8 @@ void expect_disjoint(const py::array& out, const py::array& in, const char* out_
     for (py::ssize_t d = 0; d < a.ndim(); ++d) end += (a.shape(d) - 1) * a.strides(d);
     return end;
   };
-  if (out.size() && in.size() && lo(out) < hi(in) && lo(in) < hi(out))
+  if (out.size() && in.size() && lo(out) < hi(in) && lo(in) < hi(out) &&
+      !rows_apart(out, in))
     throw py::value_error(std::string(out_name) + " overlaps " + in_name +
                           "; pass a separate output array");
 }

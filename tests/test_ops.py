@@ -670,6 +670,41 @@ def test_core_refuses_overlapping_output():
         _core.sgemm(a, a, a)
 
 
+def test_blocks_of_one_matrix_are_refused_only_where_they_share_memory():
+    """c and a (or b) as blocks of one matrix: refused exactly where they share an entry
+    (np.shares_memory), and else the product is right. Column blocks side by side used to be
+    refused too, their byte spans meeting."""
+    rng = np.random.default_rng(7)
+    refused = accepted = 0
+    for _ in range(400):
+        w = rng.standard_normal((int(rng.integers(1, 9)), int(rng.integers(2, 13))),
+                                dtype=np.float32)
+        rows, cols = w.shape
+
+        def block(h, wd):
+            r0, c0 = int(rng.integers(0, rows - h + 1)), int(rng.integers(0, cols - wd + 1))
+            return w[r0:r0 + h, c0:c0 + wd]
+        m, k = int(rng.integers(1, rows + 1)), int(rng.integers(1, min(rows, cols) + 1))
+        n = int(rng.integers(1, cols + 1))
+        a = block(m, k)
+        b = block(k, n) if rng.random() < 0.5 else np.ones((k, n), np.float32)
+        c = block(m, n)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        meets = np.shares_memory(c, a) or np.shares_memory(c, b)
+        if meets:
+            refused += 1
+            with pytest.raises(ValueError, match="overlaps"):
+                ops.sgemm(a, b, c, threads=1)
+        else:
+            accepted += 1
+            ops.sgemm(a, b, c, threads=1)
+            np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+    assert refused > 50 and accepted > 50, (refused, accepted)
+    w = np.ones((6, 8), np.float32)
+    ops.sgemm(w[:, 0:4], w[:4, 4:6], w[:, 6:8])     # side by side: apart
+    assert (w[:, 6:8] == 4).all()
+
+
 def test_ops_accept_non_contiguous_inputs():
     rng = np.random.default_rng(1)
     x = rand(rng, 2, 3, 9, 8)[:, :, ::-1]  # a reversed view
