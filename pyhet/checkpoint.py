@@ -36,7 +36,7 @@ from .model import (arch_entry, check_finite, checked_params, divergence_advice,
                     read_weight_file, write_npz)
 
 NAME = re.compile(r"^checkpoint-([0-9]{9,})\.npz$")
-LOCK = ".lock"
+LOCK = files.LOCK_NAME
 FORMAT = 2        # of the meta entry: 1 had only the position, seed, batch size and shuffle
 
 # What a resumed run must share with the checkpoint (settings, named as their options are)

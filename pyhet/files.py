@@ -3,6 +3,8 @@ a file will be written (pyhet.model.write_npz's temporary name beside it)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 
@@ -51,6 +53,29 @@ def open_regular(path, error):
         raise
 
 
+LOCK_NAME = ".lock"    # a checkpoint folder's lock file (pyhet.checkpoint)
+
+
+def held_lock(path) -> bool:
+    """Whether `path` (itself, not a link's target) is a file named as a checkpoint folder's
+    lock that a process holds flock()ed. Its run keeps the folder by that file: another file
+    renamed over it would let a second run take the folder while the first still writes."""
+    if os.path.basename(os.path.abspath(os.fspath(path))) != LOCK_NAME:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False      # not there, a link, or unreadable: no lock of a run to keep
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)   # a run holds LOCK_EX: this fails
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)      # also drops the shared lock, if it was had
+    return False
+
+
 def temp_name(path) -> str:
     """The hidden temporary file that write_npz writes `path` to: ``.NAME.tmp`` beside it."""
     folder, name = os.path.split(os.path.abspath(os.fspath(path)))
@@ -92,6 +117,9 @@ def destination_problem(path) -> "str | None":
     there = not_regular(path)
     if there is not None:
         return f"it is {there}, not a regular file"
+    if held_lock(path):
+        return ("it is the lock file of a checkpoint folder that a running pyhet holds "
+                "(replaced, it would let another run into that folder): give another name")
     tmp = temp_name(path)
     in_the_way = temp_in_the_way(tmp)
     if in_the_way is not None:

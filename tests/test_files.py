@@ -17,7 +17,7 @@ import pytest
 import pyhet
 from conftest import TINY
 from pyhet import data
-from pyhet.errors import DataError, UsageError, WeightsError
+from pyhet.errors import DataError, PyhetError, UsageError, WeightsError
 from pyhet.model import write_npz
 
 ARCH = "3C3-P2-4C3-P2"
@@ -159,6 +159,31 @@ def test_a_lock_that_is_a_fifo_is_refused(cli, work, tmp_path):
     with deadline():
         res = cli(*work["train"], "--checkpoint-dir", folder)
     one_line(res, 2, "--checkpoint-dir", ".lock", "a FIFO")
+
+
+def test_the_lock_of_a_running_checkpoint_folder_is_never_replaced(cli, work, tmp_path):
+    """--save (or any write) onto the .lock of another run's checkpoint folder replaced it, and
+    with it the flock that keeps the folder that run's: a second run could then open it."""
+    from pyhet.checkpoint import CheckpointDir
+    folder = tmp_path / "ckpt"
+    with CheckpointDir(folder, {}) as held:
+        lock = folder / ".lock"
+        before = os.stat(lock)
+        res = cli(*work["train"], "--save", lock)
+        one_line(res, 2, "--save", "lock file of a checkpoint folder that a running pyhet holds")
+        with pytest.raises(WeightsError, match="lock file of a checkpoint folder"):
+            write_npz(lock, {"a": np.zeros(2, np.float32)})
+        after = os.stat(lock)
+        assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+        with pytest.raises(PyhetError, match="in use by another pyhet run"):
+            CheckpointDir(folder, {})
+        assert held._fd is not None
+    # released: a file of that name is an ordinary destination again
+    write_npz(folder / ".lock", {"a": np.zeros(2, np.float32)})
+    (tmp_path / "other").mkdir()
+    other = tmp_path / "other" / ".lock"
+    other.write_text("not held\n")
+    write_npz(other, {"a": np.zeros(2, np.float32)})
 
 
 # ================================================================ --output onto an input
