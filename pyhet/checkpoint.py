@@ -176,6 +176,33 @@ class CheckpointDir:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode(), 0)
 
+    def _still_locked(self):
+        """Before a write: the folder's lock is still this run's. Where the folder was moved away
+        and made anew, or its .lock removed, while the run wrote in it, the lock is taken again
+        at the folder's path (the run writes by path), with a warning; another run's lock there
+        is an error, as when the run started."""
+        if self._fd is None:
+            return
+        try:
+            there = os.lstat(os.path.join(self.folder, LOCK))
+            mine = os.fstat(self._fd)
+            if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+                return
+        except OSError:
+            pass
+        self.close()
+        option = errors.option("checkpoint_dir", self.python)
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"{option} {self.folder}: cannot be made: "
+                             f"{e.strerror or e}") from None
+        self._lock(option)
+        if self.log is not None:
+            print(f"pyhet: warning: {option} {self.folder}: its lock file {LOCK} was removed "
+                  f"or the folder replaced while this run wrote in it: locked it again",
+                  file=self.log, flush=True)
+
     def close(self):
         """Release the folder (also done by the kernel when the process ends)."""
         if self._fd is not None:
@@ -278,6 +305,7 @@ class CheckpointDir:
                 "settings": self.settings, "plan": plan}
         arrays["meta"] = np.array(json.dumps(meta))
         arrays["arch"] = arch_entry(net.shape, classes, normalization)
+        self._still_locked()
         path = os.path.join(self.folder, f"checkpoint-{position['step']:09d}.npz")
         write_npz(path, arrays, "the checkpoint")
         if self.keep:

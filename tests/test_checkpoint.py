@@ -209,6 +209,53 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
     CheckpointDir(tmp_path / "ck", {}).close()        # released
 
 
+@pytest.mark.parametrize("how", ["folder moved", "lock removed", "another run's folder"])
+def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, how):
+    """The folder moved away and made anew (or its .lock removed) while a run writes in it:
+    the run went on writing at the folder's path with no lock there, so a second run could
+    take the folder. The lock is taken again (a warning), or, where another run holds the new
+    folder, the run stops with the error a second writer gets."""
+    import pyhet
+    from pyhet.checkpoint import CheckpointDir
+    from pyhet.errors import PyhetError
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 1, 12, 12), dtype=np.float32), rng.integers(0, 3, 32)
+    ck, moved = tmp_path / "ck", tmp_path / "moved"
+    other = []
+
+    def replace(info):
+        if info["step"] != 2:
+            return
+        if how == "lock removed":
+            os.remove(ck / ".lock")
+            return
+        os.rename(ck, moved)
+        ck.mkdir()
+        if how == "another run's folder":
+            other.append(CheckpointDir(ck, {}))
+
+    with pyhet.Network("3C3-P2-4C3-P2", (1, 12, 12), 3, devices="cpu:1") as net:
+        fit = lambda: net.fit(x, y, steps=4, batch_size=8, checkpoint_dir=ck,  # noqa: E731
+                              checkpoint_every=1, keep=0, callback=replace)
+        if how == "another run's folder":
+            try:
+                with pytest.raises(PyhetError, match="in use by another pyhet run"):
+                    fit()
+            finally:
+                other[0].close()
+            assert checkpoints(ck) == []
+            return
+        fit()
+    assert "locked it again" in capsys.readouterr().err
+    assert checkpoints(ck)[-1] == "checkpoint-000000004.npz"
+    if how == "folder moved":
+        assert "checkpoint-000000001.npz" in checkpoints(moved)
+        assert "checkpoint-000000004.npz" not in checkpoints(moved)
+    with CheckpointDir(ck, {}, resume=True):     # released at the end of fit(), as usual
+        pass
+
+
 # ================================================================ what resuming must match
 
 @pytest.mark.parametrize("change,words", [
