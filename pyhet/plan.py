@@ -343,6 +343,14 @@ class Cluster:
         return replace(self, links=links, costs=costs)
 
 
+def _gflops(cost: Cost, flops_per_kernel: float, K: int) -> float:
+    """A calibrated device's compute rate on a layer of K kernels: the layer's FLOPs over its
+    time for the whole layer, fixed work included (the same figure whether its cost model
+    carries the fixed work as an overhead, beside other devices, or folds it into its speed,
+    alone). A described device's rate is the gflops= it was given."""
+    return flops_per_kernel * K / (cost.overhead + K / cost.speed) / 1e9
+
+
 def _flops_per_kernel(net: NetGeometry, batch: int) -> dict:
     """layer -> FLOPs of one kernel in one training step of the batch."""
     return {g.name: g.flops_per_image(need_dx=i > 0) * batch / g.K
@@ -428,6 +436,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     (then it is placed as any calibrated device)."""
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
+    largest_k = next(g.K for g in net.blocks if g.name == largest)
     names, links, gflops, cpu_like = [], [], [], []
     on_own = []   # per device, {layer: Cost} of its compute on its own in its process, or {}
     costs = {g.name: [] for g in net.blocks}
@@ -498,7 +507,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             names.append(name)
             links.append(None)
             on_own.append(own.get(name, {}))
-            gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
+            gflops.append(_gflops(known[name][largest], per_kernel[largest], largest_k))
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     # calibrated devices behind links: those of other ranks behind their ranks' (their rank's
     # members sending in one message), and NAME:bw=... entries behind theirs
@@ -547,7 +556,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                            link_phase_cost(link, g, batch, need_dx)[0])
                 costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
                                           slower, whole=whole, link_forward=forward))
-            gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
+            # a copy of a calibrated device as that one is shown; a rate given, as given
+            gflops.append(d.gflops if d.like is None else
+                          _gflops(costs[largest][-1], per_kernel[largest], largest_k))
             cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")

@@ -156,6 +156,29 @@ def host_group():
     return fits, contention, speeds, c
 
 
+def test_a_devices_printed_rate_is_the_same_beside_described_devices():
+    """One calibrated device: its cost model folds its fixed work into its speed when alone and
+    carries it as an overhead beside a described device; its GFLOP/s (the plan's first line,
+    the JSON's devices) was its speed, so the same device showed 112 GFLOP/s alone and 200
+    beside one. It is its rate on the whole largest layer, fixed work included, in both."""
+    from pyhet.calibrate import Calibration
+
+    fits = {"conv1": [[0.001, 0.004, 1]], "conv2": [[0.003, 0.010, 1]]}
+    speeds = {g.name: [1.0 / (fits[g.name][0][0] + fits[g.name][0][1] / g.K)]
+              for g in NET.blocks}
+    c = Calibration(speeds, {k: [0.0] for k in speeds}, {k: [99] for k in speeds}, None,
+                    {k: [1.0] for k in speeds}, fits)
+    alone = plan.build_cluster(NET, N, (["d0"], c))
+    beside = plan.build_cluster(NET, N, (["d0"], c),
+                                plan.parse_describe("x:gflops=1,overhead=1ms"))
+    g = NET.blocks[1]                     # the largest layer
+    whole_s = fits["conv2"][0][1] + g.K * fits["conv2"][0][0]
+    want = g.flops_per_image(need_dx=True) * N / whole_s / 1e9
+    assert alone.gflops[0] == pytest.approx(want, rel=1e-9)
+    assert beside.gflops[0] == pytest.approx(want, rel=1e-9)
+    assert beside.gflops[1] == 1.0        # as described, its overhead apart
+
+
 def test_a_moved_device_pays_its_own_fixed_work():
     """Calibrated as one host group, two devices share their im2col (its fixed time folded into
     their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
