@@ -25,6 +25,7 @@ import math
 import os
 import re
 import stat
+import time
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class CheckpointDir:
         self.python = python     # messages name Network.fit's arguments, not the options
         option = errors.option("checkpoint_dir", python)
         self._fd = None
+        self._mine = set()   # (device, inode) of the checkpoints this run wrote
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
@@ -160,7 +162,15 @@ class CheckpointDir:
             raise UsageError(f"{option} {self.folder}: its lock file {LOCK} is "
                              f"{files.kind(mode)}, not a regular file: remove it")
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for attempt in range(3):   # a write's check (files.held_lock) holds it a moment
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or \
+                            attempt == 2:
+                        raise
+                    time.sleep(0.02)
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
@@ -192,12 +202,22 @@ class CheckpointDir:
             pass
         self.close()
         option = errors.option("checkpoint_dir", self.python)
+        lost = f"{option} {self.folder}: its lock file {LOCK} was removed or the folder replaced"
         try:
             os.makedirs(self.folder, exist_ok=True)
+            self._lock(option)
         except OSError as e:
-            raise UsageError(f"{option} {self.folder}: cannot be made: "
-                             f"{e.strerror or e}") from None
-        self._lock(option)
+            raise PyhetError(f"{lost} while this run wrote in it, and it cannot be made again "
+                             f"({e.strerror or e}): no more checkpoints") from None
+        except PyhetError as e:     # mid-run: an error of the run (status 1), not of usage
+            raise PyhetError(f"{lost} while this run wrote in it; locking it again: "
+                             f"{e}") from None
+        foreign = [p for p in complete(self.folder) if _identity(p) not in self._mine]
+        if foreign:
+            self.close()
+            raise PyhetError(f"{lost} while this run wrote in it, and it holds the checkpoints "
+                             f"of another run now ({len(foreign)}, the newest after step "
+                             f"{step_of(foreign[-1])}): this run writes none there")
         if self.log is not None:
             print(f"pyhet: warning: {option} {self.folder}: its lock file {LOCK} was removed "
                   f"or the folder replaced while this run wrote in it: locked it again",
@@ -308,6 +328,7 @@ class CheckpointDir:
         self._still_locked()
         path = os.path.join(self.folder, f"checkpoint-{position['step']:09d}.npz")
         write_npz(path, arrays, "the checkpoint")
+        self._mine.add(_identity(path))
         if self.keep:
             # the newest `keep` of those up to this one: never this one itself, whatever lies
             # past it (a damaged checkpoint a resume skipped, which the next resume skips too)
@@ -323,6 +344,15 @@ class CheckpointDir:
 
 # ================================================================================================
 # What a checkpoint must hold to be resumed from (an edited or foreign file is damaged)
+
+
+def _identity(path) -> "tuple | None":
+    """(device, inode) of a file, or None where it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def checked_meta(meta, settings: "dict | None" = None) -> dict:

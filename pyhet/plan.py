@@ -321,7 +321,9 @@ class Cluster:
     names: list           # device names
     links: list           # Link or None per device
     costs: dict           # layer -> [Cost per device]
-    gflops: list          # each device's compute rate (GFLOP/s, on the network's largest layer)
+    # each device's compute rate (GFLOP/s, on the network's largest layer), fixed work apart:
+    # what the model runs its fc layers at (ddp, default_master_gflops)
+    gflops: list
     master_s: float | None = None   # the master's own work of a step, timed here (or None)
     # per device: computes on CPU cores like this machine's (a calibrated cpu or numpy device,
     # or a copy of one); and the calibrated ones' rate together (GFLOP/s), which the timed
@@ -332,6 +334,9 @@ class Cluster:
     # process (its whole fixed work, where in the cluster it shares it with its host group;
     # its link is the cluster's), for the best single device; None: the cluster's costs
     alone: dict | None = None
+    # each device's GFLOP/s as the plan shows it (_gflops: a calibrated device's whole-layer
+    # rate, a described one's as given); None: gflops
+    shown_gflops: list | None = None
 
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
@@ -437,7 +442,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
     largest_k = next(g.K for g in net.blocks if g.name == largest)
-    names, links, gflops, cpu_like = [], [], [], []
+    names, links, gflops, cpu_like, shown = [], [], [], [], []
     on_own = []   # per device, {layer: Cost} of its compute on its own in its process, or {}
     costs = {g.name: [] for g in net.blocks}
     known = {}   # calibrated name -> {layer: Cost}
@@ -507,7 +512,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             names.append(name)
             links.append(None)
             on_own.append(own.get(name, {}))
-            gflops.append(_gflops(known[name][largest], per_kernel[largest], largest_k))
+            gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
+            shown.append(_gflops(known[name][largest], per_kernel[largest], largest_k))
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     # calibrated devices behind links: those of other ranks behind their ranks' (their rank's
     # members sending in one message), and NAME:bw=... entries behind theirs
@@ -556,9 +562,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                            link_phase_cost(link, g, batch, need_dx)[0])
                 costs[g.name].append(Cost(speed, overhead, min(g.K, cap), fixed, per,
                                           slower, whole=whole, link_forward=forward))
+            gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
             # a copy of a calibrated device as that one is shown; a rate given, as given
-            gflops.append(d.gflops if d.like is None else
-                          _gflops(costs[largest][-1], per_kernel[largest], largest_k))
+            shown.append(d.gflops if d.like is None else
+                         _gflops(costs[largest][-1], per_kernel[largest], largest_k))
             cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
@@ -573,7 +580,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         cpu_gflops = sum(gf for gf, cpu in zip(gflops[:mine], cpu_like) if cpu) or None
     alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
     return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
-                   alone if own else None)
+                   alone if own else None, shown)
 
 
 # ================================================================================================
@@ -841,7 +848,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         "devices": [{"name": n, "link": link_name(lk), "gflops": _sig(gf),
                      **({} if lk is None else {"latency_s": _sig(lk.latency_s),
                                                "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s})}
-                    for n, lk, gf in zip(cluster.names, cluster.links, cluster.gflops)],
+                    for n, lk, gf in zip(cluster.names, cluster.links,
+                                         cluster.shown_gflops or cluster.gflops)],
         "partition": {layer: dict(zip(cluster.names, counts))
                       for layer, counts in partition.items()},
         "layers": layers,

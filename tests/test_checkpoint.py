@@ -209,12 +209,14 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
     CheckpointDir(tmp_path / "ck", {}).close()        # released
 
 
-@pytest.mark.parametrize("how", ["folder moved", "lock removed", "another run's folder"])
+@pytest.mark.parametrize("how", ["folder moved", "lock removed", "another run's folder",
+                                 "another run's checkpoints"])
 def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, how):
     """The folder moved away and made anew (or its .lock removed) while a run writes in it:
     the run went on writing at the folder's path with no lock there, so a second run could
     take the folder. The lock is taken again (a warning), or, where another run holds the new
-    folder, the run stops with the error a second writer gets."""
+    folder, or its checkpoints are there, the run stops with an error (status 1) and touches
+    none of them."""
     import pyhet
     from pyhet.checkpoint import CheckpointDir
     from pyhet.errors import PyhetError
@@ -234,10 +236,13 @@ def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, 
         ck.mkdir()
         if how == "another run's folder":
             other.append(CheckpointDir(ck, {}))
+        if how == "another run's checkpoints":    # written, and the folder released
+            for step in (1, 50):
+                (ck / f"checkpoint-{step:09d}.npz").write_bytes(b"run B")
 
     with pyhet.Network("3C3-P2-4C3-P2", (1, 12, 12), 3, devices="cpu:1") as net:
         fit = lambda: net.fit(x, y, steps=4, batch_size=8, checkpoint_dir=ck,  # noqa: E731
-                              checkpoint_every=1, keep=0, callback=replace)
+                              checkpoint_every=1, keep=1, callback=replace)
         if how == "another run's folder":
             try:
                 with pytest.raises(PyhetError, match="in use by another pyhet run"):
@@ -246,12 +251,19 @@ def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, 
                 other[0].close()
             assert checkpoints(ck) == []
             return
+        if how == "another run's checkpoints":
+            with pytest.raises(PyhetError, match=r"holds the checkpoints of another run now "
+                                                 r"\(2, the newest after step 50\)") as e:
+                fit()
+            assert e.value.exit_status == 1
+            assert checkpoints(ck) == ["checkpoint-000000001.npz", "checkpoint-000000050.npz"]
+            assert {(ck / n).read_bytes() for n in checkpoints(ck)} == {b"run B"}
+            return
         fit()
     assert "locked it again" in capsys.readouterr().err
-    assert checkpoints(ck)[-1] == "checkpoint-000000004.npz"
-    if how == "folder moved":
-        assert "checkpoint-000000001.npz" in checkpoints(moved)
-        assert "checkpoint-000000004.npz" not in checkpoints(moved)
+    assert checkpoints(ck) == ["checkpoint-000000004.npz"]      # keep=1
+    if how == "folder moved":     # the newest before the move stays where the folder went
+        assert checkpoints(moved) == ["checkpoint-000000002.npz"]
     with CheckpointDir(ck, {}, resume=True):     # released at the end of fit(), as usual
         pass
 
