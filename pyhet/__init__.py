@@ -26,8 +26,11 @@ def _loading_interrupted() -> None:
     if command:
         from .transport import launched_rank, launched_size
         if launched_rank() == 0:
-            sys.stderr.write("pyhet: interrupted\n")   # one write: ranks share stderr
-            sys.stderr.flush()
+            try:     # one write: ranks share stderr (None where fd 2 was closed)
+                sys.stderr.write("pyhet: interrupted\n")
+                sys.stderr.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
         if launched_size() > 1:   # under mpiexec: end by the signal, so that the launcher
             import signal        # ends the other ranks (an exit status alone it waits out)
             signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -35,7 +35,7 @@ from .data import Dataset, load_dataset
 from .images import Normalization, prepare_images, prepare_labels
 from .checkpoint import CheckpointDir
 from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
-                     shown)
+                     say, shown)
 from .geometry import NetGeometry
 from .interrupt import HeldSigint
 from .model import (check_class_names, checked_params, init_params, load_weights,
@@ -385,7 +385,7 @@ class Network:
             self._params = params
             changed["weights"] = True
             start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
-            print(f"resuming from {path} (step {start['step']})", file=log)
+            say(f"resuming from {path} (step {start['step']})", log)
         net = self._start(largest_batch(cfg, ds), log if cfg.progress else None,
                           training=True)
         if found:

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import errors, files
 from .calibrate import Calibration
-from .errors import PyhetError, UsageError, WeightsError, shown
+from .errors import PyhetError, UsageError, WeightsError, say, shown
 from .geometry import NetGeometry
 from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
                     read_weight_file, write_npz)
@@ -219,9 +219,8 @@ class CheckpointDir:
                              f"of another run now ({len(foreign)}, the newest after step "
                              f"{step_of(foreign[-1])}): this run writes none there")
         if self.log is not None:
-            print(f"pyhet: warning: {option} {self.folder}: its lock file {LOCK} was removed "
-                  f"or the folder replaced while this run wrote in it: locked it again",
-                  file=self.log, flush=True)
+            say(f"pyhet: warning: {option} {self.folder}: its lock file {LOCK} was removed "
+                f"or the folder replaced while this run wrote in it: locked it again", self.log)
 
     def close(self):
         """Release the folder (also done by the kernel when the process ends)."""
@@ -264,9 +263,8 @@ class CheckpointDir:
             if problem is not None:
                 meta["plan"] = None
                 if self.log is not None:
-                    print(f"pyhet: warning: checkpoint {path}: its plan cannot be reused "
-                          f"({problem}): planning the partition afresh", file=self.log,
-                          flush=True)
+                    say(f"pyhet: warning: checkpoint {path}: its plan cannot be reused "
+                        f"({problem}): planning the partition afresh", self.log)
             try:
                 params = load_weights(path, shape, read)
             except WeightsError as e:
@@ -285,10 +283,9 @@ class CheckpointDir:
     def _skip(self, path, why, older):
         """Say that a damaged checkpoint is passed over, and for which."""
         if self.log is not None:
-            print(f"pyhet: warning: checkpoint {path} is damaged ({why}); "
-                  + (f"resuming from {older} instead" if older
-                     else "no older checkpoint: starting afresh"),
-                  file=self.log, flush=True)
+            say(f"pyhet: warning: checkpoint {path} is damaged ({why}); "
+                + (f"resuming from {older} instead" if older
+                   else "no older checkpoint: starting afresh"), self.log)
 
     def _check_settings(self, path, meta: dict):
         stored = meta.get("settings") or {k: meta[k] for k in ("seed", "batch_size", "shuffle")

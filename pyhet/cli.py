@@ -29,7 +29,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .api import load
     from .data import input_shape_of, name_problem, read_images
     from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
-                         OutputError, PyhetError, UsageError, brief, shown)
+                         OutputError, PyhetError, UsageError, brief, say, shown)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
     from .report import calibrate_ranks, calibrate_spec, describe_devices
@@ -980,15 +980,6 @@ class QuietStderr:
 
     def __getattr__(self, name):          # encoding, isatty, fileno, ...
         return getattr(self._stream, name)
-
-
-def say(line: str, file=None) -> None:
-    """One line on stderr (or `file`) in a single write, flushed: the ranks of an MPI job share
-    the launcher's stderr, and print's two writes (the text, then its newline) let two ranks'
-    lines run into each other."""
-    stream = sys.stderr if file is None else file
-    stream.write(line + "\n")
-    stream.flush()
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):

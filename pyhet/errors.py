@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 
 
 def shown(value, most: int = 60) -> str:
@@ -35,6 +36,15 @@ def brief(message: str) -> str:
     with its length."""
     return _LONG_WORD.sub(lambda m: f"{m[0][:120]}...[{len(m[0]):,} chars]...{m[0][-60:]}",
                           str(message))
+
+
+def say(line: str, file=None) -> None:
+    """One line on stderr (or `file`) in a single write, flushed: the ranks of an MPI job share
+    the launcher's stderr, and print's two writes (the text, then its newline) let two ranks'
+    lines run into each other."""
+    stream = sys.stderr if file is None else file
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def option(name: str, python: bool = False) -> str:

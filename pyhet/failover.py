@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from .errors import DeviceError, NoDeviceLeftError
+from .errors import DeviceError, NoDeviceLeftError, say
 from .partition import balanced, proportional
 
 
@@ -107,8 +107,8 @@ class Failover:
                                   "phase": e.what.split(" ", 1)[-1].replace(" ", "_"),
                                   "layer": e.what.split(" ", 1)[0] if " " in e.what else None,
                                   "message": str(e), "partition": partition})
-            print(f"pyhet: warning: {e}: its kernels moved to the other devices "
-                  f"({moved}) and step {step} is redone", file=self.log, flush=True)
+            say(f"pyhet: warning: {e}: its kernels moved to the other devices "
+                f"({moved}) and step {step} is redone", self.log)
 
     def _plan(self, conv, alive) -> list:
         """Kernels per device of a layer over the devices still alive, as the run's balance

@@ -60,7 +60,7 @@ def held_lock(path) -> bool:
     """Whether `path` (itself, not a link's target) is a file named as a checkpoint folder's
     lock that a process holds flock()ed. Its run keeps the folder by that file: another file
     renamed over it would let a second run take the folder while the first still writes."""
-    if os.path.basename(os.path.abspath(os.fspath(path))) != LOCK_NAME:
+    if os.fsdecode(os.path.basename(os.path.abspath(os.fspath(path)))) != LOCK_NAME:
         return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW

@@ -13,6 +13,7 @@ Letters: x (N, C, H, W) images in NCHW; col (C*KH*KW, N*OH*OW) the im2col matrix
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 import numpy as np
@@ -174,18 +175,22 @@ def _flag(v, name: str, what: str) -> bool:
 
 
 def _scale(v, name: str, what: str) -> float:
-    """alpha or beta of a product: a finite real number that float32, the core's type, can
-    hold (a bigger one would become inf there without a word)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
-                                                             np.floating)):
+    """alpha or beta of a product: a real number (a 0-d array of one too) that float32, the
+    core's type, holds: finite, within its range, and not so small that it would become 0
+    there (a bigger one became inf, a smaller one 0, without a word)."""
+    if isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iuf":
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{what}: {name} must be a real number, got {type(v).__name__}")
     try:
         f = float(v)
     except OverflowError:     # an int beyond float64
         f = math.inf
-    if not abs(f) <= _FLOAT32_MAX:    # inf, nan, or beyond float32
-        raise ValueError(f"{what}: {name} must be finite and within float32's range "
-                         f"(+-{_FLOAT32_MAX:.4g}), the type the core computes in; got {v!r}")
+    if not abs(f) <= _FLOAT32_MAX or (f != 0 and np.float32(f) == 0):
+        got = f"an int of {int(v).bit_length()} bits" if isinstance(v, numbers.Integral) and \
+            not math.isfinite(f) else f"{f:.6g}"
+        raise ValueError(f"{what}: {name} must be 0 or of a magnitude float32, the core's "
+                         f"type, holds (1.4e-45 to {_FLOAT32_MAX:.4g}); got {got}")
     return f
 
 
@@ -652,8 +657,11 @@ def maxpool(x, k=2, stride=None, *, threads=None):
 def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
     dout = _array(dout, "dout", 4)
     arg = _array(arg, "arg", 4, np.int32)
-    dx = _out(None, _shape(x_shape, "x_shape", "maxpool_backward"), "dx",
-              what="maxpool_backward")
+    x_shape = _shape(x_shape, "x_shape", "maxpool_backward")
+    if x_shape[:2] != dout.shape[:2]:      # the core's check, before the result is made
+        raise ValueError(f"dx: expected {dout.shape[0]} x {dout.shape[1]} planes, got shape "
+                         f"{x_shape}")
+    dx = _out(None, x_shape, "dx", what="maxpool_backward")
     _core_call("maxpool_backward", "float32 dout, int32 arg and an int threads",
                _core.maxpool_backward, dout, arg, dx, threads=_threads(threads))
     return dx

@@ -29,7 +29,7 @@ from .checkpoint import CheckpointDir, dataset_identity
 from .data import Dataset, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
-                     UsageError, flag, option)
+                     UsageError, flag, option, say)
 from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
@@ -371,16 +371,14 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
         partition, cal = planned
     else:
         if log is not None and len(devices) > 1 and balance != "even" and not deterministic:
-            print(f"calibrating {len(devices)} devices on the network's layer shapes...",
-                  file=log, flush=True)
+            say(f"calibrating {len(devices)} devices on the network's layer shapes...", log)
         partition, cal = plan_partition(shape, devices, balance, batch, seed, deterministic)
     if log is not None and len(devices) > 1:
-        print("partition: " + "; ".join(
+        say("partition: " + "; ".join(
             f"{layer} " + ", ".join(f"{d.name} {c}" for d, c in zip(devices, counts))
-            for layer, counts in partition.items()), file=log, flush=True)
+            for layer, counts in partition.items()), log)
         for note in left_out(devices, partition, cal):
-            print(f"{note['device']} gets no kernels of {note['layer']}: {note['why']}",
-                  file=log, flush=True)
+            say(f"{note['device']} gets no kernels of {note['layer']}: {note['why']}", log)
     net = Net(shape, params, devices, partition, host_backend(devices))
     net.calibration = cal    # where a failed device's kernels go (pyhet.failover)
     return net, cal
@@ -512,28 +510,26 @@ def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig
         return None, None
     now = [str(d.spec) for d in devices]
     if plan.get("devices") != now:
-        print(f"the checkpoint was made on the devices {','.join(plan.get('devices') or [])}, "
-              f"this run has {','.join(now)}: planning the partition afresh", file=log,
-              flush=True)
+        say(f"the checkpoint was made on the devices {','.join(plan.get('devices') or [])}, "
+            f"this run has {','.join(now)}: planning the partition afresh", log)
         return None, None
     if plan.get("failed"):
-        print(f"the checkpoint's partition leaves out {', '.join(plan['failed'])}, which "
-              f"failed in that run: planning the partition afresh", file=log, flush=True)
+        say(f"the checkpoint's partition leaves out {', '.join(plan['failed'])}, which "
+            f"failed in that run: planning the partition afresh", log)
         return None, None
     if bool(plan.get("deterministic")) != cfg.deterministic:
-        print(f"the checkpoint's partition was {'' if plan.get('deterministic') else 'not '}"
-              f"the --deterministic one, this run's is"
-              f"{'' if cfg.deterministic else ' not'}: planning the partition afresh",
-              file=log, flush=True)
+        say(f"the checkpoint's partition was {'' if plan.get('deterministic') else 'not '}"
+            f"the --deterministic one, this run's is"
+            f"{'' if cfg.deterministic else ' not'}: planning the partition afresh", log)
         return None, None
     # (its partition splits this network's layers over these devices: plan_problem)
     partition = plan["partition"]
     cal = Calibration(**plan["calibration"]) if plan.get("calibration") else None
     if cal is None and not cfg.deterministic:
-        print("the checkpoint's partition has no calibration to go on with: planning the "
-              "partition afresh", file=log, flush=True)
+        say("the checkpoint's partition has no calibration to go on with: planning the "
+            "partition afresh", log)
         return None, None
-    print("resuming with the checkpoint's partition (the same devices)", file=log, flush=True)
+    say("resuming with the checkpoint's partition (the same devices)", log)
     return ({g.name: list(partition[g.name]) for g in shape.blocks}, cal), plan.get("balancer")
 
 
@@ -588,12 +584,12 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
         total = planned_steps(cfg, ds)[1]
         if start["step"] >= total:   # the run is over: no step, the summary of none (exit 0)
             where = "the end" if start["step"] == total else "past the end"
-            print(f"nothing left to train: {path} is at step {start['step']}, {where} of "
-                  f"this run ({total} steps); give more --epochs or --steps to go on", file=log)
+            say(f"nothing left to train: {path} is at step {start['step']}, {where} of "
+                f"this run ({total} steps); give more --epochs or --steps to go on", log)
         else:
-            print(f"resuming from {path} (step {start['step']})" + (
+            say(f"resuming from {path} (step {start['step']})" + (
                 f"; --init {cfg.init} is not read (the run goes on from the checkpoint's "
-                f"weights)" if cfg.init else ""), file=log)
+                f"weights)" if cfg.init else ""), log)
     elif cfg.init:
         params = load_weights(cfg.init, shape)
     else:
@@ -601,7 +597,7 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
 
     devices = open_devices(cfg.devices, cfg.timeout, comm)
     for r in devices.idle_ranks:
-        print(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", file=log)
+        say(f"rank {r} holds no device of --devices {cfg.devices!r}: it idles", log)
     try:
         if stop is not None:
             stop.devices = list(devices)

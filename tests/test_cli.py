@@ -474,6 +474,15 @@ def test_an_error_line_reaches_stderr_in_one_write(monkeypatch, tmp_path):
     assert code == 1
     assert len(err.writes) == 1 and err.writes[0].startswith("pyhet: error: "), err.writes
     assert err.writes[0].endswith("\n") and err.writes[0].count("\n") == 1, err.writes
+    # and the run's own lines (calibration, partition), where they are written
+    err.writes.clear()
+    make_npz_dataset(tmp_path / "d.npz", n=16)
+    argv = ["train", "--dataset", f"npz:{tmp_path / 'd.npz'}", *TINY, "--steps", "1"]
+    argv[argv.index("--devices") + 1] = "cpu:1,cpu:1"
+    assert main(argv) == 0
+    lines = [w for w in err.writes if w.startswith(("calibrating", "partition:"))]
+    assert len(lines) == 2, err.writes
+    assert all(w.endswith("\n") and w.count("\n") == 1 for w in lines), lines
 
 
 def test_unusable_gpu_exits_1(cli, npz_dataset):

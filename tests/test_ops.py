@@ -672,37 +672,48 @@ def test_core_refuses_overlapping_output():
 
 def test_blocks_of_one_matrix_are_refused_only_where_they_share_memory():
     """c and a (or b) as blocks of one matrix: refused exactly where they share an entry
-    (np.shares_memory), and else the product is right. Column blocks side by side used to be
-    refused too, their byte spans meeting."""
+    (np.shares_memory), and else the product is right and no entry of the matrix outside c
+    changes (sgemm, and sgemm_packed with a and c of one matrix; 1 and 4 threads). Column
+    blocks side by side used to be refused too, their byte spans meeting."""
     rng = np.random.default_rng(7)
     refused = accepted = 0
-    for _ in range(400):
+    for trial in range(600):
         w = rng.standard_normal((int(rng.integers(1, 9)), int(rng.integers(2, 13))),
                                 dtype=np.float32)
         rows, cols = w.shape
 
         def block(h, wd):
             r0, c0 = int(rng.integers(0, rows - h + 1)), int(rng.integers(0, cols - wd + 1))
-            return w[r0:r0 + h, c0:c0 + wd]
+            return (slice(r0, r0 + h), slice(c0, c0 + wd))
         m, k = int(rng.integers(1, rows + 1)), int(rng.integers(1, min(rows, cols) + 1))
         n = int(rng.integers(1, cols + 1))
-        a = block(m, k)
-        b = block(k, n) if rng.random() < 0.5 else np.ones((k, n), np.float32)
-        c = block(m, n)
-        want = a.astype(np.float64) @ b.astype(np.float64)
-        meets = np.shares_memory(c, a) or np.shares_memory(c, b)
-        if meets:
+        a, into = w[block(m, k)], block(m, n)
+        c = w[into]
+        packed = trial % 3 == 2
+        b = (np.ones((k, n), np.float32) if packed or rng.random() < 0.5 else w[block(k, n)])
+        threads = 1 if trial % 2 else 4
+        want = w.copy()
+        want[into] = a.astype(np.float64) @ b.astype(np.float64)
+        if packed:
+            pb = ops.packed_b(k, n)
+            ops.pack_b(b, pb)
+            run = lambda: ops.sgemm_packed(a, pb, c, threads=threads)  # noqa: E731
+        else:
+            run = lambda: ops.sgemm(a, b, c, threads=threads)  # noqa: E731
+        if np.shares_memory(c, a) or np.shares_memory(c, b):
             refused += 1
+            before = w.copy()
             with pytest.raises(ValueError, match="overlaps"):
-                ops.sgemm(a, b, c, threads=1)
+                run()
+            np.testing.assert_array_equal(w, before)
         else:
             accepted += 1
-            ops.sgemm(a, b, c, threads=1)
-            np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+            run()
+            np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-5)
     assert refused > 50 and accepted > 50, (refused, accepted)
     w = np.ones((6, 8), np.float32)
     ops.sgemm(w[:, 0:4], w[:4, 4:6], w[:, 6:8])     # side by side: apart
-    assert (w[:, 6:8] == 4).all()
+    assert (w[:, 6:8] == 4).all() and (w[:, :6] == 1).all()
 
 
 def test_ops_accept_non_contiguous_inputs():
@@ -882,12 +893,16 @@ def test_a_product_takes_only_bools_and_float32_scales(fn):
     np.testing.assert_array_equal(run(alpha=2, beta=0.0), np.full((4, 8), 12, np.float32))
     np.testing.assert_array_equal(run(trans_a=np.bool_(False), alpha=np.float64(0.5)),
                                   np.full((4, 8), 3, np.float32))
+    np.testing.assert_array_equal(run(alpha=np.array(0.5)), np.full((4, 8), 3, np.float32))
+    held = "must be 0 or of a magnitude float32, the core's type, holds (1.4e-45 to 3.403e+38)"
     cases = [(dict(trans_a=None), TypeError, "trans_a must be a bool, got NoneType"),
              (dict(trans_a=0), TypeError, "trans_a must be a bool, got int"),
-             (dict(alpha=1e300), ValueError, "alpha must be finite and within float32's range"),
-             (dict(alpha=-4e38), ValueError, "alpha must be finite"),
-             (dict(alpha=10**400), ValueError, "alpha must be finite"),
-             (dict(beta=float("nan")), ValueError, "beta must be finite"),
+             (dict(alpha=1e300), ValueError, f"alpha {held}; got 1e+300"),
+             (dict(alpha=-4e38), ValueError, "got -4e+38"),
+             (dict(alpha=1e-60), ValueError, "got 1e-60"),
+             (dict(alpha=10**400), ValueError, "got an int of 1329 bits"),
+             (dict(alpha=10**5000), ValueError, "got an int of 16610 bits"),
+             (dict(beta=float("nan")), ValueError, f"beta {held}; got nan"),
              (dict(alpha="2"), TypeError, "alpha must be a real number, got str"),
              (dict(alpha=True), TypeError, "alpha must be a real number, got bool")]
     if fn == "sgemm":
@@ -908,9 +923,13 @@ def test_results_numpy_cannot_make_name_the_call():
     call nor shape), and an empty result NumPy refuses (its other dimensions too large) was
     called a MemoryError of 0 GiB."""
     one, arg = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.int32)
+    big = np.zeros((2, 3, 1, 1), np.float32), np.zeros((2, 3, 1, 1), np.int32)
     with pytest.raises(MemoryError, match=re.escape(
-            "maxpool_backward: cannot allocate the result, shape (2147483647, 2147483647, "
-            "2147483647, 2)")):
+            "maxpool_backward: cannot allocate the result, shape (2, 3, 2147483647, "
+            "2147483647)")):
+        ops.maxpool_backward(*big, (2, 3, 2**31 - 1, 2**31 - 1))
+    with pytest.raises(ValueError, match=re.escape(   # shapes that do not match: said first
+            "dx: expected 1 x 1 planes, got shape (2147483647, 2147483647, 2147483647, 2)")):
         ops.maxpool_backward(one, arg, (2**31 - 1, 2**31 - 1, 2**31 - 1, 2))
     for call, words in [
             (lambda: ops.col2im(np.zeros((0, 0), np.float32), (0, 2**31 - 1, 2**31 - 1,
