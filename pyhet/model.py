@@ -18,6 +18,8 @@ still load: their shape is read off the arrays.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import io
 import json
 import math
@@ -76,50 +78,69 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     (``.NAME.tmp``, which no ``*.npz`` pattern matches), flushed to disk (os.fsync), renamed
     over `path`, and the folder synced, so that a crash, a full disk or Ctrl-C at any moment
     leaves either the earlier file or the new one, complete, and no temporary file (but for
-    SIGKILL or a power cut, whose leftover the checkpoint folder removes when next opened).
-    The temporary file is always made anew (a leftover one, or a link at its name, is removed,
-    never followed); a FIFO, a device or a folder at `path` is refused, never replaced. Two
-    writes of one file at once: one whose temporary file the other took before it was done
-    fails (WeightsError), rather than rename the other's unfinished one into place (it checks
-    just before its rename: a take in the instant between the two goes unseen; a temporary
-    name of each write's own would close that, with leftovers of killed writes to clear)."""
+    SIGKILL or a power cut, whose leftover the next write of that name, or the checkpoint
+    folder when next opened, removes). The temporary file is always made anew (a leftover
+    one, or a link at its name, is removed, never followed); a FIFO, a device or a folder at
+    `path` is refused, never replaced.
+
+    Two writes of one file at once: each holds its temporary file flock()ed from its making
+    to its rename, and a leftover is removed only where no write holds it. So a second write
+    that finds the first's under way fails at once (WeightsError), renaming nothing; and
+    where it took the first's file for a leftover in the instant before that one locked it,
+    the first finds its file gone before its rename and fails instead."""
     path = os.fspath(path)
     folder, name = os.path.split(os.path.abspath(path))
     tmp = files.temp_name(path)
     problem = files.destination_problem(path)   # never replaces a FIFO, a device, a folder
     if problem is not None:
         raise WeightsError(f"cannot write {what} {path}: {problem}")
-    made = False
+    under_way = (f"cannot write {what} {path}: another write of it is under way (its "
+                 f"temporary file {tmp} is held); {path} is as that write leaves it")
     try:
         if os.path.lexists(tmp):   # a write cut short, or a link: removed, never followed
-            os.unlink(tmp)
-        fd = files.create_new(tmp)
-        made = True
-        with os.fdopen(fd, "wb") as fh:
-            _savez(fh, arrays, name)
-            fh.flush()
-            os.fsync(fh.fileno())
-            mine = os.fstat(fh.fileno())
-        if not _still_mine(tmp, mine):
-            # another write of the same file at once removed this temporary file (as a
-            # leftover) and made its own there: that one is not this one's to rename, nor to
-            # remove
-            made = False
-            raise WeightsError(f"cannot write {what} {path}: another write of it at the same "
-                               f"time took its temporary file {tmp}; {path} is as that write "
-                               f"leaves it")
-        os.replace(tmp, path)
-        made = False
-        _sync_folder(folder)
-    except BaseException as e:     # OSError, and KeyboardInterrupt or SIGTERM mid-write
-        if made:
+            if files.held_lock(tmp, any_name=True):
+                raise WeightsError(under_way)
             try:
-                os.remove(tmp)
-            except OSError:
+                os.unlink(tmp)
+            except FileNotFoundError:    # renamed by its write meanwhile
                 pass
-        if isinstance(e, OSError):
-            raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
-        raise
+        try:
+            fd = files.create_new(tmp)
+        except FileExistsError:          # another write made it meanwhile
+            raise WeightsError(under_way) from None
+        with os.fdopen(fd, "wb") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:      # another write's check holds it this instant: that
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise             # write removes it, as a leftover, or fails
+                raise WeightsError(under_way) from None
+            made = True
+            try:
+                _savez(fh, arrays, name)
+                fh.flush()
+                os.fsync(fh.fileno())
+                mine = os.fstat(fh.fileno())
+                if not _still_mine(tmp, mine):
+                    # another write of the same file at once removed this temporary file (as
+                    # a leftover, before this one locked it) and made its own there: that one
+                    # is not this one's to rename, nor to remove
+                    made = False
+                    raise WeightsError(f"cannot write {what} {path}: another write of it at "
+                                       f"the same time took its temporary file {tmp}; {path} "
+                                       f"is as that write leaves it")
+                os.replace(tmp, path)     # still locked: no other write takes it meanwhile
+                made = False
+            except BaseException:    # OSError, and KeyboardInterrupt or SIGTERM mid-write:
+                if made:             # removed while still locked (never another write's)
+                    try:
+                        os.remove(tmp)
+                    except OSError:
+                        pass
+                raise
+        _sync_folder(folder)
+    except OSError as e:
+        raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
 
 
 def _still_mine(tmp: str, mine: os.stat_result) -> bool:

@@ -639,6 +639,81 @@ def test_a_write_whose_temporary_file_another_write_took_fails_and_renames_nothi
         assert other.read() == b"PK\x03\x04 the other write, half done"
 
 
+def test_a_write_under_way_is_never_taken_for_a_leftover(tmp_path):
+    """A write holds its temporary file flock()ed until its rename. A second write of the same
+    file that finds it so fails at once, renaming nothing and leaving the first's file; it
+    used to remove it as a leftover and write its own (the first then failed, or, in the
+    instant between its check and its rename, renamed the second's file unseen). Once the
+    holder is gone, the file left is a leftover, and removed."""
+    import fcntl
+
+    from pyhet import model
+    from pyhet.errors import WeightsError
+    from pyhet.files import temp_name
+
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.arange(3, dtype=np.float32)})
+    before = path.read_bytes()
+    tmp = temp_name(path)
+    with open(tmp, "wb") as first:      # a write under way, as write_npz holds its file
+        first.write(b"PK\x03\x04 the first write, half done")
+        first.flush()
+        fcntl.flock(first.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(WeightsError, match=r"another write of it is under way \(its "
+                                               r"temporary file .*\.w\.npz\.tmp is held\)"):
+            model.write_npz(path, {"a": np.zeros(5, np.float32)})
+        assert path.read_bytes() == before
+        with open(tmp, "rb") as still:
+            assert still.read() == b"PK\x03\x04 the first write, half done"
+    model.write_npz(path, {"a": np.zeros(5, np.float32)})     # a leftover now: removed
+    assert not os.path.exists(tmp)
+    np.testing.assert_array_equal(load_npz(path)["a"], np.zeros(5, np.float32))
+
+
+def test_writes_of_one_file_at_once_leave_it_whole(tmp_path):
+    """Two threads write one file again and again while a third reads it: every read is a
+    whole file of one of the two writes, and every write either lands or says why not."""
+    import zipfile
+
+    from pyhet import model
+    from pyhet.errors import WeightsError
+
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.zeros(1000, np.float32)})
+    stop, bad, refused, landed = threading.Event(), [], [], []
+
+    def write(value):
+        for _ in range(60):
+            try:
+                model.write_npz(path, {"a": np.full(1000, value, np.float32)})
+                landed.append(value)
+            except WeightsError as e:
+                refused.append(str(e))
+
+    def read():
+        while not stop.is_set():
+            try:
+                a = load_npz(path)["a"]
+            except (OSError, ValueError, zipfile.BadZipFile) as e:
+                bad.append(repr(e))
+                continue
+            if not (a.shape == (1000,) and (a == a[0]).all() and a[0] in (0, 1, 2)):
+                bad.append(f"mixed {a[:3]}")
+
+    threads = [threading.Thread(target=write, args=(v,)) for v in (1, 2)]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    stop.set()
+    reader.join(timeout=60)
+    assert not bad, bad[:3]
+    assert len(landed) + len(refused) == 120 and landed
+    assert all("another write of it" in m for m in refused), refused[:3]
+
+
 @pytest.mark.parametrize("odd", ["checkpoint-5.npz", "checkpoint-0000000006.npz",
                                  "checkpoint-\u0669\u0669\u0669\u0669\u0669\u0669\u0669\u0669"
                                  "\u0669.npz", "checkpoint-000000007.npz.old"])
