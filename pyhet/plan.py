@@ -622,13 +622,24 @@ def _alone_s(c: Cost, K: int) -> float:
     return (a.overhead + K / a.speed) * c.whole + a.link_s(K)
 
 
-def layer_seconds(costs: list, counts) -> float:
+def own_costs(cluster: Cluster, layer: str) -> list:
+    """Each device's Cost of a layer where it holds every kernel: in its process on its own
+    (cluster.alone: its whole fixed work, which its host group shares where they all have
+    kernels), its link the cluster's; else its cluster cost."""
+    own = (cluster.alone or {}).get(layer) or [None] * len(cluster.names)
+    return [c if a is None else replace(c, speed=a.speed, overhead=a.overhead,
+                                        contention=a.contention, whole=a.whole)
+            for c, a in zip(cluster.costs[layer], own)]
+
+
+def layer_seconds(costs: list, counts, own: list | None = None) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, where one device has every kernel, its typical
-    time on its own (_alone_s: its model alone times its whole-layer factor)."""
+    time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
+    then, own_costs, default its cost among the others)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
-        return _alone_s(costs[busy[0]], counts[busy[0]])
+        return _alone_s((own or costs)[busy[0]], counts[busy[0]])
     return phases_time(counts, layer_phases(costs))
 
 
@@ -652,9 +663,10 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
+        own = own_costs(cluster, g.name)
         if fits:
-            i = min(fits, key=lambda j: _alone_s(cs[j], g.K))
-            if _alone_s(cs[i], g.K) <= layer_seconds(cs, counts):
+            i = min(fits, key=lambda j: _alone_s(own[j], g.K))
+            if _alone_s(own[i], g.K) <= layer_seconds(cs, counts, own):
                 counts = [g.K if j == i else 0 for j in range(len(cs))]
         out[g.name] = counts
     return out
@@ -662,7 +674,8 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
 
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     """layer -> predicted seconds of the layer (layer_seconds)."""
-    return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name])
+    return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
+                                  own_costs(cluster, g.name))
             for g in net.blocks}
 
 
@@ -675,13 +688,9 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     cannot hold a whole layer. Alone, it has its machine to itself: no contention."""
     total = master_s
     for g in net.blocks:
-        c = cluster.costs[g.name][i]
+        c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
         if c.cap < g.K:
             return None
-        a = ((cluster.alone or {}).get(g.name) or [None] * (i + 1))[i]
-        if a is not None:   # on its own in its process: its whole fixed work
-            c = replace(c, speed=a.speed, overhead=a.overhead, contention=a.contention,
-                        whole=a.whole)
         total += _alone_s(c, g.K)
     return total
 
@@ -833,10 +842,11 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     layers = {}
     for g in net.blocks:
         rows = {}
+        own = own_costs(cluster, g.name)
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
             # the whole layer on its own, as layer_seconds counts it
-            compute = _alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)
+            compute = _alone_s(own[i], k) - c.link_s(k) if k == g.K else c.compute_s(k)
             rows[name] = {"kernels": k, "compute_s": _sig(compute),
                           "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,

@@ -184,6 +184,29 @@ def test_a_devices_printed_rate_is_the_same_beside_described_devices():
     assert beside.gflops[0] == pytest.approx(per_kernel / fits["conv2"][0][0] / 1e9)
 
 
+def test_a_layer_on_one_member_of_a_host_group_pays_the_groups_fixed_work():
+    """Beside a described device, each member of a host group carries an equal part of the
+    group's fixed work (its im2col). Where one member holds a whole layer it does all of it:
+    the plan took it at its part, and so predicted a speedup over itself alone (1.5x, every
+    kernel on d0)."""
+    from pyhet.calibrate import Calibration
+
+    fits = {"conv1": [[0.001, 0.010, 1], [0.1, 0.010, 1]],
+            "conv2": [[0.003, 0.010, 1], [0.3, 0.010, 1]]}
+    speeds = {g.name: [1.0 / (f[0] + f[1] / g.K) for f in fits[g.name]] for g in NET.blocks}
+    c = Calibration(speeds, {k: [0.0, 0.0] for k in speeds}, {k: [99, 99] for k in speeds},
+                    None, {k: [1.0, 1.0] for k in speeds}, fits)
+    cluster = plan.build_cluster(NET, N, (["d0", "d1"], c),
+                                 plan.parse_describe("x:gflops=1e-6,bw=1mbit"))
+    r = plan.plan(cluster, NET, N, master_gflops=10.0)
+    for g in NET.blocks:
+        assert r["partition"][g.name] == {"d0": g.K, "d1": 0, "x": 0}
+        slope, fixed, _ = fits[g.name][0]
+        assert r["layers"][g.name]["conv_s"] == pytest.approx(fixed + g.K * slope, rel=1e-3)
+    assert r["best_single"]["device"] == "d0"
+    assert r["speedup"] == pytest.approx(1.0, rel=1e-3)
+
+
 def test_a_moved_device_pays_its_own_fixed_work():
     """Calibrated as one host group, two devices share their im2col (its fixed time folded into
     their speeds). Moved behind a link, a device pays its whole fixed work, and so does the one
