@@ -210,6 +210,13 @@ class NetGeometry:
         return "-".join([g.spec() for g in self.blocks] + [f"{u}N" for u in self.hidden])
 
     @property
+    def kernel_size(self):
+        """The blocks' kernel size (R), or a list of each block's where they differ (the
+        summaries' kernel_size)."""
+        sizes = [g.R for g in self.blocks]
+        return sizes[0] if len(set(sizes)) == 1 else sizes
+
+    @property
     def kernels(self) -> tuple:
         return tuple(g.K for g in self.blocks)
 

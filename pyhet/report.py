@@ -38,7 +38,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
     net = arch.build(arch_spec, in_shape, classes)
     check_memory(net, batch, devices=host_devices(spec))
     report["network"] = {"arch": net.arch, "kernels": list(net.kernels),
-                         "kernel_size": net.blocks[0].R, "input_shape": list(net.input_shape),
+                         "kernel_size": net.kernel_size, "input_shape": list(net.input_shape),
                          "batch_size": batch}
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     check_ranks(specs, 1, "devices")   # calibrated here, in one process

@@ -927,8 +927,7 @@ def summary(cfg, ds, net, step_times, parts, losses, busy, train_s, test,
         "arch": net.shape.arch,
         "kernels": list(net.shape.kernels),
         # the kernel size of every block, or one number when they are all the same
-        "kernel_size": (net.shape.blocks[0].R if len({g.R for g in net.shape.blocks}) == 1
-                        else [g.R for g in net.shape.blocks]),
+        "kernel_size": net.shape.kernel_size,
         "train_time_s": round(train_s, 3),
         # the test split's evaluation (after training, not in any figure above); None without
         "eval_time_s": round(eval_s, 4) if eval_s is not None else None,

@@ -407,3 +407,18 @@ def test_four_blocks_on_bundled_data_from_python_equal_torch(torch, twin, spec):
                 lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
         got = net.params()
     twin.assert_close_weights(got, bundled_torch_weights(torch, twin, 6), f"python {spec}:")
+
+
+def test_the_summaries_give_mixed_kernel_sizes_alike(cli, npz_dataset):
+    """pyhet train's summary gave a list of the blocks' kernel sizes where they differ, pyhet
+    devices' only the first block's."""
+    import json
+
+    data = npz_dataset(n=16)
+    common = ["--dataset", f"npz:{data}", "--arch", "3C5-P2-4C3-P2", "--devices", "cpu:1",
+              "--json"]
+    train = cli("train", *common, "--steps", "1", "--batch-size", "8", "--quiet")
+    devices = cli("devices", *common, "--no-calibrate")
+    assert train.code == 0 and devices.code == 0, (train.err, devices.err)
+    assert json.loads(train.out.splitlines()[-1])["kernel_size"] == [5, 3]
+    assert json.loads(devices.out.splitlines()[-1])["network"]["kernel_size"] == [5, 3]
