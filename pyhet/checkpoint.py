@@ -172,6 +172,14 @@ class CheckpointDir:
                         raise
                     time.sleep(0.02)
         except OSError as e:
+            if e.errno in files.NO_LOCKS:   # a file system without flock: unguarded
+                if self.log is not None:
+                    say(f"pyhet: warning: {option} {self.folder}: its file system takes no "
+                        f"locks ({e.strerror or e}): nothing keeps another run from writing "
+                        f"there too", self.log)
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+                return
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             try:

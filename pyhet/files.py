@@ -54,6 +54,9 @@ def open_regular(path, error):
 
 
 LOCK_NAME = ".lock"    # a checkpoint folder's lock file (pyhet.checkpoint)
+# flock's errors on a file system that takes no locks (some network and FUSE ones)
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL,
+                      errno.ENOSYS})
 
 
 def held_lock(path, any_name: bool = False) -> bool:

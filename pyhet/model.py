@@ -111,10 +111,15 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
         with os.fdopen(fd, "wb") as fh:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:      # another write's check holds it this instant: that
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise             # write removes it, as a leftover, or fails
-                raise WeightsError(under_way) from None
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    # another write's check holds it this instant: that write removes it, as
+                    # a leftover, or fails
+                    raise WeightsError(under_way) from None
+                if e.errno not in files.NO_LOCKS:
+                    raise
+                # a file system without flock: written unlocked, the check before the rename
+                # still sees a take of the file (but for one in that instant)
             made = True
             try:
                 _savez(fh, arrays, name)

@@ -765,3 +765,28 @@ def test_only_the_leftovers_of_a_runs_writes_are_cleared(cli, npz_dataset, tmp_p
     assert cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck)).code == 0
     assert sorted(p.name for p in ck.iterdir() if p.name != ".lock") == sorted(
         theirs + ["checkpoint-000000001.npz"])
+
+
+def test_a_file_system_without_locks_still_takes_writes_and_checkpoints(tmp_path, monkeypatch):
+    """flock fails with ENOLCK (or EOPNOTSUPP) on file systems that take no locks: a write
+    goes on unlocked, and a checkpoint folder is used with a warning, not refused with a raw
+    OSError."""
+    import errno
+    import fcntl
+    import io
+
+    from pyhet import model
+    from pyhet.checkpoint import CheckpointDir
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.arange(3, dtype=np.float32)})
+    model.write_npz(path, {"a": np.zeros(2, np.float32)})
+    np.testing.assert_array_equal(load_npz(path)["a"], np.zeros(2, np.float32))
+    log = io.StringIO()
+    with CheckpointDir(tmp_path / "ck", {}, log=log):
+        pass
+    assert "takes no locks (No locks available)" in log.getvalue()
