@@ -59,13 +59,11 @@ NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVA
                       errno.ENOSYS})
 
 
-def held_lock(path, any_name: bool = False) -> bool:
+def held_lock(path) -> bool:
     """Whether `path` (itself, not a link's target) is a file named as a checkpoint folder's
-    lock (any_name: of any name) that a process holds flock()ed. Its run keeps the folder by
-    that file: another file renamed over it would let a second run take the folder while the
-    first still writes. (write_npz holds its temporary file so too, while it writes.)"""
-    if not any_name and os.fsdecode(os.path.basename(os.path.abspath(
-            os.fspath(path)))) != LOCK_NAME:
+    lock that a process holds flock()ed. Its run keeps the folder by that file: another file
+    renamed over it would let a second run take the folder while the first still writes."""
+    if os.fsdecode(os.path.basename(os.path.abspath(os.fspath(path)))) != LOCK_NAME:
         return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW

@@ -98,17 +98,13 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                  f"temporary file {tmp} is held); {path} is as that write leaves it")
     try:
         if os.path.lexists(tmp):   # a write cut short, or a link: removed, never followed
-            if files.held_lock(tmp, any_name=True):
-                raise WeightsError(under_way)
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:    # renamed by its write meanwhile
-                pass
+            _remove_leftover(tmp, under_way)
         try:
             fd = files.create_new(tmp)
         except FileExistsError:          # another write made it meanwhile
             raise WeightsError(under_way) from None
         with os.fdopen(fd, "wb") as fh:
+            mine = os.fstat(fh.fileno())
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -120,24 +116,20 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                     raise
                 # a file system without flock: written unlocked, the check before the rename
                 # still sees a take of the file (but for one in that instant)
-            made = True
             try:
                 _savez(fh, arrays, name)
                 fh.flush()
                 os.fsync(fh.fileno())
-                mine = os.fstat(fh.fileno())
                 if not _still_mine(tmp, mine):
                     # another write of the same file at once removed this temporary file (as
                     # a leftover, before this one locked it) and made its own there: that one
                     # is not this one's to rename, nor to remove
-                    made = False
                     raise WeightsError(f"cannot write {what} {path}: another write of it at "
                                        f"the same time took its temporary file {tmp}; {path} "
                                        f"is as that write leaves it")
                 os.replace(tmp, path)     # still locked: no other write takes it meanwhile
-                made = False
             except BaseException:    # OSError, and KeyboardInterrupt or SIGTERM mid-write:
-                if made:             # removed while still locked (never another write's)
+                if _still_mine(tmp, mine):   # this write's file, still locked: removed
                     try:
                         os.remove(tmp)
                     except OSError:
@@ -146,6 +138,35 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
         _sync_folder(folder)
     except OSError as e:
         raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
+
+
+def _remove_leftover(tmp: str, under_way: str) -> None:
+    """Remove the file at write_npz's temporary name where no write holds it: under an
+    exclusive lock of its own, and only if it is still the file locked (a check, then an
+    unlink, would let another write make its file there in between). A write that holds it
+    makes this one fail (WeightsError(under_way)). A link, or a file this process cannot
+    open, is removed unlocked (never followed)."""
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:        # renamed by its write meanwhile
+        return
+    except OSError:                  # a link (ELOOP), or unreadable
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise WeightsError(under_way) from None
+            if e.errno not in files.NO_LOCKS:
+                raise
+        if _still_mine(tmp, os.fstat(fd)):
+            os.unlink(tmp)           # while locked: no write's own
+    finally:
+        os.close(fd)
 
 
 def _still_mine(tmp: str, mine: os.stat_result) -> bool:

@@ -717,11 +717,13 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     parts = batch / images     # the batch over one replica's images: n where it divides
     fc = fc_flops(net, batch)
     compute = []
+    own = {g.name: own_costs(cluster, g.name) for g in net.blocks}
     for i in range(n):
         t = 0.0
         for g in net.blocks:
-            c = cluster.costs[g.name][i]
-            # a replica alone runs each whole layer on its own, as layer_seconds counts it
+            # a replica is a process of its own: each whole layer on its own (its whole fixed
+            # work), and where it is the only one, as layer_seconds counts it
+            c = own[g.name][i]
             t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
                   c.overhead + g.K / (c.speed * parts))
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
@@ -845,8 +847,9 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         own = own_costs(cluster, g.name)
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
-            # the whole layer on its own, as layer_seconds counts it
-            compute = _alone_s(own[i], k) - c.link_s(k) if k == g.K else c.compute_s(k)
+            if k == g.K:     # the whole layer on its own, as layer_seconds counts it
+                c = own[i]
+            compute = _alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)
             rows[name] = {"kernels": k, "compute_s": _sig(compute),
                           "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,

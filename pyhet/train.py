@@ -177,13 +177,13 @@ def check_file_destination(path, option: str) -> None:
 
 
 def _probe_folder(path, tmp, option: str) -> None:
-    """Make and remove a new file with a name of the length of write_npz's temporary one (one
-    of this process's, else that name itself: removing that name could remove the temporary
-    file of a write of the same file under way in another process): the folder takes it
-    (os.access says yes to root in /proc or /sys, or on a read-only mount), and the name is
-    not too long."""
+    """Make and remove a new file with a name of the length of write_npz's temporary one, of
+    this process's own (``.NAME.pNN``, else q, r, s: never that name itself, whose file may be
+    a write of the same file under way in another process): the folder takes it (os.access
+    says yes to root in /proc or /sys, or on a read-only mount), and the name is not too
+    long."""
     folder = os.path.dirname(tmp)
-    for probe in (f"{tmp[:-3]}p{os.getpid() % 100:02d}", tmp):
+    for probe in (f"{tmp[:-3]}{c}{os.getpid() % 100:02d}" for c in "pqrs"):
         try:
             fd = files.create_new(probe, 0o600)
         except FileExistsError:
@@ -200,7 +200,7 @@ def _probe_folder(path, tmp, option: str) -> None:
             raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
                              f"{folder} ({e.strerror or e})") from None
         return
-    if not os.access(folder, os.W_OK | os.X_OK):   # both names taken: the plain check
+    if not os.access(folder, os.W_OK | os.X_OK):   # every name taken: the plain check
         raise UsageError(f"{option} {path}: the folder {folder} is not writable")
 
 

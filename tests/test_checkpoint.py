@@ -670,6 +670,79 @@ def test_a_write_under_way_is_never_taken_for_a_leftover(tmp_path):
     np.testing.assert_array_equal(load_npz(path)["a"], np.zeros(5, np.float32))
 
 
+def test_a_write_found_before_it_locks_is_never_renamed_as_another(tmp_path, monkeypatch):
+    """The one instant a write's file is not yet locked (between its making and its flock):
+    another write that finds it then took it for a leftover by a check, and removed it later,
+    after the first had locked, written and checked it; the second then made its own file
+    there, and the first renamed that (empty) file into place and said it had written. Now a
+    leftover is removed under a lock of its own: the first cannot lock and fails, the second
+    writes, and the file is always that of the write that says it landed."""
+    from pyhet import files, model
+    from pyhet.errors import WeightsError
+
+    path = tmp_path / "w.npz"
+    model.write_npz(path, {"a": np.zeros(3, np.float32)})
+    tmp = files.temp_name(path)
+    step = {k: threading.Event() for k in ("first_made", "second_at_unlink", "first_on",
+                                           "second_made")}
+    real_create, real_unlink, real_mine = files.create_new, os.unlink, model._still_mine
+
+    def who():
+        return threading.current_thread().name
+
+    def create_new(p, *args):
+        fd = real_create(p, *args)
+        if who() == "first":
+            step["first_made"].set()        # made, not yet locked
+            step["second_at_unlink"].wait(10)
+        elif who() == "second":
+            step["second_made"].set()
+        return fd
+
+    def unlink(p, *args, **kwargs):
+        if who() == "second" and os.fspath(p) == tmp:
+            step["second_at_unlink"].set()  # the first's file found: removed after a pause
+            step["first_on"].wait(10)
+        return real_unlink(p, *args, **kwargs)
+
+    def still_mine(t, mine):
+        there = real_mine(t, mine)
+        if who() == "first":                # checked: the second goes on before the rename
+            step["first_on"].set()
+            step["second_made"].wait(3)
+        return there
+
+    monkeypatch.setattr(files, "create_new", create_new)
+    monkeypatch.setattr(os, "unlink", unlink)
+    monkeypatch.setattr(model, "_still_mine", still_mine)
+    said = {}
+
+    def write(name, value):
+        if name == "second":
+            step["first_made"].wait(10)
+        try:
+            model.write_npz(path, {"a": np.full(3, value, np.float32)})
+            said[name] = value
+        except WeightsError as e:
+            said[name] = str(e)
+        finally:
+            if name == "first":
+                step["first_on"].set()
+
+    threads = [threading.Thread(target=write, args=a, name=a[0])
+               for a in (("first", 1), ("second", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    monkeypatch.undo()
+    landed = [v for v in said.values() if not isinstance(v, str)]
+    assert len(landed) == 1, said
+    np.testing.assert_array_equal(load_npz(path)["a"], np.full(3, landed[0], np.float32))
+    assert said == {"first": said["first"], "second": 2}, said
+    assert "another write of it is under way" in said["first"]
+
+
 def test_writes_of_one_file_at_once_leave_it_whole(tmp_path):
     """Two threads write one file again and again while a third reads it: every read is a
     whole file of one of the two writes, and every write either lands or says why not."""

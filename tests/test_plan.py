@@ -205,6 +205,14 @@ def test_a_layer_on_one_member_of_a_host_group_pays_the_groups_fixed_work():
         assert r["layers"][g.name]["conv_s"] == pytest.approx(fixed + g.K * slope, rel=1e-3)
     assert r["best_single"]["device"] == "d0"
     assert r["speedup"] == pytest.approx(1.0, rel=1e-3)
+    # DDP of one image: one replica, d0, a process of its own doing all its fixed work
+    one = plan.build_cluster(NET, 1, (["d0", "d1"], c),
+                             plan.parse_describe("x:gflops=1e-6,bw=1mbit"))
+    d = plan.plan(one, NET, 1, master_gflops=10.0)["ddp"]
+    conv = sum(f[0][1] + g.K * f[0][0] for g, f in ((g, fits[g.name]) for g in NET.blocks))
+    assert d["replicas"] == 1 and d["slowest_device"] == "d0"
+    assert d["compute_s"] == pytest.approx(conv + plan.fc_flops(NET, 1) / (one.gflops[0] * 1e9),
+                                           rel=1e-3)
 
 
 def test_a_moved_device_pays_its_own_fixed_work():
