@@ -18,7 +18,6 @@ resumed run on the same devices starts with the partition it had.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import math
@@ -167,8 +166,7 @@ class CheckpointDir:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except OSError as e:
-                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or \
-                            attempt == 2:
+                    if e.errno not in files.HELD or attempt == 2:
                         raise
                     time.sleep(0.02)
         except OSError as e:
@@ -180,7 +178,7 @@ class CheckpointDir:
                 os.ftruncate(self._fd, 0)
                 os.pwrite(self._fd, str(os.getpid()).encode(), 0)
                 return
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if e.errno not in files.HELD:
                 raise
             try:
                 holder = os.read(self._fd, 64).decode(errors="replace").strip()

@@ -54,7 +54,9 @@ def open_regular(path, error):
 
 
 LOCK_NAME = ".lock"    # a checkpoint folder's lock file (pyhet.checkpoint)
-# flock's errors on a file system that takes no locks (some network and FUSE ones)
+# flock's errors where another holds the lock (LOCK_NB), and on a file system that takes no
+# locks (some network and FUSE ones)
+HELD = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})
 NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL,
                       errno.ENOSYS})
 
@@ -73,7 +75,7 @@ def held_lock(path) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)   # a run holds LOCK_EX: this fails
     except OSError as e:
-        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        return e.errno in HELD
     finally:
         os.close(fd)      # also drops the shared lock, if it was had
     return False

@@ -18,7 +18,6 @@ still load: their shape is read off the arrays.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import io
 import json
@@ -108,7 +107,7 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
             try:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                if e.errno in files.HELD:
                     # another write's check holds it this instant: that write removes it, as
                     # a leftover, or fails
                     raise WeightsError(under_way) from None
@@ -159,7 +158,7 @@ def _remove_leftover(tmp: str, under_way: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if e.errno in files.HELD:
                 raise WeightsError(under_way) from None
             if e.errno not in files.NO_LOCKS:
                 raise

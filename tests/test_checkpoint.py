@@ -210,7 +210,7 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["folder moved", "lock removed", "another run's folder",
-                                 "another run's checkpoints"])
+                                 "another run's checkpoints", "a file in its place"])
 def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, how):
     """The folder moved away and made anew (or its .lock removed) while a run writes in it:
     the run went on writing at the folder's path with no lock there, so a second run could
@@ -233,6 +233,9 @@ def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, 
             os.remove(ck / ".lock")
             return
         os.rename(ck, moved)
+        if how == "a file in its place":
+            ck.write_text("not a folder\n")
+            return
         ck.mkdir()
         if how == "another run's folder":
             other.append(CheckpointDir(ck, {}))
@@ -243,21 +246,27 @@ def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, 
     with pyhet.Network("3C3-P2-4C3-P2", (1, 12, 12), 3, devices="cpu:1") as net:
         fit = lambda: net.fit(x, y, steps=4, batch_size=8, checkpoint_dir=ck,  # noqa: E731
                               checkpoint_every=1, keep=1, callback=replace)
-        if how == "another run's folder":
+        fails = {"another run's folder": r"in use by another pyhet run",
+                 "a file in its place": r"cannot be made again",
+                 "another run's checkpoints": r"holds the checkpoints of another run now "
+                                              r"\(2, the newest after step 50\)"}
+        if how in fails:
             try:
-                with pytest.raises(PyhetError, match="in use by another pyhet run"):
+                with pytest.raises(PyhetError, match=fails[how]) as e:
                     fit()
             finally:
-                other[0].close()
-            assert checkpoints(ck) == []
-            return
-        if how == "another run's checkpoints":
-            with pytest.raises(PyhetError, match=r"holds the checkpoints of another run now "
-                                                 r"\(2, the newest after step 50\)") as e:
-                fit()
+                for o in other:
+                    o.close()
             assert e.value.exit_status == 1
-            assert checkpoints(ck) == ["checkpoint-000000001.npz", "checkpoint-000000050.npz"]
-            assert {(ck / n).read_bytes() for n in checkpoints(ck)} == {b"run B"}
+            if how == "another run's folder":
+                assert checkpoints(ck) == []
+            elif how == "a file in its place":
+                assert ck.read_text() == "not a folder\n"
+                assert checkpoints(moved) == ["checkpoint-000000002.npz"]
+            else:
+                assert checkpoints(ck) == ["checkpoint-000000001.npz",
+                                           "checkpoint-000000050.npz"]
+                assert {(ck / n).read_bytes() for n in checkpoints(ck)} == {b"run B"}
             return
         fit()
     assert "locked it again" in capsys.readouterr().err
