@@ -501,8 +501,8 @@ def test_a_callers_team_is_kept_by_calls_that_use_fewer_of_its_threads():
     big = [rng.standard_normal((480, 480)).astype(np.float32) for _ in range(2)]  # all 6
     a, b = rng.standard_normal((32, 75)).astype(np.float32), \
         rng.standard_normal((75, 16000)).astype(np.float32)   # 4 threads by columns
-    dy, col = rng.standard_normal((32, 8000)).astype(np.float32), \
-        rng.standard_normal((75, 8000)).astype(np.float32)    # K split between 2
+    dy, col = rng.standard_normal((32, 16000)).astype(np.float32), \
+        rng.standard_normal((75, 16000)).astype(np.float32)   # K split among 4 (any kernel)
     x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)  # 2 images: 2 chunks
     bp = rng.standard_normal((16000, 64)).astype(np.float32)
     packed = ops.packed_b(16000, 64)                  # 2 to 4 slivers (NR 32 to 16): as many
@@ -510,7 +510,7 @@ def test_a_callers_team_is_kept_by_calls_that_use_fewer_of_its_threads():
     p, g, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     quads = ops.packed_quadrants(6 * 9, 4 * 100)                  # 2 items: 2 threads
     xq = rng.standard_normal((4, 6, 12, 12)).astype(np.float32)
-    assert _core.gemm_splits_k(32, 75, 8000, threads)
+    assert _core.gemm_splits_k(32, 75, 16000, threads)
     outcome = {}
 
     def work():
@@ -573,15 +573,15 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
             tol = rounds * 2.0**-24 / (1 - rounds * 2.0**-24) * scale
             assert np.all(np.abs(c - exact) <= tol), (m, n, k)
         np.save("split_k.npy", c)
-        a = rng.uniform(-1, 1, (32, 8000)).astype(np.float32)
-        b = rng.uniform(-1, 1, (75, 8000)).astype(np.float32)
-        c = np.full((32, 75), np.nan, np.float32)
+        a = rng.uniform(-1, 1, (32, 24000)).astype(np.float32)
+        b = rng.uniform(-1, 1, (25, 24000)).astype(np.float32)
+        c = np.full((32, 25), np.nan, np.float32)
         _core.sgemm(a, b, c, trans_b=True, threads=6)
         np.save("sit_out.npy", c)
     """)
     # The product of 32 x 25 x 36864 splits K between the two threads planned (the fewer
     # threads' process runs both halves in turn): the same bits as where the runtime gives
-    # both. 32 x 75 x 8000 on 6 threads splits K between 2 and opens a region of all 6, the
+    # both. 32 x 25 x 24000 on 6 threads splits K between 2 (with any kernel) and opens a region of all 6, the
     # other 4 meeting the team's one barrier: with 3 threads given, one of them sits out;
     # with 1, it runs both halves: the same bits each time.
     whole = {k: v for k, v in os.environ.items() if k != "OMP_THREAD_LIMIT"}
@@ -591,7 +591,7 @@ def test_runtime_gives_fewer_threads_than_asked(tmp_path):
         done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path / name,
                               timeout=120, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    assert _core.gemm_splits_k(32, 25, 36864, 2) and _core.gemm_splits_k(32, 75, 8000, 6)
+    assert _core.gemm_splits_k(32, 25, 36864, 2) and _core.gemm_splits_k(32, 25, 24000, 6)
     for name in ("split_k.npy", "sit_out.npy"):
         for limited in ("limited", "three"):
             np.testing.assert_array_equal(np.load(tmp_path / limited / name),
