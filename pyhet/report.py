@@ -11,7 +11,7 @@ from .calibrate import _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError
-from .model import time_head
+from .model import time_head, time_in_step
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
 from .train import (check_memory, host_backend, host_devices, left_out, measure_links,
                     open_devices)
@@ -87,8 +87,15 @@ def calibrate_spec(spec: str, net, batch: int):
 
 def _with_master(cal, net, batch: int, devices):
     """The calibration with the master's own work of a step timed here (the master runs on
-    this machine), on the backend training gives it."""
-    master_s = time_head(net, batch, host_backend(devices))
+    this machine), on the backend training gives it: inside training steps on these devices,
+    with the calibration's partition, where the conv layers take a short time (time_in_step),
+    else on its own (time_head)."""
+    host = host_backend(devices)
+    partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
+    master_s = time_in_step(net, batch, devices, partition, host,
+                            sum(cal.predicted(layer, c) for layer, c in partition.items()))
+    if master_s is None:
+        master_s = time_head(net, batch, host)
     return replace(cal, master_s=master_s, cpu_like=[d.kind != "gpu" for d in devices])
 
 

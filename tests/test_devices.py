@@ -599,6 +599,44 @@ def fake_timings(monkeypatch, time_block, busy):
     monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
 
 
+def test_several_devices_time_a_short_layer_whole_as_a_step_runs_it(monkeypatch):
+    """Of several devices, a layer whose model on one device is short (at most SMALL_WHOLE_S)
+    is also run whole on each device, as a step runs it: the step's hand-offs, which trials of a
+    few kernels do not time, are a large part of such a layer. Its time there (the wall time,
+    1.4 x the busy time here) over the model is the device's whole-layer factor, alike devices
+    sharing one run; a long layer keeps its trials' spread. The layers' trials (together,
+    whole) see the waste between phases in full: the wall time over the busiest device's (2.5
+    here) scales the contention, beyond the 1.5 it was once held to."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    per = {"conv1": 0.001, "conv2": 0.01}   # conv1: 8 ms whole, conv2: 0.24 s
+    runs = []
+
+    def layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        layer, kind = g.name.split("/")[1:]
+        busy = [per[layer] * k for k in counts]
+        runs.append((layer, kind, [d.name for d in devices]))
+        return [(busy, max(busy) * (1.4 if kind == "whole" else 2.5))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: per[g.name] * k)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert [r for r in runs if r[1] == "whole"] == [("conv1", "whole", ["d0"]),
+                                                    ("conv1", "whole", ["d2"])]
+    assert cal.whole["conv1"] == pytest.approx([1.4, 1.4, 1.4])
+    assert cal.whole["conv2"] == pytest.approx([1.0, 1.0, 1.0])
+    assert cal.contention["conv2"] == pytest.approx([2.5, 2.5, 2.5])
+    fit = cal.fits["conv1"][0]
+    assert cal.alone_seconds("conv1", 8)[0] == pytest.approx((fit[1] + 8 * fit[0]) * 1.4)
+
+
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
     """Of several devices, each one's factor is its typical time alone over its best (the
     median of its five rounds over their minimum, within [1, 2]; alike devices the median of

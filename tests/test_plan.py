@@ -476,6 +476,40 @@ def test_time_head_times_the_masters_work():
     assert dh.shape == h.shape and losses[-1] < 0.5 * losses[0]
 
 
+def test_the_masters_work_is_timed_inside_steps(monkeypatch):
+    """The plan's master term for a short step is timed inside training steps on the devices
+    with their partition (a master that has waited for the conv layers runs its own work
+    slower than in a loop of its own): the step less its conv layers' calls. Here the fc work
+    is made 5 ms longer and each conv layer's forward 20 ms longer: the figure moves by the
+    first, not the second. A step predicted longer than IN_STEP_MAX_S is not run (None). The
+    devices hold no shard after."""
+    import time
+    from pyhet.devices import make_devices
+    from pyhet.model import IN_STEP_MAX_S, Head, time_in_step
+    from pyhet.parallel import PartitionedConv
+    from pyhet.specs import parse_devices
+    from pyhet.train import host_backend
+
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    partition = {g.name: [g.K // 2, g.K - g.K // 2] for g in NET.blocks}
+    try:
+        host = host_backend(devices)
+        base = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3, budget_s=0.0)
+        assert 0 < base < 0.05
+        train, forward = Head.train, PartitionedConv.forward
+        monkeypatch.setattr(Head, "train", lambda self, h, labels: (time.sleep(0.005),
+                                                                    train(self, h, labels))[1])
+        monkeypatch.setattr(PartitionedConv, "forward", lambda self, x: (time.sleep(0.02),
+                                                                         forward(self, x))[1])
+        slow = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3, budget_s=0.0)
+        assert 0.005 <= slow < base + 0.015
+        assert time_in_step(NET, N, devices, partition, host, IN_STEP_MAX_S * 1.01) is None
+        assert all(not d._shards for d in devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_ddp_arithmetic_by_hand():
     # two described devices, 1 GFLOP/s and 3 GFLOP/s, behind links of 1e6 and 2e6 bytes/s
     cluster = plan.build_cluster(NET, N, described=plan.parse_describe(
