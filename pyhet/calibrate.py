@@ -39,12 +39,17 @@ class Calibration:
     # layer -> [a device's typical time for the whole layer on its own over its cost model's
     # (its best time alone), per device]: measured for a single device of this process whose
     # memory holds the layer (_whole_layer); of several devices, each one's typical time alone
-    # over its best in its trials (_spreads). A device running a layer on its own is predicted
+    # over its best in its trials (_spreads), or, where the layer is short, its run of the whole
+    # layer as a step runs it (_small_wholes). A device running a layer on its own is predicted
     # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
-    # the master's own work of a step (the fc layers, the loss, their update: model.time_head)
-    # timed on this machine at this batch size, where pyhet plan's master is here; else None
+    # the master's own work of a step (the fc layers, the loss, their update) timed on this
+    # machine at this batch size, where pyhet plan's master is here (inside training steps
+    # where they are short: model.time_in_step; else model.time_head); else None
     master_s: float | None = None
+    # that work timed in a loop of its own (model.time_head), with master_s: the rate of a
+    # DDP replica's fc layers, which follow its own conv layers without waiting for devices
+    head_s: float | None = None
     # with master_s, per device: True where it computes on this machine's CPU cores (not a
     # GPU), whose rate on the conv layers the master's rate on the fc layers is set against
     cpu_like: list | None = None
@@ -190,7 +195,7 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
         for busy, wall in _layer_trial(devices, trial, kernels, x, need_dx, rounds, seed):
             # the barriers between phases: the layer lasts longer than its busiest device
             # where the devices are out of step phase by phase; all are charged alike
-            waste = max(1.0, wall / max(max(busy), 1e-12))
+            waste = min(1.5, max(1.0, wall / max(max(busy), 1e-12)))
             for i, (k, t) in enumerate(zip(kernels, busy)):
                 slope, intercept = fits[i]
                 if k > 0:   # its time as the cost model gives it, from its fit alone

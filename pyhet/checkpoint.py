@@ -522,9 +522,10 @@ def calibration_problem(cal: dict, n: int, layers: set) -> "str | None":
         problem = per_layer(name, check, optional)
         if problem is not None:
             return problem
-    master = cal.get("master_s")
-    if master is not None and not _numbers([master], 1, 0.0):
-        return f"has master_s {master!r}"
+    for key in ("master_s", "head_s"):
+        master = cal.get(key)
+        if master is not None and not _numbers([master], 1, 0.0):
+            return f"has {key} {master!r}"
     cpu_like = cal.get("cpu_like")
     if cpu_like is not None and not (isinstance(cpu_like, list) and len(cpu_like) == n
                                      and all(isinstance(c, bool) for c in cpu_like)):

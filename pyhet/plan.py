@@ -337,6 +337,9 @@ class Cluster:
     # each device's GFLOP/s as the plan shows it (_gflops: a calibrated device's whole-layer
     # rate, a described one's as given); None: gflops
     shown_gflops: list | None = None
+    # the master's own work timed in a loop of its own (Calibration.head_s): a DDP replica's
+    # fc layers' rate; None: master_s
+    head_s: float | None = None
 
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
@@ -579,8 +582,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         mine = len(calibrated[0])   # the calibrated devices come first
         cpu_gflops = sum(gf for gf, cpu in zip(gflops[:mine], cpu_like) if cpu) or None
     alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
+    head_s = calibrated[1].head_s if master_s is not None else None
     return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
-                   alone if own else None, shown)
+                   alone if own else None, shown, head_s)
 
 
 # ================================================================================================
@@ -828,8 +832,9 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     if timed:
         master_s = cluster.master_s
         master_gflops = fc_flops(net, batch) / max(master_s, 1e-12) / 1e9
-        if cluster.cpu_gflops:
-            fc_rate = master_gflops / cluster.cpu_gflops
+        if cluster.cpu_gflops:   # a replica's fc layers: the master's rate in a loop of its own
+            head_s = cluster.head_s if cluster.head_s is not None else master_s
+            fc_rate = fc_flops(net, batch) / max(head_s, 1e-12) / 1e9 / cluster.cpu_gflops
     else:
         master_gflops = master_gflops or default_master_gflops(cluster)
         master_s = master_seconds(net, batch, master_gflops)

@@ -10,7 +10,7 @@ from .backends.numpy_ref import host_available_memory
 from .calibrate import _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
-from .errors import DeviceError, DeviceSpecError
+from .errors import DeviceError, DeviceSpecError, PyhetError
 from .model import time_head, time_in_step
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
 from .train import (check_memory, host_backend, host_devices, left_out, measure_links,
@@ -91,12 +91,17 @@ def _with_master(cal, net, batch: int, devices):
     with the calibration's partition, where the conv layers take a short time (time_in_step),
     else on its own (time_head)."""
     host = host_backend(devices)
-    partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
-    master_s = time_in_step(net, batch, devices, partition, host,
-                            sum(cal.predicted(layer, c) for layer, c in partition.items()))
-    if master_s is None:
-        master_s = time_head(net, batch, host)
-    return replace(cal, master_s=master_s, cpu_like=[d.kind != "gpu" for d in devices])
+    head_s = time_head(net, batch, host)
+    try:
+        partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
+        in_step = time_in_step(net, batch, devices, partition, host,
+                               sum(cal.predicted(layer, c) for layer, c in partition.items()))
+    except (ValueError, MemoryError, PyhetError):
+        # the devices' memory holds no whole layer (described devices may take the rest:
+        # the plan says), or no whole step of them: the master's work timed on its own
+        in_step = None
+    return replace(cal, master_s=head_s if in_step is None else in_step, head_s=head_s,
+                   cpu_like=[d.kind != "gpu" for d in devices])
 
 
 def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None):
