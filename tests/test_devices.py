@@ -599,6 +599,16 @@ def fake_timings(monkeypatch, time_block, busy):
     monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
 
 
+def calibrated_on(spec: str, blocks, batch: int = 4) -> Calibration:
+    """The calibration of the devices of `spec` on these layers, the devices closed after."""
+    devices = make_devices(parse_devices(spec))
+    try:
+        return calibrate(devices, blocks, batch)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_several_devices_time_a_short_layer_whole_as_a_step_runs_it(monkeypatch):
     """Of several devices, a layer whose model on one device is short (at most SMALL_WHOLE_S)
     is also run whole on each device, as a step runs it: the step's hand-offs, which trials of a
@@ -620,12 +630,7 @@ def test_several_devices_time_a_short_layer_whole_as_a_step_runs_it(monkeypatch)
     monkeypatch.setattr(calibrate_module, "_time_block",
                         lambda device, g, k, x, rng, need_dx: per[g.name] * k)
     monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal = calibrated_on("cpu:1,cpu:1,cpu:1@0.5", shape.blocks)
     assert [r for r in runs if r[1] == "whole"] == [("conv1", "whole", ["d0"]),
                                                     ("conv1", "whole", ["d2"])]
     assert cal.whole["conv1"] == pytest.approx([1.4, 1.4, 1.4])
@@ -649,12 +654,7 @@ def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
         return 0.01 * k * (1.3 if noisy else 1.0)
 
     fake_timings(monkeypatch, time_block, lambda devices, g, counts: [0.01 * k for k in counts])
-    devices = make_devices(parse_devices("cpu:1,numpy,cpu:1@0.5"))
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal = calibrated_on("cpu:1,numpy,cpu:1@0.5", shape.blocks)
     assert cal.whole["conv2"] == pytest.approx([1.3, 1.0, 1.0])
     alone = cal.alone_seconds("conv2", 24)
     fit = cal.fits["conv2"][0]
