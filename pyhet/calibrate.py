@@ -43,6 +43,13 @@ class Calibration:
     # layer as a step runs it (_small_wholes). A device running a layer on its own is predicted
     # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
+    # layer -> [the layer's waits between phases beyond what its contention carries, one
+    # figure for every device]: where devices of this process run a layer together, it lasts
+    # longer than its busiest device (each phase waits for all: hand-offs, devices out of step);
+    # the contention takes that up to WAITS_IN_CONTENTION, and the layer's time split over
+    # several devices (predicted) the rest. A DDP replica, or a device copied elsewhere, takes
+    # the contention alone. Missing: 1
+    waits: dict | None = None
     # the master's own work of a step (the fc layers, the loss, their update) timed on this
     # machine at this batch size, where pyhet plan's master is here (inside training steps
     # where they are short: model.time_in_step; else model.time_head); else None
@@ -93,7 +100,9 @@ class Calibration:
         busy = [i for i, k in enumerate(counts) if k]
         if alone is not None and len(busy) == 1:
             return alone[busy[0]]   # one device on its own: its typical time alone
-        return phases_time(counts, self.phases_of(layer))
+        waits = (self.waits or {}).get(layer)
+        split = phases_time(counts, self.phases_of(layer))
+        return split * waits[0] if waits and len(busy) > 1 else split
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit
@@ -119,6 +128,8 @@ class Calibration:
                     row["contention"] = round(self.contention[layer][i], 4)
                 if (self.whole or {}).get(layer) is not None:
                     row["whole_layer"] = round(self.whole[layer][i], 4)
+                if (self.waits or {}).get(layer) is not None:
+                    row["waits"] = round(self.waits[layer][i], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -157,8 +168,9 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list, seed: int,
-              rounds: int) -> list:
-    """How much slower each device computes when they all run at once on their shares: over
+              rounds: int) -> tuple:
+    """(how much slower each device computes when they all run at once on their shares, the
+    layer's waits beyond them): over
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
     the partition will give it, its median time then over its time alone as fitted (at least
     MIN_CONTENTION: a share can take Strassen's scheme where the trials did not; a single
@@ -171,8 +183,11 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     Devices of this process (no link) run the layer together as a training step does
     (_layer_trial: the phases, each waiting for all, and the update), and a device's time there
     is its busy time in the layer; where the layer outlasts its busiest device (out of step
-    phase by phase), every device's ratio is scaled by that too, so that the slowest device's
-    predicted time is the layer's. Devices with a link (another rank) run a trial each, at once.
+    phase by phase), every device's ratio is scaled by that too, up to WAITS_IN_CONTENTION, so
+    that the slowest device's predicted time is the layer's; what is beyond it, the median over
+    the rounds, is returned beside the ratios (Calibration.waits: a split layer's time takes it,
+    a DDP replica's contention does not). Devices with a link (another rank) run a trial each,
+    at once (no waits: 1).
 
     Alike devices (_alike: the same SPEC in the same group) are slowed alike, but a device's own
     median is still as noisy as a few trials, which would tilt the partition between them: they
@@ -187,7 +202,7 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
         rates = [1.0 / slope for slope, _ in fits]
         kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
                    for r, cap in zip(rates, caps)]
-    ratios = [[] for _ in devices]
+    ratios, beyond = [[] for _ in devices], []
     if all(d.link is None for d in devices):
         # devices of this process: the trial is the layer as training runs it
         trial = replace(g, name=f"calibrate/{g.name}/together", K=sum(kernels))
@@ -195,7 +210,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
         for busy, wall in _layer_trial(devices, trial, kernels, x, need_dx, rounds, seed):
             # the barriers between phases: the layer lasts longer than its busiest device
             # where the devices are out of step phase by phase; all are charged alike
-            waste = min(1.5, max(1.0, wall / max(max(busy), 1e-12)))
+            waste = max(1.0, wall / max(max(busy), 1e-12))
+            beyond.append(waste / min(WAITS_IN_CONTENTION, waste))
+            waste = min(WAITS_IN_CONTENTION, waste)
             for i, (k, t) in enumerate(zip(kernels, busy)):
                 slope, intercept = fits[i]
                 if k > 0:   # its time as the cost model gives it, from its fit alone
@@ -217,8 +234,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
     low = 1.0 if len(devices) == 1 else MIN_CONTENTION
-    return [min(MAX_CONTENTION, max(low, float(np.median(pooled[_alike(d)]))))
-            for d in devices]
+    return ([min(MAX_CONTENTION, max(low, float(np.median(pooled[_alike(d)]))))
+             for d in devices], min(MAX_CONTENTION, float(np.median(beyond))) if beyond else 1.0)
 
 
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
@@ -332,6 +349,9 @@ TRIAL_BUDGET_S = 0.3   # a layer trial's runs go on to this many seconds (_layer
 # array), whose page faults made the first timed run of the paper network's conv2 9-36% slower
 WARM_UPS = 2
 WHOLE_BUDGET_S = 4.0   # a single device's whole-layer runs: three where they fit (_whole_layer)
+# A layer trial's wall time over its busiest device's that its contention takes; beyond it,
+# the layer's waits (Calibration.waits)
+WAITS_IN_CONTENTION = 1.5
 # A layer whose model on one device is at most this long is timed whole on each device of
 # several, as a step runs it (_small_wholes)
 SMALL_WHOLE_S = 0.05
@@ -380,6 +400,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
+    waits = {}   # layer -> [its waits beyond the contention, one figure per device]
     models = {}   # layer -> what _layer_model (and a second together trial) needs
     for index, g in enumerate(geometries):
         need_dx = index > 0
@@ -434,8 +455,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 elif d.kind == "gpu" and (slope <= 0 or tb - kb * slope >= most * tb):
                     fit = ((1 - most) * tb / kb, most * tb)
             fits.append(fit)
-        slower = (_together(devices, g, x, need_dx, fits, memory, seed, together)
-                  if together > 0 else [1.0] * len(devices))
+        slower, beyond = (_together(devices, g, x, need_dx, fits, memory, seed, together)
+                          if together > 0 else ([1.0] * len(devices), 1.0))
+        if len(devices) > 1 and beyond > 1.0:
+            waits[g.name] = [beyond] * len(devices)
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
@@ -455,7 +478,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         models[g.name] = (devices, g, batch, need_dx, fits, memory, one_group)
         _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
-                      whole or None)
+                      whole or None, waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
         if together > 0 and _alone_by_one_trial(cal, devices, g, memory):
@@ -466,12 +489,14 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             # disturbance only slows)
             x = np.random.default_rng((seed, index)).standard_normal(
                 g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
-            again = _together(devices, g, x, need_dx, fits, memory, seed + 1, together)
+            again, beyond = _together(devices, g, x, need_dx, fits, memory, seed + 1, together)
             contention[g.name] = [min(a, b) for a, b in zip(contention[g.name], again)]
+            if g.name in waits:
+                waits[g.name] = [min(w, beyond) for w in waits[g.name]]
             _layer_model(*models[g.name], contention[g.name], speeds, overheads, caps, parts,
                          phases)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
-                       whole or None)
+                       whole or None, waits or None)
 
 
 def _alone_by_one_trial(cal: Calibration, devices, g: ConvGeometry, memory) -> bool:

@@ -340,6 +340,10 @@ class Cluster:
     # the master's own work timed in a loop of its own (Calibration.head_s): a DDP replica's
     # fc layers' rate; None: master_s
     head_s: float | None = None
+    # layer -> its waits between phases beyond its devices' contention, where it is split over
+    # several devices (Calibration.waits, of the calibrated devices where nothing else joins
+    # them); missing: 1
+    waits: dict | None = None
 
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
@@ -583,8 +587,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         cpu_gflops = sum(gf for gf, cpu in zip(gflops[:mine], cpu_like) if cpu) or None
     alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
     head_s = calibrated[1].head_s if master_s is not None else None
+    # the calibrated devices' waits between phases, where no other device joins them
+    waits = ({layer: w[0] for layer, w in (calibrated[1].waits or {}).items()}
+             if calibrated is not None and not described and not ranked else None)
     return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
-                   alone if own else None, shown, head_s)
+                   alone if own else None, shown, head_s, waits or None)
 
 
 # ================================================================================================
@@ -636,15 +643,16 @@ def own_costs(cluster: Cluster, layer: str) -> list:
             for c, a in zip(cluster.costs[layer], own)]
 
 
-def layer_seconds(costs: list, counts, own: list | None = None) -> float:
+def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1.0) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, where one device has every kernel, its typical
     time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
-    then, own_costs, default its cost among the others)."""
+    then, own_costs, default its cost among the others). A layer split over several devices
+    takes its `waits` between phases beyond their contention (Cluster.waits)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
         return _alone_s((own or costs)[busy[0]], counts[busy[0]])
-    return phases_time(counts, layer_phases(costs))
+    return phases_time(counts, layer_phases(costs)) * waits
 
 
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
@@ -670,7 +678,8 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         own = own_costs(cluster, g.name)
         if fits:
             i = min(fits, key=lambda j: _alone_s(own[j], g.K))
-            if _alone_s(own[i], g.K) <= layer_seconds(cs, counts, own):
+            if _alone_s(own[i], g.K) <= layer_seconds(cs, counts, own,
+                                                      (cluster.waits or {}).get(g.name, 1.0)):
                 counts = [g.K if j == i else 0 for j in range(len(cs))]
         out[g.name] = counts
     return out
@@ -679,7 +688,8 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     """layer -> predicted seconds of the layer (layer_seconds)."""
     return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
-                                  own_costs(cluster, g.name))
+                                  own_costs(cluster, g.name),
+                                  (cluster.waits or {}).get(g.name, 1.0))
             for g in net.blocks}
 
 

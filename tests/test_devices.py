@@ -2,6 +2,7 @@
 on a stand-in CuPy, and calibration."""
 
 import re
+from dataclasses import replace
 import sys
 import threading
 import time
@@ -637,6 +638,43 @@ def test_several_devices_time_a_short_layer_whole_as_a_step_runs_it(monkeypatch)
     assert cal.whole["conv2"] == pytest.approx([1.0, 1.0, 1.0])
     fit = cal.fits["conv1"][0]
     assert cal.alone_seconds("conv1", 8)[0] == pytest.approx((fit[1] + 8 * fit[0]) * 1.4)
+
+
+def test_the_waits_between_phases_beyond_the_contention_are_the_split_layers(monkeypatch):
+    """A layer run together that lasts 2.4 times its busiest device: its devices' contention
+    takes 1.5 of that (WAITS_IN_CONTENTION), the layer's waits the rest (1.6), which the time
+    of the layer split over several devices takes (predicted, and pyhet plan's), and a DDP
+    replica's does not (it waits for no device between phases)."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet import plan
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+
+    def layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        busy = [0.01 * k for k in counts]
+        return [(busy, max(busy) * (2.4 if g.name.endswith("/together") else 1.0))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: 0.01 * k)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
+    cal = calibrated_on("cpu:1,cpu:1", shape.blocks)
+    assert cal.contention["conv2"] == pytest.approx([1.5, 1.5])
+    assert cal.waits == {"conv1": pytest.approx([1.6, 1.6]), "conv2": pytest.approx([1.6, 1.6])}
+    without = replace(cal, waits=None)
+    assert cal.predicted("conv2", [12, 12]) == pytest.approx(
+        1.6 * without.predicted("conv2", [12, 12]))
+    assert cal.predicted("conv2", [24, 0]) == pytest.approx(without.predicted("conv2", [24, 0]))
+    rows = cal.as_dict([types.SimpleNamespace(name="d0"), types.SimpleNamespace(name="d1")])
+    assert rows["conv2"]["d1"]["waits"] == pytest.approx(1.6)
+    clusters = [plan.build_cluster(shape, 4, calibrated=(["d0", "d1"], c))
+                for c in (cal, without)]
+    halves = {"conv1": [4, 4], "conv2": [12, 12]}
+    layer_s = [plan.conv_seconds(c, shape, halves)["conv2"] for c in clusters]
+    assert layer_s[0] == pytest.approx(1.6 * layer_s[1])
+    both = [plan.plan(c, shape, 4) for c in clusters]
+    # with its waits the split is slower than one device alone (0.288 s against 0.24 s)
+    assert both[0]["partition"]["conv2"]["d1"] == 0 < both[1]["partition"]["conv2"]["d1"]
+    assert both[0]["ddp"]["step_s"] == pytest.approx(both[1]["ddp"]["step_s"])
 
 
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
