@@ -63,11 +63,11 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
     return report
 
 
-def calibrate_spec(spec: str, net, batch: int):
+def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
-    here too: the Calibration's master_s is its own work of a step, timed. (Under mpiexec,
-    calibrate_ranks.)"""
+    here too: the Calibration's master_s is its own work of a step, timed (in_step False: on
+    its own only, where the plan will not use it). (Under mpiexec, calibrate_ranks.)"""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
@@ -79,32 +79,35 @@ def calibrate_spec(spec: str, net, batch: int):
     devices = make_devices(specs)
     try:
         return [d.name for d in devices], _with_master(calibrate(devices, net.blocks, batch),
-                                                      net, batch, devices)
+                                                      net, batch, devices, in_step)
     finally:
         for d in devices:
             d.close()
 
 
-def _with_master(cal, net, batch: int, devices):
+def _with_master(cal, net, batch: int, devices, in_step: bool = True):
     """The calibration with the master's own work of a step timed here (the master runs on
     this machine), on the backend training gives it: inside training steps on these devices,
     with the calibration's partition, where the conv layers take a short time (time_in_step),
     else on its own (time_head)."""
     host = host_backend(devices)
     head_s = time_head(net, batch, host)
-    try:
-        partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
-        in_step = time_in_step(net, batch, devices, partition, host,
-                               sum(cal.predicted(layer, c) for layer, c in partition.items()))
-    except (ValueError, MemoryError, PyhetError):
-        # the devices' memory holds no whole layer (described devices may take the rest:
-        # the plan says), or no whole step of them: the master's work timed on its own
-        in_step = None
-    return replace(cal, master_s=head_s if in_step is None else in_step, head_s=head_s,
+    timed = None
+    if in_step:
+        try:
+            partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
+            timed = time_in_step(net, batch, devices, partition, host,
+                                 sum(cal.predicted(layer, c) for layer, c in partition.items()))
+        except (ValueError, MemoryError, PyhetError):
+            # the devices' memory holds no whole layer (described devices may take the rest:
+            # the plan says), or no whole step of them: the master's work timed on its own
+            timed = None
+    return replace(cal, master_s=head_s if timed is None else timed, head_s=head_s,
                    cpu_like=[d.kind != "gpu" for d in devices])
 
 
-def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None):
+def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None,
+                    in_step: bool = True):
     """((device names, Calibration), {name: (Link, members)}) of the devices of a SPEC placed
     on the ranks of an MPI job, on rank 0: each calibrated on its rank by pyhet train's
     calibration (a device of another rank timed by its rank, computing beside the others, so
@@ -115,7 +118,7 @@ def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = No
     devices = open_devices(spec, timeout, comm)
     try:
         measure_links(devices, net.blocks, batch)
-        cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices)
+        cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices, in_step)
         ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices
                   if d.link is not None}
         return ([d.name for d in devices], cal), ranked

@@ -522,6 +522,9 @@ def test_the_plan_takes_the_master_in_steps_where_it_can(monkeypatch):
     monkeypatch.setattr(report, "time_in_step", lambda *a, **k: 0.005)
     _, cal = report.calibrate_spec("cpu:1", NET, N)
     assert (cal.master_s, cal.head_s) == (0.005, 0.002)
+    # where the plan takes the master's rate as given (--master-gflops), no step is run
+    _, cal = report.calibrate_spec("cpu:1", NET, N, in_step=False)
+    assert (cal.master_s, cal.head_s) == (0.002, 0.002)
 
     def fails(*a, **k):
         raise DeviceError("d0 failed")
