@@ -43,8 +43,8 @@ class Calibration:
     # layer as a step runs it (_small_wholes). A device running a layer on its own is predicted
     # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
-    # layer -> [the layer's waits between phases beyond what its contention carries, one
-    # figure for every device]: where devices of this process run a layer together, it lasts
+    # layer -> the layer's waits between phases beyond what its contention carries: where
+    # devices of this process run a layer together, it lasts
     # longer than its busiest device (each phase waits for all: hand-offs, devices out of step);
     # the contention takes that up to WAITS_IN_CONTENTION, and the layer's time split over
     # several devices (predicted) the rest. A DDP replica, or a device copied elsewhere, takes
@@ -100,9 +100,8 @@ class Calibration:
         busy = [i for i, k in enumerate(counts) if k]
         if alone is not None and len(busy) == 1:
             return alone[busy[0]]   # one device on its own: its typical time alone
-        waits = (self.waits or {}).get(layer)
         split = phases_time(counts, self.phases_of(layer))
-        return split * waits[0] if waits and len(busy) > 1 else split
+        return split * (self.waits or {}).get(layer, 1.0) if len(busy) > 1 else split
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit
@@ -129,7 +128,7 @@ class Calibration:
                 if (self.whole or {}).get(layer) is not None:
                     row["whole_layer"] = round(self.whole[layer][i], 4)
                 if (self.waits or {}).get(layer) is not None:
-                    row["waits"] = round(self.waits[layer][i], 4)
+                    row["waits"] = round(self.waits[layer], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -280,7 +279,7 @@ def _small_wholes(factors: list, devices, g: ConvGeometry, x, need_dx: bool, fit
     at most SMALL_WHOLE_S): one device of this process alike its others (alike devices share
     it). There a step's hand-offs to the device and back, which its trials of a few kernels do
     not time, are a large part of the layer (the default network's conv1 at batch 4 on a cpu:1
-    of a pair: 1.64-1.72 ms in a step, 1.28-1.39 ms by its trials' spread); a long layer takes
+    of a pair: 1.64-1.72 ms in a step, 1.23-1.39 ms by its trials' spread); a long layer takes
     its trials' spread (_spreads), where they are noise."""
     done = {}
     for i, d in enumerate(devices):
@@ -400,7 +399,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
-    waits = {}   # layer -> [its waits beyond the contention, one figure per device]
+    waits = {}   # layer -> its waits beyond the contention (Calibration.waits)
     models = {}   # layer -> what _layer_model (and a second together trial) needs
     for index, g in enumerate(geometries):
         need_dx = index > 0
@@ -458,7 +457,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         slower, beyond = (_together(devices, g, x, need_dx, fits, memory, seed, together)
                           if together > 0 else ([1.0] * len(devices), 1.0))
         if len(devices) > 1 and beyond > 1.0:
-            waits[g.name] = [beyond] * len(devices)
+            waits[g.name] = beyond
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
@@ -492,7 +491,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             again, beyond = _together(devices, g, x, need_dx, fits, memory, seed + 1, together)
             contention[g.name] = [min(a, b) for a, b in zip(contention[g.name], again)]
             if g.name in waits:
-                waits[g.name] = [min(w, beyond) for w in waits[g.name]]
+                waits[g.name] = min(waits[g.name], beyond)
             _layer_model(*models[g.name], contention[g.name], speeds, overheads, caps, parts,
                          phases)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,

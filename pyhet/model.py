@@ -464,10 +464,10 @@ IN_STEP_MAX_S = 0.25
 
 
 class _Timed:
-    """An object whose methods named in `methods` add their seconds to clock["s"]."""
+    """An object whose methods named in `methods` add their seconds to timer's part `part`."""
 
-    def __init__(self, obj, methods, clock: dict):
-        self._obj, self._methods, self._clock = obj, methods, clock
+    def __init__(self, obj, methods, timer: PartTimer, part: str):
+        self._obj, self._methods, self._timer, self._part = obj, methods, timer, part
 
     def __getattr__(self, name):
         fn = getattr(self._obj, name)
@@ -475,11 +475,8 @@ class _Timed:
             return fn
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
+            with self._timer(self._part):
                 return fn(*args, **kwargs)
-            finally:
-                self._clock["s"] += time.perf_counter() - t0
         return timed
 
 
@@ -504,18 +501,18 @@ def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
               for k, shape in net.param_shapes().items()}
     x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
     labels = rng.integers(0, net.num_classes, batch)
-    cfg, times, total, clock = SGDConfig(), [], 0.0, {"s": 0.0}
+    cfg, times, total, timer = SGDConfig(), [], 0.0, PartTimer()
     try:
         model = Net(net, params, devices, partition, host)
-        model.convs = [_Timed(c, ("forward", "backward", "step", "commit"), clock)
+        model.convs = [_Timed(c, ("forward", "backward", "step", "commit"), timer, "conv")
                        for c in model.convs]
         for r in range(8 * rounds + 2):
-            clock["s"] = 0.0
+            timer.parts.clear()
             t0 = time.perf_counter()
             model.train_step(x, labels, cfg)
             wall = time.perf_counter() - t0
             if r >= 2:
-                times.append(max(0.0, wall - clock["s"]))
+                times.append(max(0.0, wall - timer.parts.get("conv", 0.0)))
                 total += wall
                 if len(times) >= rounds and total >= budget_s:
                     break

@@ -588,8 +588,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
     head_s = calibrated[1].head_s if master_s is not None else None
     # the calibrated devices' waits between phases, where no other device joins them
-    waits = ({layer: w[0] for layer, w in (calibrated[1].waits or {}).items()}
-             if calibrated is not None and not described and not ranked else None)
+    waits = (calibrated[1].waits if calibrated is not None and not described and not ranked
+             else None)
     return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                    alone if own else None, shown, head_s, waits or None)
 

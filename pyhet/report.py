@@ -101,7 +101,7 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
         except (ValueError, MemoryError, PyhetError):
             # the devices' memory holds no whole layer (described devices may take the rest:
             # the plan says), or no whole step of them: the master's work timed on its own
-            timed = None
+            pass
     return replace(cal, master_s=head_s if timed is None else timed, head_s=head_s,
                    cpu_like=[d.kind != "gpu" for d in devices])
 

@@ -659,7 +659,7 @@ def test_the_waits_between_phases_beyond_the_contention_are_the_split_layers(mon
     monkeypatch.setattr(calibrate_module, "_layer_trial", layer_trial)
     cal = calibrated_on("cpu:1,cpu:1", shape.blocks)
     assert cal.contention["conv2"] == pytest.approx([1.5, 1.5])
-    assert cal.waits == {"conv1": pytest.approx([1.6, 1.6]), "conv2": pytest.approx([1.6, 1.6])}
+    assert cal.waits == {"conv1": pytest.approx(1.6), "conv2": pytest.approx(1.6)}
     without = replace(cal, waits=None)
     assert cal.predicted("conv2", [12, 12]) == pytest.approx(
         1.6 * without.predicted("conv2", [12, 12]))

@@ -672,6 +672,11 @@ PLAN_NOT_REUSED.update({
                   ["has fits [['a'], ['b']] for conv1"]),
     "whole not numbers": (lambda plan: _calibration(plan, "whole", "conv1", [None, None]),
                           ["has whole [None, None] for conv1"]),
+    "waits below one": (lambda plan: _calibration(plan, "waits", "conv1", 0.5),
+                        ["has waits 0.5 for conv1"]),
+    "head_s a string": (lambda plan: {**plan, "calibration": {**plan["calibration"],
+                                                              "head_s": "x"}},
+                        ["calibration has head_s 'x'"]),
     "fits of an integer past float's range": (
         lambda plan: _calibration(plan, "fits", "conv1", [[0, 0, 10**400], [0, 0, 0]]),
         ["has fits [[0, 0, 1000"]),
