@@ -60,6 +60,11 @@ class Calibration:
     # with master_s, per device: True where it computes on this machine's CPU cores (not a
     # GPU), whose rate on the conv layers the master's rate on the fc layers is set against
     cpu_like: list | None = None
+    # layer -> (kernels per device, seconds): each conv layer's calls timed inside those
+    # training steps (model.time_in_step) with the calibration's partition, where they ran;
+    # pyhet plan takes the layer at that time (its prediction of the calibrated devices times
+    # that over its model's, pyhet.plan.Cluster.in_step). Training does not use it. Else None
+    in_step: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured

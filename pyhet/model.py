@@ -461,6 +461,7 @@ def time_head(net: NetGeometry, batch: int, host, rounds: int = 7, seed: int = 0
 # A step longer than this (the calibration's prediction of its conv layers) has its master's work
 # timed on its own (time_head): the difference is a fraction of a millisecond (time_in_step).
 IN_STEP_MAX_S = 0.25
+IN_STEP_MAX_STEPS = 400   # steps timed at most (time_in_step)
 
 
 class _Timed:
@@ -482,17 +483,21 @@ class _Timed:
 
 def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
                  predicted_s: float, rounds: int = 7, seed: int = 0,
-                 budget_s: float = 0.3):
-    """The master's own work of a step timed inside training steps of `net` on these devices
-    with this partition (layer -> kernels per device): the step less its conv layers' calls
-    (their forward, backward and update, which calibration's layer trials time), so the fc
-    layers, the loss, their update and the step's own bookkeeping; or None where the conv
-    layers' `predicted_s` is above IN_STEP_MAX_S. In a step the master waits for the devices'
-    conv layers before it runs its own work, and then runs it 2-4 times slower than in a loop of
-    its own (one cpu core: 0.07 ms for the default network's fc layer at batch 4 in a loop, 0.28
-    ms after a 2 ms wait, 0.22-0.29 ms in a step): a tenth of a step of a few milliseconds.
-    The median of `rounds` steps after two that warm up, or of more while they take less than
-    `budget_s` together (at most 8 * rounds); the devices' shards of the layers are dropped
+                 budget_s: float = 1.0):
+    """(the master's own work of a step, {conv layer: its seconds}) timed inside training
+    steps of `net` on these devices with this partition (layer -> kernels per device), or None
+    where the conv layers' `predicted_s` is above IN_STEP_MAX_S. A conv layer's seconds are its
+    calls' (its forward, backward and update); the master's work is the step less them: the fc
+    layers, the loss, their update and the step's own bookkeeping. In a step the master waits
+    for the devices' conv layers before it runs its own work, and then runs it 2-4 times slower
+    than in a loop of its own (one cpu core: 0.07 ms for the default network's fc layer at batch
+    4 in a loop, 0.28 ms after a 2 ms wait, 0.22-0.29 ms in a step): a tenth of a step of a few
+    milliseconds; and a short conv layer takes longer than in a loop of that layer alone (the
+    same network's conv1 on a pair of cpu:1 devices: 1.6-1.7 ms in steps, 0.85-1.5 ms as
+    calibration predicted it from its trials, from one calibration to the next). Medians of
+    `rounds` steps after two that warm up, or of more while they take less than `budget_s`
+    together (at most IN_STEP_MAX_STEPS: a step of a few milliseconds moves by 20-25% from one
+    second to the next on a shared machine); the devices' shards of the layers are dropped
     after."""
     if predicted_s > IN_STEP_MAX_S:
         return None
@@ -501,20 +506,24 @@ def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
               for k, shape in net.param_shapes().items()}
     x = rng.standard_normal((batch, *net.input_shape)).astype(np.float32)
     labels = rng.integers(0, net.num_classes, batch)
-    cfg, times, total, timer = SGDConfig(), [], 0.0, PartTimer()
+    cfg, masters, total, timer = SGDConfig(), [], 0.0, PartTimer()
+    layers = {g.name: [] for g in net.blocks}
     try:
         model = Net(net, params, devices, partition, host)
-        model.convs = [_Timed(c, ("forward", "backward", "step", "commit"), timer, "conv")
-                       for c in model.convs]
-        for r in range(8 * rounds + 2):
+        model.convs = [_Timed(c, ("forward", "backward", "step", "commit"), timer, g.name)
+                       for c, g in zip(model.convs, net.blocks)]
+        for r in range(max(rounds, IN_STEP_MAX_STEPS) + 2):
             timer.parts.clear()
             t0 = time.perf_counter()
             model.train_step(x, labels, cfg)
             wall = time.perf_counter() - t0
             if r >= 2:
-                times.append(max(0.0, wall - timer.parts.get("conv", 0.0)))
+                conv = [timer.parts.get(g.name, 0.0) for g in net.blocks]
+                masters.append(max(0.0, wall - sum(conv)))
+                for g, t in zip(net.blocks, conv):
+                    layers[g.name].append(t)
                 total += wall
-                if len(times) >= rounds and total >= budget_s:
+                if len(masters) >= rounds and total >= budget_s:
                     break
     finally:
         for g in net.blocks:
@@ -523,7 +532,7 @@ def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
                     d.call("calibration", d.drop_shard, g.name)
                 except Exception:  # noqa: BLE001 (a device that failed: its error goes on)
                     pass
-    return float(np.median(times))
+    return float(np.median(masters)), {k: float(np.median(v)) for k, v in layers.items()}
 
 
 class Net:

@@ -344,6 +344,11 @@ class Cluster:
     # several devices (Calibration.waits, of the calibrated devices where nothing else joins
     # them); missing: 1
     waits: dict | None = None
+    # layer -> the calibrated devices' time for it inside training steps over this model's
+    # prediction of it (Calibration.in_step: short steps, every device of the master's process,
+    # nothing else joining them), which a layer's predicted time takes, the devices' split and
+    # each alone, so that the partition timed is predicted at its time in steps; missing: 1
+    in_step: dict | None = None
 
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
@@ -590,8 +595,25 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     # the calibrated devices' waits between phases, where no other device joins them
     waits = (calibrated[1].waits if calibrated is not None and not described and not ranked
              else None)
-    return Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
-                   alone if own else None, shown, head_s, waits or None)
+    cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
+                      alone if own else None, shown, head_s, waits or None)
+    timed = (calibrated[1].in_step if calibrated is not None and not described and not ranked
+             else None)
+    if timed:
+        factors = {}
+        for layer, (counts, seconds) in timed.items():
+            if layer in costs and len(counts) == len(names):
+                model = layer_seconds(costs[layer], counts, own_costs(cluster, layer),
+                                      (waits or {}).get(layer, 1.0))
+                factors[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
+                                                            seconds / max(model, 1e-12)))
+        cluster = replace(cluster, in_step=factors or None)
+    return cluster
+
+
+# A layer's time in steps over its model's (Cluster.in_step) is taken within these: beyond them
+# the steps or the calibration met a disturbance of the machine
+IN_STEP_BOUNDS = (0.25, 4.0)
 
 
 # ================================================================================================
@@ -643,16 +665,18 @@ def own_costs(cluster: Cluster, layer: str) -> list:
             for c, a in zip(cluster.costs[layer], own)]
 
 
-def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1.0) -> float:
+def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1.0,
+                  in_step: float = 1.0) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, where one device has every kernel, its typical
     time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
     then, own_costs, default its cost among the others). A layer split over several devices
-    takes its `waits` between phases beyond their contention (Cluster.waits)."""
+    takes its `waits` between phases beyond their contention (Cluster.waits); either takes the
+    layer's `in_step` factor (Cluster.in_step)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
-        return _alone_s((own or costs)[busy[0]], counts[busy[0]])
-    return phases_time(counts, layer_phases(costs)) * waits
+        return _alone_s((own or costs)[busy[0]], counts[busy[0]]) * in_step
+    return phases_time(counts, layer_phases(costs)) * waits * in_step
 
 
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
@@ -689,7 +713,8 @@ def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     """layer -> predicted seconds of the layer (layer_seconds)."""
     return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
                                   own_costs(cluster, g.name),
-                                  (cluster.waits or {}).get(g.name, 1.0))
+                                  (cluster.waits or {}).get(g.name, 1.0),
+                                  (cluster.in_step or {}).get(g.name, 1.0))
             for g in net.blocks}
 
 
@@ -705,7 +730,7 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
         c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
         if c.cap < g.K:
             return None
-        total += _alone_s(c, g.K)
+        total += _alone_s(c, g.K) * (cluster.in_step or {}).get(g.name, 1.0)
     return total
 
 
@@ -870,6 +895,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}
         layers[g.name] = {"conv_s": _sig(layer_s[g.name]), "devices": rows}
+        if (cluster.in_step or {}).get(g.name) is not None:
+            layers[g.name]["in_step"] = round(cluster.in_step[g.name], 4)
     d = ddp(cluster, net, batch, ddp_speed, fc_rate)
     return {
         "network": net.arch, "batch_size": batch,

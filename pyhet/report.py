@@ -88,22 +88,27 @@ def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
 def _with_master(cal, net, batch: int, devices, in_step: bool = True):
     """The calibration with the master's own work of a step timed here (the master runs on
     this machine), on the backend training gives it: inside training steps on these devices,
-    with the calibration's partition, where the conv layers take a short time (time_in_step),
+    with the calibration's partition, where the conv layers take a short time (time_in_step,
+    whose conv layers' times go beside it where every device is of this process: in_step),
     else on its own (time_head)."""
     host = host_backend(devices)
     head_s = time_head(net, batch, host)
-    timed = None
+    timed = layers = None
     if in_step:
         try:
             partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
-            timed = time_in_step(net, batch, devices, partition, host,
-                                 sum(cal.predicted(layer, c) for layer, c in partition.items()))
+            got = time_in_step(net, batch, devices, partition, host,
+                               sum(cal.predicted(layer, c) for layer, c in partition.items()))
         except (ValueError, MemoryError, PyhetError):
             # the devices' memory holds no whole layer (described devices may take the rest:
             # the plan says), or no whole step of them: the master's work timed on its own
-            pass
+            got = None
+        if got is not None:
+            timed, seconds = got
+            if all(d.link is None for d in devices):
+                layers = {k: (list(partition[k]), s) for k, s in seconds.items()}
     return replace(cal, master_s=head_s if timed is None else timed, head_s=head_s,
-                   cpu_like=[d.kind != "gpu" for d in devices])
+                   cpu_like=[d.kind != "gpu" for d in devices], in_step=layers)
 
 
 def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None,

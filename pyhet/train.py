@@ -498,7 +498,10 @@ def plan_record(net: Net, cal, balance, deterministic: bool) -> dict:
             "partition": net.partition_counts(),
             # left out because they failed: a resume on the same devices plans afresh
             "failed": [net.devices[i].name for i in sorted(net.failed())],
-            "calibration": dataclasses.asdict(cal) if cal is not None else None,
+            # in_step is pyhet plan's alone (training's is None): a checkpoint keeps the
+            # fields training plans with
+            "calibration": {k: v for k, v in dataclasses.asdict(cal).items() if k != "in_step"}
+            if cal is not None else None,
             "balancer": balance.state() if balance is not None else None,
             "deterministic": deterministic}
 

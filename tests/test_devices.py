@@ -677,6 +677,54 @@ def test_the_waits_between_phases_beyond_the_contention_are_the_split_layers(mon
     assert both[0]["ddp"]["step_s"] == pytest.approx(both[1]["ddp"]["step_s"])
 
 
+def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
+    """Where the plan's calibration timed the conv layers inside training steps (short steps,
+    every device here: Calibration.in_step), the plan predicts the partition it timed at that
+    time: each layer's model times the layer's time in steps over it, split or on one device,
+    and each device alone (the best single device) takes the same factor, so the partition is
+    the model's. A DDP replica's conv layers do not take it, nor a cluster that described
+    devices join (its layers are not those that ran)."""
+    from pyhet import plan
+    from pyhet.links import Link
+    from pyhet.plan import Described
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    fake_timings(monkeypatch, lambda device, g, k: 0.01 * k,
+                 lambda devices, g, counts: [0.01 * k for k in counts])
+    cal = replace(calibrated_on("cpu:1,cpu:1", shape.blocks), master_s=0.05)
+    names = ["d0", "d1"]
+    base = plan.build_cluster(shape, 4, calibrated=(names, cal))
+    before = plan.plan(base, shape, 4)
+    part = {k: list(v.values()) for k, v in before["partition"].items()}
+    model = plan.conv_seconds(base, shape, part)
+    factors = {"conv1": 1.7, "conv2": 0.8}
+    timed = replace(cal, in_step={k: (part[k], model[k] * f) for k, f in factors.items()})
+    cluster = plan.build_cluster(shape, 4, calibrated=(names, timed))
+    assert cluster.in_step == pytest.approx(factors)
+    after = plan.plan(cluster, shape, 4)
+    assert after["partition"] == before["partition"]
+    for k, f in factors.items():
+        assert after["layers"][k]["conv_s"] == pytest.approx(model[k] * f, rel=1e-3)
+        assert after["layers"][k]["in_step"] == pytest.approx(f)
+    assert after["predicted_step_s"] == pytest.approx(
+        0.05 + sum(model[k] * f for k, f in factors.items()), rel=1e-3)
+    alone = [plan.own_costs(base, g.name)[0] for g in shape.blocks]
+    assert after["best_single"]["step_s"] == pytest.approx(
+        0.05 + sum(plan._alone_s(c, g.K) * factors[g.name]
+                   for c, g in zip(alone, shape.blocks)), rel=1e-3)
+    assert after["ddp"]["step_s"] == pytest.approx(before["ddp"]["step_s"])
+    joined = plan.build_cluster(shape, 4, calibrated=(names, timed),
+                                described=[Described("far", gflops=5.0, memory=2**30)])
+    assert joined.in_step is None
+    ranked = plan.build_cluster(shape, 4, calibrated=(names, timed),
+                                ranked={"d1": (Link(1e-4, 1e9), 1)})
+    assert ranked.in_step is None
+    # a layer 10 times its model in steps met a disturbance: it takes 4 (IN_STEP_BOUNDS)
+    wild = replace(cal, in_step={"conv2": (part["conv2"], model["conv2"] * 10)})
+    assert plan.build_cluster(shape, 4, calibrated=(names, wild)).in_step == {
+        "conv2": pytest.approx(plan.IN_STEP_BOUNDS[1])}
+
+
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
     """Of several devices, each one's factor is its typical time alone over its best (the
     median of its five rounds over their minimum, within [1, 2]; alike devices the median of

@@ -494,15 +494,20 @@ def test_the_masters_work_is_timed_inside_steps(monkeypatch):
     partition = {g.name: [g.K // 2, g.K - g.K // 2] for g in NET.blocks}
     try:
         host = host_backend(devices)
-        base = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3, budget_s=0.0)
-        assert 0 < base < 0.05
+        base, layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3,
+                                    budget_s=0.0)
+        assert 0 < base < 0.05 and set(layers) == {"conv1", "conv2"}
+        assert all(0 < t < 0.05 for t in layers.values())
         train, forward = Head.train, PartitionedConv.forward
         monkeypatch.setattr(Head, "train", lambda self, h, labels: (time.sleep(0.005),
                                                                     train(self, h, labels))[1])
         monkeypatch.setattr(PartitionedConv, "forward", lambda self, x: (time.sleep(0.05),
                                                                          forward(self, x))[1])
-        slow = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3, budget_s=0.0)
+        slow, slow_layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3,
+                                         budget_s=0.0)
         assert 0.005 <= slow < base + 0.03
+        # each conv layer's calls are its own: its forward's 50 ms, not the master's 5
+        assert all(0.05 <= slow_layers[k] < layers[k] + 0.05 + 0.03 for k in layers)
         assert time_in_step(NET, N, devices, partition, host, IN_STEP_MAX_S * 1.01) is None
         assert all(not d._shards for d in devices)
     finally:
@@ -519,18 +524,21 @@ def test_the_plan_takes_the_master_in_steps_where_it_can(monkeypatch):
     from pyhet.errors import DeviceError
 
     monkeypatch.setattr(report, "time_head", lambda net, batch, host: 0.002)
-    monkeypatch.setattr(report, "time_in_step", lambda *a, **k: 0.005)
+    monkeypatch.setattr(report, "time_in_step",
+                        lambda *a, **k: (0.005, {"conv1": 0.003, "conv2": 0.004}))
     _, cal = report.calibrate_spec("cpu:1", NET, N)
     assert (cal.master_s, cal.head_s) == (0.005, 0.002)
+    # the conv layers' times in those steps go beside it, with the partition they ran
+    assert cal.in_step == {"conv1": ([8], 0.003), "conv2": ([12], 0.004)}
     # where the plan takes the master's rate as given (--master-gflops), no step is run
     _, cal = report.calibrate_spec("cpu:1", NET, N, in_step=False)
-    assert (cal.master_s, cal.head_s) == (0.002, 0.002)
+    assert (cal.master_s, cal.head_s, cal.in_step) == (0.002, 0.002, None)
 
     def fails(*a, **k):
         raise DeviceError("d0 failed")
     monkeypatch.setattr(report, "time_in_step", fails)
     _, cal = report.calibrate_spec("cpu:1", NET, N)
-    assert (cal.master_s, cal.head_s) == (0.002, 0.002)
+    assert (cal.master_s, cal.head_s, cal.in_step) == (0.002, 0.002, None)
     monkeypatch.setattr(Calibration, "partition", lambda self, layer, total, caps=None: (
         _ for _ in ()).throw(ValueError("the devices' memory holds 6 kernels of this layer")))
     _, cal = report.calibrate_spec("cpu:1", NET, N)
