@@ -1,12 +1,14 @@
 """`pyhet plan`: the cost model of pyhet.partition applied to calibrated and described devices,
-the data-parallel model beside it, and the command line. No device is timed here: every
-cluster is made of hand-made calibrations and described devices.
+the data-parallel model beside it, and the command line. Most clusters are made of hand-made
+calibrations and described devices; the tests of the master and the layers timed in steps run
+small networks on real devices.
 
 Letters as in pyhet.geometry; N is the batch size.
 """
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -1052,3 +1054,29 @@ def test_memory_is_in_binary_units(text):
     assert plan.parse_memory("512M") == plan.parse_memory("0.5G") == 2 ** 29
     assert plan.parse_memory("1000") == 1000.0
     assert plan.parse_bandwidth("10GB") == 1e10
+
+
+def test_the_in_step_tool_prints_each_layer_predicted_planned_and_after():
+    """tools/in_step.py (each conv layer as calibration predicts it, as pyhet plan times it in
+    steps, and in the steps after) runs and prints, per round, one line a layer and the step,
+    each figure a positive number of milliseconds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "in_step.py"
+    res = subprocess.run([sys.executable, str(tool), "--devices", "cpu:1,cpu:1", "--kernels",
+                          "4,6", "--batch-size", "2", "--steps", "3", "--rounds", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("4C5-P2-6C5-P2 on cpu:1,cpu:1, batch 2")
+    rows = [re.match(r"round (\d) (conv1|conv2|step)\b.*?: (.*)$", line) for line in lines[1:]]
+    assert [(m[1], m[2]) for m in rows] == [(r, k) for r in "12" for k in
+                                            ("conv1", "conv2", "step")]
+    for m in rows:
+        figures = [float(v) for v in re.findall(r"(?:predicted|in steps|after) ([\d.]+)", m[3])]
+        assert len(figures) == (2 if m[2] == "step" else 3) and all(f > 0 for f in figures)
+    bad = subprocess.run([sys.executable, str(tool), "--steps", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--steps" in bad.stderr
