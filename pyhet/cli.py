@@ -554,11 +554,9 @@ def cmd_plan(args, parser, comm=None) -> int:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
                              "give --devices placing them, e.g. 0/cpu:1,1/cpu:1")
-        calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm,
-                                             in_step=args.master_gflops is None)
+        calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm)
     elif args.devices is not None:
-        calibrated = calibrate_spec(args.devices, net, args.batch_size,
-                                    in_step=args.master_gflops is None)
+        calibrated = calibrate_spec(args.devices, net, args.batch_size)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
                           args.master_gflops, args.ddp_speed, ranked)

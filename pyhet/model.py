@@ -458,8 +458,9 @@ def time_head(net: NetGeometry, batch: int, host, rounds: int = 7, seed: int = 0
     return float(np.median(times))
 
 
-# A step longer than this (the calibration's prediction of its conv layers) has its master's work
-# timed on its own (time_head): the difference is a fraction of a millisecond (time_in_step).
+# A step whose conv layers the calibration predicts longer than this runs no timed steps: its
+# master's work is timed on its own (time_head; the difference is a fraction of a millisecond)
+# and its conv layers are taken at their model's time, their trials long enough (time_in_step).
 IN_STEP_MAX_S = 0.25
 IN_STEP_MAX_STEPS = 400   # steps timed at most (time_in_step)
 
@@ -493,8 +494,8 @@ def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
     than in a loop of its own (one cpu core: 0.07 ms for the default network's fc layer at batch
     4 in a loop, 0.28 ms after a 2 ms wait, 0.22-0.29 ms in a step): a tenth of a step of a few
     milliseconds; and a short conv layer takes longer than in a loop of that layer alone (the
-    same network's conv1 on a pair of cpu:1 devices: 1.6-1.7 ms in steps, 0.85-1.5 ms as
-    calibration predicted it from its trials, from one calibration to the next). Medians of
+    same network's conv1 at batch 4 on a pair of cpu:1 devices: 1.46-1.81 ms in steps,
+    0.82-1.23 ms as calibration predicted it from its trials, from one calibration to the next). Medians of
     `rounds` steps after two that warm up, or of more while they take less than `budget_s`
     together (at most IN_STEP_MAX_STEPS: a step of a few milliseconds moves by 20-25% from one
     second to the next on a shared machine); the devices' shards of the layers are dropped

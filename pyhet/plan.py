@@ -316,6 +316,11 @@ class Cost:
         return self.link_fixed + k * self.link_per_kernel if k else 0.0
 
 
+# A layer's time in steps over its model's (Cluster.in_step) is taken within these: beyond them
+# the steps or the calibration met a disturbance of the machine
+IN_STEP_BOUNDS = (0.25, 4.0)
+
+
 @dataclass
 class Cluster:
     names: list           # device names
@@ -346,8 +351,11 @@ class Cluster:
     waits: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, every device of the master's process,
-    # nothing else joining them), which a layer's predicted time takes, the devices' split and
-    # each alone, so that the partition timed is predicted at its time in steps; missing: 1
+    # nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
+    # the devices' split, each alone and a DDP replica's, so that the partition timed is
+    # predicted at its time in steps. It was timed on the calibration's partition, which may
+    # differ from the plan's (partition_of) by a kernel or two on devices of unequal speeds:
+    # the plan's takes the same factor. Missing: 1
     in_step: dict | None = None
 
     def without_links(self, indices) -> "Cluster":
@@ -611,11 +619,6 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     return cluster
 
 
-# A layer's time in steps over its model's (Cluster.in_step) is taken within these: beyond them
-# the steps or the calibration met a disturbance of the machine
-IN_STEP_BOUNDS = (0.25, 4.0)
-
-
 # ================================================================================================
 # Predictions
 
@@ -724,7 +727,8 @@ def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
 
 def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     """Step time of device i alone with the master (its link included); None when its memory
-    cannot hold a whole layer. Alone, it has its machine to itself: no contention."""
+    cannot hold a whole layer. Alone, it has its machine to itself: no contention; each layer
+    takes its factor of time in steps (Cluster.in_step), as the layer split does."""
     total = master_s
     for g in net.blocks:
         c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
@@ -747,7 +751,8 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     pads a batch that does not divide, so the slowest replica computes that many), and beyond
     `batch` devices there is no image left for another replica: the r devices fastest at their
     share and their link's part of the all-reduce are the replicas, the others take no part (in
-    the all-reduce neither).
+    the all-reduce neither). A replica's conv layers take their factors of time in steps
+    (Cluster.in_step) as pyhet's do: a single replica's are the best single device's.
     Communication does not overlap the backward; devices on the master's machine exchange
     through memory (free); memory is not checked."""
     n = len(cluster.names)
@@ -757,6 +762,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     fc = fc_flops(net, batch)
     compute = []
     own = {g.name: own_costs(cluster, g.name) for g in net.blocks}
+    in_step = cluster.in_step or {}
     for i in range(n):
         t = 0.0
         for g in net.blocks:
@@ -764,7 +770,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
             # work), and where it is the only one, as layer_seconds counts it
             c = own[g.name][i]
             t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
-                  c.overhead + g.K / (c.speed * parts))
+                  c.overhead + g.K / (c.speed * parts)) * in_step.get(g.name, 1.0)
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
         compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
@@ -885,11 +891,12 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     for g in net.blocks:
         rows = {}
         own = own_costs(cluster, g.name)
+        factor = (cluster.in_step or {}).get(g.name, 1.0)   # its compute in steps, as conv_s
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
                 c = own[i]
-            compute = _alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)
+            compute = (_alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)) * factor
             rows[name] = {"kernels": k, "compute_s": _sig(compute),
                           "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,

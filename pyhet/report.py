@@ -66,8 +66,9 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
 def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
-    here too: the Calibration's master_s is its own work of a step, timed (in_step False: on
-    its own only, where the plan will not use it). (Under mpiexec, calibrate_ranks.)"""
+    here too: the Calibration's master_s is its own work of a step, timed, and with it each
+    conv layer's time in steps (_with_master; in_step False: no step is run, the master is
+    timed on its own only). (Under mpiexec, calibrate_ranks.)"""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):

@@ -681,9 +681,10 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     """Where the plan's calibration timed the conv layers inside training steps (short steps,
     every device here: Calibration.in_step), the plan predicts the partition it timed at that
     time: each layer's model times the layer's time in steps over it, split or on one device,
-    and each device alone (the best single device) takes the same factor, so the partition is
-    the model's. A DDP replica's conv layers do not take it, nor a cluster that described
-    devices join (its layers are not those that ran)."""
+    each device alone (the best single device) and a DDP replica's conv layers take the same
+    factor, so the partition is the model's and one replica is the best single device. A
+    cluster that described devices join does not take it (its layers are not those that ran),
+    nor one with a device behind a link."""
     from pyhet import plan
     from pyhet.links import Link
     from pyhet.plan import Described
@@ -712,17 +713,46 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     assert after["best_single"]["step_s"] == pytest.approx(
         0.05 + sum(plan._alone_s(c, g.K) * factors[g.name]
                    for c, g in zip(alone, shape.blocks)), rel=1e-3)
-    assert after["ddp"]["step_s"] == pytest.approx(before["ddp"]["step_s"])
+    # a device's compute in the JSON is its share at its layer's time in steps
+    for k, f in factors.items():
+        for name, d in after["layers"][k]["devices"].items():
+            assert d["compute_s"] == pytest.approx(
+                f * before["layers"][k]["devices"][name]["compute_s"], rel=1e-3)
+    # a DDP replica's conv layers take the factors too: two replicas of two images each
+    fc = [plan.fc_flops(shape, 4) / 2 / (gf * 1e9) for gf in cluster.gflops]
+    own = {g.name: plan.own_costs(base, g.name) for g in shape.blocks}
+    replica = [fc[i] + sum((own[g.name][i].overhead + g.K / (own[g.name][i].speed * 2)) *
+                           factors[g.name] for g in shape.blocks) for i in range(2)]
+    assert after["ddp"]["compute_s"] == pytest.approx(max(replica), rel=1e-3)
+    assert after["ddp"]["compute_s"] != pytest.approx(before["ddp"]["compute_s"], rel=1e-2)
+    # and one replica (a batch of one image) is the best single device, its fc layers beside
+    for i in range(2):
+        one = plan.ddp(replace(cluster, names=[names[i]], links=[None],
+                               costs={k: [v[i]] for k, v in cluster.costs.items()},
+                               gflops=[cluster.gflops[i]], cpu_like=None,
+                               alone={k: [v[i]] for k, v in cluster.alone.items()}
+                               if cluster.alone else None), shape, 1)
+        assert one["compute_s"] - plan.fc_flops(shape, 1) / (cluster.gflops[i] * 1e9) == (
+            pytest.approx(plan.alone_seconds(cluster, shape, i, 0.0), rel=1e-9))
     joined = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 described=[Described("far", gflops=5.0, memory=2**30)])
     assert joined.in_step is None
+    # a calibrated device's link described: the devices are those timed, not as they ran
+    linked = plan.build_cluster(shape, 4, calibrated=(names, timed),
+                                described=[Described("d1", link=Link(1e-4, 1e9))])
+    assert linked.in_step is None
     ranked = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 ranked={"d1": (Link(1e-4, 1e9), 1)})
     assert ranked.in_step is None
-    # a layer 10 times its model in steps met a disturbance: it takes 4 (IN_STEP_BOUNDS)
-    wild = replace(cal, in_step={"conv2": (part["conv2"], model["conv2"] * 10)})
+    # a layer 10 times its model in steps met a disturbance: it takes 4 (IN_STEP_BOUNDS), one
+    # a tenth of it 0.25; a partition of other devices than the cluster's is not taken
+    wild = replace(cal, in_step={"conv2": (part["conv2"], model["conv2"] * 10),
+                                 "conv1": (part["conv1"], model["conv1"] / 10)})
     assert plan.build_cluster(shape, 4, calibrated=(names, wild)).in_step == {
-        "conv2": pytest.approx(plan.IN_STEP_BOUNDS[1])}
+        "conv2": pytest.approx(plan.IN_STEP_BOUNDS[1]),
+        "conv1": pytest.approx(plan.IN_STEP_BOUNDS[0])}
+    other = replace(cal, in_step={"conv2": (part["conv2"] + [0], model["conv2"] * 2)})
+    assert plan.build_cluster(shape, 4, calibrated=(names, other)).in_step is None
 
 
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):

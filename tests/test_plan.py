@@ -532,7 +532,7 @@ def test_the_plan_takes_the_master_in_steps_where_it_can(monkeypatch):
     assert (cal.master_s, cal.head_s) == (0.005, 0.002)
     # the conv layers' times in those steps go beside it, with the partition they ran
     assert cal.in_step == {"conv1": ([8], 0.003), "conv2": ([12], 0.004)}
-    # where the plan takes the master's rate as given (--master-gflops), no step is run
+    # in_step False: no step is run
     _, cal = report.calibrate_spec("cpu:1", NET, N, in_step=False)
     assert (cal.master_s, cal.head_s, cal.in_step) == (0.002, 0.002, None)
 
@@ -545,6 +545,28 @@ def test_the_plan_takes_the_master_in_steps_where_it_can(monkeypatch):
         _ for _ in ()).throw(ValueError("the devices' memory holds 6 kernels of this layer")))
     _, cal = report.calibrate_spec("cpu:1", NET, N)
     assert (cal.master_s, cal.head_s) == (0.002, 0.002)
+
+
+def test_master_gflops_still_takes_the_conv_layers_at_their_time_in_steps(cli, monkeypatch):
+    """pyhet plan --master-gflops G replaces the master's timed work by the fc layers' FLOPs
+    at G, but still runs the steps that time each conv layer, and takes their factors."""
+    import pyhet.report as report
+
+    ran = []
+
+    def in_step(net, batch, devices, partition, host, predicted_s, **k):
+        ran.append(partition)
+        return 0.5, {g.name: 3.0 * sum(1e-4 * c for c in partition[g.name])
+                     for g in net.blocks}
+    monkeypatch.setattr(report, "time_in_step", in_step)
+    res = cli("plan", "--devices", "cpu:1", "--kernels", "4,6", "--dataset", "synthetic",
+              "--batch-size", "2", "--master-gflops", "7", "--json")
+    assert res.code == 0, res.err
+    r = json.loads(res.out.strip().splitlines()[-1])
+    assert len(ran) == 1
+    assert r["master_timed"] is False and r["master_gflops"] == pytest.approx(7)
+    assert set(r["layers"]) == {"conv1", "conv2"}
+    assert all(layer["in_step"] > 0 for layer in r["layers"].values())
 
 
 def test_a_ddp_replicas_fc_layers_run_at_the_masters_rate_on_its_own():
