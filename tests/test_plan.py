@@ -547,6 +547,27 @@ def test_the_plan_takes_the_master_in_steps_where_it_can(monkeypatch):
     assert (cal.master_s, cal.head_s) == (0.002, 0.002)
 
 
+def test_the_layers_in_steps_are_kept_only_where_every_device_is_of_this_process(monkeypatch):
+    """Under mpiexec (calibrate_ranks) the master is timed in steps as here, but a device of
+    another rank, behind its link, runs its layers not as the plan's model of them does: the
+    layers' times in steps are dropped there, the master's kept."""
+    import types
+
+    import pyhet.report as report
+    from pyhet.links import Link
+
+    monkeypatch.setattr(report, "time_head", lambda net, batch, host: 0.002)
+    monkeypatch.setattr(report, "time_in_step",
+                        lambda *a, **k: (0.005, {"conv1": 0.003, "conv2": 0.004}))
+    _, c = cal({"conv1": [4000.0, 2000.0], "conv2": [900.0, 450.0]})
+    here = [types.SimpleNamespace(kind="cpu", link=None) for _ in range(2)]
+    got = report._with_master(c, NET, N, here)
+    assert (got.master_s, got.head_s) == (0.005, 0.002)
+    assert set(got.in_step) == {"conv1", "conv2"}
+    ranked = [here[0], types.SimpleNamespace(kind="cpu", link=Link(1e-4, 1e9))]
+    got = report._with_master(c, NET, N, ranked)
+    assert (got.master_s, got.head_s, got.in_step) == (0.005, 0.002, None)
+
 def test_master_gflops_still_takes_the_conv_layers_at_their_time_in_steps(cli, monkeypatch):
     """pyhet plan --master-gflops G replaces the master's timed work by the fc layers' FLOPs
     at G, but still runs the steps that time each conv layer, and takes their factors."""
