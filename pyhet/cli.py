@@ -550,13 +550,19 @@ def cmd_plan(args, parser, comm=None) -> int:
     in_shape, classes = input_shape_of(args.dataset)
     net = arch.build(spec, in_shape, classes)
     calibrated = ranked = None
+    # each conv layer's time in steps is kept only where every device is of this process and
+    # none is described (plan.build_cluster): else the steps would time the master alone, which
+    # --master-gflops replaces, so they do not run
+    remote = ranks > 1 and any(for_rank(specs, r) for r in range(1, ranks))
+    in_step = args.master_gflops is None or not (described or remote)
     if comm is not None:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
                              "give --devices placing them, e.g. 0/cpu:1,1/cpu:1")
-        calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm)
+        calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm,
+                                             in_step=in_step)
     elif args.devices is not None:
-        calibrated = calibrate_spec(args.devices, net, args.batch_size)
+        calibrated = calibrate_spec(args.devices, net, args.batch_size, in_step=in_step)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
                           args.master_gflops, args.ddp_speed, ranked)

@@ -495,11 +495,11 @@ def time_in_step(net: NetGeometry, batch: int, devices, partition: dict, host,
     4 in a loop, 0.28 ms after a 2 ms wait, 0.22-0.29 ms in a step): a tenth of a step of a few
     milliseconds; and a short conv layer takes longer than in a loop of that layer alone (the
     same network's conv1 at batch 4 on a pair of cpu:1 devices: 1.46-1.81 ms in steps,
-    0.82-1.23 ms as calibration predicted it from its trials, from one calibration to the next). Medians of
-    `rounds` steps after two that warm up, or of more while they take less than `budget_s`
-    together (at most IN_STEP_MAX_STEPS: a step of a few milliseconds moves by 20-25% from one
-    second to the next on a shared machine); the devices' shards of the layers are dropped
-    after."""
+    0.82-1.23 ms as calibration predicted it from its trials, from one calibration to the
+    next). Medians of `rounds` steps after two that warm up, or of more while they take less
+    than `budget_s` together (at most IN_STEP_MAX_STEPS: a step of a few milliseconds moves by
+    20-25% from one second to the next on a shared machine); the devices' shards of the layers
+    are dropped after."""
     if predicted_s > IN_STEP_MAX_S:
         return None
     rng = np.random.default_rng(seed)

@@ -682,9 +682,10 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     every device here: Calibration.in_step), the plan predicts the partition it timed at that
     time: each layer's model times the layer's time in steps over it, split or on one device,
     each device alone (the best single device) and a DDP replica's conv layers take the same
-    factor, so the partition is the model's and one replica is the best single device. A
-    cluster that described devices join does not take it (its layers are not those that ran),
-    nor one with a device behind a link."""
+    factor, so the partition is the model's and one replica's conv layers are the best single
+    device's. A cluster with a described entry does not take it (its layers are not those that
+    ran), even one that gives a calibrated device a link, nor one with a device of another
+    rank."""
     from pyhet import plan
     from pyhet.links import Link
     from pyhet.plan import Described
@@ -725,7 +726,7 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
                            factors[g.name] for g in shape.blocks) for i in range(2)]
     assert after["ddp"]["compute_s"] == pytest.approx(max(replica), rel=1e-3)
     assert after["ddp"]["compute_s"] != pytest.approx(before["ddp"]["compute_s"], rel=1e-2)
-    # and one replica (a batch of one image) is the best single device, its fc layers beside
+    # and one replica's (a batch of one image) are the best single device's, its fc beside
     for i in range(2):
         one = plan.ddp(replace(cluster, names=[names[i]], links=[None],
                                costs={k: [v[i]] for k, v in cluster.costs.items()},
@@ -737,7 +738,8 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     joined = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 described=[Described("far", gflops=5.0, memory=2**30)])
     assert joined.in_step is None
-    # a calibrated device's link described: the devices are those timed, not as they ran
+    # a described entry that gives a calibrated device a link: the devices are those timed,
+    # not as they ran
     linked = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 described=[Described("d1", link=Link(1e-4, 1e9))])
     assert linked.in_step is None

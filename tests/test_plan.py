@@ -568,26 +568,71 @@ def test_the_layers_in_steps_are_kept_only_where_every_device_is_of_this_process
     got = report._with_master(c, NET, N, ranked)
     assert (got.master_s, got.head_s, got.in_step) == (0.005, 0.002, None)
 
+
 def test_master_gflops_still_takes_the_conv_layers_at_their_time_in_steps(cli, monkeypatch):
     """pyhet plan --master-gflops G replaces the master's timed work by the fc layers' FLOPs
-    at G, but still runs the steps that time each conv layer, and takes their factors."""
+    at G, but still runs the steps that time each conv layer, and takes their factors; where
+    described devices join (the layers' times are not kept there) it runs none."""
     import pyhet.report as report
 
     ran = []
 
     def in_step(net, batch, devices, partition, host, predicted_s, **k):
-        ran.append(partition)
-        return 0.5, {g.name: 3.0 * sum(1e-4 * c for c in partition[g.name])
-                     for g in net.blocks}
+        ran.append(partition)   # a master of 0.5 s, each layer 100 s: a factor of 4 (clamped)
+        return 0.5, {g.name: 100.0 for g in net.blocks}
     monkeypatch.setattr(report, "time_in_step", in_step)
-    res = cli("plan", "--devices", "cpu:1", "--kernels", "4,6", "--dataset", "synthetic",
-              "--batch-size", "2", "--master-gflops", "7", "--json")
+    argv = ["plan", "--devices", "cpu:1", "--kernels", "4,6", "--dataset", "synthetic",
+            "--batch-size", "2", "--json"]
+    res = cli(*argv, "--master-gflops", "7")
     assert res.code == 0, res.err
     r = json.loads(res.out.strip().splitlines()[-1])
     assert len(ran) == 1
     assert r["master_timed"] is False and r["master_gflops"] == pytest.approx(7)
-    assert set(r["layers"]) == {"conv1", "conv2"}
-    assert all(layer["in_step"] > 0 for layer in r["layers"].values())
+    assert r["master_s"] < 0.01    # the fc layers' FLOPs at 7 GFLOP/s, not the 0.5 s timed
+    assert {k: v["in_step"] for k, v in r["layers"].items()} == {
+        "conv1": plan.IN_STEP_BOUNDS[1], "conv2": plan.IN_STEP_BOUNDS[1]}
+    # a described device joins: the steps would time the master alone, which G replaces
+    res = cli(*argv, "--master-gflops", "7", "--describe", "far:gflops=5")
+    assert res.code == 0, res.err
+    assert len(ran) == 1
+    # without G they time the master (its 0.5 s), the layers' times dropped
+    res = cli(*argv, "--describe", "far:gflops=5")
+    assert res.code == 0, res.err
+    r = json.loads(res.out.strip().splitlines()[-1])
+    assert len(ran) == 2 and r["master_s"] == pytest.approx(0.5)
+    assert all("in_step" not in v for v in r["layers"].values())
+
+
+def test_under_mpiexec_master_gflops_runs_no_steps_where_devices_are_on_other_ranks(
+        monkeypatch):
+    """Under mpiexec a device of another rank is behind its link, so the layers' times in
+    steps are not kept: with --master-gflops the ranks run no timed steps; with every device
+    on rank 0 they do, as without MPI."""
+    from pyhet import cli as cli_module
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def calibrate_ranks(spec, net, batch, comm, timeout=None, in_step=True):
+        asked.append(in_step)
+        raise Stop
+
+    class Comm:
+        def Get_size(self):
+            return 2
+    monkeypatch.setattr(cli_module, "calibrate_ranks", calibrate_ranks)
+    parser = cli_module.build_parser()
+    for devices, gflops, expected in [("0/cpu:1,1/cpu:1", ["--master-gflops", "7"], False),
+                                      ("cpu:1", ["--master-gflops", "7"], False),
+                                      ("0/cpu:1,1/cpu:1", [], True),
+                                      ("0/cpu:1", ["--master-gflops", "7"], True)]:
+        args = parser.parse_args(["plan", "--devices", devices, "--kernels", "4,6",
+                                  "--dataset", "synthetic", *gflops])
+        with pytest.raises(Stop):
+            cli_module.cmd_plan(args, parser, Comm())
+        assert asked.pop() is expected, devices
 
 
 def test_a_ddp_replicas_fc_layers_run_at_the_masters_rate_on_its_own():
