@@ -354,8 +354,11 @@ class Cluster:
     # nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
     # the devices' split, each alone and a DDP replica's, so that the partition timed is
     # predicted at its time in steps. It was timed on the calibration's partition, which may
-    # differ from the plan's (partition_of) by a kernel or two on devices of unequal speeds:
-    # the plan's takes the same factor. Missing: 1
+    # differ from the plan's (partition_of): by a kernel or two on devices of unequal speeds,
+    # or split where the plan puts the layer on one device (or the other way round); the
+    # plan's takes the same factor, and so each device alone takes a split's (on steps of
+    # 2 ms that made a pair's best single device slower than a single device's own plan).
+    # Missing: 1
     in_step: dict | None = None
 
     def without_links(self, indices) -> "Cluster":
