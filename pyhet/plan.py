@@ -361,6 +361,10 @@ class Cluster:
     # Missing: 1
     in_step: dict | None = None
 
+    def in_step_factor(self, layer: str) -> float:
+        """The layer's time in steps over its model's (in_step), 1 where it was not timed."""
+        return (self.in_step or {}).get(layer, 1.0)
+
     def without_links(self, indices) -> "Cluster":
         """The same cluster with the links of these devices free."""
         free = set(indices)
@@ -720,7 +724,7 @@ def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
                                   own_costs(cluster, g.name),
                                   (cluster.waits or {}).get(g.name, 1.0),
-                                  (cluster.in_step or {}).get(g.name, 1.0))
+                                  cluster.in_step_factor(g.name))
             for g in net.blocks}
 
 
@@ -737,7 +741,7 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
         c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
         if c.cap < g.K:
             return None
-        total += _alone_s(c, g.K) * (cluster.in_step or {}).get(g.name, 1.0)
+        total += _alone_s(c, g.K) * cluster.in_step_factor(g.name)
     return total
 
 
@@ -765,7 +769,6 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     fc = fc_flops(net, batch)
     compute = []
     own = {g.name: own_costs(cluster, g.name) for g in net.blocks}
-    in_step = cluster.in_step or {}
     for i in range(n):
         t = 0.0
         for g in net.blocks:
@@ -773,7 +776,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
             # work), and where it is the only one, as layer_seconds counts it
             c = own[g.name][i]
             t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
-                  c.overhead + g.K / (c.speed * parts)) * in_step.get(g.name, 1.0)
+                  c.overhead + g.K / (c.speed * parts)) * cluster.in_step_factor(g.name)
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
         compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
@@ -894,7 +897,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     for g in net.blocks:
         rows = {}
         own = own_costs(cluster, g.name)
-        factor = (cluster.in_step or {}).get(g.name, 1.0)   # its compute in steps, as conv_s
+        factor = cluster.in_step_factor(g.name)   # its compute in steps, as conv_s
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
