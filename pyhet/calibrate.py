@@ -65,6 +65,11 @@ class Calibration:
     # pyhet plan takes the layer at that time (its prediction of the calibrated devices times
     # that over its model's, pyhet.plan.Cluster.in_step). Training does not use it. Else None
     in_step: dict | None = None
+    # with in_step, layer -> (kernels per device, seconds): each layer that partition splits
+    # over several devices, timed in other training steps whole on the device calibration
+    # predicts fastest at it alone (pyhet.report._whole_in_step), which each device alone
+    # takes in pyhet plan (pyhet.plan.Cluster.in_step_alone). Else None
+    in_step_alone: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured

@@ -352,17 +352,23 @@ class Cluster:
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, every device of the master's process,
     # nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
-    # the devices' split, each alone and a DDP replica's, so that the partition timed is
-    # predicted at its time in steps. It was timed on the calibration's partition, which may
-    # differ from the plan's (partition_of): by a kernel or two on devices of unequal speeds,
-    # or split where the plan puts the layer on one device (or the other way round); the
-    # plan's takes the same factor, and so each device alone takes a split's (on steps of
-    # 2 ms that made a pair's best single device slower than a single device's own plan).
-    # Missing: 1
+    # so that the partition timed is predicted at its time in steps. It was timed on the
+    # calibration's partition, which may differ from the plan's (partition_of) by a kernel or
+    # two on devices of unequal speeds, or split where the plan puts the layer on one device
+    # (or the other way round): the plan's takes the same factor. Missing: 1
     in_step: dict | None = None
+    # layer -> the same for the layer whole on one device, where the calibration's partition
+    # split it (Calibration.in_step_alone): the factor of a layer on one device (each device
+    # alone, a DDP replica, a plan that puts it on one device), which makes no hand-off between
+    # devices (on steps of 2 ms a split's factor made a pair's best single device slower than
+    # a single device's own plan). Missing: in_step's
+    in_step_alone: dict | None = None
 
-    def in_step_factor(self, layer: str) -> float:
-        """The layer's time in steps over its model's (in_step), 1 where it was not timed."""
+    def in_step_factor(self, layer: str, alone: bool = False) -> float:
+        """The layer's time in steps over its model's, split over several devices (in_step) or,
+        `alone`, whole on one (in_step_alone, else in_step's); 1 where it was not timed."""
+        if alone and layer in (self.in_step_alone or {}):
+            return self.in_step_alone[layer]
         return (self.in_step or {}).get(layer, 1.0)
 
     def without_links(self, indices) -> "Cluster":
@@ -612,17 +618,20 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
              else None)
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                       alone if own else None, shown, head_s, waits or None)
-    timed = (calibrated[1].in_step if calibrated is not None and not described and not ranked
-             else None)
+    mine = calibrated is not None and not described and not ranked
+    timed = calibrated[1].in_step if mine else None
     if timed:
-        factors = {}
-        for layer, (counts, seconds) in timed.items():
-            if layer in costs and len(counts) == len(names):
-                model = layer_seconds(costs[layer], counts, own_costs(cluster, layer),
-                                      (waits or {}).get(layer, 1.0))
-                factors[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
+        def factors(entries: dict) -> dict:
+            out = {}
+            for layer, (counts, seconds) in entries.items():
+                if layer in costs and len(counts) == len(names):
+                    model = layer_seconds(costs[layer], counts, own_costs(cluster, layer),
+                                          (waits or {}).get(layer, 1.0))
+                    out[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
                                                             seconds / max(model, 1e-12)))
-        cluster = replace(cluster, in_step=factors or None)
+            return out
+        cluster = replace(cluster, in_step=factors(timed) or None,
+                          in_step_alone=factors(calibrated[1].in_step_alone or {}) or None)
     return cluster
 
 
@@ -724,8 +733,13 @@ def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
                                   own_costs(cluster, g.name),
                                   (cluster.waits or {}).get(g.name, 1.0),
-                                  cluster.in_step_factor(g.name))
+                                  cluster.in_step_factor(g.name, _whole(partition[g.name])))
             for g in net.blocks}
+
+
+def _whole(counts) -> bool:
+    """Whether these kernels per device put a layer on one device."""
+    return sum(1 for k in counts if k) == 1
 
 
 def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
@@ -735,13 +749,13 @@ def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
 def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
     """Step time of device i alone with the master (its link included); None when its memory
     cannot hold a whole layer. Alone, it has its machine to itself: no contention; each layer
-    takes its factor of time in steps (Cluster.in_step), as the layer split does."""
+    takes its factor of time in steps on one device (Cluster.in_step_alone)."""
     total = master_s
     for g in net.blocks:
         c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
         if c.cap < g.K:
             return None
-        total += _alone_s(c, g.K) * cluster.in_step_factor(g.name)
+        total += _alone_s(c, g.K) * cluster.in_step_factor(g.name, alone=True)
     return total
 
 
@@ -758,8 +772,9 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
     pads a batch that does not divide, so the slowest replica computes that many), and beyond
     `batch` devices there is no image left for another replica: the r devices fastest at their
     share and their link's part of the all-reduce are the replicas, the others take no part (in
-    the all-reduce neither). A replica's conv layers take their factors of time in steps
-    (Cluster.in_step) as pyhet's do: a single replica's are the best single device's.
+    the all-reduce neither). A replica's conv layers take their factors of time in steps on
+    one device (Cluster.in_step_alone), as each device alone: a single replica's are the best
+    single device's.
     Communication does not overlap the backward; devices on the master's machine exchange
     through memory (free); memory is not checked."""
     n = len(cluster.names)
@@ -776,7 +791,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
             # work), and where it is the only one, as layer_seconds counts it
             c = own[g.name][i]
             t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
-                  c.overhead + g.K / (c.speed * parts)) * cluster.in_step_factor(g.name)
+                  c.overhead + g.K / (c.speed * parts)) * cluster.in_step_factor(g.name, True)
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
         compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
     weight_bytes = 4 * sum(math.prod(s) for s in net.param_shapes().values())
@@ -897,7 +912,8 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     for g in net.blocks:
         rows = {}
         own = own_costs(cluster, g.name)
-        factor = cluster.in_step_factor(g.name)   # its compute in steps, as conv_s
+        # its compute in steps, as conv_s
+        factor = cluster.in_step_factor(g.name, _whole(partition[g.name]))
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
@@ -908,8 +924,10 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,
                           "contention": round(c.contention, 4)}
         layers[g.name] = {"conv_s": _sig(layer_s[g.name]), "devices": rows}
-        if (cluster.in_step or {}).get(g.name) is not None:
-            layers[g.name]["in_step"] = round(cluster.in_step[g.name], 4)
+        if g.name in (cluster.in_step or {}) or g.name in (cluster.in_step_alone or {}):
+            layers[g.name]["in_step"] = round(factor, 4)
+        if g.name in (cluster.in_step_alone or {}):
+            layers[g.name]["in_step_alone"] = round(cluster.in_step_alone[g.name], 4)
     d = ddp(cluster, net, batch, ddp_speed, fc_rate)
     return {
         "network": net.arch, "batch_size": batch,

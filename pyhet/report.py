@@ -94,7 +94,7 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
     else on its own (time_head)."""
     host = host_backend(devices)
     head_s = time_head(net, batch, host)
-    timed = layers = None
+    timed = layers = whole = None
     if in_step:
         try:
             partition = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
@@ -108,8 +108,38 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
             timed, seconds = got
             if all(d.link is None for d in devices):
                 layers = {k: (list(partition[k]), s) for k, s in seconds.items()}
+                whole = _whole_in_step(cal, net, batch, devices, partition, host)
     return replace(cal, master_s=head_s if timed is None else timed, head_s=head_s,
-                   cpu_like=[d.kind != "gpu" for d in devices], in_step=layers)
+                   cpu_like=[d.kind != "gpu" for d in devices], in_step=layers,
+                   in_step_alone=whole)
+
+
+def _whole_in_step(cal, net, batch: int, devices, partition: dict, host):
+    """{layer: (kernels per device, seconds)} of each conv layer the partition splits over
+    several devices, timed inside other training steps (time_in_step) with the layer whole on
+    the device calibration predicts fastest at it alone, of those whose memory holds it (as
+    Calibration.partition picks one); None where no layer is split or these steps did not run.
+    A layer split in a short step waits on hand-offs between its devices that a device with
+    the whole layer does not, so pyhet plan takes each device alone at this time
+    (pyhet.plan.Cluster.in_step_alone), not at the split's."""
+    whole, moved = dict(partition), []
+    for g in net.blocks:
+        counts = partition[g.name]
+        alone = cal.alone_seconds(g.name, g.K)
+        fits = [i for i, c in enumerate(cal.caps[g.name]) if c >= g.K]
+        if sum(1 for k in counts if k) < 2 or alone is None or not fits:
+            continue
+        i = min(fits, key=lambda j: alone[j])
+        whole[g.name] = [g.K if j == i else 0 for j in range(len(counts))]
+        moved.append(g.name)
+    if not moved:
+        return None
+    try:
+        got = time_in_step(net, batch, devices, whole, host,
+                           sum(cal.predicted(layer, c) for layer, c in whole.items()))
+    except (ValueError, MemoryError, PyhetError):
+        got = None
+    return None if got is None else {k: (list(whole[k]), got[1][k]) for k in moved}
 
 
 def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None,

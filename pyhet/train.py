@@ -498,9 +498,10 @@ def plan_record(net: Net, cal, balance, deterministic: bool) -> dict:
             "partition": net.partition_counts(),
             # left out because they failed: a resume on the same devices plans afresh
             "failed": [net.devices[i].name for i in sorted(net.failed())],
-            # in_step is pyhet plan's alone (training's is None): a checkpoint keeps the
-            # fields training plans with
-            "calibration": {k: v for k, v in dataclasses.asdict(cal).items() if k != "in_step"}
+            # in_step and in_step_alone are pyhet plan's alone (training's are None): a
+            # checkpoint keeps the fields training plans with
+            "calibration": {k: v for k, v in dataclasses.asdict(cal).items()
+                            if k not in ("in_step", "in_step_alone")}
             if cal is not None else None,
             "balancer": balance.state() if balance is not None else None,
             "deterministic": deterministic}

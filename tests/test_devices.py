@@ -757,6 +757,66 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     assert plan.build_cluster(shape, 4, calibrated=(names, other)).in_step is None
 
 
+def test_a_device_alone_takes_the_layers_time_in_steps_on_one_device(monkeypatch):
+    """Where the calibration timed a split layer also whole on one device in steps
+    (Calibration.in_step_alone), the split takes the split's factor and a layer on one device
+    the other: each device alone (the best single device), a DDP replica, and a partition that
+    puts the layer on one device. A layer the calibration did not split keeps its factor for
+    both; a cluster with a described entry or a device of another rank takes neither."""
+    from pyhet import plan
+    from pyhet.links import Link
+    from pyhet.plan import Described
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    fake_timings(monkeypatch, lambda device, g, k: 0.01 * k,
+                 lambda devices, g, counts: [0.01 * k for k in counts])
+    cal = replace(calibrated_on("cpu:1,cpu:1", shape.blocks), master_s=0.05)
+    names = ["d0", "d1"]
+    base = plan.build_cluster(shape, 4, calibrated=(names, cal))
+    before = plan.plan(base, shape, 4)
+    part = {k: list(v.values()) for k, v in before["partition"].items()}
+    assert min(part["conv2"]) > 0     # conv2 split
+    model = plan.conv_seconds(base, shape, part)
+    whole = {"conv1": [8, 0], "conv2": [24, 0]}
+    model_whole = plan.conv_seconds(base, shape, whole)
+    split_f, alone_f = {"conv1": 1.7, "conv2": 1.9}, {"conv2": 1.2}
+    timed = replace(cal, in_step={k: (part[k], model[k] * f) for k, f in split_f.items()},
+                    in_step_alone={"conv2": (whole["conv2"], model_whole["conv2"] * 1.2)})
+    cluster = plan.build_cluster(shape, 4, calibrated=(names, timed))
+    assert cluster.in_step == pytest.approx(split_f)
+    assert cluster.in_step_alone == pytest.approx(alone_f)
+    after = plan.plan(cluster, shape, 4)
+    assert after["partition"] == before["partition"]
+    assert after["layers"]["conv2"]["conv_s"] == pytest.approx(model["conv2"] * 1.9, rel=1e-3)
+    assert after["layers"]["conv2"]["in_step"] == pytest.approx(1.9)
+    assert after["layers"]["conv2"]["in_step_alone"] == pytest.approx(1.2)
+    assert "in_step_alone" not in after["layers"]["conv1"]
+    # each layer on one device: conv2 at its factor alone, conv1 at the one it was timed at
+    f = {"conv1": split_f["conv1"], "conv2": alone_f["conv2"]}
+    assert plan.conv_seconds(cluster, shape, whole) == pytest.approx(
+        {k: model_whole[k] * f[k] for k in f}, rel=1e-9)
+    for i in range(2):
+        own = [plan.own_costs(base, g.name)[i] for g in shape.blocks]
+        assert plan.alone_seconds(cluster, shape, i, 0.05) == pytest.approx(
+            0.05 + sum(plan._alone_s(c, g.K) * f[g.name] for c, g in zip(own, shape.blocks)),
+            rel=1e-9)
+    assert after["best_single"]["step_s"] == pytest.approx(
+        plan.alone_seconds(cluster, shape, 0, 0.05), rel=1e-3)
+    # a DDP replica's conv layers take the factors on one device
+    fc = [plan.fc_flops(shape, 4) / 2 / (gf * 1e9) for gf in cluster.gflops]
+    own = {g.name: plan.own_costs(base, g.name) for g in shape.blocks}
+    replica = [fc[i] + sum((own[g.name][i].overhead + g.K / (own[g.name][i].speed * 2)) *
+                           f[g.name] for g in shape.blocks) for i in range(2)]
+    assert after["ddp"]["compute_s"] == pytest.approx(max(replica), rel=1e-3)
+    for described in ([Described("far", gflops=5.0, memory=2**30)],
+                      [Described("d1", link=Link(1e-4, 1e9))]):
+        other = plan.build_cluster(shape, 4, calibrated=(names, timed), described=described)
+        assert (other.in_step, other.in_step_alone) == (None, None)
+    ranked = plan.build_cluster(shape, 4, calibrated=(names, timed),
+                                ranked={"d1": (Link(1e-4, 1e9), 1)})
+    assert (ranked.in_step, ranked.in_step_alone) == (None, None)
+
+
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
     """Of several devices, each one's factor is its typical time alone over its best (the
     median of its five rounds over their minimum, within [1, 2]; alike devices the median of

@@ -569,6 +569,69 @@ def test_the_layers_in_steps_are_kept_only_where_every_device_is_of_this_process
     assert (got.master_s, got.head_s, got.in_step) == (0.005, 0.002, None)
 
 
+def test_a_layer_split_in_steps_is_timed_whole_on_its_fastest_device_too(monkeypatch):
+    """Where the calibration's partition splits a layer, _with_master times other steps with
+    that layer whole on the device predicted fastest at it alone (whose memory holds it):
+    a device alone makes no hand-off between devices, so it takes that time (in_step_alone),
+    not the split's. None where no layer is split, where those steps do not run, or where a
+    device is of another rank."""
+    import types
+
+    import pyhet.report as report
+    from pyhet.errors import DeviceError
+    from pyhet.links import Link
+
+    ran = []
+
+    def in_step(net, batch, devices, partition, host, predicted_s, **k):
+        ran.append({k: list(v) for k, v in partition.items()})
+        return 0.005, {"conv1": 0.003 * len(ran), "conv2": 0.004 * len(ran)}
+    monkeypatch.setattr(report, "time_head", lambda net, batch, host: 0.002)
+    monkeypatch.setattr(report, "time_in_step", in_step)
+    speeds = {"conv1": [4000.0, 2000.0], "conv2": [900.0, 1800.0]}
+    _, c = cal(speeds)
+    c = replace(c, fits={k: [[1 / v, 0.0, 0] for v in vs] for k, vs in speeds.items()})
+    split = {g.name: c.partition(g.name, g.K) for g in NET.blocks}
+    assert all(min(v) > 0 for v in split.values())     # both layers split
+    here = [types.SimpleNamespace(kind="cpu", link=None) for _ in range(2)]
+    got = report._with_master(c, NET, N, here)
+    assert ran == [split, {"conv1": [8, 0], "conv2": [0, 12]}]
+    assert got.in_step == {"conv1": (split["conv1"], 0.003), "conv2": (split["conv2"], 0.004)}
+    assert got.in_step_alone == {"conv1": ([8, 0], 0.006), "conv2": ([0, 12], 0.008)}
+    # d1's memory holds no whole conv2: it goes whole on d0; where neither's does, it stays
+    for caps, whole in (([10**9, 11], [12, 0]), ([11, 11], None)):
+        ran.clear()
+        capped = replace(c, caps={"conv1": [10**9] * 2, "conv2": caps})
+        split2 = {g.name: capped.partition(g.name, g.K) for g in NET.blocks}
+        got = report._with_master(capped, NET, N, here)
+        assert ran == [split2, {"conv1": [8, 0], "conv2": whole or split2["conv2"]}]
+        assert got.in_step_alone == {"conv1": ([8, 0], 0.006),
+                                     **({"conv2": (whole, 0.008)} if whole else {})}
+    # the second steps fail: the split's times stay
+    ran.clear()
+
+    def second_fails(*a, **k):
+        if ran:
+            raise DeviceError("d1 failed")
+        return in_step(*a, **k)
+    monkeypatch.setattr(report, "time_in_step", second_fails)
+    got = report._with_master(c, NET, N, here)
+    assert (len(ran), got.in_step_alone) == (1, None)
+    assert set(got.in_step) == {"conv1", "conv2"}
+    monkeypatch.setattr(report, "time_in_step", in_step)
+    # a device of another rank: neither
+    ran.clear()
+    far = [here[0], types.SimpleNamespace(kind="cpu", link=Link(1e-4, 1e9))]
+    got = report._with_master(c, NET, N, far)
+    assert (len(ran), got.in_step, got.in_step_alone) == (1, None, None)
+    # no layer split (one device): no second steps
+    ran.clear()
+    _, one = cal({"conv1": [4000.0], "conv2": [900.0]})
+    got = report._with_master(one, NET, N, here[:1])
+    assert (len(ran), got.in_step_alone) == (1, None)
+    assert set(got.in_step) == {"conv1", "conv2"}
+
+
 def test_master_gflops_still_takes_the_conv_layers_at_their_time_in_steps(cli, monkeypatch):
     """pyhet plan --master-gflops G replaces the master's timed work by the fc layers' FLOPs
     at G, but still runs the steps that time each conv layer, and takes their factors; where
