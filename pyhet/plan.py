@@ -353,9 +353,10 @@ class Cluster:
     # prediction of it (Calibration.in_step: short steps, every device of the master's process,
     # nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
     # so that the partition timed is predicted at its time in steps. It was timed on the
-    # calibration's partition, which may differ from the plan's (partition_of) by a kernel or
-    # two on devices of unequal speeds, or split where the plan puts the layer on one device
-    # (or the other way round): the plan's takes the same factor. Missing: 1
+    # calibration's partition, which may differ from the plan's (partition_of): by a kernel or
+    # two on devices of unequal speeds, or on one device where the plan splits the layer (the
+    # plan's takes the same factor), or split where the plan puts it on one device (that takes
+    # in_step_alone). Missing: 1
     in_step: dict | None = None
     # layer -> the same for the layer whole on one device, where the calibration's partition
     # split it (Calibration.in_step_alone): the factor of a layer on one device (each device
