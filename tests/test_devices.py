@@ -677,6 +677,23 @@ def test_the_waits_between_phases_beyond_the_contention_are_the_split_layers(mon
     assert both[0]["ddp"]["step_s"] == pytest.approx(both[1]["ddp"]["step_s"])
 
 
+def _planned_pair(monkeypatch):
+    """(network, Calibration, names, Cluster, plan, partition) of a pair of cpu:1 devices
+    calibrated on fake timings (10 ms a kernel) with a master of 50 ms, and its plan at
+    batch 4: the base the tests of the layers' time in steps change."""
+    from pyhet import plan
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    fake_timings(monkeypatch, lambda device, g, k: 0.01 * k,
+                 lambda devices, g, counts: [0.01 * k for k in counts])
+    cal = replace(calibrated_on("cpu:1,cpu:1", shape.blocks), master_s=0.05)
+    names = ["d0", "d1"]
+    base = plan.build_cluster(shape, 4, calibrated=(names, cal))
+    before = plan.plan(base, shape, 4)
+    return (shape, cal, names, base, before,
+            {k: list(v.values()) for k, v in before["partition"].items()})
+
+
 def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     """Where the plan's calibration timed the conv layers inside training steps (short steps,
     every device here: Calibration.in_step), the plan predicts the partition it timed at that
@@ -690,14 +707,7 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     from pyhet.links import Link
     from pyhet.plan import Described
 
-    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    fake_timings(monkeypatch, lambda device, g, k: 0.01 * k,
-                 lambda devices, g, counts: [0.01 * k for k in counts])
-    cal = replace(calibrated_on("cpu:1,cpu:1", shape.blocks), master_s=0.05)
-    names = ["d0", "d1"]
-    base = plan.build_cluster(shape, 4, calibrated=(names, cal))
-    before = plan.plan(base, shape, 4)
-    part = {k: list(v.values()) for k, v in before["partition"].items()}
+    shape, cal, names, base, before, part = _planned_pair(monkeypatch)
     model = plan.conv_seconds(base, shape, part)
     factors = {"conv1": 1.7, "conv2": 0.8}
     timed = replace(cal, in_step={k: (part[k], model[k] * f) for k, f in factors.items()})
@@ -767,14 +777,7 @@ def test_a_device_alone_takes_the_layers_time_in_steps_on_one_device(monkeypatch
     from pyhet.links import Link
     from pyhet.plan import Described
 
-    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    fake_timings(monkeypatch, lambda device, g, k: 0.01 * k,
-                 lambda devices, g, counts: [0.01 * k for k in counts])
-    cal = replace(calibrated_on("cpu:1,cpu:1", shape.blocks), master_s=0.05)
-    names = ["d0", "d1"]
-    base = plan.build_cluster(shape, 4, calibrated=(names, cal))
-    before = plan.plan(base, shape, 4)
-    part = {k: list(v.values()) for k, v in before["partition"].items()}
+    shape, cal, names, base, before, part = _planned_pair(monkeypatch)
     assert min(part["conv2"]) > 0     # conv2 split
     model = plan.conv_seconds(base, shape, part)
     whole = {"conv1": [8, 0], "conv2": [24, 0]}
