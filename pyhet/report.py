@@ -90,8 +90,9 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
     """The calibration with the master's own work of a step timed here (the master runs on
     this machine), on the backend training gives it: inside training steps on these devices,
     with the calibration's partition, where the conv layers take a short time (time_in_step,
-    whose conv layers' times go beside it where every device is of this process: in_step),
-    else on its own (time_head)."""
+    whose conv layers' times go beside it where every device is of this process: in_step, and
+    with them those of the layers it splits, timed whole on one device: _whole_in_step), else
+    on its own (time_head)."""
     host = host_backend(devices)
     head_s = time_head(net, batch, host)
     timed = layers = whole = None
