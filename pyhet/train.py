@@ -697,6 +697,7 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
     # the devices' busy times, the layers' phase times and the traffic go on adding up over
     # calibration, earlier fit() calls and the evaluation: count only this run's steps
     busy0, phases0, traffic0 = _counters(net)
+    first_phases = None                      # {layer: {phase: s}} of this run's first step
     failover = Failover(net, getattr(net, "calibration", None), balance, log,
                         declared=cfg.deterministic and cfg.balance != "even")
     t_train = time.perf_counter()
@@ -758,6 +759,10 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
                 if balance is not None:
                     balance.after_step(step)
                 step_times.append(dt)
+                if first_phases is None:     # the warm-up step, which the figures leave out
+                    first_phases = {c.name: {k: v - phases0[c.name].get(k, 0.0)
+                                             for k, v in c.phases.parts.items()}
+                                    for c in net.convs}
                 step_images.append(int(xb.shape[0]))
                 part_times.append(dict(timer.parts))
                 losses.append(loss)
@@ -796,6 +801,9 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
              for r, t in traffic(net.devices).items()}
     phases = {conv.name: {k: v - phases0[conv.name].get(k, 0.0)
                           for k, v in conv.phases.parts.items()} for conv in net.convs}
+    if len(step_times) > 1:   # the timed steps alone, as the step's median and parts take them
+        phases = {layer: {k: v - first_phases[layer].get(k, 0.0) for k, v in parts.items()}
+                  for layer, parts in phases.items()}
     params = net.params(copy=False)   # read before anything changes them: no second copy
     check_finite(params, step, _advice(cfg), "the weights were not saved" if cfg.save else None)
 
@@ -885,7 +893,8 @@ def summary(cfg, ds, net, step_times, parts, losses, busy, train_s, test,
     """The summary of a run. parts: each step's {part: seconds} (Net.train_step's:
     conv_forward, fc, conv_backward, update); images: the images of each step (the last batch
     of an epoch, or a batch larger than the dataset, holds fewer than --batch-size); phases:
-    {layer: {phase: seconds}} of the steps alone; eval_s: the test split's evaluation, or
+    {layer: {phase: seconds}} of the timed steps alone (the warm-up step left out where
+    there are others); eval_s: the test split's evaluation, or
     None."""
     warm = 1 if len(step_times) > 1 else 0                          # the first step warms up
     timed = step_times[warm:]
@@ -936,9 +945,9 @@ def summary(cfg, ds, net, step_times, parts, losses, busy, train_s, test,
         # the test split's evaluation (after training, not in any figure above); None without
         "eval_time_s": round(eval_s, 4) if eval_s is not None else None,
         "emulated": any(d.spec.speed != 1.0 for d in net.devices),
-        # where each conv layer's time went (wall seconds per step, summed over devices'
-        # concurrent work: the phases follow each other)
-        "phase_time_s": {layer: {k: round(v / max(1, len(step_times)), 6)
+        # where each conv layer's time went (wall seconds per timed step, the mean; the
+        # phases follow each other)
+        "phase_time_s": {layer: {k: round(v / max(1, len(timed)), 6)
                                  for k, v in parts.items()} for layer, parts in phases.items()},
         # under mpiexec: the bytes the master sent to and received from each rank per step
         "links": {str(r): {"bytes_sent_per_step": round(t["sent"] / max(1, len(step_times))),

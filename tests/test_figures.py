@@ -60,8 +60,9 @@ def test_images_per_s_counts_the_images_in_each_batch(n, batch_size, want):
 # ================================================================ phase times, evaluation time
 
 def test_phase_times_are_the_training_steps_alone():
-    """phase_time_s counts the steps of this fit() only: not the predict() before it, nor the
-    evaluation of the test split after its last step."""
+    """phase_time_s counts the timed steps of this fit() only: not the predict() before it, nor
+    the warm-up step (left out of the step's median and parts too), nor the evaluation of the
+    test split after its last step."""
     x, y = arrays(24)
     xt, yt = arrays(400, seed=1)
     steps = 3
@@ -69,10 +70,11 @@ def test_phase_times_are_the_training_steps_alone():
         # starts the devices (planned for fit()'s batch, so fit keeps them), runs their phases
         net.predict(xt, batch_size=8)
         convs = net._net.convs
-        before = {c.name: dict(c.phases.parts) for c in convs}
-        after = {}
+        first, after = {}, {}
 
         def last_step(info):                   # runs after the step, before the evaluation
+            if info["step"] == 1:
+                first.update({c.name: dict(c.phases.parts) for c in convs})
             if info["step"] == steps:
                 after.update({c.name: dict(c.phases.parts) for c in convs})
 
@@ -80,12 +82,23 @@ def test_phase_times_are_the_training_steps_alone():
         total = {c.name: dict(c.phases.parts) for c in convs}
     for layer, parts in s["phase_time_s"].items():
         for phase, per_step in parts.items():
-            want = (after[layer][phase] - before[layer].get(phase, 0.0)) / steps
+            want = (after[layer][phase] - first[layer].get(phase, 0.0)) / (steps - 1)
             assert per_step == pytest.approx(round(want, 6), abs=1.5e-6), (layer, phase)
         # the evaluation ran these layers' forward phases again, uncounted
         assert total[layer]["forward"] > after[layer]["forward"]
     assert isinstance(s["eval_time_s"], float) and s["eval_time_s"] >= 0
     assert s["test_accuracy"] is not None
+    # a fit of one step: that step is the figure (no other to time), predict() still left out
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1") as net:
+        net.predict(xt, batch_size=8)
+        before = {c.name: dict(c.phases.parts) for c in net._net.convs}
+        after = {}
+        s = net.fit(x, y, steps=1, batch_size=8, callback=lambda info: after.update(
+            {c.name: dict(c.phases.parts) for c in net._net.convs}))
+    for layer, parts in s["phase_time_s"].items():
+        for phase, per_step in parts.items():
+            want = after[layer][phase] - before[layer].get(phase, 0.0)
+            assert per_step == pytest.approx(round(want, 6), abs=1.5e-6), (layer, phase)
 
 
 def test_step_parts_are_medians_of_the_timed_steps():
