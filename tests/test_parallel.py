@@ -326,6 +326,30 @@ def test_an_update_never_writes_over_the_current_weights():
         devices[0].close()
 
 
+def test_a_group_makes_both_of_its_weight_arrays_in_the_first_step():
+    """A host group's members write their new weights into one of two arrays of the whole
+    layer, in turn: the first step makes both (the second written, its pages touched then), so
+    the second step makes none and the two arrays alternate from then on."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        conv = net.convs[1]
+        net.train_step(*batch(0), CFG)
+        made = dict(conv._buffers)
+        arrays = [made[("w", 0)], made[("w", 1)]]
+        assert all(a.shape == (9, 7, 3, 3) for a in arrays)
+        for n in (1, 2, 3):
+            net.train_step(*batch(n), CFG)
+            assert set(conv._buffers) == set(made)
+            assert all(conv._buffers[k] is a for k, a in made.items())
+            # the current weights are rows of the array the last update wrote
+            assert np.shares_memory(devices[0]._shards["conv2"].w, arrays[n % 2])
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_group_member_without_its_weight_gradient_rows_says_so():
     """Where the group packed only the forward's operand, a member's backward without its rows
     of the group's weight gradient (dw_out) would have nothing to make dw from: it refuses."""
