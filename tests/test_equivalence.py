@@ -157,10 +157,10 @@ def check(shape, spec, partition, seed, images, strassen):
     Weights that differ where a max-pool window of the reference run (the numpy device's) held
     two maxima within NEAR_TIE of each other, or a ReLU's input held an entry within NEAR_TIE of
     0 (both relative to the largest; '4C4p1-4C4p1s2-8C2-P3s2' on 2x11x13: 1.9e-9 against 2.2
-    after a step, conv1.weight 3.4e-3 apart two steps later), raise TieFlip: a float32 rounding apart between
-    devices (another order of the sums; Strassen's scheme, which rounds equal columns of a
-    product unequally, so that even the exact ties of a kernel over padding alone break) can
-    send the gradient to the other one, as valid a gradient, not a rounding of this one
+    after a step, conv1.weight 3.4e-3 apart two steps later), raise TieFlip: a float32 rounding
+    apart between devices (another order of the sums; Strassen's scheme, which rounds equal
+    columns of a product unequally, so that even the exact ties of a kernel over padding alone
+    break) can send the gradient to the other one, as valid a gradient, not a rounding of this one
     (8C4p2-P3s1-4C2s2-P2s1-8C1p1 on 2x10x9: conv1.weight 3.9e-4 apart after three steps on
     one cpu:1, one kernel's weights, its bias exact). Without a near tie, it is a failure."""
     gaps, relu_gaps = [], []
@@ -240,10 +240,11 @@ def test_the_weights_that_differ_came_from_a_max_pool_tie(spec, input_shape, ima
 
 
 def test_weights_apart_after_a_relu_input_at_zero_are_a_tie():
-    """The example the test above found where one cpu:1 ended apart from the numpy device
-    without a max-pool tie: after the first step one of conv1's outputs is 1.9e-9 (the largest
-    2.2), its sign a rounding's, and conv1's weights end 3.4e-3 apart (avx2-fma kernel, Zen
-    4). check() passes or says so (TieFlip), never fails as rounding."""
+    """The example the hunt (test_any_network_split_any_way_trains_like_one_device) found where
+    one cpu:1 ended apart from the numpy device without a max-pool tie: after the first step
+    one of conv1's outputs is 1.9e-9 (the largest 2.2), its sign a rounding's, and conv1's
+    weights end 3.4e-3 apart (avx2-fma kernel, Zen 4). check() passes or says so (TieFlip),
+    never fails as rounding."""
     shape = arch.build("4C4p1-4C4p1s2-8C2-P3s2", (2, 11, 13), 2)
     try:
         gap = check(shape, "cpu:1", {g.name: [g.K] for g in shape.blocks}, 1, 2, False)
