@@ -1,0 +1,81 @@
+"""How far two cores' speeds drift apart: one thread pinned to each of two cores, each running
+the same GEMM of pyhet's core (about 50 ms a call on one Zen 4 core) in a loop at once, for
+SECONDS; per window of WINDOW seconds each core's median call time (over its median for the
+whole run) and their ratio. A split fixed for a run (pyhet's static balance) is balanced for the
+cores' speeds when it was calibrated; where they drift apart, every phase waits for the core
+that is slow at that moment: the last line gives what that costs two equal devices split
+half and half, the mean over the windows of the slower core's time over the two cores' mean.
+
+    python tools/core_drift.py [SECONDS [WINDOW [CPU0 CPU1]]]    (default 60 1, the first two
+                                                                 cores this process may use)
+
+A window of about a phase of a step (the paper network's conv2 at batch 16: 0.5-1 s) shows what
+each phase waits for; longer windows, the drift a calibration sees.
+"""
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from pyhet import _core
+
+
+def main(argv):
+    seconds = float(argv[0]) if argv else 60.0
+    window = float(argv[1]) if len(argv) > 1 else 1.0
+    cpus = [int(c) for c in argv[2:4]] if len(argv) > 3 else sorted(os.sched_getaffinity(0))[:2]
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or len(set(cpus)) < 2 or not set(cpus) <= set(allowed):
+        sys.exit(f"core_drift: needs two different cores of those this process may use, "
+                 f"{allowed}; got {cpus}")
+    calls = {c: [] for c in cpus}
+    start = time.perf_counter()
+    failed = []
+
+    def work(cpu):
+        try:
+            os.sched_setaffinity(0, {cpu})
+            rng = np.random.default_rng(cpu)
+            a = rng.random((500, 4500), np.float32)
+            b = rng.random((4500, 1024), np.float32)
+            c = np.empty((500, 1024), np.float32)
+            while time.perf_counter() - start < seconds:
+                t0 = time.perf_counter()
+                _core.sgemm(a, b, c)
+                calls[cpu].append((t0 - start, time.perf_counter() - t0))
+        except BaseException as e:   # said after the join, not lost in a thread
+            failed.append(f"core {cpu}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in cpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
+    if failed or any(t.is_alive() for t in threads):
+        sys.exit("core_drift: " + ("; ".join(failed) or "a core's GEMM did not return"))
+    overall = {c: float(np.median([d for _, d in calls[c]])) for c in cpus}
+    print(f"cores {cpus[0]} and {cpus[1]}: median call {overall[cpus[0]] * 1e3:.1f} and "
+          f"{overall[cpus[1]] * 1e3:.1f} ms over {seconds:.0f} s")
+    print(" window  core %d  core %d  ratio" % tuple(cpus))
+    ratios, losses = [], []
+    for w0 in np.arange(0.0, seconds, window):
+        rel = []
+        for c in cpus:
+            inside = [d for t, d in calls[c] if w0 <= t < w0 + window]
+            rel.append(float(np.median(inside)) / overall[c] if inside else float("nan"))
+        if any(np.isnan(rel)):
+            continue
+        ratios.append(rel[1] / rel[0])
+        losses.append(max(rel) / (sum(rel) / 2))
+        print(f"{w0:6.0f}s  {rel[0]:6.3f}  {rel[1]:6.3f}  {ratios[-1]:.3f}")
+    ratios = np.array(ratios)
+    print(f"ratio of the cores' speeds per {window:g} s: {ratios.min():.3f} to "
+          f"{ratios.max():.3f}, mean |ratio - 1| {np.mean(np.abs(ratios - 1)):.3f}; a half and "
+          f"half split waits for the slower core: {100 * (np.mean(losses) - 1):.1f}% longer")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
