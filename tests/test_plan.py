@@ -1231,3 +1231,40 @@ def test_the_in_step_tool_prints_each_layer_predicted_planned_and_after():
     bad = subprocess.run([sys.executable, str(tool), "--steps", "0"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "--steps" in bad.stderr
+
+
+def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
+    """tools/core_drift.py (two cores' speeds side by side, BENCHMARKS.md) prints a line per
+    window, the two cores' times over their medians and their ratio, then the range and what
+    a half and half split waits for (at least 0%); and refuses a window it cannot make and a
+    core this process may not use, saying so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "core_drift.py"
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two cores")
+    res = subprocess.run([sys.executable, str(tool), "1.5", "0.5"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"cores {allowed[0]} and {allowed[1]}: median call")
+    rows = [re.fullmatch(r"\s*([\d.]+)s\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
+            for line in lines[2:-1]]
+    assert rows and all(rows) and [float(m[1]) for m in rows][:3] == [0.0, 0.5, 1.0]
+    for m in rows:
+        a, b, ratio = float(m[2]), float(m[3]), float(m[4])
+        assert a > 0 and b > 0 and ratio == pytest.approx(b / a, abs=2e-3)
+    last = re.search(r"per 0.5 s: ([\d.]+) to ([\d.]+), .* waits for the slower core: "
+                     r"([\d.]+)% longer$", lines[-1])
+    assert last and float(last[1]) <= float(last[2]) and float(last[3]) >= 0
+    for args, said in ((["2", "0"], "0 < WINDOW <= SECONDS"),
+                       (["1", "2"], "0 < WINDOW <= SECONDS"),
+                       (["1", "1", str(allowed[0]), str(allowed[0])], "two different cores"),
+                       (["1", "1", str(allowed[0]), str(max(allowed) + 1)], "may use")):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)

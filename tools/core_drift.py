@@ -13,6 +13,7 @@ A window of about a phase of a step (the paper network's conv2 at batch 16: 0.5-
 each phase waits for; longer windows, the drift a calibration sees.
 """
 
+import argparse
 import os
 import sys
 import threading
@@ -24,13 +25,19 @@ from pyhet import _core
 
 
 def main(argv):
-    seconds = float(argv[0]) if argv else 60.0
-    window = float(argv[1]) if len(argv) > 1 else 1.0
-    cpus = [int(c) for c in argv[2:4]] if len(argv) > 3 else sorted(os.sched_getaffinity(0))[:2]
+    ap = argparse.ArgumentParser(prog="core_drift.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("seconds", nargs="?", type=float, default=60.0)
+    ap.add_argument("window", nargs="?", type=float, default=1.0)
+    ap.add_argument("cpus", nargs="*", type=int, metavar="CPU")
+    args = ap.parse_args(argv)
+    seconds, window = args.seconds, args.window
+    if not 0 < window <= seconds:
+        ap.error(f"needs 0 < WINDOW <= SECONDS; got SECONDS {seconds:g}, WINDOW {window:g}")
     allowed = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or len(set(cpus)) < 2 or not set(cpus) <= set(allowed):
-        sys.exit(f"core_drift: needs two different cores of those this process may use, "
-                 f"{allowed}; got {cpus}")
+    cpus = args.cpus or allowed[:2]
+    if len(cpus) != 2 or cpus[0] == cpus[1] or not set(cpus) <= set(allowed):
+        ap.error(f"needs two different cores of those this process may use, {allowed}; "
+                 f"got {cpus}")
     calls = {c: [] for c in cpus}
     start = time.perf_counter()
     failed = []
@@ -55,7 +62,7 @@ def main(argv):
     for t in threads:
         t.join(seconds + 60)
     if failed or any(t.is_alive() for t in threads):
-        sys.exit("core_drift: " + ("; ".join(failed) or "a core's GEMM did not return"))
+        sys.exit("core_drift.py: " + ("; ".join(failed) or "a core's GEMM did not return"))
     overall = {c: float(np.median([d for _, d in calls[c]])) for c in cpus}
     print(f"cores {cpus[0]} and {cpus[1]}: median call {overall[cpus[0]] * 1e3:.1f} and "
           f"{overall[cpus[1]] * 1e3:.1f} ms over {seconds:.0f} s")
@@ -70,7 +77,7 @@ def main(argv):
             continue
         ratios.append(rel[1] / rel[0])
         losses.append(max(rel) / (sum(rel) / 2))
-        print(f"{w0:6.0f}s  {rel[0]:6.3f}  {rel[1]:6.3f}  {ratios[-1]:.3f}")
+        print(f"{w0:6g}s  {rel[0]:6.3f}  {rel[1]:6.3f}  {ratios[-1]:.3f}")
     ratios = np.array(ratios)
     print(f"ratio of the cores' speeds per {window:g} s: {ratios.min():.3f} to "
           f"{ratios.max():.3f}, mean |ratio - 1| {np.mean(np.abs(ratios - 1)):.3f}; a half and "
