@@ -100,6 +100,34 @@ def test_repartitions_move_kernels_exactly(started):
             d.close()
 
 
+def test_a_device_without_momentum_takes_kernels_with_theirs():
+    """A device that had no kernels in the first step has no momentum; kernels that move to it
+    keep theirs (its own part, none, reads as zeros, as join_states has it), and the shard it
+    gets shares no memory with the one it had: the update writes into it in place."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 5), devices, {"conv1": [3, 2, 2], "conv2": [5, 0, 4]},
+                  CpuBackend(1))
+        net.train_step(*batch(1), CFG)
+        conv = net.convs[1]
+        want = conv.gather_state()
+        assert all(a is not None for a in want)
+        assert devices[1]._shards["conv2"].vw is None          # never updated
+        old = devices[0]._shards["conv2"]
+        conv.repartition([3, 4, 2])
+        for got, ref_ in zip(conv.gather_state(), want):
+            np.testing.assert_array_equal(got, ref_)
+        new = devices[0]._shards["conv2"]
+        assert all(not np.shares_memory(a, b) for a, b in
+                   zip((new.w, new.b, new.vw, new.vb), (old.w, old.b, old.vw, old.vb)))
+        conv.repartition([0, 9, 0])      # one device keeps nothing of its own: all arrives
+        for got, ref_ in zip(conv.gather_state(), want):
+            np.testing.assert_array_equal(got, ref_)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_host_group_packs_its_shared_operands_once(reference):
     """Two cpu devices pack the shared im2col once for both products, straight from the input,
     each the columns of its share of the images (one device alone makes col); the packed
