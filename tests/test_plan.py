@@ -1244,6 +1244,8 @@ def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
     from pathlib import Path
 
     tool = Path(__file__).resolve().parents[1] / "tools" / "core_drift.py"
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs Linux's core affinity")
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("needs two cores")
@@ -1254,12 +1256,13 @@ def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
     assert lines[0].startswith(f"cores {allowed[0]} and {allowed[1]}: median call")
     rows = [re.fullmatch(r"\s*([\d.]+)s\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
             for line in lines[2:-1]]
-    assert rows and all(rows) and [float(m[1]) for m in rows][:3] == [0.0, 0.5, 1.0]
+    # windows in which a core began no call are left out (a slow machine's calls are long)
+    assert rows and all(rows) and {float(m[1]) for m in rows} <= {0.0, 0.5, 1.0}
     for m in rows:
         a, b, ratio = float(m[2]), float(m[3]), float(m[4])
-        assert a > 0 and b > 0 and ratio == pytest.approx(b / a, abs=2e-3)
-    last = re.search(r"per 0.5 s: ([\d.]+) to ([\d.]+), .* waits for the slower core: "
-                     r"([\d.]+)% longer$", lines[-1])
+        assert a > 0 and b > 0 and ratio == pytest.approx(b / a, rel=5e-3, abs=2e-3)
+    last = re.search(r"times per 0.5 s: ([\d.]+) to ([\d.]+), .* waits for the slower core: "
+                     r"([\d.]+)% longer", lines[-1])
     assert last and float(last[1]) <= float(last[2]) and float(last[3]) >= 0
     for args, said in ((["2", "0"], "0 < WINDOW <= SECONDS"),
                        (["1", "2"], "0 < WINDOW <= SECONDS"),

@@ -1,7 +1,7 @@
 """How far two cores' speeds drift apart: one thread pinned to each of two cores, each running
-the same GEMM of pyhet's core (about 50 ms a call on one Zen 4 core) in a loop at once, for
+the same GEMM of pyhet's core (about 55 ms a call on one Zen 4 core) in a loop at once, for
 SECONDS; per window of WINDOW seconds each core's median call time (over its median for the
-whole run) and their ratio. A split fixed for a run (pyhet's static balance) is balanced for the
+whole run) and their ratio (core 1's over core 0's: above 1, core 1 slower). A split fixed for a run (pyhet's static balance) is balanced for the
 cores' speeds when it was calibrated; where they drift apart, every phase waits for the core
 that is slow at that moment: the last line gives what that costs two equal devices split
 half and half, the mean over the windows of the slower core's time over the two cores' mean.
@@ -14,6 +14,7 @@ each phase waits for; longer windows, the drift a calibration sees.
 """
 
 import argparse
+import math
 import os
 import sys
 import threading
@@ -31,7 +32,7 @@ def main(argv):
     ap.add_argument("cpus", nargs="*", type=int, metavar="CPU")
     args = ap.parse_args(argv)
     seconds, window = args.seconds, args.window
-    if not 0 < window <= seconds:
+    if not (0 < window <= seconds and math.isfinite(seconds)):
         ap.error(f"needs 0 < WINDOW <= SECONDS; got SECONDS {seconds:g}, WINDOW {window:g}")
     allowed = sorted(os.sched_getaffinity(0))
     cpus = args.cpus or allowed[:2]
@@ -63,26 +64,34 @@ def main(argv):
         t.join(seconds + 60)
     if failed or any(t.is_alive() for t in threads):
         sys.exit("core_drift.py: " + ("; ".join(failed) or "a core's GEMM did not return"))
+    if any(not calls[c] for c in cpus):
+        sys.exit(f"core_drift.py: no GEMM call ended in {seconds:g} s on a core; give more "
+                 f"SECONDS")
     overall = {c: float(np.median([d for _, d in calls[c]])) for c in cpus}
     print(f"cores {cpus[0]} and {cpus[1]}: median call {overall[cpus[0]] * 1e3:.1f} and "
-          f"{overall[cpus[1]] * 1e3:.1f} ms over {seconds:.0f} s")
+          f"{overall[cpus[1]] * 1e3:.1f} ms over {seconds:g} s")
     print(" window  core %d  core %d  ratio" % tuple(cpus))
-    ratios, losses = [], []
+    ratios, losses, empty = [], [], 0
     for w0 in np.arange(0.0, seconds, window):
         rel = []
         for c in cpus:
             inside = [d for t, d in calls[c] if w0 <= t < w0 + window]
-            rel.append(float(np.median(inside)) / overall[c] if inside else float("nan"))
-        if any(np.isnan(rel)):
+            rel.append(float(np.median(inside)) / overall[c] if inside else None)
+        if None in rel:      # a window in which a core began no call
+            empty += 1
             continue
         ratios.append(rel[1] / rel[0])
         losses.append(max(rel) / (sum(rel) / 2))
         print(f"{w0:6g}s  {rel[0]:6.3f}  {rel[1]:6.3f}  {ratios[-1]:.3f}")
+    if not ratios:
+        sys.exit(f"core_drift.py: no window of {window:g} s in which both cores began a call "
+                 f"(a call takes {max(overall.values()):.3f} s here); give a longer WINDOW")
     ratios = np.array(ratios)
-    print(f"ratio of the cores' speeds per {window:g} s: {ratios.min():.3f} to "
+    skipped = f" ({empty} windows without a call on a core left out)" if empty else ""
+    print(f"ratio of the cores' times per {window:g} s: {ratios.min():.3f} to "
           f"{ratios.max():.3f}, mean |ratio - 1| {np.mean(np.abs(ratios - 1)):.3f}; a half and "
-          f"half split waits for the slower core: {100 * (np.mean(losses) - 1):.1f}% longer")
-
+          f"half split waits for the slower core: {100 * (np.mean(losses) - 1):.1f}% longer"
+          f"{skipped}")
 
 if __name__ == "__main__":
     main(sys.argv[1:])
