@@ -18,8 +18,10 @@ speedup depends on the devices, the network and the link. Here, on synthetic 3x3
   4. speedup against the bandwidth: from a `pyhet bench bandwidth --json` file, or by running
      that benchmark at two rates (root and its tools needed; not in --quick).
 
-Every configuration of a measurement point is built once; after two warm-up steps each, they are
-stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike. Speedup is
+Every configuration of a measurement point is built once; after two warm-up steps each (and a
+dynamic one's untimed steps until its balancer has left the partition alone for QUIET steps,
+at most SETTLE_MAX: the row times the balance it settles on, not the moves on its way there),
+they are stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike. Speedup is
 the throughput over the baseline's; efficiency is the throughput over the sum of the devices'
 solo throughputs. The paper's own figures are printed beside ours, labelled as the paper's.
 """
@@ -50,6 +52,9 @@ from pyhet.model import init_params
 from pyhet.timing import PartTimer
 
 INPUT, CLASSES = scaling.INPUT, scaling.CLASSES
+# a dynamic configuration's untimed steps before it is timed: until its balancer has not moved
+# kernels in QUIET steps in a row (it moves after two steps out of balance), at most SETTLE_MAX
+QUIET, SETTLE_MAX = 3, 8
 
 # What the paper reports (CIFAR-10, two conv layers of 500 and 1500 kernels).
 PAPER = {
@@ -192,9 +197,11 @@ def measure(kernels, batch, configs, steps):
     try:
         for spec, balance in configs:
             built.append(scaling.Config(spec, balance, shape, params, batch))
+        settle = {}
         for c in built:
             for _ in range(scaling.WARMUP):         # warm-up (and dynamic's first measures)
                 c.step(x, y, record=False)
+            settle[c.label] = settle_dynamic(c, x, y) if c.dynamic else None
             conv[c.label] = []
         for _ in range(steps - 1):
             for c in built:
@@ -210,7 +217,11 @@ def measure(kernels, batch, configs, steps):
                          "images_per_s": batch / med,
                          "conv_time_fraction": sum(conv[c.label]) / sum(c.times),
                          "partition": c.net.partition()["conv2"],
-                         "calibration_s": c.calibration_s})
+                         "calibration_s": c.calibration_s,
+                         **({} if settle[c.label] is None else {
+                             "settle_steps": settle[c.label][0],
+                             "moves_before_timing": settle[c.label][1],
+                             "moves_timed": len(c.dynamic.moves) - settle[c.label][1]})})
         add_speedups(rows)
         label = f"kernels {kernels[0]},{kernels[1]}, batch {batch}"
         print(f"measured {label}: " + ", ".join(f"{r['config']} {r['step_s']:.3f} s"
@@ -219,6 +230,21 @@ def measure(kernels, batch, configs, steps):
     finally:
         for c in built:
             c.close()
+
+
+def settle_dynamic(c, x, y):
+    """[untimed steps, moves] of a dynamic configuration (scaling.Config) before it is timed:
+    steps until its balancer has left the partition alone for QUIET steps in a row, at most
+    SETTLE_MAX. A move costs a step or more of a small network's time, and its first steps on
+    a new partition make new arrays: three timed steps that hold one show the move, not the
+    balance."""
+    quiet = steps = 0
+    while quiet < QUIET and steps < SETTLE_MAX:
+        before = len(c.dynamic.moves)
+        c.step(x, y, record=False)
+        steps += 1
+        quiet = quiet + 1 if len(c.dynamic.moves) == before else 0
+    return [steps, len(c.dynamic.moves)]
 
 
 def add_speedups(rows):
@@ -420,6 +446,11 @@ def print_all(res):
         [[r["config"], r["balance"] or "-", sec(r["step_s"]), r["images_per_s"],
           times(r["speedup"]), times(r.get("ideal_speedup")), pct(r["efficiency"]),
           "/".join(map(str, r["partition"].values()))] for r in mix["rows"]]))
+    for r in mix["rows"]:
+        if "settle_steps" in r:
+            print(f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to "
+                  f"settle ({r['moves_before_timing']} moves from the calibrated partition), "
+                  f"{r['moves_timed']} moves in its timed steps")
     if mix["note"]:
         print(mix["note"])
 

@@ -255,6 +255,20 @@ def test_bench_paper(tmp_path, capsys):
     mixes = [r for r in res["speed_mix"]["rows"] if r["balance"]]
     assert {r["balance"] for r in mixes} == {"even", "static", "dynamic"}
     assert all(r["ideal_speedup"] == pytest.approx(1.5) for r in mixes if len(r["speeds"]) == 2)
+    try:
+        from pyhet.bench import paper
+    except ImportError:    # run from the source tree
+        from bench import paper
+    # a dynamic mix is timed once its balancer has settled (or SETTLE_MAX steps on), and says
+    # how long that took; the others take no such steps
+    for r in mixes:
+        if r["balance"] != "dynamic":
+            assert "settle_steps" not in r
+            continue
+        assert paper.QUIET <= r["settle_steps"] <= paper.SETTLE_MAX
+        assert r["moves_before_timing"] >= 0 and r["moves_timed"] >= 0
+        assert (f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to settle "
+                f"({r['moves_before_timing']} moves") in out
     rates = res["bandwidth"]["rows"]
     assert [r["rate"] for r in rates] == ["100mbit", "none"]
     assert [r["speedup"] for r in rates] == pytest.approx([0.5, 2.0])
