@@ -448,9 +448,11 @@ def print_all(res):
           "/".join(map(str, r["partition"].values()))] for r in mix["rows"]]))
     for r in mix["rows"]:
         if "settle_steps" in r:
+            def moves(n):
+                return f"{n} move{'' if n == 1 else 's'}"
             print(f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to "
-                  f"settle ({r['moves_before_timing']} moves from the calibrated partition), "
-                  f"{r['moves_timed']} moves in its timed steps")
+                  f"settle ({moves(r['moves_before_timing'])} from the calibrated partition), "
+                  f"{moves(r['moves_timed'])} in its timed steps")
     if mix["note"]:
         print(mix["note"])
 

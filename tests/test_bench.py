@@ -267,8 +267,9 @@ def test_bench_paper(tmp_path, capsys):
             continue
         assert paper.QUIET <= r["settle_steps"] <= paper.SETTLE_MAX
         assert r["moves_before_timing"] >= 0 and r["moves_timed"] >= 0
+        n = r["moves_before_timing"]
         assert (f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to settle "
-                f"({r['moves_before_timing']} moves") in out
+                f"({n} move{'' if n == 1 else 's'} from") in out
     rates = res["bandwidth"]["rows"]
     assert [r["rate"] for r in rates] == ["100mbit", "none"]
     assert [r["speedup"] for r in rates] == pytest.approx([0.5, 2.0])
