@@ -21,8 +21,8 @@ speedup depends on the devices, the network and the link. Here, on synthetic 3x3
 Every configuration of a measurement point is built once; after two warm-up steps each (and a
 dynamic one's untimed steps until its balancer has left the partition alone for QUIET steps,
 at most SETTLE_MAX: the row times the balance it settles on, not the moves on its way there),
-they are stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike. Speedup is
-the throughput over the baseline's; efficiency is the throughput over the sum of the devices'
+they are stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike.
+Speedup is the throughput over the baseline's; efficiency is the throughput over the sum of the devices'
 solo throughputs. The paper's own figures are printed beside ours, labelled as the paper's.
 """
 
@@ -446,10 +446,11 @@ def print_all(res):
         [[r["config"], r["balance"] or "-", sec(r["step_s"]), r["images_per_s"],
           times(r["speedup"]), times(r.get("ideal_speedup")), pct(r["efficiency"]),
           "/".join(map(str, r["partition"].values()))] for r in mix["rows"]]))
+    def moves(n):
+        return f"{n} move{'' if n == 1 else 's'}"
+
     for r in mix["rows"]:
         if "settle_steps" in r:
-            def moves(n):
-                return f"{n} move{'' if n == 1 else 's'}"
             print(f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to "
                   f"settle ({moves(r['moves_before_timing'])} from the calibrated partition), "
                   f"{moves(r['moves_timed'])} in its timed steps")

@@ -1271,3 +1271,12 @@ def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
         bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
                              text=True, timeout=60)
         assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+    # too short to time: a run that ends before its first call (making its operands takes
+    # longer), and windows too short for both cores to begin a call in one; one line each
+    for args, said in ((["0.001", "0.001"], ("no GEMM call ended in 0.001 s",)),
+                       (["0.05", "0.00001"], ("no GEMM call ended", "no window of 1e-05 s"))):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
+                             text=True, timeout=60)
+        assert bad.stdout == "" or bad.stdout.startswith("cores"), (args, bad.stdout)
+        assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1, (args, bad.stderr)
+        assert any(bad.stderr.startswith(f"core_drift.py: {w}") for w in said), bad.stderr

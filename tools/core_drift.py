@@ -1,10 +1,11 @@
 """How far two cores' speeds drift apart: one thread pinned to each of two cores, each running
 the same GEMM of pyhet's core (about 55 ms a call on one Zen 4 core) in a loop at once, for
 SECONDS; per window of WINDOW seconds each core's median call time (over its median for the
-whole run) and their ratio (core 1's over core 0's: above 1, core 1 slower). A split fixed for a run (pyhet's static balance) is balanced for the
-cores' speeds when it was calibrated; where they drift apart, every phase waits for the core
-that is slow at that moment: the last line gives what that costs two equal devices split
-half and half, the mean over the windows of the slower core's time over the two cores' mean.
+whole run) and their ratio (core 1's over core 0's: above 1, core 1 slower). A split fixed for
+a run (pyhet's static balance) is balanced for the cores' speeds when it was calibrated; where
+they drift apart, every phase waits for the core that is slow at that moment: the last line
+gives what that costs two equal devices split half and half, the mean over the windows of the
+slower core's time over the two cores' mean.
 
     python tools/core_drift.py [SECONDS [WINDOW [CPU0 CPU1]]]    (default 60 1, the first two
                                                                  cores this process may use)
@@ -92,6 +93,7 @@ def main(argv):
           f"{ratios.max():.3f}, mean |ratio - 1| {np.mean(np.abs(ratios - 1)):.3f}; a half and "
           f"half split waits for the slower core: {100 * (np.mean(losses) - 1):.1f}% longer"
           f"{skipped}")
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])
