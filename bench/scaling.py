@@ -59,6 +59,7 @@ class Config:
         self.dynamic = DynamicBalance(self.net, cal) if balance == "dynamic" and cal else None
         self.times = []
         self.steps = 0
+        self.move_s = 0.0   # the last step's repartitions (dynamic balancing's moves), seconds
 
     @property
     def label(self):
@@ -70,8 +71,12 @@ class Config:
         self.net.train_step(x, y, SGD, timer)
         dt = time.perf_counter() - t0
         self.steps += 1
-        if self.dynamic:
+        self.move_s = 0.0
+        if self.dynamic:   # its moves come after the step, outside its time: timed apart
+            moved = [c.phases.parts.get("repartition", 0.0) for c in self.net.convs]
             self.dynamic.after_step(self.steps)
+            self.move_s = sum(c.phases.parts.get("repartition", 0.0) - m
+                              for c, m in zip(self.net.convs, moved))
         if record:
             self.times.append(dt)
         return dt
@@ -182,6 +187,11 @@ def best_static(args, shape, params, x, y, speeds):
         c.close()
 
 
+def _moves(c) -> int:
+    """The repartitions of a configuration's layers so far."""
+    return sum(conv.moves for conv in c.net.convs)
+
+
 def _settled(start, after, key):
     """The step after the change (1, 2, ...) at which key(step) last changed, from `start`
     (its value before the change; after[i] holds the partition after step i + 1): 0 where it
@@ -202,8 +212,10 @@ def part2(args, shape, params, x, y, static_ref):
         for i in range(before + args.dynamic_steps):
             if i == before:
                 c.devices[1].speed = 0.5  # the speed change, mid-training
+            moves = _moves(c)
             dt = c.step(x, y)
             trace.append({"step": i + 1, "d1_speed": c.devices[1].speed, "step_s": dt,
+                          "move_s": c.move_s if _moves(c) != moves else None,
                           "conv2": list(c.net.convs[1].counts),
                           "conv1": list(c.net.convs[0].counts)})
     finally:
@@ -229,7 +241,20 @@ def part2(args, shape, params, x, y, static_ref):
             "best_static_step_s": best_s, "best_static_partition": best_partition,
             "calibrated_static_step_s": static_ref,
             "settled_over_best_static": None if settled_s is None else settled_s / best_s,
-            "final_partition": {"conv1": after[-1]["conv1"], "conv2": after[-1]["conv2"]}}
+            "final_partition": {"conv1": after[-1]["conv1"], "conv2": after[-1]["conv2"]},
+            "moves_s": [t["move_s"] for t in trace if t["move_s"] is not None]}
+
+
+def moves_summary(moves_s) -> str:
+    """The repartitions of part 2 in words: how many, and the time each took (after its step,
+    outside the step times)."""
+    if not moves_s:
+        return "no repartition in these steps"
+    n = len(moves_s)
+    span = (f"{1e3 * moves_s[0]:.2f} ms" if n == 1 else
+            f"{1e3 * min(moves_s):.2f}-{1e3 * max(moves_s):.2f} ms each")
+    return (f"{n} repartition{'s' if n > 1 else ''} (a layer's kernels moved between the "
+            f"devices after a step, outside its step time): {span}")
 
 
 def settling_summary(dyn: dict, steps: int) -> str:
@@ -290,11 +315,14 @@ def main(argv=None) -> int:
     dyn = part2(args, shape, params, x, y, static["step_s"] if static else None)
     print(f"\nPart 2: --balance dynamic on cpu:1,cpu:1; d1 slowed to 0.5 before step "
           f"{dyn['change_at_step']}")
-    print(_util.format_table(["step", "d1 speed", "step s", "conv1 partition", "conv2 partition"],
+    print(_util.format_table(["step", "d1 speed", "step s", "move ms", "conv1 partition",
+                              "conv2 partition"],
                              [[t["step"], t["d1_speed"], _util.secs(t["step_s"]),
+                               "-" if t["move_s"] is None else f"{1e3 * t['move_s']:.2f}",
                                "/".join(map(str, t["conv1"])), "/".join(map(str, t["conv2"]))]
                               for t in dyn["trace"]]))
     print(settling_summary(dyn, args.dynamic_steps))
+    print(moves_summary(dyn["moves_s"]))
 
     result = {"benchmark": "scaling", "system": info, "kernels": list(args.kernels),
               "batch_size": args.batch_size, "configs": rows, "dynamic": dyn}

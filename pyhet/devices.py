@@ -363,33 +363,53 @@ class Device:
     # one in one pass (as much memory traffic as updating in place), and the buffers swap at
     # each commit (no allocation): the cost is one more copy of the shard in the device's memory.
 
-    def sgd_stage(self, layer: str, cfg: SGDConfig, w_out=None):
-        """Stage the shard's update. w_out: where the new weights go (a member of a host group:
-        its rows of the group's array for the next state, so that input_grad_part finds all of
-        the group's weights in one array), or None (a buffer of its own)."""
+    def sgd_stage(self, layer: str, cfg: SGDConfig, w_out=None, b_out=None, vw_out=None,
+                  vb_out=None):
+        """Stage the shard's update. w_out, b_out, vw_out, vb_out: where the new weights, biases
+        and momentum go (a member of a host group: its rows of the group's arrays for the next
+        state, so that input_grad_part finds all of the group's weights in one array and a
+        repartition within the group moves nothing: adopt), or None (buffers of its own).
+        Returns whether the staged state has momentum."""
         s, be = self._shards[layer], self.backend
         w, b, vw, vb = s.spare if s.spare is not None else (None,) * 4
-        if w_out is not None:
-            if w_out.shape != s.w.shape or np.may_share_memory(w_out, s.w):
-                raise ValueError(f"{layer}: the new weights need a buffer of shape "
-                                 f"{tuple(s.w.shape)} apart from the current ones, got "
-                                 f"{tuple(w_out.shape)}"
-                                 f"{' over them' if np.may_share_memory(w_out, s.w) else ''}")
-            w = w_out
+        outs = {"weights": (w_out, s.w, s.w), "biases": (b_out, s.b, s.b),
+                "momentum": (vw_out, s.vw, s.w), "bias momentum": (vb_out, s.vb, s.b)}
+        for what, (out, now, like) in outs.items():
+            if out is None:
+                continue
+            shape = tuple(like.shape)
+            over = now is not None and np.may_share_memory(out, now)
+            if tuple(out.shape) != shape or over:
+                raise ValueError(f"{layer}: the new {what} need a buffer of shape {shape} apart "
+                                 f"from the current ones, got {tuple(out.shape)}"
+                                 f"{' over them' if over else ''}")
+        w = w_out if w_out is not None else w
+        b = b_out if b_out is not None else b
         first = s.vw is None
         if first:                 # the first update: no momentum buffers to reuse yet
             vw = vb = None
         elif vw is None and s.spare_v is not None:   # the second: those the first one made
             vw, vb = s.spare_v
         s.spare_v = None
+        vw = vw_out if vw_out is not None else vw
+        vb = vb_out if vb_out is not None else vb
         w, vw = be.sgd_update_into(s.w, s.dw, s.vw, cfg, w, vw)
         b, vb = be.sgd_update_into(s.b, s.db, s.vb, cfg, b, vb)
-        if first and vw is not None:
+        if first and vw is not None and vw_out is None:
             # The second update writes its momentum beside this one's: make those buffers now,
             # by copies, so that their first-touch page faults fall in the first step (which
             # makes every buffer anyway) and the second step runs as fast as the later ones.
             s.spare_v = (vw.copy(), vb.copy())
         s.staged, s.spare = (w, b, vw, vb), None
+        return vw is not None
+
+    def adopt(self, layer: str, w, b, vw, vb):
+        """Make (w, b, vw, vb) the shard's state as they are, without a copy: a repartition
+        within a host group, whose state is in the group's arrays, each member's shard a view
+        of its rows (sgd_stage's outputs), gives each member the views of its new rows. Called
+        by the master directly between steps (the worker is idle then), like commit_stage."""
+        s = self._shards[layer]
+        self._shards[layer] = _Shard(s.g, w, b, vw, vb)
 
     def commit_stage(self, layer: str):
         """Make the staged update the shard's state. Called by the master directly (the worker

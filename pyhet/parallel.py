@@ -16,7 +16,9 @@ the rows of dcol of its channels from every host shard (w_j, dy_j), then col2im 
 channels. So the input gradient costs the same whatever the number of devices: the group's
 shards keep their weights (from their first update on) and write their dy in their rows of one
 array of the whole layer each, so that those rows are one product over all of the group's
-kernels (CpuBackend.input_grad_part), not one per shard. With the input gradient they split
+kernels (CpuBackend.input_grad_part), not one per shard. Their biases and momentum are kept the
+same way, so that a repartition within the group hands each member views of its new rows and
+copies nothing (_regroup). With the input gradient they split
 the weight gradient the same way, by input channels (the columns of every shard's dw of its
 channels, or, where the forward's operand is packed as its quadrants' sums, a share of each
 half of dw's columns in proportion to them; from the forward's packed operand read
@@ -70,7 +72,10 @@ class PartitionedConv:
         self.devices = list(devices)
         self._buffers: dict = {}
         self._shared = SharedCol()  # the host group's im2col matrix, packed for its products
-        self._next_w = 0          # which of the host group's two weight arrays the update fills
+        self._next_w = 0          # which of the host group's two state arrays the update fills
+        # (index, momentum) of the group's arrays that hold the whole layer's current state,
+        # every member's shard a view of its rows, or None (repartition then copies)
+        self._views = self._staged_views = None
         self.phases = PartTimer()  # wall time of each phase, summed over steps
         self.moves = 0            # repartitions so far
         self.dead: set = set()    # devices that failed: no kernels, no calls
@@ -92,6 +97,7 @@ class PartitionedConv:
         """Give device i kernels [sum(counts[:i]), sum(counts[:i+1])) with their momentum."""
         counts = self._checked(counts, w.shape[0])
         self._set_partition(counts)
+        self._views = None        # each device's shard its own copy now
         part = (lambda a, k0, k1: None if a is None else a[k0:k1])
         gather([self.devices[i].submit("load_shard", self.devices[i].load_shard, self.name,
                                        self.g, w[k0:k1], b[k0:k1], part(vw, k0, k1),
@@ -168,6 +174,7 @@ class PartitionedConv:
         (consistent_state()) to the others as `counts` says, or keep it here when no device
         is left (counts None)."""
         self.dead.update(failed)
+        self._views = None
         if counts is None:
             self._orphan = state
             self._set_partition([0] * len(self.devices))
@@ -181,6 +188,11 @@ class PartitionedConv:
         counts = self._checked(counts, self.K)
         if counts == self.counts:
             return
+        if self._views is not None and all(
+                self.devices[i].group == "host" for i, c in enumerate(counts) if c):
+            self._regroup(counts)
+            return
+        self._views = None
         old, new = self.bounds, _ranges(counts)
         # Ctrl-C waits for the move's end: cut short, the devices would hold one partition and
         # the layer's record another (on other ranks, Ctrl-C there ends every rank)
@@ -219,6 +231,31 @@ class PartitionedConv:
             gather(futures)
             self._set_partition(counts)
         self.moves += 1
+
+    def _regroup(self, counts):
+        """A repartition within the host group, whose state is in its arrays of the whole layer
+        (every member's shard a view of its rows, since the group's last update): each device
+        takes the views of its new rows, and nothing moves. (Copying the kernels that change
+        owner, a move of six of the paper network's conv2 took 137-296 ms: new arrays of each
+        device's weights and momentum, on a VM where new memory is slow to touch.)"""
+        index, momentum = self._views
+        state = [self._buffers[(name, index)] if momentum or name[0] != "v" else None
+                 for name, _ in self._state_shapes(True)]
+        with HeldSigint(), self.phases("repartition"):
+            for i, (n0, n1) in enumerate(_ranges(counts)):
+                if i not in self.dead and (counts[i] or self.counts[i]):
+                    self.devices[i].adopt(self.name, *(None if a is None else a[n0:n1]
+                                                       for a in state))
+            self._set_partition(counts)
+        self.moves += 1
+
+    def _state_shapes(self, momentum: bool) -> list:
+        """[(name, shape)] of the host group's arrays of the layer's state: weights, biases
+        and, with momentum, theirs."""
+        g = self.g
+        return [(n, s) for n, s in (("w", g.weight_shape), ("b", (g.K,)),
+                                    ("vw", g.weight_shape), ("vb", (g.K,)))
+                if momentum or n[0] != "v"]
 
     # --- forward / backward / step ------------------------------------------------------------
 
@@ -333,34 +370,49 @@ class PartitionedConv:
 
     def step(self, cfg):
         """The first phase of the update: staged on every device beside its state, which stays
-        as it was until commit(). The members of a host group write their new weights into
-        their rows of one of two arrays of the whole layer, the one that does not hold the
-        current weights (they alternate at each commit), so that after the commit the group's
-        weights are one array again (input_grad_part: one product over all of them)."""
-        w_next = None
+        as it was until commit(). The members of a host group write their new state (weights,
+        biases, momentum) into their rows of one of two sets of arrays of the whole layer, the
+        one that does not hold the current state (they alternate at each commit), so that after
+        the commit the group's weights are one array again (input_grad_part: one product over
+        all of them), and a repartition within the group moves nothing (_regroup)."""
+        outs = None
+        self._staged_views = None
         if len(self.group) > 1:
-            w_next = kept(self._buffers, ("w", self._next_w), self.g.weight_shape)
-            other = ("w", 1 - self._next_w)
-            if other not in self._buffers:
-                # the array the next update writes: made and written now, so that its page
-                # faults fall in the first step, which makes every buffer anyway, and not in
-                # the second (on the paper network's conv2 they made the second step's update
-                # of two devices 108-219 ms, 10-15 ms in later steps)
-                kept(self._buffers, other, self.g.weight_shape).fill(0.0)
+            momentum = cfg.momentum > 0
+            outs = [kept(self._buffers, (name, self._next_w), shape)
+                    for name, shape in self._state_shapes(momentum)]
+            outs += [None] * (4 - len(outs))
+            for name, shape in self._state_shapes(momentum):
+                if (name, 1 - self._next_w) not in self._buffers:
+                    # the arrays the next update writes: made and written now, so that their
+                    # page faults fall in the first step, which makes every buffer anyway, and
+                    # not in the second (on the paper network's conv2 they made the second
+                    # step's update of two devices 108-219 ms, 10-15 ms in later steps)
+                    kept(self._buffers, (name, 1 - self._next_w), shape).fill(0.0)
         with self.phases("update"):
             futures = []
             for i in self.active:
                 d, (k0, k1) = self.devices[i], self.bounds[i]
-                extra = (w_next[k0:k1],) if w_next is not None and i in self.group else ()
+                extra = tuple(None if a is None else a[k0:k1] for a in outs) if (
+                    outs is not None and i in self.group) else ()
                 futures.append(d.submit(f"{self.name} update", d.sgd_stage, self.name, cfg,
                                         *extra, tag=self.name))
-            gather(futures)
+            staged = gather(futures)
+        if outs is not None and set(self.active) <= set(self.group):
+            # the whole layer's new state is in the group's arrays, momentum and all (or none
+            # has momentum): commit() makes them the views a repartition hands out
+            if outs[2] is not None and all(staged):
+                self._staged_views = (self._next_w, True)
+            elif not any(staged):
+                self._staged_views = (self._next_w, False)
 
     def commit(self):
         """The update's second phase, once every layer's step() has succeeded."""
         for i in self.active:
             self.devices[i].commit_stage(self.name)
-        if len(self.group) > 1:   # the other array takes the next update (step() used one)
+        # where the group's arrays now hold the layer's state (None: a device's own arrays do)
+        self._views, self._staged_views = self._staged_views, None
+        if len(self.group) > 1:   # the other arrays take the next update (step() used one)
             self._next_w = 1 - self._next_w
 
 

@@ -91,6 +91,18 @@ def test_bench_scaling(tmp_path, capsys):
     for r in res["configs"]:
         assert sum(r["partition"]["conv2"].values()) == 16 and r["step_s"] > 0
     assert len(res["dynamic"]["trace"]) == 4 + 3 and "Part 2" in out
+    moved = [t["move_s"] for t in res["dynamic"]["trace"] if t["move_s"] is not None]
+    assert res["dynamic"]["moves_s"] == moved and all(m >= 0 for m in moved)
+    assert ("no repartition in these steps" in out) == (not moved)
+    assert "move ms" in out
+
+
+def test_scaling_says_how_long_its_moves_took():
+    scaling = importlib.import_module("pyhet.bench.scaling")
+    assert scaling.moves_summary([]) == "no repartition in these steps"
+    assert scaling.moves_summary([0.0012]).endswith(": 1.20 ms")
+    assert scaling.moves_summary([0.0002, 0.0031, 0.0009]).endswith(": 0.20-3.10 ms each")
+    assert scaling.moves_summary([0.1, 0.2]).startswith("2 repartitions (")
 
 
 def test_scaling_says_when_the_partition_was_not_seen_to_settle():

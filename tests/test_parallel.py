@@ -128,6 +128,78 @@ def test_a_device_without_momentum_takes_kernels_with_theirs():
             d.close()
 
 
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_a_host_group_repartitions_by_views_of_its_arrays(momentum):
+    """Once a host group has updated, its state is in arrays of the whole layer: a repartition
+    among its members hands out views of their new rows and copies nothing, its weights and
+    momentum read back bit for bit; one that gives kernels to a device outside the group
+    copies them as before."""
+    cfg = SGDConfig(lr=0.05, momentum=momentum, weight_decay=1e-3)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 6), devices, {"conv1": [3, 4, 0], "conv2": [5, 4, 0]},
+                  CpuBackend(1))
+        net.train_step(*batch(1), cfg)
+        conv = net.convs[1]
+        want = conv.gather_state()
+        assert (want[2] is None) == (momentum == 0)
+        index, with_momentum = conv._views
+        assert with_momentum == (momentum > 0)
+        arrays = {n: conv._buffers[(n, index)] for n in ("w", "b", "vw", "vb")
+                  if with_momentum or n[0] != "v"}
+        rng = np.random.default_rng(7)
+        for counts in [[9, 0, 0], [0, 9, 0]] + [
+                [int(c), 9 - int(c), 0] for c in rng.integers(0, 10, 6)]:
+            moves, before = conv.moves, list(conv.counts)
+            conv.repartition(counts)
+            assert conv.counts == counts and conv.moves == moves + (counts != before)
+            for i, (k0, k1) in enumerate(conv.bounds[:2]):
+                s = devices[i]._shards["conv2"]
+                for name, a in arrays.items():
+                    view = getattr(s, name)
+                    assert view.shape[0] == k1 - k0 and (k1 == k0 or (
+                        np.shares_memory(view, a) and view.base is not None))
+                if not with_momentum:
+                    assert s.vw is None and s.vb is None
+            for got, ref_ in zip(conv.gather_state(), want):
+                if ref_ is None:
+                    assert got is None
+                else:
+                    np.testing.assert_array_equal(got, ref_)
+        conv.repartition([3, 3, 3])     # the numpy device: a copy of its kernels
+        assert conv._views is None
+        assert not np.shares_memory(devices[2]._shards["conv2"].w, arrays["w"])
+        for got, ref_ in zip(conv.gather_state(), want):
+            if ref_ is not None:
+                np.testing.assert_array_equal(got, ref_)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_repartitions_by_views_keep_the_result(reference):
+    """Training with repartitions within a host group (views of its arrays), into one device
+    (whose update then writes arrays of its own, so the next move copies) and back, ends at
+    the single reference device's weights."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        assert net.convs[1]._views is not None
+        net.convs[0].repartition([7, 0])
+        net.convs[1].repartition([9, 0])
+        net.train_step(*batch(1), CFG)
+        assert net.convs[1]._views is None   # one device: its update wrote its own arrays
+        net.convs[1].repartition([2, 7])
+        net.convs[0].repartition([5, 2])
+        net.train_step(*batch(2), CFG)
+        assert_same_weights(net.params(), reference[0])
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_host_group_packs_its_shared_operands_once(reference):
     """Two cpu devices pack the shared im2col once for both products, straight from the input,
     each the columns of its share of the images (one device alone makes col); the packed
