@@ -189,7 +189,8 @@ class PartitionedConv:
         if counts == self.counts:
             return
         if self._views is not None and all(
-                self.devices[i].group == "host" for i, c in enumerate(counts) if c):
+                self.devices[i].group == "host" for i, c in enumerate(counts) if c) and all(
+                self.devices[i].group == "host" for i in self.active):
             self._regroup(counts)
             return
         self._views = None
@@ -408,10 +409,11 @@ class PartitionedConv:
 
     def commit(self):
         """The update's second phase, once every layer's step() has succeeded."""
+        staged, self._views = self._staged_views, None   # (no stale record if this is cut short)
         for i in self.active:
             self.devices[i].commit_stage(self.name)
         # where the group's arrays now hold the layer's state (None: a device's own arrays do)
-        self._views, self._staged_views = self._staged_views, None
+        self._views, self._staged_views = staged, None
         if len(self.group) > 1:   # the other arrays take the next update (step() used one)
             self._next_w = 1 - self._next_w
 

@@ -200,6 +200,102 @@ def test_repartitions_by_views_keep_the_result(reference):
             d.close()
 
 
+def _same_state(got, want):
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def test_a_move_after_set_state_moves_the_state_set():
+    """set_state gives each device a copy of its kernels: the group's arrays no longer hold the
+    layer, and a move after it carries the state set, not the one before."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        params, moms = net.state()
+        net.set_state({k: v + 1.0 for k, v in params.items()}, moms)
+        conv = net.convs[1]
+        want = conv.gather_state()
+        conv.repartition([9, 0])
+        _same_state(conv.gather_state(), want)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_a_move_after_a_step_without_momentum_keeps_the_momentum():
+    """A step with momentum 0 after one with momentum keeps each device's momentum as it was
+    (torch's rule), in arrays of its own: a move after it carries that momentum."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        net.train_step(*batch(1), SGDConfig(lr=0.05, momentum=0.0, weight_decay=1e-3))
+        conv = net.convs[1]
+        want = conv.gather_state()
+        assert want[2] is not None and np.abs(want[2]).max() > 0
+        conv.repartition([2, 7])
+        _same_state(conv.gather_state(), want)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_a_failed_update_then_a_move_keeps_the_state_before_the_step():
+    """An update that fails on one device commits nothing: a move within the group after it
+    carries the state of the step before."""
+    from pyhet.errors import DeviceError
+    from pyhet.faults import Fault
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
+                  CpuBackend(1))
+        net.train_step(*batch(0), CFG)
+        conv = net.convs[1]
+        want = conv.gather_state()
+        devices[1].fault, devices[1].step = Fault("update", 1), 1
+        with pytest.raises(DeviceError, match="update"):
+            net.train_step(*batch(1), CFG)
+        devices[1].fault = devices[1].step = None
+        conv.repartition([6, 3])
+        _same_state(conv.gather_state(), want)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_training_on_partitions_reached_by_moves_keeps_the_result():
+    """Steps on partitions reached by moves within a host group of three (each by views, no
+    step on one device alone in between, as dynamic balancing moves): the reference's
+    weights."""
+    import warnings
+
+    ref_, _ = train_weights(SHAPE, "numpy", {"conv1": [7], "conv2": [9]},
+                            [batch(s) for s in range(5)], CFG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # more threads than cores is fine here
+        devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4, 0], "conv2": [4, 5, 0]},
+                  CpuBackend(1))
+        moves = [([5, 1, 1], [2, 3, 4]), ([1, 6, 0], [0, 8, 1]), ([2, 2, 3], [6, 0, 3]),
+                 ([4, 3, 0], [3, 3, 3])]
+        for s in range(5):
+            net.train_step(*batch(s), CFG)
+            for conv, counts in zip(net.convs, moves[s] if s < 4 else ()):
+                assert conv._views is not None
+                conv.repartition(counts)
+        assert_same_weights(net.params(), ref_)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_host_group_packs_its_shared_operands_once(reference):
     """Two cpu devices pack the shared im2col once for both products, straight from the input,
     each the columns of its share of the images (one device alone makes col); the packed
