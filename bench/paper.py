@@ -52,9 +52,8 @@ from pyhet.model import init_params
 from pyhet.timing import PartTimer
 
 INPUT, CLASSES = scaling.INPUT, scaling.CLASSES
-# a dynamic configuration's untimed steps before it is timed: until its balancer has not moved
-# kernels in QUIET steps in a row (it moves after two steps out of balance), at most SETTLE_MAX
-QUIET, SETTLE_MAX = 3, 8
+# a dynamic configuration is timed once settled (scaling.settle_dynamic)
+QUIET, SETTLE_MAX = scaling.QUIET, scaling.SETTLE_MAX
 
 # What the paper reports (CIFAR-10, two conv layers of 500 and 1500 kernels).
 PAPER = {
@@ -201,7 +200,7 @@ def measure(kernels, batch, configs, steps):
         for c in built:
             for _ in range(scaling.WARMUP):         # warm-up (and dynamic's first measures)
                 c.step(x, y, record=False)
-            settle[c.label] = settle_dynamic(c, x, y) if c.dynamic else None
+            settle[c.label] = scaling.settle_dynamic(c, x, y) if c.dynamic else None
             conv[c.label] = []
         for _ in range(steps - 1):
             for c in built:
@@ -218,10 +217,7 @@ def measure(kernels, batch, configs, steps):
                          "conv_time_fraction": sum(conv[c.label]) / sum(c.times),
                          "partition": c.net.partition()["conv2"],
                          "calibration_s": c.calibration_s,
-                         **({} if settle[c.label] is None else {
-                             "settle_steps": settle[c.label][0],
-                             "moves_before_timing": settle[c.label][1],
-                             "moves_timed": len(c.dynamic.moves) - settle[c.label][1]})})
+                         **scaling.settled_fields(c, settle[c.label])})
         add_speedups(rows)
         label = f"kernels {kernels[0]},{kernels[1]}, batch {batch}"
         print(f"measured {label}: " + ", ".join(f"{r['config']} {r['step_s']:.3f} s"
@@ -230,21 +226,6 @@ def measure(kernels, batch, configs, steps):
     finally:
         for c in built:
             c.close()
-
-
-def settle_dynamic(c, x, y):
-    """[untimed steps, moves] of a dynamic configuration (scaling.Config) before it is timed:
-    steps until its balancer has left the partition alone for QUIET steps in a row, at most
-    SETTLE_MAX. A move costs a step or more of a small network's time, and its first steps on
-    a new partition make new arrays: three timed steps that hold one show the move, not the
-    balance."""
-    quiet = steps = 0
-    while quiet < QUIET and steps < SETTLE_MAX:
-        before = len(c.dynamic.moves)
-        c.step(x, y, record=False)
-        steps += 1
-        quiet = quiet + 1 if len(c.dynamic.moves) == before else 0
-    return [steps, len(c.dynamic.moves)]
 
 
 def add_speedups(rows):
@@ -446,14 +427,10 @@ def print_all(res):
         [[r["config"], r["balance"] or "-", sec(r["step_s"]), r["images_per_s"],
           times(r["speedup"]), times(r.get("ideal_speedup")), pct(r["efficiency"]),
           "/".join(map(str, r["partition"].values()))] for r in mix["rows"]]))
-    def moves(n):
-        return f"{n} move{'' if n == 1 else 's'}"
-
     for r in mix["rows"]:
-        if "settle_steps" in r:
-            print(f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to "
-                  f"settle ({moves(r['moves_before_timing'])} from the calibrated partition), "
-                  f"{moves(r['moves_timed'])} in its timed steps")
+        line = scaling.settled_line(r)
+        if line is not None:
+            print(line)
     if mix["note"]:
         print(mix["note"])
 

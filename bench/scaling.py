@@ -9,7 +9,8 @@ static and dynamic; gpu:0 with the CPU cores where CuPy sees a GPU). For each: t
 time, images/s, the speedup over the fastest single device of the mix, the efficiency
 (throughput over the sum of each device's solo throughput) and the conv2 partition. All
 configurations are built once and timed in turn, round after round, so that drifts of this
-shared machine hit them alike.
+shared machine hit them alike; a dynamic one after untimed steps until its balancer has
+settled (settle_dynamic), so that its rows time the balance, not the moves on the way to it.
 
 Part 2: dynamic balancing. cpu:1,cpu:1 trains with --balance dynamic; after a few steps device
 d1 is slowed to half speed (the @S emulation, changed mid-training). The table follows the
@@ -87,6 +88,45 @@ class Config:
 
 
 WARMUP = 2   # untimed steps per configuration: the two-phase update allocates in its first two
+# a dynamic configuration's untimed steps before it is timed: until its balancer has not moved
+# kernels in QUIET steps in a row (it moves after two steps out of balance), at most SETTLE_MAX
+QUIET, SETTLE_MAX = 3, 8
+
+
+def settle_dynamic(c, x, y):
+    """[untimed steps, moves] of a dynamic configuration (Config) before it is timed: steps
+    until its balancer has left the partition alone for QUIET steps in a row, at most
+    SETTLE_MAX. A move costs a step or more of a small network's time where it copies
+    kernels, and its first steps on a new partition make new arrays: three timed steps that
+    hold one show the move, not the balance."""
+    quiet = steps = 0
+    while quiet < QUIET and steps < SETTLE_MAX:
+        before = len(c.dynamic.moves)
+        c.step(x, y, record=False)
+        steps += 1
+        quiet = quiet + 1 if len(c.dynamic.moves) == before else 0
+    return [steps, len(c.dynamic.moves)]
+
+
+def settled_fields(c, settle) -> dict:
+    """A row's settling figures (settle: settle_dynamic's result, or None: not dynamic)."""
+    if settle is None:
+        return {}
+    return {"settle_steps": settle[0], "moves_before_timing": settle[1],
+            "moves_timed": len(c.dynamic.moves) - settle[1]}
+
+
+def settled_line(r) -> str | None:
+    """A dynamic row's settling in words (None for another row)."""
+    if "settle_steps" not in r:
+        return None
+
+    def moves(n):
+        return f"{n} move{'' if n == 1 else 's'}"
+
+    return (f"{r['config']} dynamic: timed after {r['settle_steps']} untimed steps to settle "
+            f"({moves(r['moves_before_timing'])} from the calibrated partition), "
+            f"{moves(r['moves_timed'])} in its timed steps")
 
 
 def parse_args(argv):
@@ -140,9 +180,11 @@ def part1(args, shape, params, x, y):
     configs = [Config(s, "static", shape, params, args.batch_size) for s in solo]
     configs += [Config(s, m, shape, params, args.batch_size) for s, m in mixes]
     try:
+        settle = {}
         for c in configs:  # warm-up (the first two updates allocate the staged state; and
             for _ in range(WARMUP):   # the first dynamic measurements)
                 c.step(x, y, record=False)
+            settle[c.label] = settle_dynamic(c, x, y) if c.dynamic else None
         for r in range(args.rounds):
             for c in configs:
                 for _ in range(args.steps):
@@ -165,7 +207,8 @@ def part1(args, shape, params, x, y):
                 "speedup": ips / max(member_ips) if known else None,
                 "efficiency": ips / sum(member_ips) if known else None,
                 "partition": c.net.partition(), "calibration_s": c.calibration_s,
-                "moves": c.dynamic.moves if c.dynamic else []})
+                "moves": c.dynamic.moves if c.dynamic else [],
+                **settled_fields(c, settle[c.label])})
         return rows
     finally:
         for c in configs:
@@ -304,6 +347,10 @@ def main(argv=None) -> int:
     print(_util.format_table(["devices", "balance", "step s", "img/s", "speedup", "efficiency",
                               "conv2 partition"], table))
 
+    for r in rows:
+        line = settled_line(r)
+        if line is not None:
+            print(line)
     static = next((r for r in rows if r["config"] == "cpu:1,cpu:1@0.5" and
                    r["balance"] == "static"), None)
     even = next((r for r in rows if r["config"] == "cpu:1,cpu:1@0.5" and

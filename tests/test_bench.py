@@ -90,6 +90,14 @@ def test_bench_scaling(tmp_path, capsys):
     assert ("cpu:1", None) in configs and ("cpu:1,cpu:1@0.5", "even") in configs
     for r in res["configs"]:
         assert sum(r["partition"]["conv2"].values()) == 16 and r["step_s"] > 0
+        if r["balance"] != "dynamic":
+            assert "settle_steps" not in r
+            continue
+        # timed once its balancer has settled, as bench paper's; its line says how
+        scaling = importlib.import_module("pyhet.bench.scaling")
+        assert scaling.QUIET <= r["settle_steps"] <= scaling.SETTLE_MAX
+        assert r["moves_before_timing"] + r["moves_timed"] == len(r["moves"])
+        assert scaling.settled_line(r) in out
     assert len(res["dynamic"]["trace"]) == 4 + 3 and "Part 2" in out
     moved = [t["move_s"] for t in res["dynamic"]["trace"] if t["move_s"] is not None]
     assert res["dynamic"]["moves_s"] == moved and all(m >= 0 for m in moved)
