@@ -22,8 +22,9 @@ Every configuration of a measurement point is built once; after two warm-up step
 dynamic one's untimed steps until its balancer has left the partition alone for QUIET steps,
 at most SETTLE_MAX: the row times the balance it settles on, not the moves on its way there),
 they are stepped in turn (A B A B ...) so that the drifts of a shared machine hit them alike.
-Speedup is the throughput over the baseline's; efficiency is the throughput over the sum of the devices'
-solo throughputs. The paper's own figures are printed beside ours, labelled as the paper's.
+Speedup is the throughput over the baseline's; efficiency is the throughput over the sum of
+the devices' solo throughputs. The paper's own figures are printed beside ours, labelled as the
+paper's.
 """
 
 from __future__ import annotations
