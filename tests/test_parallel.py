@@ -1,6 +1,8 @@
 """Distributed training gives the single-device weights: any partition of the kernels over
 mixed devices, C++ and reference, ends within float32 tolerance of one reference device."""
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -100,15 +102,26 @@ def test_repartitions_move_kernels_exactly(started):
             d.close()
 
 
+@contextlib.contextmanager
+def stepped_net(spec, partition, seed, cfg=CFG, first=1):
+    """A network on the devices of `spec` after one step with `cfg` on batch(first):
+    (net, devices), closed after."""
+    devices = make_devices(parse_devices(spec))
+    try:
+        net = Net(SHAPE, init_params(SHAPE, seed), devices, partition, CpuBackend(1))
+        net.train_step(*batch(first), cfg)
+        yield net, devices
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_device_without_momentum_takes_kernels_with_theirs():
     """A device that had no kernels in the first step has no momentum; kernels that move to it
     keep theirs (its own part, none, reads as zeros, as join_states has it), and the shard it
     gets shares no memory with the one it had: the update writes into it in place."""
-    devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
-    try:
-        net = Net(SHAPE, init_params(SHAPE, 5), devices, {"conv1": [3, 2, 2], "conv2": [5, 0, 4]},
-                  CpuBackend(1))
-        net.train_step(*batch(1), CFG)
+    with stepped_net("cpu:1,cpu:1,numpy", {"conv1": [3, 2, 2], "conv2": [5, 0, 4]},
+                     5) as (net, devices):
         conv = net.convs[1]
         want = conv.gather_state()
         assert all(a is not None for a in want)
@@ -123,9 +136,6 @@ def test_a_device_without_momentum_takes_kernels_with_theirs():
         conv.repartition([0, 9, 0])      # one device keeps nothing of its own: all arrives
         for got, ref_ in zip(conv.gather_state(), want):
             np.testing.assert_array_equal(got, ref_)
-    finally:
-        for d in devices:
-            d.close()
 
 
 @pytest.mark.parametrize("momentum", [0.9, 0.0])
@@ -135,11 +145,8 @@ def test_a_host_group_repartitions_by_views_of_its_arrays(momentum):
     momentum read back bit for bit; one that gives kernels to a device outside the group
     copies them as before."""
     cfg = SGDConfig(lr=0.05, momentum=momentum, weight_decay=1e-3)
-    devices = make_devices(parse_devices("cpu:1,cpu:1,numpy"))
-    try:
-        net = Net(SHAPE, init_params(SHAPE, 6), devices, {"conv1": [3, 4, 0], "conv2": [5, 4, 0]},
-                  CpuBackend(1))
-        net.train_step(*batch(1), cfg)
+    with stepped_net("cpu:1,cpu:1,numpy", {"conv1": [3, 4, 0], "conv2": [5, 4, 0]}, 6,
+                     cfg) as (net, devices):
         conv = net.convs[1]
         want = conv.gather_state()
         assert (want[2] is None) == (momentum == 0)
@@ -172,9 +179,6 @@ def test_a_host_group_repartitions_by_views_of_its_arrays(momentum):
         for got, ref_ in zip(conv.gather_state(), want):
             if ref_ is not None:
                 np.testing.assert_array_equal(got, ref_)
-    finally:
-        for d in devices:
-            d.close()
 
 
 def test_repartitions_by_views_keep_the_result(reference):
@@ -208,65 +212,51 @@ def _same_state(got, want):
             np.testing.assert_array_equal(g, w)
 
 
-def test_a_move_after_set_state_moves_the_state_set():
+@pytest.fixture
+def stepped_pair():
+    """A network on two cpu devices (one host group) after one step: (net, devices)."""
+    with stepped_net("cpu:1,cpu:1", {"conv1": [3, 4], "conv2": [4, 5]}, 0, first=0) as stepped:
+        yield stepped
+
+
+def test_a_move_after_set_state_moves_the_state_set(stepped_pair):
     """set_state gives each device a copy of its kernels: the group's arrays no longer hold the
     layer, and a move after it carries the state set, not the one before."""
-    devices = make_devices(parse_devices("cpu:1,cpu:1"))
-    try:
-        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
-                  CpuBackend(1))
-        net.train_step(*batch(0), CFG)
-        params, moms = net.state()
-        net.set_state({k: v + 1.0 for k, v in params.items()}, moms)
-        conv = net.convs[1]
-        want = conv.gather_state()
-        conv.repartition([9, 0])
-        _same_state(conv.gather_state(), want)
-    finally:
-        for d in devices:
-            d.close()
+    net, _ = stepped_pair
+    params, moms = net.state()
+    net.set_state({k: v + 1.0 for k, v in params.items()}, moms)
+    conv = net.convs[1]
+    want = conv.gather_state()
+    conv.repartition([9, 0])
+    _same_state(conv.gather_state(), want)
 
 
-def test_a_move_after_a_step_without_momentum_keeps_the_momentum():
+def test_a_move_after_a_step_without_momentum_keeps_the_momentum(stepped_pair):
     """A step with momentum 0 after one with momentum keeps each device's momentum as it was
     (torch's rule), in arrays of its own: a move after it carries that momentum."""
-    devices = make_devices(parse_devices("cpu:1,cpu:1"))
-    try:
-        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
-                  CpuBackend(1))
-        net.train_step(*batch(0), CFG)
-        net.train_step(*batch(1), SGDConfig(lr=0.05, momentum=0.0, weight_decay=1e-3))
-        conv = net.convs[1]
-        want = conv.gather_state()
-        assert want[2] is not None and np.abs(want[2]).max() > 0
-        conv.repartition([2, 7])
-        _same_state(conv.gather_state(), want)
-    finally:
-        for d in devices:
-            d.close()
+    net, _ = stepped_pair
+    net.train_step(*batch(1), SGDConfig(lr=0.05, momentum=0.0, weight_decay=1e-3))
+    conv = net.convs[1]
+    want = conv.gather_state()
+    assert want[2] is not None and np.abs(want[2]).max() > 0
+    conv.repartition([2, 7])
+    _same_state(conv.gather_state(), want)
 
 
-def test_a_failed_update_then_a_move_keeps_the_state_before_the_step():
+def test_a_failed_update_then_a_move_keeps_the_state_before_the_step(stepped_pair):
     """An update that fails on one device commits nothing: a move within the group after it
     carries the state of the step before."""
     from pyhet.errors import DeviceError
     from pyhet.faults import Fault
-    devices = make_devices(parse_devices("cpu:1,cpu:1"))
-    try:
-        net = Net(SHAPE, init_params(SHAPE, 0), devices, {"conv1": [3, 4], "conv2": [4, 5]},
-                  CpuBackend(1))
-        net.train_step(*batch(0), CFG)
-        conv = net.convs[1]
-        want = conv.gather_state()
-        devices[1].fault, devices[1].step = Fault("update", 1), 1
-        with pytest.raises(DeviceError, match="update"):
-            net.train_step(*batch(1), CFG)
-        devices[1].fault = devices[1].step = None
-        conv.repartition([6, 3])
-        _same_state(conv.gather_state(), want)
-    finally:
-        for d in devices:
-            d.close()
+    net, devices = stepped_pair
+    conv = net.convs[1]
+    want = conv.gather_state()
+    devices[1].fault, devices[1].step = Fault("update", 1), 1
+    with pytest.raises(DeviceError, match="update"):
+        net.train_step(*batch(1), CFG)
+    devices[1].fault = devices[1].step = None
+    conv.repartition([6, 3])
+    _same_state(conv.gather_state(), want)
 
 
 def test_training_on_partitions_reached_by_moves_keeps_the_result():
