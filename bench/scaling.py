@@ -47,6 +47,11 @@ CLASSES = 10
 SGD = SGDConfig(lr=0.01, momentum=0.9, weight_decay=0.0)
 
 
+def _moves(c) -> int:
+    """The repartitions of a configuration's layers so far."""
+    return sum(conv.moves for conv in c.net.convs)
+
+
 class Config:
     """One device mix with one balance mode, built once and stepped on demand."""
 
@@ -60,7 +65,8 @@ class Config:
         self.dynamic = DynamicBalance(self.net, cal) if balance == "dynamic" and cal else None
         self.times = []
         self.steps = 0
-        self.move_s = 0.0   # the last step's repartitions (dynamic balancing's moves), seconds
+        # the last step's repartitions (dynamic balancing's moves), seconds; None: no move
+        self.move_s = None
 
     @property
     def label(self):
@@ -72,12 +78,14 @@ class Config:
         self.net.train_step(x, y, SGD, timer)
         dt = time.perf_counter() - t0
         self.steps += 1
-        self.move_s = 0.0
+        self.move_s = None
         if self.dynamic:   # its moves come after the step, outside its time: timed apart
-            moved = [c.phases.parts.get("repartition", 0.0) for c in self.net.convs]
+            moves, moved = _moves(self), [c.phases.parts.get("repartition", 0.0)
+                                          for c in self.net.convs]
             self.dynamic.after_step(self.steps)
-            self.move_s = sum(c.phases.parts.get("repartition", 0.0) - m
-                              for c, m in zip(self.net.convs, moved))
+            if _moves(self) != moves:
+                self.move_s = sum(c.phases.parts.get("repartition", 0.0) - m
+                                  for c, m in zip(self.net.convs, moved))
         if record:
             self.times.append(dt)
         return dt
@@ -230,11 +238,6 @@ def best_static(args, shape, params, x, y, speeds):
         c.close()
 
 
-def _moves(c) -> int:
-    """The repartitions of a configuration's layers so far."""
-    return sum(conv.moves for conv in c.net.convs)
-
-
 def _settled(start, after, key):
     """The step after the change (1, 2, ...) at which key(step) last changed, from `start`
     (its value before the change; after[i] holds the partition after step i + 1): 0 where it
@@ -255,10 +258,9 @@ def part2(args, shape, params, x, y, static_ref):
         for i in range(before + args.dynamic_steps):
             if i == before:
                 c.devices[1].speed = 0.5  # the speed change, mid-training
-            moves = _moves(c)
             dt = c.step(x, y)
             trace.append({"step": i + 1, "d1_speed": c.devices[1].speed, "step_s": dt,
-                          "move_s": c.move_s if _moves(c) != moves else None,
+                          "move_s": c.move_s,
                           "conv2": list(c.net.convs[1].counts),
                           "conv1": list(c.net.convs[0].counts)})
     finally:

@@ -508,6 +508,15 @@ def test_an_update_never_writes_over_the_current_weights():
             d.sgd_stage("conv2", CFG, s.w[:])
         with pytest.raises(ValueError, match=r"a buffer of shape \(9, 7, 3, 3\).*got \(8, 7, 3"):
             d.sgd_stage("conv2", CFG, np.empty((8, 7, 3, 3), np.float32))
+        with pytest.raises(ValueError, match=r"new biases need a buffer of shape \(9,\) apart "
+                                             r"from the current ones, got \(9,\) over them"):
+            d.sgd_stage("conv2", CFG, None, s.b[:])
+        with pytest.raises(ValueError, match=r"new momentum need a buffer of shape "
+                                             r"\(9, 7, 3, 3\).*got \(9, 63\)$"):
+            d.sgd_stage("conv2", CFG, None, None, np.empty((9, 63), np.float32))
+        with pytest.raises(ValueError, match=r"new bias momentum .* over them"):
+            d.sgd_stage("conv2", CFG, None, None, None, s.vb[:])
+        assert s.staged is None          # nothing staged by a refused update
     finally:
         devices[0].close()
 
