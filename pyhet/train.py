@@ -177,28 +177,51 @@ def check_file_destination(path, option: str) -> None:
 
 
 def _probe_folder(path, tmp, option: str) -> None:
-    """Make and remove a new file with a name of the length of write_npz's temporary one, of
-    this process's own (``.NAME.pNN``, else q, r, s: never that name itself, whose file may be
-    a write of the same file under way in another process): the folder takes it (os.access
-    says yes to root in /proc or /sys, or on a read-only mount), and the name is not too
-    long."""
+    """The folder takes a new file (os.access says yes to root in /proc or /sys, or on a
+    read-only mount), and write_npz's temporary name is not too long for it. Where the file
+    system makes files without a name (O_TMPFILE), the probe is one of those and nothing can
+    be left behind; else a file of this process's own name of that length is made and removed
+    (``.NAME.pNN``, else q, r, s: never that name itself, whose file may be a write of the
+    same file under way in another process)."""
     folder = os.path.dirname(tmp)
+
+    def refused(e: OSError):
+        why = ("is not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+               else "cannot take a new file")
+        return UsageError(f"{option} {path}: the folder {folder} {why} ({e.strerror or e})")
+
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = None
+    if getattr(os, "O_TMPFILE", 0) and longest is not None and longest > 0:
+        if len(os.fsencode(os.path.basename(tmp))) > longest:
+            raise refused(OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG)))
+        try:
+            fd = os.open(folder, os.O_TMPFILE | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0),
+                         0o600)
+        except OSError as e:
+            # not on this file system (or kernel): the named probe below
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise refused(e) from None
+        else:
+            os.close(fd)
+            return
     for probe in (f"{tmp[:-3]}{c}{os.getpid() % 100:02d}" for c in "pqrs"):
         try:
             fd = files.create_new(probe, 0o600)
         except FileExistsError:
             continue
         except OSError as e:
-            why = ("is not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                   else "cannot take a new file")
-            raise UsageError(f"{option} {path}: the folder {folder} {why} "
-                             f"({e.strerror or e})") from None
-        os.close(fd)
+            raise refused(e) from None
         try:
-            os.unlink(probe)
-        except OSError as e:
-            raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
-                             f"{folder} ({e.strerror or e})") from None
+            os.close(fd)
+        finally:           # an interrupt here leaves no probe behind
+            try:
+                os.unlink(probe)
+            except OSError as e:
+                raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
+                                 f"{folder} ({e.strerror or e})") from None
         return
     if not os.access(folder, os.W_OK | os.X_OK):   # every name taken: the plain check
         raise UsageError(f"{option} {path}: the folder {folder} is not writable")

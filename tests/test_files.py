@@ -235,6 +235,51 @@ def test_the_check_of_a_destination_leaves_nothing_behind(cli, work, tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("unnamed", [True, False], ids=["O_TMPFILE", "named"])
+def test_the_folder_probe_leaves_nothing_even_when_interrupted(monkeypatch, tmp_path, unnamed):
+    """The probe of a destination's folder is a file without a name where the file system
+    makes one; else a named one, removed also when an interrupt comes between its making and
+    its removal. Both refuse a folder that takes no file, and a name too long."""
+    from pyhet import train as train_mod
+    real_open, real_close = os.open, os.close
+    made = []
+
+    def no_unnamed(path, flags, *a):
+        if flags & getattr(os, "O_TMPFILE", 0) == getattr(os, "O_TMPFILE", -1):
+            made.append("unnamed")
+            if not unnamed:
+                raise OSError(95, "Operation not supported")
+        else:
+            made.append(os.path.basename(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_unnamed)
+    target = tmp_path / "w.npz"
+    train_mod.check_file_destination(target, "--save")
+    assert made[-1] == ("unnamed" if unnamed and hasattr(os, "O_TMPFILE") else
+                        f".w.npz.p{os.getpid() % 100:02d}")
+    assert leftovers(tmp_path) == []
+
+    def interrupted(fd):
+        real_close(fd)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "close", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.check_file_destination(target, "--save")
+    monkeypatch.setattr(os, "close", real_close)
+    assert leftovers(tmp_path) == []
+    with pytest.raises(UsageError, match="cannot take a new file .File name too long"):
+        train_mod.check_file_destination(tmp_path / ("w" * 250 + ".npz"), "--save")
+    if not IS_ROOT:
+        tmp_path.chmod(0o500)
+        try:
+            with pytest.raises(UsageError, match="is not writable"):
+                train_mod.check_file_destination(target, "--save")
+        finally:
+            tmp_path.chmod(0o700)
+    assert leftovers(tmp_path) == []
+
+
 # ================================================================ reading: never waiting
 
 def _input_argv(work, where, node):
