@@ -111,7 +111,8 @@ class Network:
         seed = _whole(seed, "seed", 0)
         shape = _input_shape(input_shape)
         self.geometry: NetGeometry = arch_notation.build(arch, shape,
-                                                         _whole(num_classes, "num_classes", 2))
+                                                         _whole(num_classes, "num_classes", 2),
+                                                         "arch")
         check_memory(self.geometry, 1)
         if not isinstance(devices, str):
             raise UsageError(f"devices must be a SPEC string such as 'cpu:1,cpu:1', got "

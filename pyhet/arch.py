@@ -49,23 +49,23 @@ def shorthand(kernels, kernel_size: int = DEFAULT_KERNEL_SIZE) -> str:
 _INT_MAX = 2**31 - 1
 
 
-def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
+def parse(spec: str, option: str = "--arch") -> tuple[list[ConvSpec], list[int]]:
     """An --arch SPEC -> (conv blocks, hidden fc units). Shapes are not checked here: see
-    build(), which knows the input."""
+    build(), which knows the input. Errors name `option` (the Python API's "arch")."""
     if not isinstance(spec, str):
         raise ArchitectureError(f"a network description must be a string such as "
                                 f"{PAPER_ARCH!r}, got {type(spec).__name__}")
     if not spec.strip():
-        raise ArchitectureError(f"empty --arch: expected blocks such as {PAPER_ARCH!r}")
+        raise ArchitectureError(f"empty {option}: expected blocks such as {PAPER_ARCH!r}")
     if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*[ps]-[0-9]", spec):
-        raise ArchitectureError(f"--arch {shown(spec)}: {shown(m[0])}: padding and stride must "
+        raise ArchitectureError(f"{option} {shown(spec)}: {shown(m[0])}: padding and stride must "
                                 f"be whole numbers >= 0 and >= 1")
     convs: list[ConvSpec] = []
     hidden: list[int] = []
     previous = None  # the kind of the block before: "conv", "pool" or "fc"
     for n, raw in enumerate(spec.strip().split("-"), start=1):
         tok = raw.strip()
-        where = f"--arch {shown(spec)}, block {n} ({shown(tok)})"
+        where = f"{option} {shown(spec)}, block {n} ({shown(tok)})"
         # every size is a C int of the core (int() of 4,300 digits and more is a ValueError,
         # leading zeros counted)
         big = next((d for d in re.findall(r"[0-9]+", tok)
@@ -116,15 +116,15 @@ def parse(spec: str) -> tuple[list[ConvSpec], list[int]]:
             raise ArchitectureError(f"{where}: not a block; expected forms like "
                                     f"{_FORMS}{ascii_only}")
     if not convs:
-        raise ArchitectureError(f"--arch {shown(spec)}: the network needs at least one conv "
+        raise ArchitectureError(f"{option} {shown(spec)}: the network needs at least one conv "
                                 f"block (such as 32C5)")
     return convs, hidden
 
 
-def build(spec: str, input_shape, num_classes: int) -> NetGeometry:
+def build(spec: str, input_shape, num_classes: int, option: str = "--arch") -> NetGeometry:
     """The geometry of the network `spec` on inputs of `input_shape` (C, H, W); a shape that
     cannot work raises ArchitectureError naming the block and the sizes."""
-    convs, hidden = parse(spec)
+    convs, hidden = parse(spec, option)
     C, H, W = (int(v) for v in input_shape)
     images = f"{C}x{H}x{W}"
     blocks = []

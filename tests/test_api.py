@@ -477,6 +477,9 @@ def test_fit_on_a_named_dataset_keeps_its_normalization(tmp_path):
 
 @pytest.mark.parametrize("kwargs,error,words", [
     ({"arch": "4C3-P2-P2"}, ArchitectureError, ["block 3", "pool must follow a conv"]),
+    # the Python argument is named, not the command line's option
+    ({"arch": "4X3"}, ArchitectureError, ["arch '4X3', block 1", "not a block"]),
+    ({"arch": " "}, ArchitectureError, ["empty arch: expected blocks"]),
     ({"arch": "4C13"}, ArchitectureError, ["conv1", "13x13 kernel", "12x12"]),
     ({"input_shape": (12, 12)}, PyhetError, ["input_shape", "(C, H, W)"]),
     ({"devices": "cpu:1,tpu"}, DeviceError, ["tpu"]),
@@ -503,6 +506,7 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
                       **args)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+    assert "--" not in str(e.value)
     assert pyhet_threads() == []
 
 
