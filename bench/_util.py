@@ -207,11 +207,16 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(out)
 
 
+def _folder_of(path: str) -> str:
+    from pyhet import files
+    return files.folder_of(path)
+
+
 def write_json(path: str, data: dict) -> None:
     """Write the results; a path that cannot be written ends the benchmark with one line, which
     names the temporary file the results were kept in instead (the run is not lost)."""
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(_folder_of(path), exist_ok=True)   # as mkdir -p: nodir/.. is made
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
@@ -253,7 +258,7 @@ def save_plot(fig, path: str, dpi: int) -> None:
 
     fmt = os.path.splitext(path)[1][1:].lower() or "png"
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(_folder_of(path), exist_ok=True)   # as mkdir -p: nodir/.. is made
         fig.savefig(path, dpi=dpi, format=fmt)
     except OSError as e:
         sys.exit(f"pyhet: error: cannot write the plot {path}: {e.strerror or e}")
@@ -301,7 +306,7 @@ def folder_problem(folder: str):
     yes to root in /proc, or on a read-only mount)."""
     from pyhet import files
 
-    above = os.path.abspath(folder)
+    above = os.path.realpath(folder)     # as os.makedirs goes: links, then ..
     while not os.path.exists(above):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
@@ -317,13 +322,15 @@ def write_problem(path: str, option: str):
     """Why the file `path` cannot be written, or None: as pyhet train checks --save (a name, a
     regular file or none, a folder that takes a new file of a name that long), where its folder
     is there; else the nearest folder above that is there must take the folders it needs."""
+    from pyhet import files
     from pyhet.errors import UsageError
     from pyhet.train import check_file_destination
 
-    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    folder = files.folder_of(path) if path else ""
     if path and not os.path.isdir(folder) and not path.endswith(
             tuple(filter(None, (os.sep, os.altsep)))):
-        problem = folder_problem(folder)
+        # a file in the way (f/../x: the system goes into f), else what os.makedirs would do
+        problem = files.unreachable(folder, missing_ok=True) or folder_problem(folder)
         return None if problem is None else f"{option} {path}: {problem}"
     try:
         check_file_destination(path, option)

@@ -81,10 +81,45 @@ def held_lock(path) -> bool:
     return False
 
 
+def folder_of(path) -> str:
+    """The folder that holds `path`, as written (``.`` for a bare name). Not normalised: the
+    system resolves a path's links before its ``..`` (``link/..`` is the folder above the
+    link's target), where os.path.abspath, working on the text, drops ``link/..`` whole and
+    names another folder. os.path.realpath resolves as the system does, as far as the path is
+    there."""
+    return os.path.dirname(os.fspath(path)) or os.curdir
+
+
+def unreachable(folder, missing_ok: bool = False) -> "str | None":
+    """Why `folder`, as written, is not a folder the system reaches, or None: the first part
+    of it, from the left, that is not there, is no folder or cannot be entered. missing_ok:
+    None at a part that is not there (from it on, os.makedirs makes what is missing)."""
+    folder = os.fspath(folder)
+    if os.path.isdir(folder):
+        return None
+    part = os.sep if folder.startswith(os.sep) else ""
+    for name in filter(None, folder.split(os.sep)):
+        part = os.path.join(part, name) if part else name
+        try:
+            mode = os.stat(part).st_mode
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            if part == folder.rstrip(os.sep) or os.pardir not in folder.split(os.sep):
+                return f"the folder {folder} does not exist"
+            return f"the folder {folder} cannot be reached: {part} does not exist"
+        except OSError as e:
+            return f"the folder {folder} cannot be reached: {part}: {e.strerror or e}"
+        if not stat.S_ISDIR(mode):
+            return f"{part} is {kind(mode)}, not a folder"
+    return f"the folder {folder} cannot be reached"
+
+
 def temp_name(path) -> str:
-    """The hidden temporary file that write_npz writes `path` to: ``.NAME.tmp`` beside it."""
-    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
-    return os.path.join(folder, f".{name}.tmp")
+    """The hidden temporary file that write_npz writes `path` to: ``.NAME.tmp`` beside it (in
+    folder_of(path), as written)."""
+    path = os.fspath(path)
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
 
 
 def not_regular(path) -> "str | None":

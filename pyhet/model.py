@@ -88,7 +88,7 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     where it took the first's file for a leftover in the instant before that one locked it,
     the first finds its file gone before its rename and fails instead."""
     path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
+    folder, name = files.folder_of(path), os.path.basename(path)
     tmp = files.temp_name(path)
     problem = files.destination_problem(path)   # never replaces a FIFO, a device, a folder
     if problem is not None:

@@ -129,11 +129,12 @@ class TrainConfig:
             if path and files.same_file(save, files.user_path(path)):
                 raise UsageError(f"{o('save')} {save}: the same file as {what}, which writing "
                                  f"it would replace: give another name")
-        name, folder = os.path.basename(save), os.path.dirname(os.path.abspath(save))
+        # the folders as the system resolves them (links, then ..): not os.path.abspath's
+        name, folder = os.path.basename(save), files.folder_of(save)
         for what, where, names in ((o("checkpoint_dir"), self.checkpoint_dir, CHECKPOINT_NAMES),
                                    (o("data_dir"), self.data_dir, DATASET_NAMES)):
             if where and re.fullmatch(names, name) and files.same_file(
-                    folder, os.path.abspath(files.user_path(where))):
+                    folder, files.user_path(where)):
                 raise UsageError(f"{o('save')} {save}: a name the files of {what} {where} "
                                  f"have, which writing it would replace: give another name "
                                  f"or folder")
@@ -160,16 +161,10 @@ def check_file_destination(path, option: str) -> None:
         raise UsageError(f"{option} {path}: a folder, not a file")
     if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
         raise UsageError(f"{option} {path}: names a folder (it ends in {path[-1]}), not a file")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        # the nearest part of the path that is there: a file where a folder should be?
-        above = folder
-        while not os.path.exists(above) and os.path.dirname(above) != above:
-            above = os.path.dirname(above)
-        if os.path.exists(above) and not os.path.isdir(above):
-            raise UsageError(f"{option} {path}: {above} is {files.kind(os.stat(above).st_mode)}"
-                             f", not a folder")
-        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    # the folder as the system reaches it (link/.. is the folder above the link's target)
+    problem = files.unreachable(files.folder_of(path))
+    if problem is not None:
+        raise UsageError(f"{option} {path}: {problem}")
     problem = files.destination_problem(path)   # write_npz's own refusals, before any work
     if problem is not None:
         raise UsageError(f"{option} {path}: {problem}")
@@ -183,12 +178,13 @@ def _probe_folder(path, tmp, option: str) -> None:
     be left behind; else a file of this process's own name of that length is made and removed
     (``.NAME.pNN``, else q, r, s: never that name itself, whose file may be a write of the
     same file under way in another process)."""
-    folder = os.path.dirname(tmp)
+    folder = files.folder_of(tmp)
+    shown = os.path.realpath(folder)
 
     def refused(e: OSError):
         why = ("is not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
                else "cannot take a new file")
-        return UsageError(f"{option} {path}: the folder {folder} {why} ({e.strerror or e})")
+        return UsageError(f"{option} {path}: the folder {shown} {why} ({e.strerror or e})")
 
     try:
         longest = os.pathconf(folder, "PC_NAME_MAX")
@@ -221,10 +217,10 @@ def _probe_folder(path, tmp, option: str) -> None:
                 os.unlink(probe)
             except OSError as e:
                 raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
-                                 f"{folder} ({e.strerror or e})") from None
+                                 f"{shown} ({e.strerror or e})") from None
         return
     if not os.access(folder, os.W_OK | os.X_OK):   # every name taken: the plain check
-        raise UsageError(f"{option} {path}: the folder {folder} is not writable")
+        raise UsageError(f"{option} {path}: the folder {shown} is not writable")
 
 
 def check_folder_destination(path, option: str) -> None:
@@ -235,13 +231,14 @@ def check_folder_destination(path, option: str) -> None:
         raise UsageError(f"{option} '': give a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path}: a file, not a folder")
-    above = os.path.abspath(path)
+    # resolved as the system and os.makedirs go (links, then ..), not on the text
+    above = os.path.realpath(path)
     while not os.path.exists(above):
         above = os.path.dirname(above)
     if not os.path.isdir(above):
         raise UsageError(f"{option} {path}: cannot be made ({above} is a file)")
     if not os.access(above, os.W_OK | os.X_OK):
-        raise UsageError(f"{option} {path}: " + ("is not writable" if above == os.path.abspath(
+        raise UsageError(f"{option} {path}: " + ("is not writable" if above == os.path.realpath(
             path) else f"cannot be made (the folder {above} is not writable)"))
 
 

@@ -280,6 +280,46 @@ def test_the_folder_probe_leaves_nothing_even_when_interrupted(monkeypatch, tmp_
     assert leftovers(tmp_path) == []
 
 
+def test_a_destination_through_dot_dot_is_checked_where_the_system_goes(cli, work, tmp_path):
+    """`a/..` is resolved by the system: through a link, to the folder above its target; past
+    a folder that is not there, nowhere. os.path.abspath, working on the text, named another
+    folder: the run trained and failed at its --save, or replaced a checkpoint."""
+    (tmp_path / "deep" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "deep" / "sub")
+    res = cli(*work["train"], "--save", f"{tmp_path}/nodir/../w.npz")
+    one_line(res, 2, "--save", "nodir/..", "cannot be reached", "nodir does not exist")
+    assert res.out == ""
+    (tmp_path / "file").write_text("")
+    res = cli(*work["train"], "--save", f"{tmp_path}/file/../w.npz")
+    one_line(res, 2, "--save", "is a regular file, not a folder")
+    # the checkpoint folder's own names, through the link: refused before training
+    ck = tmp_path / "deep"
+    res = cli(*work["train"], "--checkpoint-dir", ck, "--save",
+              f"{tmp_path}/lnk/../checkpoint-000000001.npz")
+    one_line(res, 2, "--save", "a name the files of --checkpoint-dir")
+    res = cli(*work["train"], "--save", f"{tmp_path}/lnk/../out.npz")
+    assert res.code == 0, res.err
+    assert (ck / "out.npz").is_file() and not (tmp_path / "out.npz").exists()
+    assert leftovers(ck) == [] and leftovers(tmp_path) == []
+
+
+def test_a_bench_destination_through_dot_dot(tmp_path):
+    """bench --json makes the folders it needs, as mkdir -p does (nodir/.. is made), but not
+    through a file."""
+    import importlib
+    try:
+        util = importlib.import_module("pyhet.bench._util")
+    except ImportError:
+        util = importlib.import_module("bench._util")
+    (tmp_path / "file").write_text("")
+    assert "file is a regular file, not a folder" in util.write_problem(
+        f"{tmp_path}/file/../x.json", "--json")
+    path = f"{tmp_path}/nodir/../x.json"
+    assert util.write_problem(path, "--json") is None
+    util.write_json(path, {"a": 1})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
+
+
 # ================================================================ reading: never waiting
 
 def _input_argv(work, where, node):
