@@ -747,13 +747,17 @@ def _step(cluster: Cluster, net: NetGeometry, master_s: float) -> float:
     return sum(conv_seconds(cluster, net, partition_of(cluster, net)).values()) + master_s
 
 
-def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float):
+def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float,
+                  own: dict | None = None):
     """Step time of device i alone with the master (its link included); None when its memory
     cannot hold a whole layer. Alone, it has its machine to itself: no contention; each layer
-    takes its factor of time in steps on one device (Cluster.in_step_alone)."""
+    takes its factor of time in steps on one device (Cluster.in_step_alone). own: layer ->
+    own_costs(cluster, layer), where the caller has them (a list of every device's: made
+    once, not once per device)."""
     total = master_s
     for g in net.blocks:
-        c = own_costs(cluster, g.name)[i]    # on its own in its process: its whole fixed work
+        # on its own in its process: its whole fixed work
+        c = (own[g.name] if own is not None else own_costs(cluster, g.name))[i]
         if c.cap < g.K:
             return None
         total += _alone_s(c, g.K) * cluster.in_step_factor(g.name, alone=True)
@@ -905,20 +909,20 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
     layer_s = conv_seconds(cluster, net, partition)
     conv_s = sum(layer_s.values())
     step = conv_s + master_s
-    alone = [alone_seconds(cluster, net, i, master_s) for i in range(len(cluster.names))]
+    own = {g.name: own_costs(cluster, g.name) for g in net.blocks}
+    alone = [alone_seconds(cluster, net, i, master_s, own) for i in range(len(cluster.names))]
     fits = [i for i, t in enumerate(alone) if t is not None]
     best = min(fits, key=lambda i: alone[i]) if fits else None
     base = alone[best] if best is not None else None
     layers = {}
     for g in net.blocks:
         rows = {}
-        own = own_costs(cluster, g.name)
         # its compute in steps, as conv_s
         factor = cluster.in_step_factor(g.name, _whole(partition[g.name]))
         for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
-                c = own[i]
+                c = own[g.name][i]
             compute = (_alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)) * factor
             rows[name] = {"kernels": k, "compute_s": _sig(compute),
                           "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),

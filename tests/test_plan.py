@@ -1032,6 +1032,20 @@ def test_the_bottleneck_replans_devices_alike_once(monkeypatch):
     assert len(calls) <= 2, len(calls)
 
 
+def test_a_plan_makes_each_layers_own_costs_once(monkeypatch):
+    """The best device alone made every device's own costs once per device: a plan of 65,536
+    devices took minutes. They are made once per layer (and once more for DDP)."""
+    real, calls = plan.own_costs, []
+
+    def counted(cluster, layer):
+        calls.append(layer)
+        return real(cluster, layer)
+    monkeypatch.setattr(plan, "own_costs", counted)
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=200"))
+    plan.plan(cluster, NET, N, master_gflops=1e6)
+    assert len(calls) <= 4 * len(NET.blocks), len(calls)
+
+
 def test_many_links_alike_are_the_bottleneck_together():
     """16 devices alike, each link taking 8 times its compute: freeing one link saved nothing
     (the other 15 still pay theirs), so the bottleneck was 'compute'; freeing them all takes
