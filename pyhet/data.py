@@ -42,6 +42,7 @@ from .errors import DataError, UsageError, said, shown
 from .images import Normalization, channel_last_message, looks_channel_last
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
+FOLDER_DATASETS = ("fashion-mnist", "mnist", "cifar10")    # the ones read from a data folder
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "_bundled"
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -137,7 +138,9 @@ def load_dataset(name, data_dir=None, seed=0):
     """The Dataset called `name` (one of DATASETS, or "npz:FILE").
 
     data_dir is where the fashion-mnist, mnist and cifar10 files are (default: the
-    dataset's usual place); the other names ignore it. seed only changes synthetic.
+    dataset's usual place); the other names read no folder and refuse one (a folder given with
+    the wrong name, or none, trained on other data without a word). seed only changes
+    synthetic.
     """
     if not isinstance(name, str):
         raise UsageError(f"dataset name must be a string, got {shown(name)}")
@@ -154,6 +157,11 @@ def load_dataset(name, data_dir=None, seed=0):
         raise UsageError(f"seed must be a whole number >= 0, got {shown(seed)}")
     if name_problem(name) is not None:   # a bad argument, as the command line's exit 2
         raise UsageError(name_problem(name))
+    if data_dir is not None and name not in FOLDER_DATASETS:
+        raise UsageError(f"the dataset {shown(name)} reads no data folder, but one was given: "
+                         f"{shown(data_dir)} (--data-dir, data_dir= in Python); only "
+                         f"{', '.join(FOLDER_DATASETS[:-1])} and {FOLDER_DATASETS[-1]} read one: "
+                         f"name the dataset it holds, or leave the folder out")
     if name.startswith("npz:"):
         return load_npz(name[len("npz:"):])
     if name == "bundled":

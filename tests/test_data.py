@@ -278,6 +278,10 @@ def test_data_dir_and_name_must_be_usable():
     for bad in ("", "a\0b", b"data", Path("a\0b")):
         with pytest.raises(UsageError, match="data_dir must be a folder's path"):
             load_dataset("mnist", data_dir=bad)
+    # a folder given to a dataset that reads none was ignored: trained on other data
+    for name in ("bundled", "synthetic", "npz:x.npz"):
+        with pytest.raises(UsageError, match="reads no data folder, but one was given: 'd'"):
+            load_dataset(name, data_dir="d")
     for bad, words in [("foo", "unknown dataset 'foo': expected one of"),
                        ("npz: ", "expected npz:FILE"), (3, "must be a string, got 3")]:
         with pytest.raises(ValueError, match=words) as e:

@@ -239,6 +239,11 @@ BAD = [
     (["train", "--dataset", "mnist", "--data-dir", "d" * 300, "--steps", "1"], 1,
      ["cannot be read", "too long"]),
     (["train", "--dataset", "npz:~no-such-user-0/d.npz", "--steps", "1"], 1, ["no such file"]),
+    # --- a data folder given to a dataset that reads none (it trained on other data)
+    (TRAIN + ["--data-dir", "DIR"], 2, ["'npz:", "reads no data folder", "--data-dir"]),
+    (["train", "--data-dir", "DIR", "--steps", "1"], 2,
+     ["the dataset 'bundled' reads no data folder", "mnist", "name the dataset it holds"]),
+    (["evaluate", "--weights", "WEIGHTS", "--data-dir", "DIR"], 2, ["reads no data folder"]),
     (TRAIN + ["--save", "UNDER_A_FILE"], 2, ["--save", "is a regular file, not a folder"]),
     # --- --save onto a file the run reads or keeps (the file was replaced without a word)
     (TRAIN + ["--save", "DATA"], 2, ["--save", "the same file as --dataset npz:"]),
