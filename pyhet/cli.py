@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete the checkpoints of another run in --checkpoint-dir first")
     t.add_argument("--checkpoint-every", type=positive(int), default=None, metavar="N",
                    help="also write a checkpoint every N steps")
-    t.add_argument("--keep", type=_non_negative_int, default=3, metavar="K",
+    t.add_argument("--keep", type=_non_negative_int, default=None, metavar="K",
                    help="keep the K newest checkpoints, 0 keeps all (default 3)")
     t.add_argument("--deterministic", action="store_true",
                    help="a partition that no timing decides (in proportion to each device's "
@@ -382,8 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args, parser, comm=None) -> int:
-    if args.resume and not args.checkpoint_dir:
-        args.command_parser.error("--resume needs --checkpoint-dir (the folder to resume from)")
+    if args.checkpoint_dir is None:   # the options of checkpoints, without their folder
+        given = [(option, why) for option, why, value in (
+            ("--resume", " (the folder to resume from)", args.resume),
+            ("--overwrite", " (the folder to clear)", args.overwrite),
+            ("--checkpoint-every", "", args.checkpoint_every is not None),
+            ("--keep", "", args.keep is not None)) if value]
+        if given:
+            args.command_parser.error(f"{given[0][0]} needs --checkpoint-dir{given[0][1]}")
     cfg = TrainConfig(arch=network_spec(args, parser), dataset=args.dataset,
                       data_dir=args.data_dir, devices=args.devices, balance=args.balance,
                       batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
@@ -391,7 +397,8 @@ def cmd_train(args, parser, comm=None) -> int:
                       seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
                       save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-                      keep=args.keep, deterministic=args.deterministic,
+                      keep=3 if args.keep is None else args.keep,
+                      deterministic=args.deterministic,
                       progress=not args.quiet, timeout=args.timeout)
     result = train(cfg, comm=comm)
     if args.json:

@@ -451,6 +451,7 @@ def test_waking_a_device_cuts_its_emulated_idling_short():
     ("resume without a dir", ["--resume needs --checkpoint-dir"]),
     ("overwrite without a dir", ["--overwrite needs --checkpoint-dir"]),
     ("every without a dir", ["--checkpoint-every needs --checkpoint-dir"]),
+    ("keep without a dir", ["--keep needs --checkpoint-dir"]),
     ("resume and overwrite", ["--overwrite", "--resume"]),
 ])
 def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, case, words):
@@ -468,6 +469,7 @@ def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, ca
         "resume without a dir": ["--resume"],
         "overwrite without a dir": ["--overwrite"],
         "every without a dir": ["--checkpoint-every", "2"],
+        "keep without a dir": ["--keep", "5"],
         "resume and overwrite": ["--checkpoint-dir", tmp_path / "ck", "--resume",
                                  "--overwrite"],
     }[case]
