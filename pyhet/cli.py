@@ -684,7 +684,9 @@ def cmd_evaluate(args) -> int:
           f"{result['images']} images:")
     print(f"loss {result['loss']:.4f}, accuracy {result['accuracy']:.4f}")
     names = net.classes or [str(c) for c in range(net.num_classes)]
-    for name, acc in zip(names, result["per_class_accuracy"]):
+    for c, (name, acc) in enumerate(zip(names, result["per_class_accuracy"])):
+        # a line per class, whatever a weight file's names hold (blank, a newline, escapes)
+        name = name if name.strip() and name.isprintable() else f"{c} {shown(name, 40)}"
         print(f"  {name:<14} {'-' if acc is None else f'{acc:.4f}'}")
     return 0
 

@@ -608,6 +608,20 @@ def test_a_file_with_blank_class_names_still_loads(tmp_path):
         assert net.classes == ["a", "", "c\nd"]
 
 
+def test_evaluate_prints_a_line_per_class_whatever_the_names(cli, tmp_path, npz_dataset):
+    """A weight file's blank or unprintable class names (its own, as above) are shown with
+    their class number and escaped: the table keeps a line per class."""
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy",
+                       classes=["a", "", "c\nd\x1b[2J"]) as net:
+        net.save(tmp_path / "w.npz")
+    res = cli("evaluate", "--weights", tmp_path / "w.npz", "--devices", "cpu:1", "--dataset",
+              f"npz:{npz_dataset(n=16, n_test=12)}")
+    assert res.code == 0, res.err
+    table = res.out.splitlines()[-3:]
+    assert [line.split()[0] for line in table] == ["a", "1", "2"], res.out
+    assert "1 ''" in table[1] and "2 'c\\nd\\x1b[2J'" in table[2] and "\x1b" not in res.out
+
+
 def test_load_refuses_bad_files(tmp_path):
     with pytest.raises(WeightsError, match="no such file"):
         pyhet.load(tmp_path / "missing.npz")
