@@ -31,11 +31,15 @@ _LONG_WORD = re.compile(r"\S{241,}")
 
 
 def brief(message: str) -> str:
-    """A message as the command line prints it: every run of more than 240 characters without
-    a space (a path of 100 KB, say, quoted by an error that names it) cut to its start and end,
-    with its length."""
+    """A message as the command line prints it: one line, whatever a name in it holds (a
+    newline, a terminal's escape: written as Python writes them in a string, \\n, \\x1b),
+    and every run of more than 240 characters without a space (a path of 100 KB, say, quoted
+    by an error that names it) cut to its start and end, with its length."""
+    text = str(message)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return _LONG_WORD.sub(lambda m: f"{m[0][:120]}...[{len(m[0]):,} chars]...{m[0][-60:]}",
-                          str(message))
+                          text)
 
 
 def say(line: str, file=None) -> None:

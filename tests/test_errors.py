@@ -239,6 +239,10 @@ BAD = [
     (["train", "--dataset", "mnist", "--data-dir", "d" * 300, "--steps", "1"], 1,
      ["cannot be read", "too long"]),
     (["train", "--dataset", "npz:~no-such-user-0/d.npz", "--steps", "1"], 1, ["no such file"]),
+    # a name with a newline or a terminal's escape: one line all the same, the name escaped
+    (["train", "--dataset", "npz:no\nsuch\x1b[2J.npz", "--steps", "1"], 1,
+     ["no\\nsuch\\x1b[2J.npz: no such file"]),
+    (TRAIN + ["--save", "a\nb/w.npz"], 2, ["--save a\\nb/w.npz: the folder a\\nb does not"]),
     # --- a data folder given to a dataset that reads none (it trained on other data)
     (TRAIN + ["--data-dir", "DIR"], 2, ["'npz:", "reads no data folder", "--data-dir"]),
     (["train", "--data-dir", "DIR", "--steps", "1"], 2,
