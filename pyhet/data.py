@@ -564,6 +564,9 @@ def _latin1_encode(text, encoding="latin1", errors="strict"):
 
 def _unpickle(path, what="python batch"):
     data = _read_file(path)
+    if data[:2] == b"\x1f\x8b":
+        raise DataError(f"{path}: not a readable CIFAR-10 {what}; it is gzip-compressed: "
+                        f"decompress it (gunzip)")
     try:
         return _arrays_in(_ArraysOnlyUnpickler(io.BytesIO(data), encoding="bytes").load())
     except Exception as e:        # any failure to decode is a malformed (or hostile) file

@@ -544,6 +544,12 @@ def test_gzip_without_its_suffix_is_named(tmp_path):
         f.write_bytes(gzip.compress(f.read_bytes()))
     with pytest.raises(DataError, match="gzip-compressed: decompress it"):
         load_dataset("cifar10", data_dir=str(folder))
+    folder = tmp_path / "cifar-10-batches-py"          # a pickle: said the unpickler's error
+    write_cifar_py(folder, cifar_arrays())
+    for f in folder.iterdir():
+        f.write_bytes(gzip.compress(f.read_bytes()))
+    with pytest.raises(DataError, match="python batch; it is gzip-compressed: decompress it"):
+        load_dataset("cifar10", data_dir=str(folder))
 
 
 def test_cifar_ragged_labels_and_bad_names_are_named(tmp_path):
