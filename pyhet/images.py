@@ -99,6 +99,8 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
         if normalization is not None:
             return normalization.apply(x)
         return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
+    if x.dtype.kind == "f" and x.dtype.itemsize == 4 and not x.dtype.isnative:
+        x = x.astype(np.float32)      # float32 in the other byte order: the same values
     if x.dtype == np.float32:
         if not np.isfinite(x).all():
             raise DataError(f"{what}: holds NaN or infinite values")

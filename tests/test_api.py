@@ -285,6 +285,24 @@ def test_a_resumed_fit_keeps_beside_the_network_what_the_memory_check_counts(tmp
         (max(held) - start) / copy)
 
 
+def test_images_in_the_other_byte_order_are_the_same_images():
+    """float32 of the other byte order (as read from a big-endian file) holds the same values:
+    fit, predict and evaluate take it as native float32 (it was refused as "not float32")."""
+    x, y = arrays(n=16)
+    swapped = x.astype(x.dtype.newbyteorder())
+    assert not swapped.dtype.isnative and np.array_equal(swapped, x)
+    results = []
+    for images in (x, swapped):
+        with pyhet.Network(ARCH, (1, 12, 12), 3, devices="numpy") as net:
+            net.fit(images, y, steps=2, batch_size=8)
+            results.append((net.params(), net.predict(images),
+                            net.evaluate(images, y)["loss"]))
+    for k in results[0][0]:
+        np.testing.assert_array_equal(results[1][0][k], results[0][0][k], err_msg=k)
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+    assert results[1][2] == results[0][2]
+
+
 def test_weights_in_fortran_order_train_as_in_c_order():
     """Weights given in Fortran order, and put back so after a fit that diverged, were updated
     in a flat copy that was then dropped: the fc layer stopped learning."""
