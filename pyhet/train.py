@@ -231,6 +231,9 @@ def check_folder_destination(path, option: str) -> None:
         raise UsageError(f"{option} '': give a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path}: a file, not a folder")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise UsageError(f"{option} {path}: a symbolic link to {os.readlink(path)}, which is "
+                         f"not there: make that folder, or give another")
     # resolved as the system and os.makedirs go (links, then ..), not on the text
     above = os.path.realpath(path)
     while not os.path.exists(above):

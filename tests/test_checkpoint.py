@@ -482,6 +482,17 @@ def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE", "data.npz"]   # nothing made
 
 
+def test_a_checkpoint_folder_that_is_a_dangling_link_is_named(cli, npz_dataset, tmp_path):
+    """It said "cannot be made: File exists" after the start."""
+    data = npz_dataset(n=16)
+    (tmp_path / "ck").symlink_to(tmp_path / "gone")
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", tmp_path / "ck"))
+    assert res.code == 2, res.err
+    line = one_line(res.err)
+    assert f"a symbolic link to {tmp_path / 'gone'}, which is not there" in line
+    assert res.out == "" and not (tmp_path / "gone").exists()
+
+
 # ================================================================ --deterministic
 
 @pytest.mark.parametrize("balance", ["dynamic", "static"])
