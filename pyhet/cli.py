@@ -7,7 +7,7 @@ usage errors (argparse's own included), 1 for the rest; no traceback unless --de
 
 from __future__ import annotations
 
-from . import _loading_interrupted
+from . import __version__, _loading_interrupted
 
 try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     import argparse
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="pyhet", description="Train CNNs with each conv layer's "
                                 "kernels split across heterogeneous devices.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"pyhet {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -376,8 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     # -h before the benchmark's name lists the benchmarks; after it, the benchmark's options
     b.add_argument("-h", "--help", action="help", help="list the benchmarks; pyhet bench NAME "
                    "--help lists one's options")
-    b.add_argument("name", choices=BENCHMARKS, help="the benchmark (bench/NAME.py)")
-    b.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    b.add_argument("name", choices=BENCHMARKS, metavar="NAME", nargs="?",
+                   help=f"the benchmark (bench/NAME.py): {', '.join(BENCHMARKS)}")
+    b.add_argument("args", nargs=argparse.REMAINDER, metavar="OPTIONS",
+                   help="the benchmark's own options")
+    b.set_defaults(command_parser=b)
     return p
 
 
@@ -723,6 +727,8 @@ def cmd_predict(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.name is None:
+        args.command_parser.error(f"give the benchmark to run: one of {', '.join(BENCHMARKS)}")
     try:
         module = importlib.import_module(f"pyhet.bench.{args.name}")
     except ImportError:

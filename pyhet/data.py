@@ -57,7 +57,9 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
 def _cache_dir(name):
     """~/.cache/pyhet/NAME (or $XDG_CACHE_HOME/pyhet/NAME): where mnist and cifar10
     are looked for when no --data-dir is given; nothing is ever downloaded there."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):     # the XDG spec: a relative one is ignored
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "pyhet" / name
 
 
@@ -367,7 +369,7 @@ def _check_label_range(y, num_classes, path):
     if len(bad):
         i = int(bad[0])
         raise DataError(f"{path}: label {int(y[i])} at index {i} is out of range, "
-                        f"expected 0..{num_classes - 1} ({len(bad)} such labels)")
+                        f"expected 0..{num_classes - 1} ({len(bad)} such label{'s' if len(bad) > 1 else ''})")
 
 
 # ---------------------------------------------------------------- CIFAR-10

@@ -16,10 +16,16 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
+import pyhet
 from conftest import TINY, load_npz, make_npz_dataset, run_python
 
 SUMMARY_FIELDS = {"steps", "epochs", "batch_size", "devices", "partition", "step_time_s",
                     "images_per_s", "train_loss", "test_accuracy", "conv_time_fraction"}
+
+
+def test_version(cli):
+    res = cli("--version")
+    assert res.code == 0 and res.out.strip() == f"pyhet {pyhet.__version__}", res
 
 
 def train_argv(data, *extra):

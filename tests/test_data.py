@@ -335,6 +335,11 @@ def test_mnist_default_place_says_pass_data_dir(tmp_path, monkeypatch):
         load_dataset("mnist")
     write_idx_dir(tmp_path / "pyhet" / "mnist", gz=True)
     assert load_dataset("mnist").source == str(tmp_path / "pyhet" / "mnist")
+    # a relative $XDG_CACHE_HOME is ignored, as the XDG spec says: ~/.cache
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    write_idx_dir(tmp_path / "home" / ".cache" / "pyhet" / "mnist", gz=True)
+    assert load_dataset("mnist").source == str(tmp_path / "home" / ".cache" / "pyhet" / "mnist")
 
 
 # ================================================================ CIFAR-10
