@@ -725,8 +725,9 @@ def load_npz(filename):
             raise DataError(f"{path}: 'num_classes' should be one integer, got "
                             f"{num_classes.dtype} of shape {num_classes.shape}")
         num_classes = int(num_classes.reshape(()))
-        if num_classes < 1:
-            raise DataError(f"{path}: 'num_classes' is {num_classes}, expected >= 1")
+        if num_classes < 2:     # a classifier of one class learns nothing
+            raise DataError(f"{path}: 'num_classes' is {num_classes}, expected >= 2 (a "
+                            f"network needs at least 2 classes)")
         if num_classes > MAX_INFERRED_CLASSES:
             raise DataError(f"{path}: 'num_classes' is {num_classes:,}, more than the "
                             f"{MAX_INFERRED_CLASSES:,} classes a network can have")

@@ -684,6 +684,7 @@ NPZ_DAMAGE = {
                                   num_classes=np.array(4)),
     "num_classes not an integer": dict(x=GOOD_X, y=GOOD_Y, num_classes=np.array(4.0)),
     "num_classes an array": dict(x=GOOD_X, y=GOOD_Y, num_classes=np.array([4, 4])),
+    "num_classes 1": dict(x=GOOD_X, y=GOOD_Y * 0, num_classes=np.array(1)),
     "x_test without y_test": dict(x=GOOD_X, y=GOOD_Y, x_test=GOOD_X),
     "y_test without x_test": dict(x=GOOD_X, y=GOOD_Y, y_test=GOOD_Y),
     "x_test of another shape": dict(x=GOOD_X, y=GOOD_Y, x_test=np.zeros((4, 1, 3, 4), np.float32),
