@@ -136,6 +136,17 @@ def name_problem(name: str) -> "str | None":
     return f"unknown dataset {shown(name)}: expected one of {', '.join(DATASETS)}, or npz:FILE"
 
 
+def data_dir_problem(name, data_dir) -> "str | None":
+    """Why a data folder may not be given with the dataset `name` (one that reads none: the
+    folder would be ignored, and the run train on other data than the user's), or None."""
+    if data_dir is None or name in FOLDER_DATASETS:
+        return None
+    return (f"the dataset {shown(name)} reads no data folder, but one was given: "
+            f"{shown(data_dir)} (--data-dir, data_dir= in Python); only "
+            f"{', '.join(FOLDER_DATASETS[:-1])} and {FOLDER_DATASETS[-1]} read one: name the "
+            f"dataset it holds, or leave the folder out")
+
+
 def load_dataset(name, data_dir=None, seed=0):
     """The Dataset called `name` (one of DATASETS, or "npz:FILE").
 
@@ -159,11 +170,8 @@ def load_dataset(name, data_dir=None, seed=0):
         raise UsageError(f"seed must be a whole number >= 0, got {shown(seed)}")
     if name_problem(name) is not None:   # a bad argument, as the command line's exit 2
         raise UsageError(name_problem(name))
-    if data_dir is not None and name not in FOLDER_DATASETS:
-        raise UsageError(f"the dataset {shown(name)} reads no data folder, but one was given: "
-                         f"{shown(data_dir)} (--data-dir, data_dir= in Python); only "
-                         f"{', '.join(FOLDER_DATASETS[:-1])} and {FOLDER_DATASETS[-1]} read one: "
-                         f"name the dataset it holds, or leave the folder out")
+    if data_dir_problem(name, data_dir) is not None:
+        raise UsageError(data_dir_problem(name, data_dir))
     if name.startswith("npz:"):
         return load_npz(name[len("npz:"):])
     if name == "bundled":

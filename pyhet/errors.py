@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+import unicodedata
 
 
 def shown(value, most: int = 60) -> str:
@@ -30,14 +31,24 @@ def said(e: BaseException) -> str:
 _LONG_WORD = re.compile(r"\S{241,}")
 
 
+# bidirectional overrides and isolates: they reorder what a terminal shows of the line
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _breaks_line(c: str) -> bool:
+    """A character that breaks a line or drives the terminal (controls, line and paragraph
+    separators, bidirectional controls); letters, spaces and joiners of any script do not."""
+    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
+
+
 def brief(message: str) -> str:
     """A message as the command line prints it: one line, whatever a name in it holds (a
     newline, a terminal's escape: written as Python writes them in a string, \\n, \\x1b),
     and every run of more than 240 characters without a space (a path of 100 KB, say, quoted
     by an error that names it) cut to its start and end, with its length."""
     text = str(message)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if any(_breaks_line(c) for c in text):     # \\ too then, so that \\n reads one way
+        text = "".join(repr(c)[1:-1] if _breaks_line(c) or c == "\\" else c for c in text)
     return _LONG_WORD.sub(lambda m: f"{m[0][:120]}...[{len(m[0]):,} chars]...{m[0][-60:]}",
                           text)
 

@@ -90,6 +90,12 @@ def folder_of(path) -> str:
     return os.path.dirname(os.fspath(path)) or os.curdir
 
 
+def shown_folder(folder) -> str:
+    """A folder as a message names it: as written, the current folder by its path."""
+    folder = os.fspath(folder)
+    return os.getcwd() if folder in ("", os.curdir) else folder
+
+
 def unreachable(folder, missing_ok: bool = False) -> "str | None":
     """Why `folder`, as written, is not a folder the system reaches, or None: the first part
     of it, from the left, that is not there, is no folder or cannot be entered. missing_ok:

@@ -26,7 +26,7 @@ from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
 from .checkpoint import CheckpointDir, dataset_identity
-from .data import Dataset, iterate_batches, load_dataset
+from .data import Dataset, data_dir_problem, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
                      UsageError, flag, option, say)
@@ -96,6 +96,9 @@ class TrainConfig:
         """Where the run will write (--save, --checkpoint-dir) and the checkpoint options,
         checked before any work: mistakes here are usage errors."""
         o, f = self.option, (lambda name: flag(name, self.python))
+        problem = data_dir_problem(self.dataset, self.data_dir)   # before a folder is made
+        if problem is not None:
+            raise UsageError(problem)
         if self.save is not None:
             check_file_destination(self.save, o("save"))
             self._check_save_reads_nothing()
@@ -179,7 +182,7 @@ def _probe_folder(path, tmp, option: str) -> None:
     (``.NAME.pNN``, else q, r, s: never that name itself, whose file may be a write of the
     same file under way in another process)."""
     folder = files.folder_of(tmp)
-    shown = os.path.realpath(folder)
+    shown = files.shown_folder(folder)
 
     def refused(e: OSError):
         why = ("is not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -187,10 +190,13 @@ def _probe_folder(path, tmp, option: str) -> None:
         return UsageError(f"{option} {path}: the folder {shown} {why} ({e.strerror or e})")
 
     try:
-        longest = os.pathconf(folder, "PC_NAME_MAX")
+        longest, longest_path = (os.pathconf(folder, "PC_NAME_MAX"),
+                                 os.pathconf(folder, "PC_PATH_MAX"))
     except (OSError, ValueError):
-        longest = None
-    if getattr(os, "O_TMPFILE", 0) and longest is not None and longest > 0:
+        longest = longest_path = None
+    # a path too long for the system as a whole: the named probe, which meets it
+    if (getattr(os, "O_TMPFILE", 0) and longest is not None and longest > 0
+            and longest_path is not None and len(os.fsencode(tmp)) < longest_path):
         if len(os.fsencode(os.path.basename(tmp))) > longest:
             raise refused(OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG)))
         try:
@@ -212,12 +218,15 @@ def _probe_folder(path, tmp, option: str) -> None:
             raise refused(e) from None
         try:
             os.close(fd)
-        finally:           # an interrupt here leaves no probe behind
-            try:
+        except BaseException:     # an interrupt here leaves no probe behind
+            with contextlib.suppress(OSError):
                 os.unlink(probe)
-            except OSError as e:
-                raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
-                                 f"{shown} ({e.strerror or e})") from None
+            raise
+        try:
+            os.unlink(probe)
+        except OSError as e:
+            raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
+                             f"{shown} ({e.strerror or e})") from None
         return
     if not os.access(folder, os.W_OK | os.X_OK):   # every name taken: the plain check
         raise UsageError(f"{option} {path}: the folder {shown} is not writable")
@@ -231,9 +240,14 @@ def check_folder_destination(path, option: str) -> None:
         raise UsageError(f"{option} '': give a folder")
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{option} {path}: a file, not a folder")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise UsageError(f"{option} {path}: a symbolic link to {os.readlink(path)}, which is "
-                         f"not there: make that folder, or give another")
+    # a symbolic link to nothing, itself (dl, dl/) or above it (dl/sub): named as such
+    there = path.rstrip(os.sep) or os.sep
+    while not os.path.lexists(there) and os.path.dirname(there) != there:
+        there = os.path.dirname(there) or os.curdir
+    if os.path.islink(there) and not os.path.exists(there):
+        raise UsageError(f"{option} {path}: {there} is a symbolic link to "
+                         f"{os.readlink(there)}, which is not there: make that folder, or give "
+                         f"another")
     # resolved as the system and os.makedirs go (links, then ..), not on the text
     above = os.path.realpath(path)
     while not os.path.exists(above):

@@ -452,6 +452,8 @@ def test_waking_a_device_cuts_its_emulated_idling_short():
     ("overwrite without a dir", ["--overwrite needs --checkpoint-dir"]),
     ("every without a dir", ["--checkpoint-every needs --checkpoint-dir"]),
     ("keep without a dir", ["--keep needs --checkpoint-dir"]),
+    # with --overwrite, the other run's checkpoints were deleted before this was refused
+    ("data dir of a dataset that reads none", ["reads no data folder"]),
     ("resume and overwrite", ["--overwrite", "--resume"]),
 ])
 def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, case, words):
@@ -470,6 +472,8 @@ def test_destinations_are_checked_before_training(cli, npz_dataset, tmp_path, ca
         "overwrite without a dir": ["--overwrite"],
         "every without a dir": ["--checkpoint-every", "2"],
         "keep without a dir": ["--keep", "5"],
+        "data dir of a dataset that reads none": ["--data-dir", tmp_path, "--checkpoint-dir",
+                                                  tmp_path / "ck", "--overwrite"],
         "resume and overwrite": ["--checkpoint-dir", tmp_path / "ck", "--resume",
                                  "--overwrite"],
     }[case]
@@ -486,11 +490,13 @@ def test_a_checkpoint_folder_that_is_a_dangling_link_is_named(cli, npz_dataset, 
     """It said "cannot be made: File exists" after the start."""
     data = npz_dataset(n=16)
     (tmp_path / "ck").symlink_to(tmp_path / "gone")
-    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", tmp_path / "ck"))
-    assert res.code == 2, res.err
-    line = one_line(res.err)
-    assert f"a symbolic link to {tmp_path / 'gone'}, which is not there" in line
-    assert res.out == "" and not (tmp_path / "gone").exists()
+    for given in (tmp_path / "ck", f"{tmp_path / 'ck'}/", tmp_path / "ck" / "sub"):
+        res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", given))
+        assert res.code == 2, res.err
+        line = one_line(res.err)
+        assert f"{tmp_path / 'ck'} is a symbolic link to {tmp_path / 'gone'}, which is not " \
+               f"there" in line
+        assert res.out == "" and not (tmp_path / "gone").exists()
 
 
 # ================================================================ --deterministic

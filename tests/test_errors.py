@@ -780,3 +780,15 @@ def test_big_endian_images_are_named_so(cli, tmp_path):
     res = cli("train", "--dataset", f"npz:{tmp_path / 'be.npz'}", "--arch", "2C3", "--steps",
               "1", "--quiet")
     assert res.code == 1 and "big-endian float32 (>f4)" in res.err and "astype('<f4')" in res.err
+
+
+def test_an_error_line_escapes_only_what_breaks_it():
+    """Controls, line separators and bidirectional overrides are written as Python writes
+    them (and a backslash doubled then, so that \\n reads one way); letters, spaces and
+    joiners of any script are left as they are."""
+    from pyhet.errors import brief
+    for kept in ("é", "日本\u3000語", "a\xa0b", "x\u200dy", "soft\xadhy", "C:\\data"):
+        assert brief(kept) == kept
+    assert brief("no\nsuch\x1b[2J") == "no\\nsuch\\x1b[2J"
+    assert brief("a\\nb\nc") == "a\\\\nb\\nc"
+    assert brief("ab\u202ecd\u2028") == "ab\\u202ecd\\u2028"

@@ -280,6 +280,23 @@ def test_the_folder_probe_leaves_nothing_even_when_interrupted(monkeypatch, tmp_
     assert leftovers(tmp_path) == []
 
 
+def test_a_destination_whose_whole_path_is_too_long_is_refused(tmp_path):
+    """A folder whose path fits, and a temporary file's path that does not (the system's
+    PATH_MAX): refused before the work, as a name too long is (a probe without a name, which
+    has no path of its own, let it through to fail at the write)."""
+    from pyhet import files, train as train_mod
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX")
+    folder, want = str(tmp_path), limit - 38        # ASCII: a byte a character
+    while len(folder) < want:
+        folder = os.path.join(folder, "d" * min(200, want - len(folder) - 1))
+    os.makedirs(folder)
+    target = os.path.join(folder, "w" * 30 + ".npz")    # fits; .NAME.tmp beside it does not
+    assert len(target) < limit <= len(files.temp_name(target))
+    with pytest.raises(UsageError, match="cannot take a new file .File name too long"):
+        train_mod.check_file_destination(target, "--save")
+    assert leftovers(folder) == []
+
+
 def test_a_destination_through_dot_dot_is_checked_where_the_system_goes(cli, work, tmp_path):
     """`a/..` is resolved by the system: through a link, to the folder above its target; past
     a folder that is not there, nowhere. os.path.abspath, working on the text, named another
