@@ -108,6 +108,7 @@ class CheckpointDir:
         option = errors.option("checkpoint_dir", python)
         self._fd = None
         self._mine = set()   # (device, inode) of the checkpoints this run wrote
+        self._overwritten = []   # (path, identity) of another run's, which --overwrite deletes
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
@@ -134,8 +135,9 @@ class CheckpointDir:
                         f"({len(found)}, the newest after step {step_of(found[-1])}): continue "
                         f"that run with {errors.flag('resume', python)}, choose another "
                         f"folder, or give {errors.flag('overwrite', python)} to delete them")
-                for p in found:
-                    os.remove(p)
+                # deleted when this run writes its first checkpoint, not now: a run that
+                # fails before that (a device, the data, --init) leaves them as they were
+                self._overwritten = [(p, _identity(p)) for p in found]
         except BaseException:
             self.close()
             raise
@@ -218,7 +220,9 @@ class CheckpointDir:
         except PyhetError as e:     # mid-run: an error of the run (status 1), not of usage
             raise PyhetError(f"{lost} while this run wrote in it; locking it again: "
                              f"{e}") from None
-        foreign = [p for p in complete(self.folder) if _identity(p) not in self._mine]
+        pending = {identity for _, identity in self._overwritten}   # --overwrite's, to go
+        foreign = [p for p in complete(self.folder)
+                   if _identity(p) not in self._mine and _identity(p) not in pending]
         if foreign:
             self.close()
             raise PyhetError(f"{lost} while this run wrote in it, and it holds the checkpoints "
@@ -227,6 +231,22 @@ class CheckpointDir:
         if self.log is not None:
             say(f"pyhet: warning: {option} {self.folder}: its lock file {LOCK} was removed "
                 f"or the folder replaced while this run wrote in it: locked it again", self.log)
+
+    def _delete_overwritten(self):
+        """Delete the other run's checkpoints that --overwrite found, before this run's first
+        checkpoint: each only if it is still the file found (not one written since)."""
+        for path, identity in self._overwritten:
+            if _identity(path) == identity:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise PyhetError(f"{self.folder}: cannot delete {os.path.basename(path)}, "
+                                     f"another run's checkpoint that "
+                                     f"{errors.flag('overwrite', self.python)} deletes "
+                                     f"({e.strerror or e})") from None
+        self._overwritten = []
 
     def close(self):
         """Release the folder (also done by the kernel when the process ends)."""
@@ -329,6 +349,7 @@ class CheckpointDir:
         arrays["meta"] = np.array(json.dumps(meta))
         arrays["arch"] = arch_entry(net.shape, classes, normalization)
         self._still_locked()
+        self._delete_overwritten()
         path = os.path.join(self.folder, f"checkpoint-{position['step']:09d}.npz")
         write_npz(path, arrays, "the checkpoint")
         self._mine.add(_identity(path))

@@ -174,6 +174,16 @@ def test_a_new_run_in_a_used_folder_is_refused_and_overwrite_starts_afresh(
               "--overwrite"):
         assert w in line, (w, line)
     assert checkpoints(ck) == ["checkpoint-000000002.npz"]            # untouched
+    # --overwrite with a run that fails before its first checkpoint (a device that cannot
+    # be made, weights that cannot be read): the other run's are kept (they were deleted
+    # first, and nothing came in their place)
+    before = (ck / "checkpoint-000000002.npz").read_bytes()
+    for bad in (["--devices", "gpu:7"], ["--init", tmp_path / "missing.npz"]):
+        res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--overwrite",
+                              *bad))
+        assert res.code != 0 and res.out == ""
+        assert checkpoints(ck) == ["checkpoint-000000002.npz"], bad
+        assert (ck / "checkpoint-000000002.npz").read_bytes() == before
 
     res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--overwrite"))
     assert res.code == 0, res.err
