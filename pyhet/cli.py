@@ -77,10 +77,32 @@ class Parser(argparse.ArgumentParser):
                                          f"{', '.join(map(repr, action.choices))})")
 
     def error(self, message):
-        if launched_rank() != 0:
-            self.exit(EXIT_USAGE)     # under mpiexec every rank parses; rank 0 says why
         where = self.prog if "--help" in self._option_string_actions else self.prog.split()[0]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {brief(message)} (see {where} --help)\n")
+        line = f"{self.prog}: error: {brief(message)} (see {where} --help)"
+        if launched_size() > 1 and not _mpi_started():   # every rank parses: see there
+            refused_before_mpi(line, EXIT_USAGE)
+            self.exit(EXIT_USAGE)
+        self.exit(EXIT_USAGE, line + "\n")
+
+
+# a rank other than 0 refused before MPI starts waits this long for rank 0 to end the job
+OTHER_RANK_WAIT_S = 5.0
+
+
+def refused_before_mpi(line: str, status: int) -> None:
+    """Under mpiexec, a command line refused (or a run failed) before MPI starts in this rank.
+    Rank 0 says why and asks the launcher to end the job (end_job_unstarted). Another rank,
+    given the same command line, is ended with it meanwhile, having said nothing: it first
+    waits a moment (OTHER_RANK_WAIT_S). One that is still there after it was refused alone
+    (mpiexec's A : B form gave it another command line, or its machine lacks mpi4py): it says
+    why, naming its rank, and ends the job itself, which rank 0 would otherwise wait for in
+    MPI's start-up until --timeout."""
+    rank = launched_rank()
+    if rank != 0:
+        time.sleep(OTHER_RANK_WAIT_S)
+        line = line.replace(": error: ", f": error: rank {rank}: ", 1)
+    say(line)
+    end_job_unstarted(status)
 
 
 def kernel_counts(text: str):
@@ -790,9 +812,10 @@ def main(argv=None) -> int:
     except PyhetError as e:
         if args.debug:
             raise
-        say(f"pyhet: error: {brief(e)}")
-        if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job at once
-            end_job_unstarted(e.exit_status)
+        if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job
+            refused_before_mpi(f"pyhet: error: {brief(e)}", e.exit_status)
+        else:
+            say(f"pyhet: error: {brief(e)}")
         return e.exit_status
     except MemoryError:
         say("pyhet: error: out of memory: the network, the batch or the data is too large for "
@@ -818,8 +841,6 @@ def run_rank(args, parser, ranks: int) -> int:
     which calibrates the devices of every rank); every other rank serves the devices placed on
     it until the master is done. An error on rank 0 ends the whole job."""
     if args.command not in ("train", "plan"):
-        if launched_rank() != 0:
-            return EXIT_USAGE          # rank 0 says why
         raise UsageError(f"pyhet {args.command} runs in one process: start it without mpiexec "
                          f"(only pyhet train and pyhet plan place devices on MPI ranks)")
     # While MPI starts (MPI_Init waits for every rank, in C, where no Python handler runs),

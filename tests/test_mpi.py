@@ -321,6 +321,35 @@ def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
         p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("rank1", [["train", "--lr", "-1"], ["evaluate", "--weights", "w.npz"]],
+                         ids=["a bad option", "another command"])
+def test_a_rank_refused_alone_before_mpi_starts_ends_the_job(tmp_path, data, rank1):
+    """mpiexec -n 1 A : -n 1 B, where only rank 1's command line is refused: it exited with 2
+    saying nothing (rank 0, given the same command line, says why), and rank 0 waited for it
+    in MPI's start-up until --timeout (300 s). It says why, naming its rank, and ends the job
+    after a few seconds."""
+    pyhet = [sys.executable, "-m", "pyhet"]
+    train = ["train", "--dataset", f"npz:{data}", "--arch", ARCH, "--steps", "2", "--quiet",
+             "--devices", "0/cpu:1,1/cpu:1"]
+    rest = train[1:] if rank1[0] == "train" else []
+    p = subprocess.run([MPIEXEC, "-n", "1", *pyhet, *train, ":", "-n", "1", *pyhet, *rank1[:1],
+                        *rest, *rank1[1:]], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)    # not a hang until timeout=120
+    lines = [line for line in p.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and ": error: rank 1: " in lines[0], p.stderr
+    assert ("--lr" if rank1[0] == "train" else "runs in one process") in lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_the_same_refused_command_line_on_every_rank_is_said_once_at_once(tmp_path, data):
+    """Rank 0 says why and ends the job; the others, refused the same way, are ended with it
+    before they would say it again."""
+    code, out, err = run(["train", "--dataset", f"npz:{data}", "--arch", ARCH, "--lr", "-1",
+                          "--devices", "0/cpu:1,1/cpu:1"], 2, tmp_path, timeout=60)
+    assert code == 2 and err.count("--lr") == 1 and "rank 1" not in err, (code, err)
+
+
 # ================================================================ a rank that fails
 
 def rank_pid(marker: str, rank: int):
