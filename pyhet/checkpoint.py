@@ -475,6 +475,14 @@ def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
             set(speeds) if isinstance(speeds, dict) else set()))
         if problem is not None:
             return f"its calibration {problem}"
+        # the devices' memory, as the calibration found it, holds each layer as split
+        caps = cal.get("caps") or {}
+        for g in (shape.blocks if shape is not None else ()):
+            cap, counts = caps.get(g.name), partition.get(g.name)
+            if cap is not None and (sum(cap) < g.K or counts is not None and any(
+                    k > c for k, c in zip(counts, cap))):
+                return (f"its calibration's memory caps of {g.name}, {cap}, do not hold its "
+                        f"partition {counts} of the layer's {g.K} kernels")
     if not isinstance(plan.get("deterministic", False), bool):
         return f"its deterministic is {shown(plan['deterministic'])}, not true or false"
     balancer = plan.get("balancer") or {}

@@ -712,6 +712,9 @@ PLAN_NOT_REUSED.update({
     "calibration speeds a number": (
         lambda plan: {**plan, "calibration": {**plan["calibration"], "speeds": 5}},
         ["calibration has speeds 5"]),
+    # memory caps that do not hold the layer (a traceback from the balancer at the first step)
+    "caps below the layer": (lambda plan: _calibration(plan, "caps", "conv2", [1, 1]),
+                             ["memory caps of conv2, [1, 1], do not hold its partition"]),
 })
 
 
