@@ -807,11 +807,11 @@ def main(argv=None) -> int:
         parser.error(f"unknown command {args.command}")
     except OutputError as e:
         if args.debug:
-            raise
+            traceback.print_exc()    # shown, and the status is the same as without --debug
         return report_output_error(e)
     except PyhetError as e:
         if args.debug:
-            raise
+            traceback.print_exc()
         if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job
             refused_before_mpi(f"pyhet: error: {brief(e)}", e.exit_status)
         else:

@@ -505,8 +505,12 @@ def test_debug_shows_a_traceback(cli_process, tmp_path):
     res = cli_process("--debug", "train", "--dataset", absent, "--quiet")
     assert res.code == 1
     assert "Traceback" in res.err and "DataError" in res.err and "no-such-set" in res.err
+    assert res.err.strip().splitlines()[-1].startswith("pyhet: error: ")
     plain = cli_process("train", "--dataset", absent, "--quiet")
     assert plain.code == 1 and "Traceback" not in plain.err
+    # a usage error keeps its status 2 (the exception's way out of Python gave 1)
+    res = cli_process("--debug", "train", "--save", tmp_path / "no" / "w.npz", "--quiet")
+    assert res.code == 2 and "Traceback" in res.err and "does not exist" in res.err, res.err
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate", "devices", "plan"])
