@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import io
 import math
 import os
 import re
@@ -614,7 +615,7 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
     check_memory(shape, batch, devices=host_devices(cfg.devices))
 
     start = {"step": 0, "epoch": 0, "batch": 0}
-    moms, plan = {}, None
+    moms, plan, over = {}, None, False
     if folder is not None:
         folder.settings = run_settings(cfg, ds, shape)
     found = folder.newest(shape) if folder is not None and cfg.resume else None
@@ -623,7 +624,8 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
         start = {k: int(meta[k]) for k in ("step", "epoch", "batch")}
         plan = meta.get("plan")
         total = planned_steps(cfg, ds)[1]
-        if start["step"] >= total:   # the run is over: no step, the summary of none (exit 0)
+        over = start["step"] >= total
+        if over:   # the run is over: no step, the summary of none (exit 0), this line alone
             where = "the end" if start["step"] == total else "past the end"
             say(f"nothing left to train: {path} is at step {start['step']}, {where} of "
                 f"this run ({total} steps); give more --epochs or --steps to go on", log)
@@ -643,9 +645,12 @@ def _train(cfg: TrainConfig, folder, stop, log, comm) -> dict:
         if stop is not None:
             stop.devices = list(devices)
         links = measure_links(devices, shape.blocks, batch)
-        planned, balancer_state = reused_plan(plan, devices, shape, cfg, log)
+        # (a run that is over says only that: not how its partition was planned)
+        planned, balancer_state = reused_plan(plan, devices, shape, cfg,
+                                              io.StringIO() if over else log)
         net, cal = build_net(shape, params, devices, cfg.balance, batch, cfg.seed,
-                             log if cfg.progress else None, cfg.deterministic, planned)
+                             log if cfg.progress and not over else None, cfg.deterministic,
+                             planned)
         if moms:
             net.set_momentum(moms)
         params = moms = found = None   # the net holds its own: a large fc layer is not kept twice

@@ -509,6 +509,18 @@ def test_a_weight_file_that_cannot_be_read_is_a_public_weights_error(tmp_path):
 
 # ================================================================ nothing left to resume
 
+def test_resuming_a_finished_run_of_two_devices_says_that_alone(cli, files, tmp_path):
+    """With two devices and progress shown, it also said how the partition was planned
+    ("resuming with the checkpoint's partition") and what it was."""
+    argv = _argv(["train", "--dataset", "npz:DATA", "--arch", "3C3-P2-4C3-P2", "--devices",
+                  "cpu:1,cpu:1", "--steps", "2", "--checkpoint-dir", tmp_path / "ck"], files)
+    assert cli(*argv, "--quiet").code == 0
+    res = cli(*argv, "--resume")
+    assert res.code == 0, res.err
+    lines = [line for line in res.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nothing left to train" in lines[0], res.err
+
+
 def test_resuming_a_finished_run_says_so_and_exits_0(cli, files, tmp_path):
     """A run whose checkpoint is at its last step: no step, exit 0, one line on stderr that
     says so; the summary has no step figures, and --save writes the checkpoint's weights."""
