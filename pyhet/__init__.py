@@ -31,10 +31,13 @@ def _loading_interrupted() -> None:
                 sys.stderr.flush()
             except (AttributeError, OSError, ValueError):
                 pass
-        if launched_size() > 1:   # under mpiexec: end by the signal, so that the launcher
-            import signal        # ends the other ranks (an exit status alone it waits out)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+        if launched_size() > 1:   # under mpiexec the launcher must end the other ranks (an
+            # exit status alone it waits out): asked to, with 130 (MPICH's), else by the signal
+            from .transport import end_job_unstarted
+            if not end_job_unstarted(130):
+                import signal
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
         os._exit(130)
 
 

@@ -592,6 +592,49 @@ def test_ctrl_c_while_the_command_loads_is_its_status_and_one_line(monkeypatch, 
     assert pyhet._loading_interrupted() is None and capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ctrl_c_while_the_command_loads_under_mpiexec_asks_the_launcher(monkeypatch, capsys,
+                                                                       rank):
+    """Under MPICH's mpiexec the rank asks the launcher, over its PMI socket, to end the job
+    with 130 (it ended by the signal, whose status MPICH gives as 2, or as 11 where it met
+    the rank that signal killed). In this process, the launcher played by a thread."""
+    import socket
+    import threading
+
+    import pyhet
+    from pyhet import transport
+
+    ours, launcher = socket.socketpair()
+    heard = []
+
+    def answer():
+        with launcher:
+            heard.append(launcher.recv(256))
+            launcher.sendall(b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n")
+            heard.append(launcher.recv(256))
+
+    t = threading.Thread(target=answer)
+    t.start()
+
+    def exit_(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(os, "_exit", exit_)
+    monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("ended by the signal"))
+    monkeypatch.setattr(transport, "ABORT_WAIT_S", 0.0)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/pyhet", "train"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "/usr/bin/pyhet", "train"])
+    with ours:
+        for k, v in (("PMI_SIZE", "2"), ("PMI_RANK", str(rank)),
+                     ("PMI_FD", str(ours.fileno()))):
+            monkeypatch.setenv(k, v)
+        with pytest.raises(SystemExit) as e:
+            pyhet._loading_interrupted()
+    t.join(10)
+    assert e.value.code == 130
+    assert heard == [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=abort exitcode=130\n"]
+    assert capsys.readouterr().err == ("pyhet: interrupted\n" if rank == 0 else "")
+
+
 def test_ctrl_c_while_the_parser_is_built_or_the_cli_loads_is_one_line():
     """Two windows after the package has loaded: pyhet.cli being found and read (before its
     own guard), and its parser being built; each was a traceback."""
