@@ -92,6 +92,9 @@ def untext(a) -> str:
     return bytes(np.asarray(a, np.uint8)).decode()
 
 
+# the largest message measure_links tries where the layer input's moving time is lost in noise
+MEASURE_MAX_BYTES = 64 << 20
+
 # Polling a message that may be long in coming: each sleep a share of the time waited so far,
 # so that a reply is seen at most that share late (a pause that grew by half each poll saw it
 # up to half the wait late: on the default network's few-millisecond phases, a step under
@@ -444,15 +447,16 @@ class MasterLink:
     def measure_links(self, nbytes: int, rounds: int = 5) -> dict:
         """{rank: {"latency_s", "bandwidth_bytes_per_s", "message_bytes"}} of each rank that
         holds devices: the best of `rounds` round trips (after one to warm up) of 8 bytes and
-        of `nbytes` (a layer input) there and back. A figure the timing cannot resolve (a fast
-        link and a small message) is None."""
+        of `nbytes` (a layer input) there and back, and where that one's moving time is lost
+        in the trips' noise, of 4 and 16 times as many bytes (up to MEASURE_MAX_BYTES). A
+        figure the timing cannot resolve even so (a fast link) is None."""
         out = {}
-        small, big = np.zeros(1, np.float64), np.zeros(max(1, nbytes // 4), np.float32)
+        small = np.zeros(1, np.float64)
         for r, peer in self.peers.items():
             if not self.ranks_devices[r]:
                 continue
-            times = {}
-            for a in (small, big):
+
+            def best_trip(a) -> float:
                 best = float("inf")
                 for i in range(rounds + 1):
                     t0 = time.perf_counter()
@@ -461,12 +465,24 @@ class MasterLink:
                         peer.receive(TAG_ECHO, patient=False)
                     if i:
                         best = min(best, time.perf_counter() - t0)
-                times[a.nbytes] = best
-            moving = times[big.nbytes] - times[small.nbytes]
-            out[r] = {"latency_s": times[small.nbytes] / 2,
+                return best
+
+            latency = best_trip(small)
+            # a moving time lost in the trips' noise (a busy machine) read a rate-limited link
+            # as one too fast to time, which costs nothing: a message 4 and 16 times larger
+            # is tried before the figure is left None
+            for scale in (1, 4, 16):
+                if scale > 1 and nbytes * scale > MEASURE_MAX_BYTES:
+                    break
+                big = np.zeros(max(1, nbytes * scale // 4), np.float32)
+                trip = best_trip(big)
+                moving = trip - latency
+                if moving > 0.05 * trip:
+                    break
+            out[r] = {"latency_s": latency / 2,
                       "bandwidth_bytes_per_s": (2 * big.nbytes / moving
-                                                if moving > 0.05 * times[big.nbytes] else None),
-                      "message_bytes": int(big.nbytes)}
+                                                if moving > 0.05 * trip else None),
+                      "message_bytes": int(max(1, nbytes // 4) * 4)}   # the layer input's
             peer.link = Link(out[r]["latency_s"], out[r]["bandwidth_bytes_per_s"])
         return out
 
