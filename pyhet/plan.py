@@ -721,9 +721,14 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         own = own_costs(cluster, g.name)
         if fits:
+            # each with the factor of time in steps that conv_seconds gives it (the split's
+            # and the whole layer's differ: compared without them, a split predicted slower
+            # than the best device alone was chosen)
             i = min(fits, key=lambda j: _alone_s(own[j], g.K))
-            if _alone_s(own[i], g.K) <= layer_seconds(cs, counts, own,
-                                                      (cluster.waits or {}).get(g.name, 1.0)):
+            split_s = layer_seconds(cs, counts, own, (cluster.waits or {}).get(g.name, 1.0),
+                                    cluster.in_step_factor(g.name, _whole(counts)))
+            if (_alone_s(own[i], g.K) * cluster.in_step_factor(g.name, alone=True)
+                    <= split_s):
                 counts = [g.K if j == i else 0 for j in range(len(cs))]
         out[g.name] = counts
     return out

@@ -1046,6 +1046,22 @@ def test_a_plan_makes_each_layers_own_costs_once(monkeypatch):
     assert len(calls) <= 4 * len(NET.blocks), len(calls)
 
 
+def test_a_split_is_chosen_only_where_it_beats_the_best_device_with_its_factor_in_steps():
+    """A layer's time in steps over its model's differs split (in_step) and whole (in_step_alone):
+    the choice between them compared the models alone, and a plan could predict itself slower
+    than its own best single device."""
+    from dataclasses import replace
+    cluster = plan.build_cluster(NET, N, described=plan.parse_describe("g:gflops=1,count=2"))
+    split = plan.partition_of(cluster, NET, N)
+    assert all(sum(1 for k in counts if k) == 2 for counts in split.values()), split
+    slow_split = replace(cluster, in_step={g.name: 3.0 for g in NET.blocks},
+                         in_step_alone={g.name: 1.0 for g in NET.blocks})
+    whole = plan.partition_of(slow_split, NET, N)
+    assert all(sum(1 for k in counts if k) == 1 for counts in whole.values()), whole
+    p = plan.plan(slow_split, NET, N, master_gflops=1e6)
+    assert p["speedup"] >= 1.0 - 1e-9, p["speedup"]
+
+
 def test_many_links_alike_are_the_bottleneck_together():
     """16 devices alike, each link taking 8 times its compute: freeing one link saved nothing
     (the other 15 still pay theirs), so the bottleneck was 'compute'; freeing them all takes
