@@ -707,6 +707,7 @@ def load_npz(filename):
     arrays = npzfile.read(path, DataError, "an .npz archive with arrays x (N, C, H, W) and "
                           "y (N,) (np.savez)", keys=NPZ_KEYS)
     x, y, x_test, y_test, num_classes = _npz_arrays(arrays, path)
+    x, x_test = _native_float32(x), _native_float32(x_test)
 
     _check_npz_images(x, "x", None, path)
     _check_npz_labels(y, "y", len(x), path)
@@ -777,8 +778,17 @@ def read_images(filename):
         loaded = loaded["x"]
     # no guess at a channel-last layout from the shape alone: the network the images are
     # for says exactly (pyhet predict checks against its input shape)
+    loaded = _native_float32(loaded)
     _check_npz_images(loaded, "x", None, path, guess_layout=False)
     return loaded
+
+
+def _native_float32(a):
+    """float32 of the other byte order (a big-endian machine's file) as native float32: the
+    same values, as the Python API takes them (pyhet.images.prepare_images); else `a`."""
+    if a is not None and a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
+        return a.astype(np.float32)
+    return a
 
 
 NPZ_KEYS = ("x", "y", "x_test", "y_test", "num_classes")
@@ -800,9 +810,6 @@ def _npz_arrays(arrays, path):
 def _check_npz_images(a, key, like, path, guess_layout: bool = True):
     """a must be (N, C, H, W), float32 or uint8, N > 0; shaped and typed like `like`.
     guess_layout: refuse a shape that looks channel-last (images.looks_channel_last)."""
-    if a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
-        raise DataError(f"{path}: {key!r} is big-endian float32 ({a.dtype.str}); store it "
-                        f"little-endian, as {key}.astype('<f4')")
     if a.dtype not in (np.float32, np.uint8):
         raise DataError(f"{path}: {key!r} is {a.dtype}, expected float32 (used as is) "
                         f"or uint8 (scaled to [0, 1])")
