@@ -534,6 +534,9 @@ class Network:
                                 f"dataset {dataset}'s test labels (for a network of "
                                 f"{self.num_classes} classes)")
         else:
+            if x is None and y is None:
+                raise UsageError("evaluate: give the images and labels (x, y), or dataset= "
+                                 "(a named dataset's test split)")
             xs, ys = self._xy(x, y, "x", "y")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
