@@ -642,7 +642,7 @@ def plan_table(r: dict) -> str:
               if r["master_timed"] else "fc layers at ")
     lines += [f"master ({master}{_gflops(r['master_gflops'])} GFLOP/s): {_secs(r['master_s'])} s",
               f"predicted step: {_secs(r['predicted_step_s'])} s, speedup "
-              + ("n/a (no device holds a layer alone)" if best is None else
+              + ("n/a (no device holds every layer alone)" if best is None else
                  f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")
               + f", bottleneck: {r['bottleneck']}"]
     d = r["ddp"]
@@ -676,15 +676,15 @@ def plan_sweep_table(rows, network: str, batch: int) -> str:
             line += f"{text:>22}"
         lines.append(line)
     # why a row is n/a, once: its devices cannot hold the network (the first such row's
-    # reason), or no device holds a layer alone (the speedups are over the best one alone)
+    # reason), or no device holds every layer alone (the speedups are over the best one alone)
     failed = [r for r in rows if r.get("error")]
     if failed:
         r, more = failed[0], len(failed) - 1
         lines.append(f"n/a at {r['devices']} described ({r['link']})"
                      + (f" and {more} more" if more else "") + f": {r['error']}")
     if any(r["speedup"] is None and not r.get("error") for r in rows):
-        lines.append("n/a elsewhere: no device holds a layer alone (a speedup is over the "
-                     "best single device)")
+        lines.append("n/a elsewhere: no device holds every layer alone (a speedup is over "
+                     "the best single device)")
     return "\n".join(lines)
 
 

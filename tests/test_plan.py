@@ -1195,7 +1195,8 @@ def test_a_sweep_row_without_memory_enough_is_n_a(cli):
               "a:gflops=100,mem=1100M", "--sweep", "devices=1,2,4")
     assert res.code == 0, res.err
     assert res.out.splitlines()[-2].startswith("n/a at 1 described (own): conv2")
-    assert res.out.splitlines()[-1].startswith("n/a elsewhere: no device holds a layer alone")
+    assert res.out.splitlines()[-1].startswith(
+        "n/a elsewhere: no device holds every layer alone")
     from test_cli import assert_one_error_line
     res = cli("plan", "--dataset", "synthetic", "--kernels", "8,16", "--batch-size", "64",
               "--describe", "g:gflops=10,mem=8M", "--sweep", "devices=1,2")
