@@ -3,6 +3,7 @@
 x (N, C, H, W) float32 images, y (N,) int64 labels.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -211,3 +212,34 @@ def load_npz(path):
     """{name: array} of an .npz file, read completely."""
     with np.load(path, allow_pickle=False) as f:
         return {k: f[k] for k in f.files}
+
+
+@contextlib.contextmanager
+def pmi_launcher(monkeypatch, rank: int):
+    """MPICH's launcher's end of a rank's PMI socket, played by a thread, for the block: the
+    environment says this process is rank `rank` of 2 with that socket (and a rank asking the
+    launcher to end the job does not wait for it). Yields what the launcher heard (the rank's
+    init, then one more message), complete after the block."""
+    import socket
+    import threading
+
+    from pyhet import transport
+
+    ours, launcher = socket.socketpair()
+    heard = []
+
+    def answer():
+        with launcher:
+            heard.append(launcher.recv(256))
+            launcher.sendall(b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n")
+            heard.append(launcher.recv(256))
+
+    t = threading.Thread(target=answer)
+    t.start()
+    monkeypatch.setattr(transport, "ABORT_WAIT_S", 0.0)
+    with ours:
+        for k, v in (("PMI_SIZE", "2"), ("PMI_RANK", str(rank)),
+                     ("PMI_FD", str(ours.fileno()))):
+            monkeypatch.setenv(k, v)
+        yield heard
+    t.join(10)

@@ -17,7 +17,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
 import pyhet
-from conftest import TINY, load_npz, make_npz_dataset, run_python
+from conftest import TINY, load_npz, make_npz_dataset, pmi_launcher, run_python
 
 SUMMARY_FIELDS = {"steps", "epochs", "batch_size", "devices", "partition", "step_time_s",
                     "images_per_s", "train_loss", "test_accuracy", "conv_time_fraction"}
@@ -598,38 +598,17 @@ def test_ctrl_c_while_the_command_loads_under_mpiexec_asks_the_launcher(monkeypa
     """Under MPICH's mpiexec the rank asks the launcher, over its PMI socket, to end the job
     with 130 (it ended by the signal, whose status MPICH gives as 2, or as 11 where it met
     the rank that signal killed). In this process, the launcher played by a thread."""
-    import socket
-    import threading
-
     import pyhet
-    from pyhet import transport
-
-    ours, launcher = socket.socketpair()
-    heard = []
-
-    def answer():
-        with launcher:
-            heard.append(launcher.recv(256))
-            launcher.sendall(b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n")
-            heard.append(launcher.recv(256))
-
-    t = threading.Thread(target=answer)
-    t.start()
 
     def exit_(code):
         raise SystemExit(code)
     monkeypatch.setattr(os, "_exit", exit_)
     monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("ended by the signal"))
-    monkeypatch.setattr(transport, "ABORT_WAIT_S", 0.0)
     monkeypatch.setattr(sys, "argv", ["/usr/bin/pyhet", "train"])
     monkeypatch.setattr(sys, "orig_argv", ["python", "/usr/bin/pyhet", "train"])
-    with ours:
-        for k, v in (("PMI_SIZE", "2"), ("PMI_RANK", str(rank)),
-                     ("PMI_FD", str(ours.fileno()))):
-            monkeypatch.setenv(k, v)
+    with pmi_launcher(monkeypatch, rank) as heard:
         with pytest.raises(SystemExit) as e:
             pyhet._loading_interrupted()
-    t.join(10)
     assert e.value.code == 130
     assert heard == [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=abort exitcode=130\n"]
     assert capsys.readouterr().err == ("pyhet: interrupted\n" if rank == 0 else "")

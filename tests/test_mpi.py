@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_npz, make_npz_dataset
+from conftest import load_npz, make_npz_dataset, pmi_launcher
 from pyhet.arch import build
 
 pytest.importorskip("mpi4py", reason="pip install '.[mpi]' for the MPI tests")
@@ -718,35 +718,15 @@ def test_ctrl_c_before_mpi_starts_asks_the_launcher_to_end_the_job(monkeypatch, 
     launcher, over its PMI socket, to end every rank with 130, as a rank whose mpi4py is
     missing does; the others may already wait in MPI's start-up. In this process, with the
     launcher's end of the socket played by a thread."""
-    import socket
-    import threading
-
-    from pyhet import cli, transport
-
-    ours, launcher = socket.socketpair()
-    heard = []
-
-    def answer():
-        with launcher:
-            heard.append(launcher.recv(256))
-            launcher.sendall(b"cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n")
-            heard.append(launcher.recv(256))
-
-    t = threading.Thread(target=answer)
-    t.start()
+    from pyhet import cli
 
     def interrupted(*_):
         raise KeyboardInterrupt
 
-    with ours:
-        for k, v in (("PMI_SIZE", "2"), ("PMI_RANK", str(rank)),
-                     ("PMI_FD", str(ours.fileno()))):
-            monkeypatch.setenv(k, v)
+    with pmi_launcher(monkeypatch, rank) as heard:
         monkeypatch.setattr(cli, "run_rank", interrupted)
         monkeypatch.setattr(cli, "_mpi_started", lambda: False)   # as before MPI_Init
-        monkeypatch.setattr(transport, "ABORT_WAIT_S", 0.0)
         assert cli.main(["train", "--devices", "0/cpu:1,1/cpu:1"]) == 130
-    t.join(10)
     assert heard == [b"cmd=init pmi_version=1 pmi_subversion=1\n", b"cmd=abort exitcode=130\n"]
     assert capsys.readouterr().err == said
 
