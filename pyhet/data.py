@@ -39,7 +39,8 @@ import numpy as np
 
 from . import files, npzfile
 from .errors import DataError, UsageError, said, shown
-from .images import Normalization, channel_last_message, looks_channel_last
+from .images import (Normalization, channel_last_message, looks_channel_last,
+                     native_float32)
 
 DATASETS = ("bundled", "fashion-mnist", "mnist", "cifar10", "synthetic")
 FOLDER_DATASETS = ("fashion-mnist", "mnist", "cifar10")    # the ones read from a data folder
@@ -377,7 +378,8 @@ def _check_label_range(y, num_classes, path):
     if len(bad):
         i = int(bad[0])
         raise DataError(f"{path}: label {int(y[i])} at index {i} is out of range, "
-                        f"expected 0..{num_classes - 1} ({len(bad)} such label{'s' if len(bad) > 1 else ''})")
+                        f"expected 0..{num_classes - 1} ({len(bad)} such "
+                        f"label{'s' if len(bad) > 1 else ''})")
 
 
 # ---------------------------------------------------------------- CIFAR-10
@@ -707,7 +709,7 @@ def load_npz(filename):
     arrays = npzfile.read(path, DataError, "an .npz archive with arrays x (N, C, H, W) and "
                           "y (N,) (np.savez)", keys=NPZ_KEYS)
     x, y, x_test, y_test, num_classes = _npz_arrays(arrays, path)
-    x, x_test = _native_float32(x), _native_float32(x_test)
+    x, x_test = native_float32(x), native_float32(x_test)
 
     _check_npz_images(x, "x", None, path)
     _check_npz_labels(y, "y", len(x), path)
@@ -778,17 +780,9 @@ def read_images(filename):
         loaded = loaded["x"]
     # no guess at a channel-last layout from the shape alone: the network the images are
     # for says exactly (pyhet predict checks against its input shape)
-    loaded = _native_float32(loaded)
+    loaded = native_float32(loaded)
     _check_npz_images(loaded, "x", None, path, guess_layout=False)
     return loaded
-
-
-def _native_float32(a):
-    """float32 of the other byte order (a big-endian machine's file) as native float32: the
-    same values, as the Python API takes them (pyhet.images.prepare_images); else `a`."""
-    if a is not None and a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
-        return a.astype(np.float32)
-    return a
 
 
 NPZ_KEYS = ("x", "y", "x_test", "y_test", "num_classes")

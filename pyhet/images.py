@@ -81,6 +81,14 @@ def channel_last_message(what, shape) -> str:
             f"x.transpose(0, 3, 1, 2)")
 
 
+def native_float32(a):
+    """float32 of the other byte order (a big-endian machine's file) as native float32, the
+    same values; else `a` (None included)."""
+    if a is not None and a.dtype.kind == "f" and a.dtype.itemsize == 4 and not a.dtype.isnative:
+        return a.astype(np.float32)
+    return a
+
+
 def prepare_images(x, input_shape, normalization=None, what="x"):
     """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
     used as it is; uint8 is raw pixels, prepared as the network's training images were (the
@@ -99,8 +107,7 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
         if normalization is not None:
             return normalization.apply(x)
         return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
-    if x.dtype.kind == "f" and x.dtype.itemsize == 4 and not x.dtype.isnative:
-        x = x.astype(np.float32)      # float32 in the other byte order: the same values
+    x = native_float32(x)
     if x.dtype == np.float32:
         if not np.isfinite(x).all():
             raise DataError(f"{what}: holds NaN or infinite values")

@@ -190,6 +190,28 @@ def test_a_new_run_in_a_used_folder_is_refused_and_overwrite_starts_afresh(
     assert checkpoints(ck) == ["checkpoint-000000001.npz"]
 
 
+def test_overwrite_that_cannot_delete_the_other_runs_checkpoints_says_so(
+        cli, npz_dataset, tmp_path, monkeypatch):
+    """Where the other run's checkpoint cannot be deleted at the first save, the run ends
+    with one line naming it (status 1), and writes no checkpoint beside it."""
+    data = npz_dataset(n=24)
+    ck = tmp_path / "ck"
+    assert cli(*train_argv(data, "--steps", "2", "--checkpoint-dir", ck)).code == 0
+    real_remove = os.remove
+
+    def refused(path, *a, **k):
+        if os.path.basename(path) == "checkpoint-000000002.npz":
+            raise PermissionError(13, "Permission denied")
+        return real_remove(path, *a, **k)
+    monkeypatch.setattr(os, "remove", refused)
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck, "--overwrite"))
+    assert res.code == 1 and res.out == ""
+    line = one_line(res.err)
+    assert "cannot delete checkpoint-000000002.npz, another run's checkpoint that --overwrite " \
+           "deletes (Permission denied)" in line, line
+    assert checkpoints(ck) == ["checkpoint-000000002.npz"]
+
+
 def test_a_folder_in_use_by_another_process_is_refused(cli, npz_dataset, tmp_path,
                                                         pyhet_process):
     """A run still writing into the folder (a slow emulated device) holds its lock: a second

@@ -270,6 +270,13 @@ def test_the_folder_probe_leaves_nothing_even_when_interrupted(monkeypatch, tmp_
     assert leftovers(tmp_path) == []
     with pytest.raises(UsageError, match="cannot take a new file .File name too long"):
         train_mod.check_file_destination(tmp_path / ("w" * 250 + ".npz"), "--save")
+    if unnamed and hasattr(os, "O_TMPFILE"):   # a read-only file system: said, not the fallback
+        def read_only(path, flags, *a):
+            raise OSError(30, "Read-only file system")
+        monkeypatch.setattr(os, "open", read_only)
+        with pytest.raises(UsageError, match=f"the folder {tmp_path} is not writable .Read-only"):
+            train_mod.check_file_destination(target, "--save")
+        monkeypatch.setattr(os, "open", no_unnamed)
     if not IS_ROOT:
         tmp_path.chmod(0o500)
         try:
