@@ -270,7 +270,7 @@ class Network:
             callback: Optional[Callable[[dict], None]] = None, progress: bool = False,
             checkpoint_dir: "str | os.PathLike | None" = None, resume: bool = False,
             overwrite: bool = False, checkpoint_every: Optional[int] = None,
-            keep: int = 3) -> dict:
+            keep: Optional[int] = None) -> dict:
         """Train with SGD (torch.optim.SGD's rule) on images x (N, C, H, W) with labels y (N,),
         or on a named dataset (``dataset="bundled"``, ``"cifar10"``, ``"npz:FILE"``, ...).
 
@@ -298,7 +298,7 @@ class Network:
         steps = None if steps is None else _positive(steps, "steps")
         checkpoint_every = (None if checkpoint_every is None
                             else _positive(checkpoint_every, "checkpoint_every"))
-        keep = _whole(keep, "keep", 0)
+        keep = None if keep is None else _whole(keep, "keep", 0)
         if callback is not None and not callable(callback):
             raise UsageError(f"callback must be a function of one argument (the step's info), "
                              f"got {callback!r}")
@@ -353,7 +353,7 @@ class Network:
             if cfg.checkpoint_dir is None:
                 return self._fit(cfg, ds, log, None, callback, changed)
             with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
-                               resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.keep,
+                               resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.kept(),
                                log=sys.stderr, python=True) as folder:
                 return self._fit(cfg, ds, log, folder, callback, changed)
         except BaseException:

@@ -94,6 +94,9 @@ def dataset_identity(name: str) -> str:
     return name
 
 
+DEFAULT_KEEP = 3       # the newest checkpoints a run keeps where --keep is not given
+
+
 class CheckpointDir:
     """The checkpoint folder of a run: made if need be, locked for this process, and refused
     when it holds another run's checkpoints and this run neither resumes nor overwrites.

@@ -27,6 +27,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
 
     from . import arch, files, plan
     from .api import load
+    from .checkpoint import DEFAULT_KEEP
     from .data import input_shape_of, name_problem, read_images
     from .errors import (ArchitectureError, DataError, DeviceSpecError, Interrupted,
                          OutputError, PyhetError, UsageError, brief, say, shown)
@@ -302,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every", type=positive(int), default=None, metavar="N",
                    help="also write a checkpoint every N steps")
     t.add_argument("--keep", type=_non_negative_int, default=None, metavar="K",
-                   help="keep the K newest checkpoints, 0 keeps all (default 3)")
+                   help=f"keep the K newest checkpoints, 0 keeps all (default {DEFAULT_KEEP})")
     t.add_argument("--deterministic", action="store_true",
                    help="a partition that no timing decides (in proportion to each device's "
                         "@S), never moved: bit-identical weights run to run and across "
@@ -423,7 +424,7 @@ def cmd_train(args, parser, comm=None) -> int:
                       seed=args.seed, shuffle=not args.no_shuffle, init=args.init,
                       save=args.save, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
                       overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-                      keep=3 if args.keep is None else args.keep,
+                      keep=args.keep,
                       deterministic=args.deterministic,
                       progress=not args.quiet, timeout=args.timeout)
     result = train(cfg, comm=comm)

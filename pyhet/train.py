@@ -26,7 +26,7 @@ from . import files, ops
 from .backends.cpu import CpuBackend
 from .backends.numpy_ref import NumpyBackend, host_available_memory
 from .calibrate import Calibration, calibrate
-from .checkpoint import CheckpointDir, dataset_identity
+from .checkpoint import DEFAULT_KEEP, CheckpointDir, dataset_identity
 from .data import Dataset, data_dir_problem, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
@@ -69,7 +69,7 @@ class TrainConfig:
     resume: bool = False
     overwrite: bool = False        # --overwrite: delete another run's checkpoints first
     checkpoint_every: int | None = None   # also a checkpoint every N steps
-    keep: int = 3                  # the newest checkpoints kept; 0: all
+    keep: int | None = None        # the newest checkpoints kept; 0: all; None: DEFAULT_KEEP
     deterministic: bool = False    # a partition that no timing decides, and no moves
     progress: bool = True
     timeout: float | None = None   # under mpiexec: seconds a rank may take to answer
@@ -93,6 +93,10 @@ class TrainConfig:
         self.check_destinations()
         SGDConfig(self.lr, self.momentum, self.weight_decay)  # checks its own ranges
 
+    def kept(self) -> int:
+        """How many checkpoints are kept: --keep, or DEFAULT_KEEP where not given."""
+        return DEFAULT_KEEP if self.keep is None else self.keep
+
     def check_destinations(self):
         """Where the run will write (--save, --checkpoint-dir) and the checkpoint options,
         checked before any work: mistakes here are usage errors."""
@@ -105,7 +109,8 @@ class TrainConfig:
             self._check_save_reads_nothing()
         if self.checkpoint_dir is None:
             for given, what in ((self.resume, f("resume")), (self.overwrite, f("overwrite")),
-                                (self.checkpoint_every is not None, o("checkpoint_every"))):
+                                (self.checkpoint_every is not None, o("checkpoint_every")),
+                                (self.keep is not None, o("keep"))):
                 if given:
                     raise UsageError(f"{what} needs {o('checkpoint_dir')}")
         else:
@@ -116,7 +121,7 @@ class TrainConfig:
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise UsageError(f"{o('checkpoint_every')} must be >= 1, got "
                              f"{self.checkpoint_every}")
-        if self.keep < 0:
+        if self.keep is not None and self.keep < 0:
             raise UsageError(f"{o('keep')} must be >= 0 (0 keeps every checkpoint), got "
                              f"{self.keep}")
 
@@ -594,7 +599,7 @@ def train(cfg: TrainConfig, log=None, comm=None) -> dict:
         folder = None
         if cfg.checkpoint_dir:   # locked before any work, refused if another run's
             folder = CheckpointDir(cfg.checkpoint_dir, {}, resume=cfg.resume,
-                                   overwrite=cfg.overwrite, keep=cfg.keep, log=log)
+                                   overwrite=cfg.overwrite, keep=cfg.kept(), log=log)
         try:
             return _train(cfg, folder, stop, log, comm)
         finally:

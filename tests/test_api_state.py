@@ -377,6 +377,7 @@ def test_fits_messages_name_its_arguments_not_the_options(tmp_path):
         said = []
         for fit, kind in (
                 (dict(resume=True), UsageError),                        # no checkpoint_dir
+                (dict(keep=5), UsageError),                             # no checkpoint_dir
                 (dict(checkpoint_dir=ck), UsageError),                  # another run's
                 (dict(checkpoint_dir=ck, resume=True, lr=0.5), UsageError),  # another lr
                 (dict(resume=True, overwrite=True, checkpoint_dir=ck), UsageError),
@@ -389,10 +390,11 @@ def test_fits_messages_name_its_arguments_not_the_options(tmp_path):
             said.append(str(e.value))
     assert all("--" not in s for s in said), said
     assert said[0] == "resume=True needs checkpoint_dir"
-    assert "continue that run with resume=True" in said[1] and "overwrite=True" in said[1]
-    assert "made with lr 0.01, but this run asks for 0.5" in said[2]
-    assert said[3].startswith("overwrite=True deletes the checkpoints that resume=True")
-    assert "try a smaller weight_decay (now 50) or lr (now 100)" in said[4], said[4]
+    assert said[1] == "keep needs checkpoint_dir"
+    assert "continue that run with resume=True" in said[2] and "overwrite=True" in said[2]
+    assert "made with lr 0.01, but this run asks for 0.5" in said[3]
+    assert said[4].startswith("overwrite=True deletes the checkpoints that resume=True")
+    assert "try a smaller weight_decay (now 50) or lr (now 100)" in said[5], said[5]
 
 
 def test_loading_a_file_of_an_earlier_version_asks_for_its_input_shape(tmp_path):
