@@ -405,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("args", nargs=argparse.REMAINDER, metavar="OPTIONS",
                    help="the benchmark's own options")
     b.set_defaults(command_parser=b)
+    p.bench_parser = b
     return p
 
 
@@ -784,6 +785,11 @@ def _user_paths(args) -> None:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1].startswith("-") and argv[1] not in (
+            "-h", "--help", "--"):   # argparse would take the option's value for the name
+        parser.bench_parser.error(f"give the benchmark's name before its options (pyhet bench "
+                                  f"NAME {argv[1]} ...): one of {', '.join(BENCHMARKS)}")
     try:
         args = parser.parse_args(argv)
     except OutputError as e:          # --help into a closed pipe or a full disk

@@ -226,6 +226,8 @@ BAD = [
     (["bench", "gemm", "--frob"], 2, ["pyhet bench gemm", "--frob"]),
     (["bench", "step", "--kernels", "a"], 2, ["pyhet bench step", "--kernels"]),
     (["bench"], 2, ["pyhet bench", "give the benchmark to run: one of gemm, step"]),
+    (["bench", "--json", "x.json"], 2,
+     ["give the benchmark's name before its options (pyhet bench NAME --json ...)", "gemm"]),
     (["bench", "scaling", "--steps", "0"], 2, ["pyhet bench scaling", "--steps"]),
     (["bench", "bandwidth", "--rates", "foo"], 2, ["pyhet bench bandwidth", "rate"]),
     (["bench", "ranks", "--quotas", "2"], 2, ["pyhet bench ranks", "--quotas"]),
