@@ -386,7 +386,9 @@ def _gflops(cost: Cost, flops_per_kernel: float, K: int) -> float:
     """A calibrated device's compute rate on a layer of K kernels: the layer's FLOPs over its
     time for the whole layer, fixed work included (the same figure whether its cost model
     carries the fixed work as an overhead, beside other devices, or folds it into its speed,
-    alone). A described device's rate is the gflops= it was given."""
+    alone). Taken from its costs on its own in its process, so that devices joining its host
+    group, which share its fixed work, do not change it. A described device's rate is the
+    gflops= it was given."""
     return flops_per_kernel * K / (cost.overhead + K / cost.speed) / 1e9
 
 
@@ -547,7 +549,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             links.append(None)
             on_own.append(own.get(name, {}))
             gflops.append(known[name][largest].speed * per_kernel[largest] / 1e9)
-            shown.append(_gflops(known[name][largest], per_kernel[largest], largest_k))
+            shown.append(_gflops(on_own[-1].get(largest, known[name][largest]),
+                                 per_kernel[largest], largest_k))
             cpu_like.append(bool(cal.cpu_like[i]) if cal.cpu_like else False)
     # calibrated devices behind links: those of other ranks behind their ranks' (their rank's
     # members sending in one message), and NAME:bw=... entries behind theirs
@@ -599,7 +602,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             gflops.append(costs[largest][-1].speed * per_kernel[largest] / 1e9)
             # a copy of a calibrated device as that one is shown; a rate given, as given
             shown.append(d.gflops if d.like is None else
-                         _gflops(costs[largest][-1], per_kernel[largest], largest_k))
+                         _gflops(on_own[-1].get(largest, costs[largest][-1]),
+                                 per_kernel[largest], largest_k))
             cpu_like.append(d.like is not None and cpu_like[names.index(d.like)])
     if not names:
         raise UsageError("the cluster is empty: give --devices SPEC and/or --describe")
