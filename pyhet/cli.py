@@ -618,9 +618,14 @@ def cmd_plan(args, parser, comm=None) -> int:
 
 
 def _secs(seconds: float) -> str:
-    """Seconds for the plan's table: five decimals, or three significant digits below a
-    millisecond (a fast described device's times were all 0.00000)."""
-    return f"{seconds:.5f}" if seconds >= 1e-3 or seconds == 0 else f"{seconds:.3g}"
+    """Seconds for the plan's table: four significant digits (a fast described device's times
+    were all 0.00000 at five decimals, a slow one's 1615.20495), in e-notation below 0.1 ms,
+    whole seconds from 10,000 s."""
+    if seconds == 0 or seconds >= 1e4:
+        return f"{seconds:.0f}"
+    if seconds < 1e-4:
+        return f"{seconds:.3g}"
+    return f"{seconds:.{max(0, 3 - math.floor(math.log10(seconds)))}f}"
 
 
 def _gflops(rate: float) -> str:

@@ -976,6 +976,16 @@ def test_the_times_of_fast_devices_keep_their_digits(cli):
     assert "0.00000 s" not in res.out.split("data parallel")[0], res.out
 
 
+def test_the_tables_times_have_four_significant_digits():
+    """Five decimals gave 0.00110 s and 1615.20495 s in one line (three digits and nine)."""
+    from pyhet.cli import _secs
+
+    assert [_secs(s) for s in (0.0, 1.97e-7, 3.4512e-5, 9.5467e-4, 0.0011041, 0.026664, 0.18432,
+                               5.1224, 955.95375, 1615.20495, 123456.7)] == [
+        "0", "1.97e-07", "3.45e-05", "0.0009547", "0.001104", "0.02666", "0.1843", "5.122",
+        "956.0", "1615", "123457"]
+
+
 def test_a_memory_too_small_for_one_kernel_says_so(cli):
     res = cli("plan", "--describe", "g:gflops=10,mem=8M,count=3", "--kernels", "8,16",
               "--batch-size", "64", "--dataset", "synthetic")
