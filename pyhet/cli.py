@@ -90,18 +90,21 @@ class Parser(argparse.ArgumentParser):
 OTHER_RANK_WAIT_S = 5.0
 
 
-def refused_before_mpi(line: str, status: int) -> None:
+def refused_before_mpi(line: str, status: int, detail: str = "") -> None:
     """Under mpiexec, a command line refused (or a run failed) before MPI starts in this rank.
     Rank 0 says why and asks the launcher to end the job (end_job_unstarted). Another rank,
     given the same command line, is ended with it meanwhile, having said nothing: it first
     waits a moment (OTHER_RANK_WAIT_S). One that is still there after it was refused alone
     (mpiexec's A : B form gave it another command line, or its machine lacks mpi4py): it says
     why, naming its rank, and ends the job itself, which rank 0 would otherwise wait for in
-    MPI's start-up until --timeout."""
+    MPI's start-up until --timeout. detail (--debug's traceback) comes before the line, from
+    the rank that says it only."""
     rank = launched_rank()
     if rank != 0:
         time.sleep(OTHER_RANK_WAIT_S)
         line = line.replace(": error: ", f": error: rank {rank}: ", 1)
+    if detail:
+        sys.stderr.write(detail)
     say(line)
     end_job_unstarted(status)
 
@@ -822,11 +825,12 @@ def main(argv=None) -> int:
             traceback.print_exc()    # shown, and the status is the same as without --debug
         return report_output_error(e)
     except PyhetError as e:
-        if args.debug:
-            traceback.print_exc()
+        detail = traceback.format_exc() if args.debug else ""
         if ranks > 1 and not _mpi_started():   # mpi4py missing, say: end the job
-            refused_before_mpi(f"pyhet: error: {brief(e)}", e.exit_status)
+            # (every rank has the same error: its traceback once, with the line)
+            refused_before_mpi(f"pyhet: error: {brief(e)}", e.exit_status, detail)
         else:
+            sys.stderr.write(detail)
             say(f"pyhet: error: {brief(e)}")
         return e.exit_status
     except MemoryError:

@@ -307,6 +307,11 @@ def test_other_commands_refuse_mpiexec(tmp_path, data):
     code, out, err = run(["evaluate", "--weights", tmp_path / "w.npz", "--dataset",
                           f"npz:{data}"], 2, tmp_path, timeout=60)
     assert code == 2 and err.count("runs in one process") == 1, (code, err)
+    # --debug: its traceback once too (every rank printed its own)
+    code, out, err = run(["--debug", "evaluate", "--weights", tmp_path / "w.npz"], 2, tmp_path,
+                         timeout=60)
+    assert code == 2 and err.count("Traceback") == 1, (code, err)
+    assert err.strip().splitlines()[-1].startswith("pyhet: error: pyhet evaluate runs in")
 
 
 def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
