@@ -498,14 +498,23 @@ def child_error(what: str, returncode: int, stderr: str):
 
 
 def stop_with_partial(args, partial: "dict | None", error) -> None:
-    """A run of pyhet failed after others were measured: those go to --json (with the error)
-    where there are any and a --json was given, and the error says so; then it is raised."""
-    from pyhet.errors import PyhetError
+    """A run of pyhet failed, or the benchmark was interrupted (Ctrl-C, SIGTERM: a time limit's),
+    after others were measured: those go to --json (with the error) where there are any and a
+    --json was given, and the error says so; then it is raised."""
+    import signal
+
+    from pyhet.errors import Interrupted, PyhetError
 
     if partial is None or not getattr(args, "json", None):
         raise error
-    write_json(args.json, {**partial, "error": str(error)})
-    raise PyhetError(f"{error}; what was measured before it is in {args.json}") from None
+    stopped = isinstance(error, KeyboardInterrupt)
+    signum = getattr(error, "signum", signal.SIGINT)
+    write_json(args.json, {**partial, "error": (f"interrupted by {signal.Signals(signum).name}"
+                                                if stopped else str(error))})
+    where = f"what was measured before it is in {args.json}"
+    if stopped:
+        raise Interrupted(signum, f"({where})") from None
+    raise PyhetError(f"{error}; {where}") from None
 
 
 def run_json(cmd, timeout: float, cwd, env=None) -> dict:

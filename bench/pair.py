@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{spec} {times[spec][-1] * 1e3:.2f} ms" for spec in args.configs),
                     flush=True)
-    except PyhetError as e:          # a run that failed: the rounds before it are kept
+    except (PyhetError, KeyboardInterrupt) as e:   # a run failed, or a stop: rounds before it kept
         whole = min(len(t) for t in times.values())
         _util.stop_with_partial(args, {"benchmark": "pair", "system": info, "network": network,
                                        "dataset": args.dataset, "batch_size": args.batch_size,

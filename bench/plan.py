@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                     print(f"round {rnd + 1}/{args.rounds}: {spec}, batch {batch}: plan "
                           f"{_util.secs(r['plan_step_s'])} s, measured "
                           f"{_util.secs(r['step_s'])} s", flush=True)
-    except PyhetError as e:          # a run that failed: the others are kept
+    except (PyhetError, KeyboardInterrupt) as e:   # a run failed, or a stop: the others are kept
         done = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys
                 if runs[(batch, spec)]]
         _util.stop_with_partial(args, {"benchmark": "plan", "system": info,

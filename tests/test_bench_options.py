@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -282,6 +283,35 @@ def test_plan_keeps_what_it_measured_before_a_run_failed(capsys, tmp_path):
     assert f"what was measured before it is in {out}" in err and len(err.splitlines()) == 1
     kept = json.loads(out.read_text())
     assert [r["devices"] for r in kept["rows"]] == ["cpu:1"] and "gpu" in kept["error"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_plan_keeps_what_it_measured_before_it_was_interrupted(capsys, tmp_path, monkeypatch,
+                                                               signum):
+    """Ctrl-C, or a time limit's SIGTERM, after the first row: that row is in --json (the
+    whole file was lost), and the line says where."""
+    from pyhet.errors import Interrupted
+
+    plan = bench("plan")
+    measured = []
+
+    def measure(spec, batch, args, cwd):
+        if measured:
+            raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+        measured.append(spec)
+        return {"plan_step_s": 1.0, "step_s": 1.0, "train_model_step_s": None,
+                "plan_conv_s": 0.9, "plan_master_s": 0.1, "conv_s": 0.9, "layer": "conv2",
+                "plan_partition": {"conv2": 8}, "partition": {"conv2": 8}}
+    monkeypatch.setattr(plan, "measure", measure)
+    out = tmp_path / "p.json"
+    assert main(["bench", "plan", "--configs", "cpu:1;cpu:2", "--batch-sizes", "2",
+                 "--kernels", "4,6", "--steps", "2", "--json", str(out)]) == 128 + signum
+    err = capsys.readouterr().err
+    assert err == (f"pyhet: interrupted by {signal.Signals(signum).name} (what was measured "
+                   f"before it is in {out})\n"), err
+    kept = json.loads(out.read_text())
+    assert [r["devices"] for r in kept["rows"]] == ["cpu:1"]
+    assert kept["error"] == f"interrupted by {signal.Signals(signum).name}"
 
 
 def test_pair_whose_run_fails_says_why_in_one_line(capsys, tmp_path):
