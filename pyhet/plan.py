@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from .calibrate import Calibration
 from .errors import DeviceError, UsageError, shown
-from .geometry import NetGeometry
+from .geometry import GPU_OUTPUTS, NetGeometry
 from .links import Link, link_cost, link_phase_cost
 from .partition import balanced_phases, phases_time
 
@@ -570,6 +570,9 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                                        link_forward=(forward[0], forward[1] * members))
     for d in entries:
         link = d.link if d.link is not None else default_link
+        gpu_copy = (d.like is not None and calibrated is not None
+                    and calibrated[1].cpu_like is not None
+                    and not cpu_like[names.index(d.like)])
         for j in range(d.count):
             names.append(_entry_name(d, j if count is None else len(names), count is None))
             links.append(link)
@@ -591,8 +594,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 if d.overhead_s is not None:
                     overhead = d.overhead_s
                 if d.memory is not None:
+                    # a copy of a GPU keeps GPU_OUTPUTS arrays of a kernel's output, as
+                    # calibration counts a GPU's memory
                     cap = int(max(0, d.memory * MEMORY_SHARE - g.fixed_bytes(batch)) //
-                              g.bytes_per_kernel(batch))
+                              g.bytes_per_kernel(batch, GPU_OUTPUTS if gpu_copy else 2))
                 need_dx = g is not net.blocks[0]
                 fixed, per = (0.0, 0.0) if link is None else link_cost(link, g, batch, need_dx)
                 forward = ((0.0, 0.0) if link is None else

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pyhet import arch, plan
+from pyhet.geometry import GPU_OUTPUTS
 from pyhet.links import Link, link_cost
 from pyhet.partition import balanced, phases_time, predicted_time
 
@@ -77,6 +78,15 @@ def test_like_and_count_and_memory():
     mem = (g.fixed_bytes(N) + 5 * g.bytes_per_kernel(N)) / plan.MEMORY_SHARE + 1
     small = plan.build_cluster(NET, N, described=plan.parse_describe(f"s:gflops=1,mem={mem:.0f}"))
     assert small.costs["conv2"][0].cap == 5
+    # a copy of a GPU counts a kernel's memory as calibration counts a GPU's (its CPU's count
+    # gave it more kernels than the device it copies could hold)
+    gpu_mem = (g.fixed_bytes(N) + 5 * g.bytes_per_kernel(N, GPU_OUTPUTS)) / plan.MEMORY_SHARE + 1
+    copies = plan.parse_describe(f"g:like=d0,mem={gpu_mem:.0f};h:like=d1,mem={gpu_mem:.0f}")
+    names, c = cal({"conv1": [1000.0, 1000.0], "conv2": [300.0, 300.0]})
+    mixed = plan.build_cluster(NET, N, (names, replace(c, master_s=0.01, cpu_like=[False, True])),
+                               copies)
+    assert [x.cap for x in mixed.costs["conv2"][2:]] == [5, int(
+        (gpu_mem * plan.MEMORY_SHARE - g.fixed_bytes(N)) // g.bytes_per_kernel(N))]
 
 
 def test_slow_link_leaves_the_device_out_and_is_the_bottleneck():
