@@ -213,17 +213,39 @@ def _folder_of(path: str) -> str:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Write the results; a path that cannot be written ends the benchmark with one line, which
-    names the temporary file the results were kept in instead (the run is not lost)."""
+    """Write the results, whole or not at all: to a new hidden file beside `path`, then renamed
+    over it (an earlier file of results stays whole until then, also when the write is
+    interrupted or the disk fills). A path that cannot be written ends the benchmark with one
+    line, which names the temporary file the results were kept in instead (the run is not
+    lost)."""
+    import secrets
+
+    from pyhet import files
+
+    tmp = None
     try:
-        os.makedirs(_folder_of(path), exist_ok=True)   # as mkdir -p: nodir/.. is made
-        with open(path, "w") as f:
+        folder = _folder_of(path)
+        os.makedirs(folder, exist_ok=True)   # as mkdir -p: nodir/.. is made
+        name = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        fd = files.create_new(name)
+        tmp = name
+        with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
     except OSError as e:
         kept = _keep_elsewhere(data)
         sys.exit(f"pyhet: error: cannot write the JSON file {path}: {e.strerror or e}"
                  + (f"; the results are in {kept}" if kept else ""))
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _keep_elsewhere(data: dict):
@@ -411,6 +433,76 @@ def check_outputs(parser, args, plot_folder_given: bool = False) -> None:
 # Runs of `pyhet train --json` in processes, under mpiexec too (bench bandwidth, bench ranks)
 
 
+# ================================================================================================
+# What bench bandwidth and bench ranks make as root: namespaces, links, cgroups
+
+
+def sh(*args, check: bool = True):
+    """Run a system tool (ip, tc); where it fails and `check`, a PyhetError that quotes it and
+    what it said (one line, not a traceback)."""
+    import subprocess
+
+    from pyhet.errors import PyhetError
+
+    p = subprocess.run(list(args), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        said = " ".join(p.stderr.split()) or "no message"
+        raise PyhetError(f"{' '.join(args)} failed (exit status {p.returncode}): {said}")
+    return p
+
+
+def unique_tag() -> str:
+    """Six hex digits for the names of what a run makes, beside its pid: a pid comes round
+    again, and the names of a run killed before it could remove them are still taken."""
+    import secrets
+    return secrets.token_hex(3)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def left_behind(names, prefix: str) -> List[str]:
+    """The names among `names` that `prefix` followed by a pid and '-' starts, where that pid
+    is no longer running: what a run that was killed (SIGKILL) could not remove."""
+    import re
+
+    pattern = re.compile(re.escape(prefix) + r"([0-9]+)-")
+    return [n for n in names if (m := pattern.match(n)) and not _pid_alive(int(m.group(1)))]
+
+
+def namespaces() -> List[str]:
+    """The names of the network namespaces `ip netns` knows."""
+    return [line.split()[0] for line in sh("ip", "netns", "list", check=False).stdout.splitlines()
+            if line.split()]
+
+
+def note_left_behind(bench: str, what: str, names, remove: str) -> None:
+    """One line on stderr naming what an earlier run left (nothing is deleted: it is named, with
+    the command that removes it)."""
+    if names:
+        from pyhet.errors import say
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        say(f"pyhet bench {bench}: note: {what} of earlier runs that were killed are left: "
+            f"{shown} (remove them with: {remove})")
+
+
+def private_tmp(cmd) -> list:
+    """cmd in a mount namespace of its own with new, empty /tmp and /dev/shm (the folder it
+    runs in, where under /tmp, kept in view): what an MPI job leaves there when it is ended
+    (MPICH's shared memory files, mpiexec's topology file) goes when its last process does."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'd=$(pwd) && mount -t tmpfs pyhet-shm /dev/shm && mount -t tmpfs pyhet-tmp /tmp && '
+            'mkdir -p "$d" && mount --bind /proc/self/cwd "$d" && cd "$d" && exec "$@"', "sh",
+            *cmd]
+
+
 def mpiexec():
     """The mpiexec beside this Python (the mpich wheel's), else the one on the PATH, or None."""
     import shutil
@@ -517,27 +609,62 @@ def stop_with_partial(args, partial: "dict | None", error) -> None:
     raise PyhetError(f"{error}; {where}") from None
 
 
-def run_json(cmd, timeout: float, cwd, env=None) -> dict:
+TIMEOUT_MAX = 7 * 86400   # --timeout at most a week (Python's clocks refuse ~2.1e6 s more)
+STOP_GRACE_S = 10.0   # how long a child asked to stop may take before it is killed
+
+
+def stop_child(p, grace: float = STOP_GRACE_S) -> None:
+    """Stop a child process and reap it: SIGTERM first, so that it ends as it would be asked
+    to (mpiexec ends its ranks and removes its own files in /tmp and /dev/shm, which killing it
+    left behind; pyhet removes its temporary files), then SIGKILL after `grace` seconds, or at
+    once on a second interruption."""
+    import signal
+    import subprocess
+
+    try:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=grace)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        pass
+    finally:
+        if p.poll() is None:
+            p.kill()
+        try:
+            p.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt, ValueError, OSError):
+            pass
+
+
+def run_json(cmd, timeout: "float | None", cwd, env=None, what: "str | None" = None) -> dict:
     """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
     None); a PyhetError that says why (child_error) when it fails, runs past `timeout` seconds
-    or prints no JSON."""
+    or prints no JSON. what: the run as messages name it (default: its command)."""
     import subprocess
 
     from pyhet.errors import PyhetError
 
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    name = what or command_name(cmd)
+    # in a process group of its own: mpiexec ends its job's group with SIGTERM when a rank
+    # fails, which reached the benchmark too (it said "interrupted", not the rank's error);
+    # a Ctrl-C here reaches the child through stop_child
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=cwd, start_new_session=True)
     try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                           cwd=cwd)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise PyhetError(f"{command_name(cmd)} ran past --timeout ({timeout:g} s) and was "
-                         f"stopped") from None
+        stop_child(p)
+        raise PyhetError(f"{name} ran past --timeout ({timeout:g} s) and was stopped") from None
+    except BaseException:      # Ctrl-C, SIGTERM: the child is stopped before we go
+        stop_child(p)
+        raise
     if p.returncode != 0:
-        raise child_error(command_name(cmd), p.returncode, p.stderr)
-    lines = p.stdout.strip().splitlines()
+        raise child_error(name, p.returncode, err)
+    lines = out.strip().splitlines()
     try:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
-        raise PyhetError(f"{command_name(cmd)} printed no JSON summary last: got "
+        raise PyhetError(f"{name} printed no JSON summary last: got "
                          f"{(lines or [''])[-1][:200]!r}") from None

@@ -25,8 +25,8 @@ The namespaces and links are removed when it ends, also when interrupted. Withou
 from __future__ import annotations
 
 import argparse
-import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +42,7 @@ except ImportError:  # run as a script: python bench/bandwidth.py
     import step
 
 from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.errors import Interrupted, PyhetError
 
 SUBNET = "10.201.{}.{}"
 PAIR = "0/cpu:1,1/cpu:1"    # the master's device and, across the link, rank 1's
@@ -58,7 +59,7 @@ def parse_args(argv):
     p.add_argument("--rounds", type=positive(int), default=1,
                    help="times the rates run, in turn; rows give medians over them")
     p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")
-    p.add_argument("--timeout", type=positive(float), default=900,
+    p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png",
@@ -78,14 +79,14 @@ def missing_tools() -> str | None:
     """Why the benchmark cannot run here, or None."""
     if os.geteuid() != 0:
         return "it needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
+    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux")):
         if shutil.which(tool) is None:
-            return f"{tool!r} is not installed (iproute2)"
+            return f"{tool!r} is not installed ({package})"
     return _util.missing_mpi()
 
 
-def sh(*args, check=True):
-    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+sh = _util.sh
+NS_PREFIX = "pyhet-bw"
 
 
 # ================================================================================================
@@ -94,19 +95,25 @@ def sh(*args, check=True):
 
 class Link:
     """Namespaces ns0 (the master, 10.201.N.1) and ns1 (10.201.N.2) joined by a veth pair;
-    removed by close(), also after a failed set-up."""
+    removed by close(), also after a failed set-up: only what this run made (a name another
+    run or user holds is never deleted)."""
 
     def __init__(self):
-        tag = os.getpid() % 50000
-        self.ns = [f"pyhet-bw{tag}-0", f"pyhet-bw{tag}-1"]
-        self.dev = [f"pbw{tag}a", f"pbw{tag}b"]
-        self.addr = [SUBNET.format(tag % 250, 1), SUBNET.format(tag % 250, 2)]
+        tag = _util.unique_tag()
+        self.ns = [f"{NS_PREFIX}{os.getpid()}-{tag}-{i}" for i in range(2)]
+        self.dev = [f"pbw{tag}a", f"pbw{tag}b"]     # at most 15 characters
+        self.addr = [SUBNET.format(int(tag, 16) % 250, i) for i in (1, 2)]
+        self.made = []        # the namespaces made
+        self.veth = False     # the veth pair made, still in this namespace (not moved)
         try:
             for ns in self.ns:
                 sh("ip", "netns", "add", ns)
+                self.made.append(ns)
             sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+            self.veth = True
             for ns, dev, addr in zip(self.ns, self.dev, self.addr):
                 sh("ip", "link", "set", dev, "netns", ns)
+                self.veth = False     # an end in a namespace of ours: deleted with it
                 sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 sh("ip", "-n", ns, "link", "set", dev, "up")
                 sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -126,24 +133,26 @@ class Link:
                    "burst", str(burst), "latency", "400ms")
 
     def close(self):
-        for ns in self.ns:   # deleting a namespace deletes its end of the veth, and the pair
-            sh("ip", "netns", "del", ns, check=False)
+        if self.veth:         # both ends still here: deleting one deletes the pair
+            sh("ip", "link", "del", self.dev[0], check=False)
+            self.veth = False
+        while self.made:      # a namespace's end of the veth goes with it, and the pair
+            sh("ip", "netns", "del", self.made.pop(), check=False)
+
+
+RATE_RANGE = (1e3, 1e12)     # 1kbit to 1000gbit: what tc takes, and a run can finish at
 
 
 def rate_bits(rate: str):
+    """A tc rate (a number in ASCII digits, then kbit, mbit or gbit) in bit/s; None for none."""
     if rate == "none":
         return None
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            number = rate[:-len(unit)]
-            try:
-                bits = float(number) * scale
-            except ValueError:
-                break
-            if number.isascii() and math.isfinite(bits) and bits > 0:
-                return bits
-            break
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(kbit|mbit|gbit)", rate)
+    if m:
+        bits = float(m.group(1)) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2)]
+        if RATE_RANGE[0] <= bits <= RATE_RANGE[1]:
+            return bits
+        raise ValueError(f"a rate from 1kbit to 1000gbit was expected: got {rate!r}")
     raise ValueError(f"a rate > 0 like 100mbit or 1gbit, or none, was expected: got {rate!r}")
 
 
@@ -160,12 +169,13 @@ def over_link(link: Link, args, cwd, argv):
     MPICH sent over the link (not through shared memory)."""
     env = dict(os.environ, MPIR_CVAR_NOLOCAL="1", MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
     env.pop("PYTHONPATH", None)
-    cmd = [_util.mpiexec()]
+    # the launcher in ns0 too: its port is open there, not on this machine's interfaces
+    cmd = ["ip", "netns", "exec", link.ns[0], _util.mpiexec()]
     for i, (ns, dev) in enumerate(zip(link.ns, link.dev)):
         if i:
             cmd.append(":")
         cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns, *argv]
-    return _util.run_json(cmd, args.timeout, cwd, env)
+    return _util.run_json(_util.private_tmp(cmd), args.timeout, cwd, env)
 
 
 def pyhet_over(link: Link, args, cwd):
@@ -234,10 +244,12 @@ def ddp_over(link: Link, args, cwd):
             env=env_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd))
     try:
         outs = [p.communicate(timeout=args.timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        raise PyhetError(f"PyTorch DDP ran past --timeout ({args.timeout:g} s) and was "
+                         f"stopped") from None
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        for p in procs:       # stopped and reaped, its pipes closed
+            _util.stop_child(p, grace=2.0)
     for rank, (p, (_, err)) in enumerate(zip(procs, outs)):
         if p.returncode:
             raise _util.child_error(f"PyTorch DDP's rank {rank}", p.returncode, err)
@@ -261,7 +273,7 @@ def replica_speed(args, rounds: int = 2) -> dict:
     runs = {"pyhet": [], "torch": []}
     for _ in range(rounds):
         for side in runs:
-            runs[side] += step._run_worker(side, half)["times"]
+            runs[side] += step._run_worker(side, half, args.timeout)["times"]
     times = {side: median(t) for side, t in runs.items()}
     return {"pyhet_s": times["pyhet"], "torch_s": times["torch"],
             "speed": times["pyhet"] / times["torch"]}
@@ -292,8 +304,8 @@ def mbit(bits_per_s) -> str:
     return "-" if bits_per_s is None else f"{bits_per_s / 1e6:.0f}"
 
 
-def _interrupt(*_):
-    raise KeyboardInterrupt
+def _interrupt(signum, _frame):
+    raise Interrupted(signum)
 
 
 def main(argv=None) -> int:
@@ -311,6 +323,9 @@ def main(argv=None) -> int:
     except ImportError:
         ddp = False
         print("PyTorch is not installed: no DDP comparison", file=sys.stderr)
+    _util.check_memory([(kernel_counts(args.kernels), args.batch_size)])
+    _util.note_left_behind("bandwidth", "network namespaces",
+                           _util.left_behind(_util.namespaces(), NS_PREFIX), "ip netns del NAME")
     info = _util.system_info()
     print(_util.describe_system(info))
 
@@ -320,12 +335,13 @@ def main(argv=None) -> int:
     replica = replica_speed(args) if ddp else None
     if replica is not None:
         print(f"one DDP replica's step (batch {max(1, args.batch_size // 2)}, 1 thread): pyhet "
-              f"{replica['pyhet_s']:.3f} s, PyTorch {replica['torch_s']:.3f} s: the plan's DDP "
-              f"replicas compute at {replica['speed']:.2f} of pyhet's speed", flush=True)
+              f"{_util.secs(replica['pyhet_s'])} s, PyTorch {_util.secs(replica['torch_s'])} s: "
+              f"the plan's DDP replicas compute at {replica['speed']:.2f} of pyhet's speed",
+              flush=True)
     with tempfile.TemporaryDirectory(prefix="pyhet-bw-") as cwd:
         alone = _util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd)
         alone_s = alone["step_time_s"]["median"]
-        print(f"master's device alone (cpu:1): {alone_s:.3f} s a step", flush=True)
+        print(f"master's device alone (cpu:1): {_util.secs(alone_s)} s a step", flush=True)
         link = Link()
         runs = {rate: [] for rate in rates}
         try:
@@ -359,8 +375,8 @@ def main(argv=None) -> int:
                 runs[rate].append(row)
                 print((f"round {rnd + 1}/{args.rounds}: " if args.rounds > 1 else "") +
                       f"{rate}: measured {mbit(row['measured_bits_per_s'])} Mbit/s, step "
-                      f"{row['step_s']:.3f} s, plan {row['plan_step_s']:.3f} s" +
-                      (f", DDP {row['ddp_step_s']:.3f} s" if row["ddp_step_s"] else ""),
+                      f"{_util.secs(row['step_s'])} s, plan {_util.secs(row['plan_step_s'])} s" +
+                      (f", DDP {_util.secs(row['ddp_step_s'])} s" if row["ddp_step_s"] else ""),
                       flush=True)
         finally:
             link.close()
@@ -368,7 +384,7 @@ def main(argv=None) -> int:
     rows = [summarise(rate_runs) for rate_runs in runs.values()]
 
     print(f"\n--devices {PAIR} (rank 1 across the link), kernels {args.kernels}, batch "
-          f"{args.batch_size}; master's device alone {alone_s:.3f} s a step" +
+          f"{args.batch_size}; master's device alone {_util.secs(alone_s)} s a step" +
           (f"; medians of {args.rounds} rounds (ratios: of each round's)" if args.rounds > 1
            else ""))
     table = []
@@ -378,14 +394,14 @@ def main(argv=None) -> int:
         table.append([r["rate"], mbit(r["measured_bits_per_s"]) +
                       (f" ({100 * within:.0f}%)" if within else ""),
                       "/".join(str(v) for v in r["partition"]["conv2"].values()),
-                      f"{r['step_s']:.3f}", f"{r['speedup']:.2f}x",
-                      "-" if r["predicted_step_s"] is None else f"{r['predicted_step_s']:.3f}",
+                      _util.secs(r["step_s"]), f"{r['speedup']:.2f}x",
+                      "-" if r["predicted_step_s"] is None else _util.secs(r["predicted_step_s"]),
                       "-" if r["model_ratio"] is None else f"{r['model_ratio']:.2f}",
                       f"{r['bytes_per_step'] / 1e6:.1f}",
-                      "-" if r["ddp_step_s"] is None else f"{r['ddp_step_s']:.3f}",
+                      "-" if r["ddp_step_s"] is None else f"{_util.secs(r['ddp_step_s'])}",
                       "-" if r["ddp_step_s"] is None else f"{r['step_s'] / r['ddp_step_s']:.2f}",
-                      f"{r['plan_step_s']:.3f}", f"{r['plan_ratio']:.2f}",
-                      f"{r['plan_ddp_step_s']:.3f}",
+                      f"{_util.secs(r['plan_step_s'])}", f"{r['plan_ratio']:.2f}",
+                      f"{_util.secs(r['plan_ddp_step_s'])}",
                       "-" if r["plan_ddp_ratio"] is None else f"{r['plan_ddp_ratio']:.2f}"])
     print(_util.format_table(["rate", "Mbit/s measured", "conv2 partition", "step s", "speedup",
                               "model step s", "model/measured", "MB/step", "DDP step s",

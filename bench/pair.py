@@ -39,7 +39,7 @@ def parse_args(argv):
     p.add_argument("--steps", type=_util.warmed_steps, default=100,
                    help="training steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=9)
-    p.add_argument("--timeout", type=positive(float), default=900,
+    p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)

@@ -49,7 +49,7 @@ def parse_args(argv):
                    help="training steps per run (the first warms up)")
     p.add_argument("--rounds", type=positive(int), default=1,
                    help="times the whole set runs, in turn; rows give medians over them")
-    p.add_argument("--timeout", type=positive(float), default=900,
+    p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 try:
@@ -35,7 +36,8 @@ try:
 except ImportError:  # run as a script: python bench/ranks.py
     import _util
 
-from pyhet.cli import Parser, kernel_counts, positive
+from pyhet.cli import Parser, kernel_counts, positive, ranged
+from pyhet.errors import Interrupted, PyhetError, say
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000   # a short period: throttling finer than any timing (calibration trials too)
@@ -49,7 +51,7 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=positive(int), default=16)
     p.add_argument("--steps", type=_util.warmed_steps, default=4,
                    help="steps per run (the first warms up)")
-    p.add_argument("--timeout", type=positive(float), default=900,
+    p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
                    help="seconds one run may take")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png",
@@ -60,8 +62,8 @@ def parse_args(argv):
     except argparse.ArgumentTypeError as e:
         p.error(f"argument --kernels: {e}")
     try:
-        args.quotas = [float(q) for q in args.quotas.split(",") if q.strip()]
-    except ValueError:
+        args.quotas = [ranged(float)(q) for q in args.quotas.split(",") if q.strip()]
+    except argparse.ArgumentTypeError:
         p.error(f"--quotas: fractions such as 0.5,0.25 were expected, got {args.quotas!r}")
     if not args.quotas or any(not 0.01 <= q <= 1 for q in args.quotas):
         p.error(f"--quotas: each must be between 0.01 and 1, got {args.quotas}")
@@ -75,7 +77,15 @@ def missing_tools() -> str | None:
         return "it needs root (a cgroup CPU quota)"
     if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
         return f"there is no cgroup v1 cpu controller at {CGROUP_CPU}"
+    for tool, package in (("ip", "iproute2"), ("nsenter", "util-linux"),
+                          ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"{tool!r} is not installed ({package})"
     return _util.missing_mpi()
+
+
+CGROUP_PREFIX = "pyhet-bench-"
+NS_PREFIX = "pyhet-rk"
 
 
 class Quota:
@@ -83,8 +93,12 @@ class Quota:
     Removed by close() (once no process is left in it)."""
 
     def __init__(self, fraction: float):
-        self.path = CGROUP_CPU / f"pyhet-bench-{os.getpid()}-{int(fraction * 1000)}"
-        self.path.mkdir()
+        self.path = CGROUP_CPU / (f"{CGROUP_PREFIX}{os.getpid()}-{_util.unique_tag()}-"
+                                  f"{int(fraction * 1000)}")
+        try:
+            self.path.mkdir()
+        except OSError as e:
+            raise PyhetError(f"cannot make the cgroup {self.path}: {e.strerror or e}") from None
         try:
             (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(int(fraction * PERIOD_US)))
@@ -104,27 +118,51 @@ class Quota:
             except FileNotFoundError:
                 return
             except OSError:
-                subprocess.run(["sleep", "0.1"])
+                time.sleep(0.1)
+        say(f"pyhet bench ranks: note: the cgroup {self.path} still holds processes and was "
+            f"left (remove it with: rmdir {self.path})")
+
+
+class Namespace:
+    """A network namespace with only its loopback up, for the MPI jobs: their launcher's and
+    ranks' ports are open there, not on this machine's interfaces. Removed by close()."""
+
+    def __init__(self):
+        self.name = f"{NS_PREFIX}{os.getpid()}-{_util.unique_tag()}"
+        _util.sh("ip", "netns", "add", self.name)
+        try:
+            _util.sh("ip", "-n", self.name, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def wrap(self, cmd):
+        # nsenter, not ip netns exec: that mounts a /sys of its own, without the cgroups
+        return ["nsenter", f"--net=/run/netns/{self.name}", *cmd]
+
+    def close(self):
+        _util.sh("ip", "netns", "del", self.name, check=False)
 
 
 def train_argv(args, devices, balance="static"):
     return _util.train_argv(args.kernels, args.batch_size, args.steps, devices, balance)
 
 
-def pair(args, quota: Quota | None, devices, balance, cwd):
-    """`mpiexec -n 2 pyhet train`, rank 1 inside the quota's cgroup (if any)."""
+def pair(args, quota: Quota | None, devices, balance, cwd, ns: Namespace):
+    """`mpiexec -n 2 pyhet train` in the namespace, rank 1 inside the quota's cgroup (if
+    any)."""
     rank1 = train_argv(args, devices, balance)
     cmd = [_util.mpiexec(), "-n", "1", *train_argv(args, devices, balance), ":", "-n", "1",
            *(quota.wrap(rank1) if quota else rank1)]
-    return _util.run_json(cmd, args.timeout, cwd)
+    return _util.run_json(_util.private_tmp(ns.wrap(cmd)), args.timeout, cwd)
 
 
 def step_s(summary) -> float:
     return summary["step_time_s"]["median"]
 
 
-def _interrupt(*_):
-    raise KeyboardInterrupt
+def _interrupt(signum, _frame):
+    raise Interrupted(signum)
 
 
 def main(argv=None) -> int:
@@ -133,14 +171,22 @@ def main(argv=None) -> int:
     if why:
         print(f"pyhet bench ranks: skipped: {why}")
         return 0
+    _util.check_memory([(kernel_counts(args.kernels), args.batch_size)])
+    _util.note_left_behind("ranks", "cgroups", _util.left_behind(
+        sorted(p.name for p in CGROUP_CPU.iterdir() if p.is_dir()), CGROUP_PREFIX),
+        f"rmdir {CGROUP_CPU}/NAME")
+    _util.note_left_behind("ranks", "network namespaces",
+                           _util.left_behind(_util.namespaces(), NS_PREFIX), "ip netns del NAME")
     info = _util.system_info()
     print(_util.describe_system(info))
     old = signal.signal(signal.SIGTERM, _interrupt)   # remove the cgroups either way
     rows = []
+    ns = None
     try:
+        ns = Namespace()
         with tempfile.TemporaryDirectory(prefix="pyhet-ranks-") as cwd:
             alone = step_s(_util.run_json(train_argv(args, "cpu:1"), args.timeout, cwd))
-            print(f"master's device alone (cpu:1): {alone:.3f} s a step", flush=True)
+            print(f"master's device alone (cpu:1): {_util.secs(alone)} s a step", flush=True)
             for fraction in args.quotas:
                 quota = Quota(fraction)
                 try:
@@ -150,13 +196,13 @@ def main(argv=None) -> int:
                     row = {"quota": fraction, "alone_step_s": alone, "slow_alone_step_s": slow,
                            "relative_speed": b / a}
                     for balance in ("static", "dynamic"):
-                        s = pair(args, quota, "0/cpu:1,1/cpu:1", balance, cwd)
+                        s = pair(args, quota, "0/cpu:1,1/cpu:1", balance, cwd, ns)
                         row[balance] = {"step_s": step_s(s), "speedup": alone / step_s(s),
                                         "efficiency": (1 / step_s(s)) / (a + b),
                                         "partition": s["partition"],
                                         "predicted_step_s": s.get("predicted_step_time_s")}
                     speed = round(max(0.01, min(1.0, b / a)), 3)
-                    s = pair(args, None, f"0/cpu:1,1/cpu:1@{speed}", "static", cwd)
+                    s = pair(args, None, f"0/cpu:1,1/cpu:1@{speed}", "static", cwd, ns)
                     row["emulated"] = {"speed": speed, "step_s": step_s(s),
                                        "speedup": alone / step_s(s),
                                        "efficiency": (1 / step_s(s)) / (a + b),
@@ -164,14 +210,17 @@ def main(argv=None) -> int:
                 finally:
                     quota.close()
                 rows.append(row)
-                print(f"quota {fraction:g}: slowed device alone {slow:.3f} s, pair static "
-                      f"{row['static']['step_s']:.3f} s, dynamic {row['dynamic']['step_s']:.3f} s",
-                      flush=True)
+                print(f"quota {fraction:g}: slowed device alone {_util.secs(slow)} s, pair "
+                      f"static {_util.secs(row['static']['step_s'])} s, dynamic "
+                      f"{_util.secs(row['dynamic']['step_s'])} s", flush=True)
     finally:
+        if ns is not None:
+            ns.close()
         signal.signal(signal.SIGTERM, old)
 
     print(f"\n--devices 0/cpu:1,1/cpu:1 under mpiexec -n 2, rank 1 in a cgroup CPU quota; kernels "
-          f"{args.kernels}, batch {args.batch_size}; master's device alone {alone:.3f} s a step")
+          f"{args.kernels}, batch {args.batch_size}; master's device alone {_util.secs(alone)} s "
+          f"a step")
     table = []
     for r in rows:
         for name in ("static", "dynamic", "emulated"):
@@ -180,9 +229,10 @@ def main(argv=None) -> int:
             table.append([f"{r['quota']:g}" if name == "static" else "",
                           f"{r['relative_speed']:.2f}" if name == "static" else "",
                           name if name != "emulated" else f"@{m['speed']:g} (no quota)",
-                          conv2, f"{m['step_s']:.3f}", f"{m['speedup']:.2f}x",
+                          conv2, _util.secs(m["step_s"]), f"{m['speedup']:.2f}x",
                           f"{m['efficiency']:.3f}",
-                          "-" if not m.get("predicted_step_s") else f"{m['predicted_step_s']:.3f}"])
+                          "-" if not m.get("predicted_step_s") else
+                          _util.secs(m["predicted_step_s"])])
     print(_util.format_table(["quota", "b/a", "split", "conv2 partition", "step s",
                               "speedup", "efficiency", "model step s"], table))
     result = {"benchmark": "ranks", "system": info, "kernels": args.kernels,

@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -109,18 +108,18 @@ def worker_torch(kernels, batch, threads, steps):
     return {"times": times, "torch": torch.__version__}
 
 
-def _run_worker(side, args):
-    worker, env = side, None
+def _run_worker(side, args, timeout=None):
+    """The worker's result, its steps run in a process of their own (stopped, and a
+    PyhetError, past `timeout` seconds where given)."""
+    env = dict(os.environ)
+    worker = side
     if side == BLOCKED:  # pyhet with Strassen's scheme off
-        worker, env = "pyhet", dict(os.environ, PYHET_GEMM_STRASSEN="0")
+        worker, env = "pyhet", dict(env, PYHET_GEMM_STRASSEN="0")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", worker,
            "--kernels", f"{args.kernels[0]},{args.kernels[1]}", "--batch-size",
            str(args.batch_size), "--threads", str(args.threads), "--steps", str(args.steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise _util.child_error(f"the {side} worker (its steps in a process of their own)",
-                                proc.returncode, proc.stderr)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _util.run_json(cmd, timeout, None, env,
+                          f"the {side} worker (its steps in a process of their own)")
 
 
 BLOCKED = "blocked"

@@ -657,7 +657,7 @@ def plan_table(r: dict) -> str:
               + f", bottleneck: {r['bottleneck']}"]
     d = r["ddp"]
     replicas = d["replicas"]
-    lines.append(f"data parallel (DDP"
+    lines.append("data parallel (DDP"
                  + ("" if replicas == len(names) else
                     f", {replicas} of the {len(names)} devices as replicas, "
                     f"{d['replica_images']} image{'s' if d['replica_images'] > 1 else ''} each")

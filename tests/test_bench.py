@@ -213,7 +213,7 @@ def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
         from pyhet.bench import bandwidth
     except ImportError:
         from bench import bandwidth
-    r = bandwidth.replica_speed(Namespace(kernels="4,8", batch_size=4), rounds=1)
+    r = bandwidth.replica_speed(Namespace(kernels="4,8", batch_size=4, timeout=300), rounds=1)
     assert r["pyhet_s"] > 0 and r["torch_s"] > 0
     assert r["speed"] == pytest.approx(r["pyhet_s"] / r["torch_s"])
 

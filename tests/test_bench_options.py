@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,6 +122,29 @@ def test_json_destination_in_a_folder_that_takes_no_file(capsys):
     """/proc: os.access says yes to root, the file cannot be made all the same."""
     err = refused(capsys, "step", "--json", "/proc/nope/x.json")
     assert "the folder /proc cannot take a new file" in err
+
+
+def test_a_json_write_that_is_interrupted_leaves_the_file_before_it_whole(tmp_path,
+                                                                          monkeypatch):
+    """Results written over an earlier file, interrupted half way: the earlier file was left
+    cut short; it stays whole, and no temporary file is left."""
+    util = bench("_util")
+    out = tmp_path / "r.json"
+    util.write_json(str(out), {"run": 1})
+    real_dump = json.dump
+
+    def cut(data, f, **kw):
+        f.write('{"run": ')
+        f.flush()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(json, "dump", cut)
+    with pytest.raises(KeyboardInterrupt):
+        util.write_json(str(out), {"run": 2})
+    monkeypatch.setattr(json, "dump", real_dump)
+    assert json.loads(out.read_text()) == {"run": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    util.write_json(str(out), {"run": 3})
+    assert json.loads(out.read_text()) == {"run": 3} and len(list(tmp_path.iterdir())) == 1
 
 
 def test_a_json_that_cannot_be_written_after_the_run_is_kept(tmp_path):
@@ -355,6 +379,111 @@ def test_step_whose_worker_fails_says_why_in_one_line(capsys, tmp_path, monkeypa
 def test_a_bad_value_names_its_option(capsys, argv, option):
     """(They said what was wrong, not where: "kernel counts must be >= 1, got '0,1'".)"""
     assert f"argument {option}: " in refused(capsys, *argv)
+
+
+@pytest.mark.parametrize("argv, says", [
+    # tc refused these after the first run, in a traceback
+    (["bandwidth", "--rates", "1_000mbit"], "like 100mbit"),
+    (["bandwidth", "--rates", "1e12gbit"], "like 100mbit"),
+    (["bandwidth", "--rates", "0.0001kbit"], "from 1kbit to 1000gbit"),
+    (["bandwidth", "--rates", "2000gbit"], "from 1kbit to 1000gbit"),
+    (["ranks", "--quotas", "\u0661"], "fractions such as 0.5"),     # an Arabic-Indic 1
+    # past what Python's clocks take (an OverflowError's traceback after the first run)
+    (["bandwidth", "--timeout", "1e10"], "--timeout"),
+    (["ranks", "--timeout", "1e10"], "--timeout"),
+    (["plan", "--timeout", "1e10"], "--timeout"),
+    (["pair", "--timeout", "1e10"], "--timeout"),
+])
+def test_values_the_tools_would_refuse_are_refused_first(capsys, argv, says):
+    assert says in refused(capsys, *argv)
+
+
+def test_a_rate_in_range_is_taken():
+    rate_bits = bench("bandwidth").rate_bits
+    assert [rate_bits(r) for r in ("1kbit", "1.5mbit", "1000gbit", "none")] == [
+        1e3, 1.5e6, 1e12, None]
+
+
+def test_a_child_that_ends_its_process_group_leaves_the_benchmark_running():
+    """mpiexec ends its job's process group with SIGTERM when a rank fails: that reached the
+    benchmark, which said "interrupted" instead of the rank's error."""
+    # (in a process of its own, in a group of its own: where the child's SIGTERM reached its
+    # group, it would end these tests)
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('u', {bench('_util').__file__!r})\n"
+            "util = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(util)\n"
+            "try:\n"
+            "    util.run_json([sys.executable, '-c', 'import os, signal; "
+            "os.killpg(0, signal.SIGTERM)'], 60, None)\n"
+            "except Exception as e:\n"
+            "    print('said:', e)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, start_new_session=True)
+    assert p.returncode == 0 and "said:" in p.stdout and "killed by SIGTERM" in p.stdout, (
+        p.returncode, p.stdout, p.stderr)
+
+
+def test_an_interrupted_benchmark_asks_its_child_to_stop_and_reaps_it(tmp_path):
+    """Ctrl-C (or SIGTERM) while a run is under way: the child gets SIGTERM, so that it ends
+    as it would be asked to (mpiexec removes its files; killing it at once left them), and is
+    reaped (it was killed after 0.25 s and left running, with a warning)."""
+    util = bench("_util")
+    marker = tmp_path / "stopped"
+    child = ("import signal, sys, time\n"
+             "def stop(*_):\n"
+             f"    open({str(marker)!r}, 'w').close()\n"
+             "    sys.exit(143)\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            util.run_json([sys.executable, "-c", child], 60, None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert marker.exists()
+
+
+def test_what_a_killed_run_left_is_named_not_deleted(capsys):
+    util = bench("_util")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"pyhet-bw{dead.pid}-abc123-0", f"pyhet-bw{os.getpid()}-abc123-0", "pyhet-bwx-0",
+             f"other{dead.pid}-0"]
+    left = util.left_behind(names, "pyhet-bw")
+    assert left == [f"pyhet-bw{dead.pid}-abc123-0"]
+    util.note_left_behind("bandwidth", "network namespaces", left, "ip netns del NAME")
+    err = capsys.readouterr().err
+    assert err == (f"pyhet bench bandwidth: note: network namespaces of earlier runs that were "
+                   f"killed are left: {left[0]} (remove them with: ip netns del NAME)\n")
+
+
+def test_a_link_whose_name_is_taken_deletes_nothing_it_did_not_make(monkeypatch):
+    """A namespace of the same name (a pid come round again after a killed run): the set-up
+    failed in a traceback and deleted it, and its twin."""
+    bandwidth = bench("bandwidth")
+    util = bench("_util")
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and ip")
+    monkeypatch.setattr(util, "unique_tag", lambda: "ee0001")
+    taken = f"pyhet-bw{os.getpid()}-ee0001-1"     # the second of the pair
+    subprocess.run(["ip", "netns", "add", taken], check=True)
+    try:
+        with pytest.raises(PyhetError) as e:
+            bandwidth.Link()
+        assert f"ip netns add {taken} failed" in str(e.value)
+        assert "\n" not in str(e.value)
+        names = util.namespaces()
+        assert taken in names and f"pyhet-bw{os.getpid()}-ee0001-0" not in names
+    finally:
+        subprocess.run(["ip", "netns", "del", taken])
 
 
 @pytest.mark.parametrize("argv, says", [
