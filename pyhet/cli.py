@@ -86,6 +86,8 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, line + "\n")
 
 
+OUT_OF_MEMORY = "out of memory: the network, the batch or the data is too large for this machine"
+
 # a rank other than 0 refused before MPI starts waits this long for rank 0 to end the job
 OTHER_RANK_WAIT_S = 5.0
 
@@ -834,8 +836,7 @@ def main(argv=None) -> int:
             say(f"pyhet: error: {brief(e)}")
         return e.exit_status
     except MemoryError:
-        say("pyhet: error: out of memory: the network, the batch or the data is too large for "
-            "this machine")
+        say(f"pyhet: error: {OUT_OF_MEMORY}")
         return EXIT_ERROR
     except KeyboardInterrupt as e:
         if ranks > 1:   # Ctrl-C while MPI starts, before run_rank's handlers: once it has
@@ -911,10 +912,11 @@ def run_rank(args, parser, ranks: int) -> int:
         # the other ranks wait for messages that will not come: end the job with this error
         status = e.exit_status if isinstance(e, PyhetError) else 130 if isinstance(
             e, KeyboardInterrupt) else 1
-        if args.debug or not isinstance(e, (PyhetError, KeyboardInterrupt)):
+        if args.debug or not isinstance(e, (PyhetError, KeyboardInterrupt, MemoryError)):
             traceback.print_exc()   # asked for, or a bug: show where
         _abort(comm, f"pyhet: error: {brief(e)}" if isinstance(e, PyhetError) else
                "pyhet: interrupted" if isinstance(e, KeyboardInterrupt) else
+               f"pyhet: error: {OUT_OF_MEMORY}" if isinstance(e, MemoryError) else
                f"pyhet: error: {type(e).__name__}: {brief(e)}", status)
     try:
         mpi.dismiss(comm, limit)   # the serving ranks wait for it (not in MPI_Finalize)

@@ -314,6 +314,16 @@ def test_other_commands_refuse_mpiexec(tmp_path, data):
     assert err.strip().splitlines()[-1].startswith("pyhet: error: pyhet evaluate runs in")
 
 
+def test_a_plan_too_large_for_memory_under_mpiexec_says_so_in_one_line(tmp_path):
+    """The link's measurement (messages of the layer's input) ran out of memory first: a
+    traceback, where one process says "out of memory" in one line."""
+    code, out, err = run(["plan", "--devices", "0/cpu:1,1/cpu:1", "--kernels", "4,8",
+                          "--batch-size", "99999999"], 2, tmp_path, timeout=120)
+    assert code == 1 and "Traceback" not in err, (code, err)
+    assert err.strip().splitlines() == ["pyhet: error: out of memory: the network, the batch or "
+                                        "the data is too large for this machine"], err
+
+
 def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
     """mpiexec -n 1 A : -n 1 B with another --devices on rank 1: it idled where the master gave
     it a device (or made its own), silently."""
