@@ -832,7 +832,8 @@ def main(argv=None) -> int:
             # (every rank has the same error: its traceback once, with the line)
             refused_before_mpi(f"pyhet: error: {brief(e)}", e.exit_status, detail)
         else:
-            sys.stderr.write(detail)
+            if detail:
+                sys.stderr.write(detail)
             say(f"pyhet: error: {brief(e)}")
         return e.exit_status
     except MemoryError:
