@@ -493,14 +493,33 @@ def note_left_behind(bench: str, what: str, names, remove: str) -> None:
             f"{shown} (remove them with: {remove})")
 
 
+_PRIVATE_MOUNTS = []   # [whether unshare --mount works here], found once
+
+
 def private_tmp(cmd) -> list:
-    """cmd in a mount namespace of its own with new, empty /tmp and /dev/shm (the folder it
-    runs in, where under /tmp, kept in view): what an MPI job leaves there when it is ended
-    (MPICH's shared memory files, mpiexec's topology file) goes when its last process does."""
+    """cmd in a mount namespace of its own, with a new, empty /dev/shm and a /tmp that shows
+    this machine's /tmp but keeps what is written there in that /dev/shm: what an MPI job
+    leaves there when it is ended (MPICH's shared-memory files, mpiexec's topology file, which
+    it leaves whatever signal ends it) goes when its last process does. Where a mount cannot
+    be made (no overlay file system, say), cmd runs with what could be made; where no mount
+    namespace can be made, as it is."""
+    import subprocess
+
+    if not _PRIVATE_MOUNTS:
+        try:
+            ok = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                                capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        _PRIVATE_MOUNTS.append(ok)
+    if not _PRIVATE_MOUNTS[0]:
+        return list(cmd)
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'd=$(pwd) && mount -t tmpfs pyhet-shm /dev/shm && mount -t tmpfs pyhet-tmp /tmp && '
-            'mkdir -p "$d" && mount --bind /proc/self/cwd "$d" && cd "$d" && exec "$@"', "sh",
-            *cmd]
+            "mount -t tmpfs pyhet-shm /dev/shm 2>/dev/null && "
+            "mkdir /dev/shm/.pyhet-upper /dev/shm/.pyhet-work && "
+            "mount -t overlay pyhet-tmp -o lowerdir=/tmp,upperdir=/dev/shm/.pyhet-upper,"
+            "workdir=/dev/shm/.pyhet-work /tmp 2>/dev/null; "
+            'exec "$@"', "sh", *cmd]
 
 
 def mpiexec():

@@ -404,7 +404,7 @@ def test_a_rate_in_range_is_taken():
         1e3, 1.5e6, 1e12, None]
 
 
-def test_a_child_that_ends_its_process_group_leaves_the_benchmark_running():
+def test_a_child_that_ends_its_process_group_leaves_the_benchmark_running(tmp_path):
     """mpiexec ends its job's process group with SIGTERM when a rank fails: that reached the
     benchmark, which said "interrupted" instead of the rank's error."""
     # (in a process of its own, in a group of its own: where the child's SIGTERM reached its
@@ -419,7 +419,7 @@ def test_a_child_that_ends_its_process_group_leaves_the_benchmark_running():
             "except Exception as e:\n"
             "    print('said:', e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, start_new_session=True)
+                       timeout=120, start_new_session=True, cwd=tmp_path)   # not the source
     assert p.returncode == 0 and "said:" in p.stdout and "killed by SIGTERM" in p.stdout, (
         p.returncode, p.stdout, p.stderr)
 
