@@ -629,14 +629,16 @@ def stop_with_partial(args, partial: "dict | None", error) -> None:
 
 
 TIMEOUT_MAX = 7 * 86400   # --timeout at most a week (Python's clocks refuse ~2.1e6 s more)
-STOP_GRACE_S = 10.0   # how long a child asked to stop may take before it is killed
+STOP_GRACE_S = 5.0    # how long a child asked to stop may take before it is killed (less
+#                       than the 10 s a time limit such as tools/gpu_check.sh's gives us)
 
 
-def stop_child(p, grace: float = STOP_GRACE_S) -> None:
+def stop_child(p, grace: float = STOP_GRACE_S, own_group: bool = False) -> None:
     """Stop a child process and reap it: SIGTERM first, so that it ends as it would be asked
     to (mpiexec ends its ranks and removes its own files in /tmp and /dev/shm, which killing it
     left behind; pyhet removes its temporary files), then SIGKILL after `grace` seconds, or at
-    once on a second interruption."""
+    once on a second interruption; own_group: it leads a process group of its own, which is
+    killed with it."""
     import signal
     import subprocess
 
@@ -649,16 +651,24 @@ def stop_child(p, grace: float = STOP_GRACE_S) -> None:
     finally:
         if p.poll() is None:
             p.kill()
+        if own_group:          # what it started (mpiexec's proxies and ranks) with it
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             p.communicate(timeout=5)
         except (subprocess.TimeoutExpired, KeyboardInterrupt, ValueError, OSError):
             pass
 
 
-def run_json(cmd, timeout: "float | None", cwd, env=None, what: "str | None" = None) -> dict:
+def run_json(cmd, timeout: "float | None", cwd, env=None, what: "str | None" = None,
+             own_group: bool = False) -> dict:
     """The JSON summary a run of cmd prints last (env: this one's, without PYTHONPATH, when
     None); a PyhetError that says why (child_error) when it fails, runs past `timeout` seconds
-    or prints no JSON. what: the run as messages name it (default: its command)."""
+    or prints no JSON. what: the run as messages name it (default: its command). own_group:
+    cmd (an MPI job) runs in a process group of its own (else in ours, so that a time limit's
+    signals to our group reach it too)."""
     import subprocess
 
     from pyhet.errors import PyhetError
@@ -666,18 +676,18 @@ def run_json(cmd, timeout: "float | None", cwd, env=None, what: "str | None" = N
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     name = what or command_name(cmd)
-    # in a process group of its own: mpiexec ends its job's group with SIGTERM when a rank
-    # fails, which reached the benchmark too (it said "interrupted", not the rank's error);
-    # a Ctrl-C here reaches the child through stop_child
+    # an MPI job in a process group of its own: mpiexec ends its job's group with SIGTERM when
+    # a rank fails, which reached the benchmark too (it said "interrupted", not the rank's
+    # error); a Ctrl-C here reaches it through stop_child
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=cwd, start_new_session=True)
+                         text=True, cwd=cwd, start_new_session=own_group)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stop_child(p)
+        stop_child(p, own_group=own_group)
         raise PyhetError(f"{name} ran past --timeout ({timeout:g} s) and was stopped") from None
     except BaseException:      # Ctrl-C, SIGTERM: the child is stopped before we go
-        stop_child(p)
+        stop_child(p, own_group=own_group)
         raise
     if p.returncode != 0:
         raise child_error(name, p.returncode, err)

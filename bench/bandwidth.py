@@ -175,7 +175,7 @@ def over_link(link: Link, args, cwd, argv):
         if i:
             cmd.append(":")
         cmd += ["-n", "1", "-env", "FI_TCP_IFACE", dev, "ip", "netns", "exec", ns, *argv]
-    return _util.run_json(_util.private_tmp(cmd), args.timeout, cwd, env)
+    return _util.run_json(_util.private_tmp(cmd), args.timeout, cwd, env, own_group=True)
 
 
 def pyhet_over(link: Link, args, cwd):

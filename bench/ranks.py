@@ -154,7 +154,7 @@ def pair(args, quota: Quota | None, devices, balance, cwd, ns: Namespace):
     rank1 = train_argv(args, devices, balance)
     cmd = [_util.mpiexec(), "-n", "1", *train_argv(args, devices, balance), ":", "-n", "1",
            *(quota.wrap(rank1) if quota else rank1)]
-    return _util.run_json(_util.private_tmp(ns.wrap(cmd)), args.timeout, cwd)
+    return _util.run_json(_util.private_tmp(ns.wrap(cmd)), args.timeout, cwd, own_group=True)
 
 
 def step_s(summary) -> float:

@@ -626,11 +626,12 @@ def _secs(seconds: float) -> str:
     """Seconds for the plan's table: four significant digits (a fast described device's times
     were all 0.00000 at five decimals, a slow one's 1615.20495), in e-notation below 0.1 ms,
     whole seconds from 10,000 s."""
-    if seconds == 0 or seconds >= 1e4:
+    rounded = float(f"{seconds:.4g}")     # 9.99995 is 10.00, not 10.000
+    if rounded == 0 or rounded >= 1e4:
         return f"{seconds:.0f}"
-    if seconds < 1e-4:
+    if rounded < 1e-4:
         return f"{seconds:.3g}"
-    return f"{seconds:.{max(0, 3 - math.floor(math.log10(seconds)))}f}"
+    return f"{rounded:.{max(0, 3 - math.floor(math.log10(rounded)))}f}"
 
 
 def _gflops(rate: float) -> str:

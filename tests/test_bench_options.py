@@ -415,7 +415,7 @@ def test_a_child_that_ends_its_process_group_leaves_the_benchmark_running(tmp_pa
             "spec.loader.exec_module(util)\n"
             "try:\n"
             "    util.run_json([sys.executable, '-c', 'import os, signal; "
-            "os.killpg(0, signal.SIGTERM)'], 60, None)\n"
+            "os.killpg(0, signal.SIGTERM)'], 60, None, own_group=True)\n"
             "except Exception as e:\n"
             "    print('said:', e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

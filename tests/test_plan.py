@@ -994,6 +994,9 @@ def test_the_tables_times_have_four_significant_digits():
                                5.1224, 955.95375, 1615.20495, 123456.7)] == [
         "0", "1.97e-07", "3.45e-05", "0.0009547", "0.001104", "0.02666", "0.1843", "5.122",
         "956.0", "1615", "123457"]
+    # the digits of the value rounded (they were counted before: 10.000, 1.0000, 0.10000)
+    assert [_secs(s) for s in (9.99995, 0.99995, 0.099995, 999.96, 9.9996e-5)] == [
+        "10.00", "1.000", "0.1000", "1000", "0.0001000"]
 
 
 def test_a_memory_too_small_for_one_kernel_says_so(cli):
