@@ -23,6 +23,7 @@ mpiexec it says so and does nothing.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -41,6 +42,7 @@ from pyhet.errors import Interrupted, PyhetError, say
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000   # a short period: throttling finer than any timing (calibration trials too)
+MIN_QUOTA_US = 1_000   # the smallest cfs quota the kernel takes
 
 
 def parse_args(argv):
@@ -99,9 +101,16 @@ class Quota:
             self.path.mkdir()
         except OSError as e:
             raise PyhetError(f"cannot make the cgroup {self.path}: {e.strerror or e}") from None
+        # the kernel refuses a quota under 1 ms: a small fraction takes a longer period
+        self.period_us = max(PERIOD_US, math.ceil(MIN_QUOTA_US / fraction))
+        self.quota_us = max(MIN_QUOTA_US, round(fraction * self.period_us))
         try:
-            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(int(fraction * PERIOD_US)))
+            (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
+            (self.path / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+        except OSError as e:
+            self.close()
+            raise PyhetError(f"cannot set the CPU quota of {self.path} ({self.quota_us} us in "
+                             f"{self.period_us} us): {e.strerror or e}") from None
         except BaseException:
             self.close()
             raise
