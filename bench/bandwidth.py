@@ -127,10 +127,12 @@ class Link:
             sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
             if rate != "none":
                 # the bucket must hold what the rate sends between two timer ticks (4 ms at
-                # 250 Hz), or a fast rate is throttled below itself; 400 ms of queue
+                # 250 Hz), or a fast rate is throttled below itself; 400 ms of queue, in bytes
+                # that fit tc's 32 bits (its own latency -> limit sum wraps above ~85gbit)
                 burst = max(32 * 1024, int(rate_bits(rate) / 8 * 0.004))
+                limit = min(burst + int(rate_bits(rate) / 8 * 0.4), TBF_LIMIT_MAX)
                 sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                   "burst", str(burst), "latency", "400ms")
+                   "burst", str(burst), "limit", str(limit))
 
     def close(self):
         if self.veth:         # both ends still here: deleting one deletes the pair
@@ -141,6 +143,9 @@ class Link:
 
 
 RATE_RANGE = (1e3, 1e12)     # 1kbit to 1000gbit: what tc takes, and a run can finish at
+
+
+TBF_LIMIT_MAX = 2**32 - 1   # a tbf queue's limit is 32 bits of bytes
 
 
 def rate_bits(rate: str):

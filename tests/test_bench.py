@@ -4,7 +4,10 @@ tiny problems: these are smoke tests, the figures come from the real runs)."""
 import importlib.util
 import json
 import os
+import re
+import shutil
 import statistics
+import subprocess
 
 import pytest
 
@@ -174,6 +177,34 @@ def test_bench_bandwidth(tmp_path, capsys):
     assert "plan/measured" in out
     assert "pyhet-bw" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                             text=True).stdout
+
+
+@pytest.mark.parametrize("rate", ["100mbit", "85.1gbit", "1000gbit"])
+def test_bench_bandwidth_queue_holds_400_ms_at_every_rate(rate):
+    """tc's own latency -> limit sum wraps at 32 bits above ~85gbit (85.1gbit: a 2.6 MB limit
+    under a 42 MB bucket); the queue is given in bytes, as much as fits."""
+    try:
+        from pyhet.bench import bandwidth
+    except ImportError:
+        from bench import bandwidth
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        pytest.skip("needs root and tc")
+    link = bandwidth.Link()
+    try:
+        link.shape(rate)
+        shown = subprocess.run(["tc", "-n", link.ns[0], "qdisc", "show", "dev", link.dev[0]],
+                               capture_output=True, text=True, check=True).stdout
+    finally:
+        link.close()
+    m = re.search(r"burst (\d+)b (?:lat (\S+)|limit (\d+)b)", shown)
+    assert m, shown
+    if m.group(2):
+        lat_s = float(m.group(2)[:-2]) * (1e-3 if m.group(2).endswith("ms") else 1)
+        # at 1000gbit 400 ms is more than 32 bits of bytes: as much queue as fits
+        want = min(0.4, (2**32 - 1 - int(m.group(1))) / (bandwidth.rate_bits(rate) / 8))
+        assert lat_s == pytest.approx(want, rel=0.1), shown
+    else:
+        assert int(m.group(3)) >= int(m.group(1)), shown
 
 
 def test_bench_bandwidth_rows_are_medians_of_the_rounds():
