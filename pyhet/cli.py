@@ -797,10 +797,14 @@ def _user_paths(args) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"] and argv[1:2] and argv[1].startswith("-") and argv[1] not in (
+    at = 0
+    while argv[at:at + 1] == ["--debug"]:   # the one global option that lets a command follow
+        at += 1
+    after = argv[at + 1:at + 2]
+    if argv[at:at + 1] == ["bench"] and after and after[0].startswith("-") and after[0] not in (
             "-h", "--help", "--"):   # argparse would take the option's value for the name
         parser.bench_parser.error(f"give the benchmark's name before its options (pyhet bench "
-                                  f"NAME {argv[1]} ...): one of {', '.join(BENCHMARKS)}")
+                                  f"NAME {after[0]} ...): one of {', '.join(BENCHMARKS)}")
     try:
         args = parser.parse_args(argv)
     except OutputError as e:          # --help into a closed pipe or a full disk

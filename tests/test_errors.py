@@ -229,6 +229,8 @@ BAD = [
     (["bench"], 2, ["pyhet bench", "give the benchmark to run: one of gemm, step"]),
     (["bench", "--json", "x.json"], 2,
      ["give the benchmark's name before its options (pyhet bench NAME --json ...)", "gemm"]),
+    (["--debug", "bench", "--json", "x.json", "plan"], 2,
+     ["give the benchmark's name before its options (pyhet bench NAME --json ...)", "gemm"]),
     (["bench", "scaling", "--steps", "0"], 2, ["pyhet bench scaling", "--steps"]),
     (["bench", "bandwidth", "--rates", "foo"], 2, ["pyhet bench bandwidth", "rate"]),
     (["bench", "ranks", "--quotas", "2"], 2, ["pyhet bench ranks", "--quotas"]),
