@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import signal
+import stat
 import statistics
 import sys
 import tempfile
@@ -212,6 +213,9 @@ def _folder_of(path: str) -> str:
     return files.folder_of(path)
 
 
+NAME_MAX = 255   # the longest file name most file systems take, in bytes
+
+
 def write_json(path: str, data: dict) -> None:
     """Write the results, whole or not at all: to a new hidden file beside `path`, then renamed
     over it (an earlier file of results stays whole until then, also when the write is
@@ -226,9 +230,16 @@ def write_json(path: str, data: dict) -> None:
     try:
         folder = _folder_of(path)
         os.makedirs(folder, exist_ok=True)   # as mkdir -p: nodir/.. is made
-        name = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+        tag = f".{secrets.token_hex(4)}.tmp"
+        # the temporary name no longer than the longest name --json may have (NAME_MAX)
+        base = os.fsencode(os.path.basename(path))[:NAME_MAX - 1 - len(tag)]
+        name = os.path.join(folder, "." + os.fsdecode(base) + tag)
         fd = files.create_new(name)
         tmp = name
+        try:   # a file replaced keeps its permissions
+            os.chmod(fd, stat.S_IMODE(os.stat(path).st_mode))
+        except OSError:
+            pass
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
             f.write("\n")

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 
@@ -145,6 +146,20 @@ def test_a_json_write_that_is_interrupted_leaves_the_file_before_it_whole(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
     util.write_json(str(out), {"run": 3})
     assert json.loads(out.read_text()) == {"run": 3} and len(list(tmp_path.iterdir())) == 1
+
+
+def test_a_json_of_the_longest_name_and_its_permissions(tmp_path):
+    """A --json name of 255 bytes (the most a name may have) is written, not refused for its
+    temporary name; a file written over keeps its permissions."""
+    util = bench("_util")
+    out = tmp_path / ("\u00e9" * 120 + "r" * 10 + ".json")     # 255 bytes, é two each
+    assert len(os.fsencode(out.name)) == 255
+    util.write_json(str(out), {"run": 1})
+    os.chmod(out, 0o640)
+    util.write_json(str(out), {"run": 2})
+    assert json.loads(out.read_text()) == {"run": 2}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
 
 
 def test_a_json_that_cannot_be_written_after_the_run_is_kept(tmp_path):
