@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -499,6 +500,68 @@ def test_a_link_whose_name_is_taken_deletes_nothing_it_did_not_make(monkeypatch)
         assert taken in names and f"pyhet-bw{os.getpid()}-ee0001-0" not in names
     finally:
         subprocess.run(["ip", "netns", "del", taken])
+
+
+def test_an_mpi_job_past_its_time_is_killed_with_everything_it_started(tmp_path,
+                                                                        monkeypatch):
+    """A job in a group of its own whose children ignore SIGTERM (a rank stuck in a call):
+    after the grace, the whole group is killed, not only the job's first process."""
+    util = bench("_util")
+    real = util.stop_child
+    monkeypatch.setattr(util, "stop_child", lambda p, **kw: real(p, grace=0.5, **kw))
+    job = ("trap '' TERM; sh -c \"trap '' TERM; sleep 30\" & echo $$ > pgid; wait; "
+           "sleep 30")
+    t0 = time.monotonic()
+    with pytest.raises(PyhetError, match="ran past --timeout"):
+        util.run_json(["sh", "-c", job], 1.0, str(tmp_path), own_group=True, what="the job")
+    assert time.monotonic() - t0 < 20
+    pgid = int((tmp_path / "pgid").read_text())
+    for _ in range(50):        # the kernel may take a moment to reap the last of the group
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process group {pgid} outlived the job")
+
+
+def test_a_quota_that_cannot_be_made_is_one_line(monkeypatch, tmp_path):
+    ranks = bench("ranks")
+    monkeypatch.setattr(ranks, "CGROUP_CPU", tmp_path / "no" / "cgroup")
+    with pytest.raises(PyhetError, match=r"^cannot make the cgroup .*no/cgroup/pyhet-bench-"):
+        ranks.Quota(0.5)
+
+
+def test_a_quota_that_still_holds_processes_is_named(monkeypatch, tmp_path, capsys):
+    """A cgroup that cannot be removed (its processes not yet gone after 5 s) is left and
+    named with the command that removes it."""
+    ranks = bench("ranks")
+    monkeypatch.setattr(ranks, "CGROUP_CPU", tmp_path)
+    monkeypatch.setattr(ranks.time, "sleep", lambda s: None)
+    q = ranks.Quota.__new__(ranks.Quota)
+    q.path = tmp_path / "pyhet-bench-1-abc-500"
+    q.path.mkdir()
+    (q.path / "cgroup.procs").write_text("")      # a folder that is not empty: rmdir fails
+    q.close()
+    err = capsys.readouterr().err
+    assert f"the cgroup {q.path} still holds processes" in err
+    assert f"rmdir {q.path}" in err and q.path.exists()
+
+
+def test_a_namespace_whose_set_up_fails_is_removed(monkeypatch):
+    ranks = bench("ranks")
+    calls = []
+
+    def sh(*argv, check=True):
+        calls.append(argv)
+        if argv[:2] == ("ip", "-n"):
+            raise PyhetError("ip -n NAME link set lo up failed: no such device")
+    monkeypatch.setattr(ranks._util, "sh", sh)
+    with pytest.raises(PyhetError, match="link set lo up failed"):
+        ranks.Namespace()
+    assert calls[0][:3] == ("ip", "netns", "add")
+    assert calls[-1] == ("ip", "netns", "del", calls[0][3])
 
 
 @pytest.mark.parametrize("argv, says", [
