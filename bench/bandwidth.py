@@ -106,11 +106,23 @@ class Link:
         self.made = []        # the namespaces made
         self.veth = False     # the veth pair made, still in this namespace (not moved)
         try:
+            # each counted as made before its command, and not once the command says it failed
+            # (a name already taken): a Ctrl-C that lands after the command made it, before
+            # its record, would leave it
             for ns in self.ns:
-                sh("ip", "netns", "add", ns)
                 self.made.append(ns)
-            sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
+                try:
+                    sh("ip", "netns", "add", ns)
+                except PyhetError:
+                    self.made.pop()
+                    raise
             self.veth = True
+            try:
+                sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name",
+                   self.dev[1])
+            except PyhetError:
+                self.veth = False
+                raise
             for ns, dev, addr in zip(self.ns, self.dev, self.addr):
                 sh("ip", "link", "set", dev, "netns", ns)
                 self.veth = False     # an end in a namespace of ours: deleted with it

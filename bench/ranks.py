@@ -138,7 +138,13 @@ class Namespace:
 
     def __init__(self):
         self.name = f"{NS_PREFIX}{os.getpid()}-{_util.unique_tag()}"
-        _util.sh("ip", "netns", "add", self.name)
+        try:
+            _util.sh("ip", "netns", "add", self.name)
+        except PyhetError:      # a name taken: nothing made here (a Ctrl-C: removed below)
+            raise
+        except BaseException:
+            self.close()
+            raise
         try:
             _util.sh("ip", "-n", self.name, "link", "set", "lo", "up")
         except BaseException:

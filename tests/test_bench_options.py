@@ -564,6 +564,29 @@ def test_a_namespace_whose_set_up_fails_is_removed(monkeypatch):
     assert calls[-1] == ("ip", "netns", "del", calls[0][3])
 
 
+@pytest.mark.parametrize("after", ["netns", "link"])
+def test_a_link_interrupted_as_its_command_returns_leaves_nothing(monkeypatch, after):
+    """Ctrl-C just after `ip netns add` or `ip link add` made its part, before the part was
+    recorded: the part was left (a veth pair in this machine's namespace)."""
+    bandwidth = bench("bandwidth")
+    util = bench("_util")
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and ip")
+    real = bandwidth.sh
+
+    def sh(*argv, **kw):
+        real(*argv, **kw)
+        if argv[1:3] == (after, "add"):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(bandwidth, "sh", sh)
+    monkeypatch.setattr(util, "unique_tag", lambda: "ee0002")
+    with pytest.raises(KeyboardInterrupt):
+        bandwidth.Link()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "pbwee0002" not in links
+    assert not [n for n in util.namespaces() if "-ee0002-" in n]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--batch-sizes", "8,,16"], "without empty entries, got '8,,16'"),
     (["--batch-sizes", ""], "expected at least one batch size"),
