@@ -56,7 +56,10 @@ py::array checked(py::handle obj, const char* name, int ndim, bool output,
     throw py::type_error(std::string(name) + ": expected a numpy " + want + " array, got " +
                          type_name(obj));
   auto a = py::reinterpret_borrow<py::array>(obj);
-  if (!a.dtype().is(py::dtype::of<T>()))
+  // the same type, not the same object: an array that went through pickle has a dtype of
+  // its own (byte order counts: a big-endian float32 is not this one)
+  if (!py::detail::npy_api::get().PyArray_EquivTypes_(a.dtype().ptr(),
+                                                       py::dtype::of<T>().ptr()))
     throw py::type_error(std::string(name) + ": expected dtype " + want + ", got " +
                          std::string(py::str(a.dtype())));
   if (a.ndim() != ndim)
@@ -342,21 +345,42 @@ void bind_sgemm_packed_t(py::handle a_, py::handle packed_, py::handle c_, py::h
                         pc, ldc, threads);
 }
 
-// Seven PackedBs of op(b)'s quadrant sums (pyhet::sgemm_packed_quadrants), from a sequence.
-std::vector<const pyhet::PackedB*> quadrant_packs(py::handle packs_) {
+// Seven PackedBs taken from a sequence, and the sequence's items held: the call reads (or
+// writes) them with the GIL released, when another thread could drop the sequence's last
+// reference to one (a list cleared, a sequence whose items are made as they are asked for).
+template <class P>
+struct HeldPacks {
+  py::tuple held;
+  std::vector<P*> ptrs;
+  bool empty() const { return ptrs.empty(); }
+  P* const* data() const { return ptrs.data(); }
+  P* operator[](size_t i) const { return ptrs[i]; }
+};
+
+py::tuple seven_packs(py::handle packs_, const std::string& name, const char* what) {
   if (!py::isinstance<py::sequence>(packs_) || py::isinstance<py::str>(packs_) ||
       py::len(packs_) != 7)
-    throw py::type_error("packs: expected a sequence of 7 PackedB (pyhet.ops.packed_b), got " +
-                         type_name(packs_));
-  std::vector<const pyhet::PackedB*> packs;
-  for (py::handle p : py::reinterpret_borrow<py::sequence>(packs_)) {
+    throw py::type_error(name + ": expected " + what + ", got " + type_name(packs_));
+  py::tuple held = py::reinterpret_steal<py::tuple>(PySequence_Tuple(packs_.ptr()));
+  if (!held) throw py::error_already_set();
+  if (py::len(held) != 7)
+    throw py::value_error(name + ": expected 7 PackedB, got a sequence that gave " +
+                          std::to_string(py::len(held)));
+  return held;
+}
+
+// Seven PackedBs of op(b)'s quadrant sums (pyhet::sgemm_packed_quadrants), from a sequence.
+HeldPacks<const pyhet::PackedB> quadrant_packs(py::handle packs_) {
+  HeldPacks<const pyhet::PackedB> packs{
+      seven_packs(packs_, "packs", "a sequence of 7 PackedB (pyhet.ops.packed_b)"), {}};
+  for (py::handle p : packs.held) {
     const pyhet::PackedB& q = packed_arg(p);
     if (!packs.empty() && (q.K() != packs[0]->K() || q.N() != packs[0]->N() ||
                            q.trans() != packs[0]->trans()))
       throw py::value_error("packs: expected 7 PackedB of one size and storage, got " +
                             shape_str({packs[0]->K(), packs[0]->N()}) + " and " +
                             shape_str({q.K(), q.N()}));
-    packs.push_back(&q);
+    packs.ptrs.push_back(&q);
   }
   return packs;
 }
@@ -501,22 +525,25 @@ void bind_im2col_pack(py::handle x_, py::handle kh, py::handle kw, py::handle st
                      n.second, threads);
 }
 
-// Seven PackedBs of the quadrants' sums of op(b) = col (or col^T), or null for None.
-std::vector<pyhet::PackedB*> quadrant_col_arg(py::handle packs_, const char* name,
-                                              bool transposed, const Shape& quadrant) {
-  if (packs_.is_none()) return {};
-  if (!py::isinstance<py::sequence>(packs_) || py::isinstance<py::str>(packs_) ||
-      py::len(packs_) != 7)
-    throw py::type_error(std::string(name) + ": expected None or a sequence of 7 PackedB, got " +
-                         type_name(packs_));
-  std::vector<pyhet::PackedB*> packs;
-  for (py::handle p : py::reinterpret_borrow<py::sequence>(packs_)) {
+// Seven PackedBs of the quadrants' sums of op(b) = col (or col^T), or none for None; each
+// written, so no two the same (fwd's and t's differ in storage, so none is in both).
+HeldPacks<pyhet::PackedB> quadrant_col_arg(py::handle packs_, const char* name,
+                                           bool transposed, const Shape& quadrant) {
+  if (packs_.is_none()) return HeldPacks<pyhet::PackedB>{py::tuple(), {}};
+  HeldPacks<pyhet::PackedB> packs{
+      seven_packs(packs_, name, "None or a sequence of 7 PackedB"), {}};
+  for (py::handle p : packs.held) {
     pyhet::PackedB* q = packed_col_arg(p, name, transposed, quadrant);
     if (q == nullptr)
       throw py::type_error(std::string(name) + ": expected 7 PackedB, got None among them");
     if (!packs.empty() && std::string(q->kernel()) != packs[0]->kernel())
       throw py::value_error(std::string(name) + ": packed for different micro-kernels");
-    packs.push_back(q);
+    for (size_t i = 0; i < packs.ptrs.size(); ++i)
+      if (packs[i] == q)
+        throw py::value_error(std::string(name) + ": expected 7 different PackedB (each is "
+                              "written), got the same one at " + std::to_string(i) + " and " +
+                              std::to_string(packs.ptrs.size()));
+    packs.ptrs.push_back(q);
   }
   return packs;
 }

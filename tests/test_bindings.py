@@ -11,6 +11,9 @@ raise; one that might still make a valid call (a dimension changed) may raise or
 """
 
 import contextlib
+import pickle
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -560,3 +563,67 @@ def test_gemm_packed_uses_strassen_takes_only_ints():
     for args in [("a", 1000, 1000), (2000.5, 1000, 1000), (2000, 1000, 1000, None)]:
         with pytest.raises(TypeError):
             _core.gemm_packed_uses_strassen(*args)
+
+
+def test_an_array_through_pickle_is_taken():
+    """An array that went through pickle (multiprocessing, joblib) has a float32 dtype of its
+    own, not NumPy's: it was refused as 'expected dtype float32, got float32'. A big-endian
+    float32 is still refused."""
+    x = pickle.loads(pickle.dumps(np.arange(2 * 3 * 5 * 5, dtype=np.float32).reshape(2, 3, 5, 5)))
+    assert x.dtype is not np.dtype(np.float32)
+    np.testing.assert_array_equal(ops.im2col(x, 3, 3), ops.im2col(np.array(x), 3, 3))
+    y, arg = ops.maxpool(x, 2)
+    arg = pickle.loads(pickle.dumps(arg))
+    assert arg.dtype is not np.dtype(np.int32)
+    dy = np.ones_like(y)
+    np.testing.assert_array_equal(ops.maxpool_backward(dy, arg, x.shape),
+                                  ops.maxpool_backward(dy, np.array(arg), x.shape))
+    with pytest.raises(TypeError, match="expected dtype float32, got >f4"):
+        _core.im2col(x.astype(">f4"), 3, 3, 1, 0, np.empty((27, 18), np.float32))
+
+
+def test_quadrant_packs_are_held_while_the_product_runs():
+    """The seven packs of a quadrant product are read with the GIL released: another thread
+    that dropped the list's last references to them made the product read freed memory
+    (SIGSEGV); the call now holds them."""
+    code = ("import threading, time, numpy as np\n"
+            "from pyhet import _core\n"
+            "m = 1024\n"
+            "packs = [_core.PackedB(m, m) for _ in range(7)]\n"
+            "a = np.ones((m, 2 * m), np.float32); c = np.empty((m, 2 * m), np.float32)\n"
+            "threading.Thread(target=lambda: (time.sleep(0.02), packs.clear())).start()\n"
+            "_core.sgemm_packed_quadrants(a, packs, c, strassen=1)\n"
+            "print('returned')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout == "returned\n", (p.returncode, p.stderr[-2000:])
+
+
+def test_quadrant_packs_made_as_they_are_asked_for():
+    """A sequence whose items are made as they are asked for (each dropped at once): the sizes
+    were read from freed memory (k of 140111444385040); now each is held while it is read."""
+    class Fresh:
+        def __len__(self):
+            return 7
+
+        def __getitem__(self, i):
+            if i >= 7:
+                raise IndexError(i)
+            return _core.PackedB(64, 32)
+    c = np.full((3, 64), np.nan, np.float32)
+    _core.sgemm_packed_quadrants(np.ones((3, 128), np.float32), Fresh(), c)
+    assert not c.any()          # B's packs all zeros
+
+
+def test_quadrant_packs_written_must_differ():
+    """The same PackedB given twice among the seven written (fwd's or t's): the sums
+    overwrote each other and the product was silently wrong (off by about 15)."""
+    x = np.random.default_rng(0).random((2, 2, 5, 5), dtype=np.float32)
+    col = ops.im2col(x, 3, 3)
+    k, n = col.shape
+    p = ops.packed_b(k // 2, n // 2)
+    with pytest.raises(ValueError, match="7 different PackedB"):
+        ops.im2col_pack_quadrants(x, 3, 3, fwd=ops.PackedQuadrants([p] * 7, k, n, False))
+    t = [ops.packed_b(n // 2, k // 2, trans_b=True) for _ in range(6)]
+    with pytest.raises(ValueError, match="the same one at 2 and 6"):
+        _core.im2col_pack_quadrants(x, 3, 3, 1, 0, None, t + [t[2]])
