@@ -243,3 +243,34 @@ def pmi_launcher(monkeypatch, rank: int):
             monkeypatch.setenv(k, v)
         yield heard
     t.join(10)
+
+
+# ================================================================ MPI jobs
+
+def private_mpi_job(cmd, cwd):
+    """cmd, an mpiexec job run in the folder cwd, in a mount namespace of its own with a
+    private /dev/shm and /tmp, as the benchmarks run theirs (private_tmp in pyhet.bench._util):
+    what MPICH and mpiexec leave there when the job is ended by a signal goes with its last
+    process. The folder directly under /tmp that holds cwd (pytest's) is bound back over the
+    overlay, so that what the job writes there is written here (where the bind fails, the
+    overlay is taken off). Where no mount namespace can be made, cmd as it is."""
+    cmd = [str(c) for c in cmd]
+    try:
+        from pyhet.bench._util import private_tmp
+    except ImportError:
+        try:
+            from bench._util import private_tmp
+        except ImportError:
+            return cmd
+    if private_tmp(cmd) == cmd:
+        return cmd
+    tmp, here = os.path.realpath("/tmp"), os.path.realpath(cwd)
+    if here == tmp:             # its writes would go to the overlay
+        return cmd
+    if os.path.commonpath([tmp, here]) != tmp:
+        return private_tmp(cmd)
+    top = os.path.join(tmp, os.path.relpath(here, tmp).split(os.sep)[0])
+    # the source relative to cwd, which is outside the overlay (an absolute path is inside)
+    keep = ('mount -c --bind "$1" "$2" 2>/dev/null || '
+            '[ "$(findmnt -no FSTYPE /tmp)" != overlay ] || umount /tmp; shift 2; exec "$@"')
+    return private_tmp(["sh", "-c", keep, "sh", os.path.relpath(top, here), top, *cmd])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_npz, make_npz_dataset, pmi_launcher
+from conftest import load_npz, make_npz_dataset, pmi_launcher, private_mpi_job
 from pyhet.arch import build
 
 pytest.importorskip("mpi4py", reason="pip install '.[mpi]' for the MPI tests")
@@ -38,7 +38,7 @@ def run(argv, ranks, cwd, timeout=180, **env_extra):
     env.update(env_extra)
     cmd = [sys.executable, "-m", "pyhet", *map(str, argv)]
     if ranks:
-        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
+        cmd = private_mpi_job([MPIEXEC, "-n", str(ranks), *cmd], cwd)
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
@@ -216,9 +216,9 @@ def test_a_rank_that_cannot_start_its_threads_ends_the_job_naming_itself(tmp_pat
     devices = "0/cpu:1,1/cpu:1024" if rank == 1 else "0/cpu:1024,1/cpu:1"
     argv = train_argv(data, devices, tmp_path / "w.npz")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    p = subprocess.run([MPIEXEC, "-n", "2", "sh", "-c", limits, sys.executable,
-                        *map(str, argv)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(private_mpi_job([MPIEXEC, "-n", "2", "sh", "-c", limits, sys.executable,
+                                        *argv], tmp_path), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
     if "ulimit" in p.stderr and "pyhet" not in p.stderr:
         pytest.skip(f"the shell cannot set these limits: {p.stderr.strip()}")
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
@@ -329,8 +329,9 @@ def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
     it a device (or made its own), silently."""
     pyhet = [sys.executable, "-m", "pyhet", "train", "--dataset", f"npz:{data}", "--arch", ARCH,
              "--steps", "2", "--quiet", "--devices"]
-    p = subprocess.run([MPIEXEC, "-n", "1", *pyhet, "0/cpu:1,1/cpu:1", ":", "-n", "1", *pyhet,
-                        "0/cpu:1"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(private_mpi_job([MPIEXEC, "-n", "1", *pyhet, "0/cpu:1,1/cpu:1", ":", "-n",
+                                        "1", *pyhet, "0/cpu:1"], tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "rank 1 was started with --devices '0/cpu:1', rank 0 with '0/cpu:1,1/cpu:1'" in \
         p.stderr and "Traceback" not in p.stderr, p.stderr
@@ -347,9 +348,9 @@ def test_a_rank_refused_alone_before_mpi_starts_ends_the_job(tmp_path, data, ran
     train = ["train", "--dataset", f"npz:{data}", "--arch", ARCH, "--steps", "2", "--quiet",
              "--devices", "0/cpu:1,1/cpu:1"]
     rest = train[1:] if rank1[0] == "train" else []
-    p = subprocess.run([MPIEXEC, "-n", "1", *pyhet, *train, ":", "-n", "1", *pyhet, *rank1[:1],
-                        *rest, *rank1[1:]], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(private_mpi_job([MPIEXEC, "-n", "1", *pyhet, *train, ":", "-n", "1",
+                                        *pyhet, *rank1[:1], *rest, *rank1[1:]], tmp_path),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, (p.returncode, p.stderr)    # not a hang until timeout=120
     lines = [line for line in p.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and ": error: rank 1: " in lines[0], p.stderr
@@ -409,7 +410,8 @@ def test_a_rank_that_stops_or_dies_ends_the_run(tmp_path, signal_name):
             f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
             "--steps", "1000000", "--batch-size", "8", "--timeout", "3", "--quiet",
             "--checkpoint-dir", "ck", "--checkpoint-every", "20"]
-    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(private_mpi_job(argv, tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
     with p:
         try:
             deadline = time.monotonic() + 60
@@ -456,7 +458,8 @@ def test_an_idle_rank_stopped_before_the_end_ends_the_job_after_the_timeout(tmp_
             f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--balance", "even",
             "--steps", "200", "--batch-size", "8", "--timeout", "3", "--quiet", "--json",
             "--checkpoint-dir", "ck", "--checkpoint-every", "5"]
-    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(private_mpi_job(argv, tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
     pid = None
     with p:
         try:
@@ -496,7 +499,8 @@ def test_a_rank_that_never_starts_mpi_ends_the_job_after_the_timeout(tmp_path, d
             f"npz:{data}", "--arch", ARCH, "--devices", "0/cpu:1,1/cpu:1", "--steps", "2",
             "--timeout", "3", "--quiet", ":", "-n", "1", "sleep", "47"]
     start = time.monotonic()
-    p = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(private_mpi_job(argv, tmp_path), cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
     took = time.monotonic() - start
     assert p.returncode != 0 and took < 3 + 20, (p.returncode, took, p.stderr)
     time.sleep(1)
@@ -521,8 +525,8 @@ def test_a_rank_without_mpi4py_ends_the_job_at_once(tmp_path, data, stubbed):
                                                            tmp_path / "w.npz", "--timeout",
                                                            "120"))]
     start = time.monotonic()
-    p = subprocess.run([MPIEXEC, *argv], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=180)
+    p = subprocess.run(private_mpi_job([MPIEXEC, *argv], tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
     took = time.monotonic() - start
     assert p.returncode == 1 and took < 30, (p.returncode, took, p.stdout, p.stderr)
     assert p.stdout == "" and "mpi4py is not installed" in p.stderr, (p.stdout, p.stderr)
@@ -564,7 +568,8 @@ def start_long_run(tmp_path, devices):
     argv = [MPIEXEC, "-n", "2", sys.executable, "-m", "pyhet", "train", "--dataset",
             f"npz:{data}", "--arch", ARCH, "--devices", devices, "--balance", "even",
             "--steps", "1000000", "--batch-size", "8", "--quiet"]
-    p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(private_mpi_job(argv, tmp_path), cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while rank_pid(str(data), 1) is None and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.5)
