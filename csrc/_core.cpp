@@ -7,7 +7,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <memory>
 #include <cmath>
@@ -110,13 +113,36 @@ int64_t int_arg(py::handle v, const char* name) {
   return r;
 }
 
-// `threads`: an int in [1, kMaxThreads].
+// OpenMP's threads do not survive fork(): in a child forked after a region of 2 or more
+// threads, libgomp's next such region waits for threads that are not there (a hang; a
+// multiprocessing.Pool forks by default). Such a child runs every region on one thread, and
+// is told so once.
+std::atomic<bool> g_threads_started{false};
+std::atomic<bool> g_forked_after_threads{false};
+std::atomic<bool> g_fork_told{false};
+
+void after_fork_in_child() {
+  if (g_threads_started.load()) g_forked_after_threads.store(true);
+}
+
+// `threads`: an int in [1, kMaxThreads]; 1 in a child forked after threads had started.
 int thread_count(py::handle threads) {
   const int64_t v = int_arg(threads, "threads");
   if (v < 1) throw py::value_error("threads must be >= 1, got " + std::to_string(v));
   if (v > kMaxThreads)
     throw py::value_error("threads must be at most " + std::to_string(kMaxThreads) + ", got " +
                           std::to_string(v));
+  if (v > 1 && g_forked_after_threads.load()) {
+    if (!g_fork_told.exchange(true) &&
+        PyErr_WarnEx(PyExc_RuntimeWarning,
+                     "pyhet: this process was forked after pyhet's threads had started, and "
+                     "OpenMP's threads do not survive fork(): pyhet runs on one thread here "
+                     "(start processes with multiprocessing's 'spawn' or 'forkserver' method "
+                     "to use more)", 1) != 0)
+      throw py::error_already_set();
+    return 1;
+  }
+  if (v > 1 && pyhet::have_openmp()) g_threads_started.store(true);
   return static_cast<int>(v);
 }
 
@@ -813,6 +839,7 @@ void bind_sgd_update(py::handle p_, py::handle g_, py::handle v_, float lr, floa
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
   m.doc() = "pyhet's C++ core: packed SGEMM, im2col/col2im, pooling. Use pyhet.ops instead.";
   m.def("sgemm",
         [](py::handle a, py::handle b, py::handle c, bool ta, bool tb, float alpha, float beta,

@@ -14,6 +14,7 @@ Letters as in pyhet.geometry: x (N, C, H, W), a shard of k kernels w (k, C, R, S
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,6 +88,7 @@ class Device:
 
     emulates = True   # applies its own @S slowness (a device on another rank: that rank does)
     link = None       # its link to the master (pyhet.links.Link); None: in this process
+    in_this_process = True   # computes here (not on another rank)
 
     def __init__(self, name: str, spec: DeviceSpec, backend=None):
         self.name, self.spec = name, spec
@@ -98,8 +100,8 @@ class Device:
         self.last_busy_s = 0.0             # the busy time of the newest finished piece of work
         self.busy_by_tag: dict[str, float] = {}
         self._shards: dict[str, _Shard] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{name}",
-                                        initializer=_quiet_float_errors)
+        self._pid = os.getpid()
+        self._pool = self._new_pool()
         self._lock = threading.Lock()
         self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
         self.step: int | None = None       # the training step under way (for the fault)
@@ -146,6 +148,8 @@ class Device:
         """Stop the worker thread, first dropping the shards and the backend's cached memory
         (a GPU's pool blocks) on it; a device that failed may fail this too, and is stopped all
         the same."""
+        if self._pid != os.getpid():    # forked: the worker is not here (nor its shards')
+            return
         try:
             self._pool.submit(self._release).result()
         except Exception:
@@ -171,7 +175,32 @@ class Device:
         """Run fn(*args) on this device's worker; errors come back naming the device."""
         return self._on_worker(self._run, what, tag, fn, *args)
 
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{self.name}",
+                                  initializer=_quiet_float_errors)
+
+    def _after_fork(self) -> None:
+        """In a process forked from the one that made this device (a multiprocessing.Pool's
+        worker): the worker thread was not copied, and work handed to it waited forever. A cpu
+        device makes its worker anew (its team is one thread there, pyhet._core says why); a GPU
+        or another rank cannot be reached from a forked process."""
+        if self.spec.kind != "cpu" or not self.in_this_process:
+            raise DeviceError(
+                f"device {self.name} ({self.spec}) was made in process {self._pid} and cannot "
+                f"be used in process {os.getpid()}, forked from it ("
+                f"{'CUDA' if self.spec.kind == 'gpu' else 'MPI'} does not survive fork()): make "
+                f"the network in this process, or start processes with multiprocessing's "
+                f"'spawn' or 'forkserver' method")
+        self._pid = os.getpid()
+        self._pool = self._new_pool()
+        self._lock = threading.Lock()
+        start = getattr(self.backend, "start", None)
+        if start is not None:
+            self._pool.submit(start).result()
+
     def _on_worker(self, fn, *args) -> Future:
+        if self._pid != os.getpid():
+            self._after_fork()
         try:
             return self._pool.submit(fn, *args)
         except RuntimeError as e:

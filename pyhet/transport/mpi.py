@@ -281,6 +281,7 @@ class RemoteDevice(Device):
         super().__init__(name, spec, backend=peer)   # the link stands where a backend would be
 
     emulates = False   # its own rank applies the @S slowness
+    in_this_process = False
 
     @property
     def shares_host_memory(self) -> bool:

@@ -1,0 +1,89 @@
+"""pyhet in a process forked from one where it had run (a multiprocessing.Pool's worker, which
+Linux forks by default): OpenMP's threads and a device's worker thread are not copied by
+fork(), and work handed to them waited forever. Each case runs in a process of its own, so
+that a hang ends in its timeout, not the suite's."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pyhet import ops
+
+WARNING = "pyhet runs on one thread here"
+
+
+def run(code: str, *argv: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung: {e.stderr!r}")
+
+
+def test_the_core_in_a_process_forked_after_its_threads():
+    """The child's kernels run (on one thread, said once), and give the parent's results."""
+    p = run("""
+        import os, numpy as np
+        from pyhet import ops
+        rng = np.random.default_rng(0)
+        x = rng.random((8, 4, 19, 19), dtype=np.float32)
+        a, b = rng.random((300, 200), dtype=np.float32), rng.random((200, 250), dtype=np.float32)
+        want = ops.im2col(x, 3, 3, threads=2), ops.sgemm(a, b, threads=2)
+        pid = os.fork()
+        if pid == 0:
+            got = ops.im2col(x, 3, 3, threads=2), ops.sgemm(a, b, threads=2)
+            ops.maxpool(x, 2, threads=2)
+            same = np.array_equal(got[0], want[0]) and np.allclose(got[1], want[1], rtol=1e-5)
+            os._exit(0 if same else 3)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """)
+    assert p.returncode == 0 and p.stdout == "0\n", (p.stdout, p.stderr)
+    assert p.stderr.count(WARNING) == (1 if ops.have_openmp() else 0), p.stderr
+
+
+@pytest.mark.parametrize("devices", ["cpu:2", "cpu:1,cpu:1"])
+def test_a_network_used_in_a_forked_pool_worker(devices):
+    """A Network made in the parent predicts and trains in a Pool's worker as it does in the
+    parent (its devices' workers made anew there)."""
+    p = run("""
+        import multiprocessing as mp, sys
+        import numpy as np, pyhet
+        net = pyhet.Network("4C5-P2-8C5-P2", input_shape=(3, 20, 20), num_classes=5,
+                            devices=sys.argv[1], seed=0)
+        x = np.random.default_rng(1).random((6, 3, 20, 20), dtype=np.float32)
+        y = np.arange(6) % 5
+
+        def work(_):
+            before = net.predict(x)
+            net.fit(x, y, steps=3, batch_size=3)
+            return before, net.predict(x)
+
+        if __name__ == "__main__":
+            want = net.predict(x)
+            with mp.get_context("fork").Pool(1) as pool:
+                before, after = pool.map(work, [0])[0]
+            net.fit(x, y, steps=3, batch_size=3)
+            print(np.array_equal(before, want), np.allclose(after, net.predict(x), atol=1e-6))
+        """, devices)
+    assert p.returncode == 0 and p.stdout == "True True\n", (p.stdout, p.stderr[-3000:])
+
+
+def test_a_gpu_device_in_a_forked_process_is_refused(monkeypatch):
+    """CUDA does not survive fork(): a GPU device made before it is refused with the way out,
+    not handed work that never returns."""
+    from test_devices import fake_cupy
+    from pyhet.devices import make_devices
+    from pyhet.errors import DeviceError
+    from pyhet.specs import parse_devices
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
+    gpu, = make_devices(parse_devices("gpu:0"))
+    try:
+        gpu._pid -= 1          # as in a child: made in another process
+        with pytest.raises(DeviceError, match=r"device d0 \(gpu:0\) was made in process .*"
+                                              r"\(CUDA does not survive fork\(\).*'spawn'"):
+            gpu.call("a test", lambda: None)
+    finally:
+        gpu._pid += 1
+        gpu.close()
