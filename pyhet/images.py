@@ -89,6 +89,12 @@ def native_float32(a):
     return a
 
 
+def masked_message(what: str) -> str:
+    # np.asarray drops a mask: the values under it would be used as they are
+    return (f"{what}: a masked array, whose masked values would be used as they are: fill "
+            f"them first ({what}.filled(value)) or leave those images out")
+
+
 def prepare_images(x, input_shape, normalization=None, what="x"):
     """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
     used as it is; uint8 is raw pixels, prepared as the network's training images were (the
@@ -96,6 +102,8 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
     if not isinstance(x, np.ndarray):
         raise DataError(f"{what}: expected a numpy array of images (N, "
                         f"{', '.join(map(str, input_shape))}), got {type(x).__name__}")
+    if isinstance(x, np.ma.MaskedArray):
+        raise DataError(masked_message(what))
     if looks_channel_last(x.shape, input_shape):
         raise DataError(channel_last_message(what, x.shape))
     if x.ndim != 4 or tuple(x.shape[1:]) != tuple(input_shape):
@@ -124,6 +132,8 @@ def prepare_labels(y, n, num_classes, what="y"):
         except (ValueError, TypeError) as e:     # a ragged list: [1, [2], 0]
             raise DataError(f"{what}: expected {n} integer labels, got a "
                             f"{type(y).__name__} that is not an array ({e})") from None
+    if isinstance(y, np.ma.MaskedArray):
+        raise DataError(masked_message(what))
     if y.ndim != 1 or len(y) != n:
         raise DataError(f"{what}: expected {n} labels, shape ({n},), got shape {tuple(y.shape)}")
     if y.dtype.kind not in "iu":

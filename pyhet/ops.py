@@ -150,7 +150,28 @@ def _threads(threads) -> int:
         raise ValueError(f"threads must be >= 1, got {threads}")
     if threads > MAX_THREADS:
         raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
-    return int(threads)
+    threads = int(threads)
+    if threads > _startable[0]:
+        _check_startable(threads)
+    return threads
+
+
+_startable = [1]     # the most threads this process was found able to start at once
+
+
+def _check_startable(threads: int) -> None:
+    """libgomp ends the process where it cannot make a team's thread (ulimit -u, or -v at
+    ulimit -s of stack each): a team larger than any before is tried first as Python threads
+    of the same stack size (with OpenMP only; once for each new largest team)."""
+    if not _core.have_openmp():
+        return
+    from .specs import startable_threads
+    started = startable_threads(threads - 1)      # the calling thread is the team's first
+    if started < threads - 1:
+        raise RuntimeError(f"threads={threads}: this process could start only {started + 1} "
+                           f"threads at once (see ulimit -u, and ulimit -v: each thread "
+                           f"reserves ulimit -s of stack); give fewer threads")
+    _startable[0] = threads
 
 
 def _size(v, name: str, what: str, minimum: int = 0) -> int:
@@ -232,6 +253,9 @@ def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, "
                         f"got {type(a).__name__}")
+    if isinstance(a, np.ma.MaskedArray):   # its mask would be dropped: masked values used
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got a masked "
+                        f"array (fill its masked values first: a.filled(value))")
     if a.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
     if a.ndim != ndim:
@@ -242,7 +266,7 @@ def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
 def _matrix(a, name: str) -> np.ndarray:
     """A float32 matrix for the GEMM: a block of a bigger C-contiguous matrix (rows contiguous,
     further apart) is passed as it is, with its row stride as leading dimension."""
-    if isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == np.float32 and (
+    if type(a) is np.ndarray and a.ndim == 2 and a.dtype == np.float32 and (
             a.strides[1] == 4 and a.strides[0] >= 4 * a.shape[1] and a.strides[0] % 4 == 0):
         return a
     return _array(a, name, 2)
@@ -267,7 +291,8 @@ def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np
         raise MemoryError(f"{what or name}: cannot allocate the result, shape {tuple(shape)} "
                           f"({size / 2**30:.3g} GiB)") from failure
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
-        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array")
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got " + (
+            f"dtype {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__))
     if out.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {out.shape}")
     if not out.flags.c_contiguous:

@@ -358,3 +358,17 @@ def test_a_callback_that_raises_leaves_its_steps_checkpoint(tmp_path):
             net.fit(x, y, steps=6, batch_size=4, checkpoint_dir=tmp_path,
                     checkpoint_every=1, callback=stop_at_3)
     assert (tmp_path / "checkpoint-000000003.npz").is_file()
+
+
+def test_masked_images_or_labels_are_refused():
+    """np.asarray drops a mask: a masked label of 5 (of 3 classes) or a masked pixel would be
+    used as it is."""
+    from pyhet.errors import DataError
+    net = pyhet.Network("4C5-P2", input_shape=(1, 12, 12), num_classes=3, devices="cpu:1")
+    x = np.zeros((2, 1, 12, 12), np.float32)
+    with pytest.raises(DataError, match=r"x: a masked array.*x.filled\(value\)"):
+        net.predict(np.ma.masked_array(x))
+    with pytest.raises(DataError, match=r"y: a masked array"):
+        net.fit(x, np.ma.masked_array([0, 5], mask=[0, 1]), steps=1, batch_size=2)
+    with pytest.raises(DataError, match=r"x: a masked array"):
+        net.evaluate(np.ma.masked_array(x), np.array([0, 1]))

@@ -940,3 +940,66 @@ def test_results_numpy_cannot_make_name_the_call():
              "im2col: the result's shape (3458764513820540928, 0) is empty, but NumPy")]:
         with pytest.raises(ValueError, match=re.escape(words)):
             call()
+
+
+def test_a_masked_array_is_refused_not_read_without_its_mask():
+    """np.ascontiguousarray drops a mask: a masked 99 won the pool over the 0s."""
+    x = np.ma.masked_array(np.zeros((1, 1, 2, 2), np.float32), mask=[[[[0, 1], [0, 0]]]])
+    x.data[0, 0, 0, 1] = 99
+    with pytest.raises(TypeError, match=r"x: .* got a masked array \(fill its masked values"):
+        ops.maxpool(x, 2)
+    m = np.ma.masked_array(np.ones((3, 3), np.float32))
+    with pytest.raises(TypeError, match="a: .*masked array"):
+        ops.sgemm(m, np.ones((3, 3), np.float32))
+
+
+def test_an_output_of_another_dtype_says_what_came():
+    with pytest.raises(TypeError, match="c: expected a numpy float32 array, got dtype float64"):
+        ops.sgemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), c=np.zeros((2, 2)))
+    with pytest.raises(TypeError, match="got list"):
+        ops.sgemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), c=[[0, 0], [0, 0]])
+
+
+def test_threads_the_process_cannot_start_are_refused_not_fatal():
+    """libgomp ends the process (exit 1, no exception) where it cannot make a team's thread;
+    a team larger than any before is tried first."""
+    import subprocess
+    import sys
+    if not ops.have_openmp():
+        pytest.skip("one thread without OpenMP")
+    code = ("import numpy as np\nfrom pyhet import ops\n"
+            "try:\n"
+            "    ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=1000)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n"
+            "print(ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=2)[0].shape)\n")
+    p = subprocess.run(["sh", "-c", 'ulimit -v 1500000 && exec "$@"', "sh", sys.executable,
+                        "-c", code], capture_output=True, text=True, timeout=120)
+    if "ulimit" in p.stderr:
+        pytest.skip(f"the shell cannot set the limit: {p.stderr.strip()}")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    first, second = p.stdout.splitlines()
+    assert re.fullmatch(r"threads=1000: this process could start only \d+ threads at once .*"
+                        r"give fewer threads", first), first
+    assert second == "(4, 4, 4, 4)"
+
+
+def test_the_backends_update_refuses_outputs_it_would_not_write():
+    """An F-ordered p_out was reshaped to a copy, the update written to it and lost (p_out
+    left all zeros); a g of another shape was applied in flat order."""
+    rng = np.random.default_rng(0)
+    p, g, v = (rng.standard_normal((4, 6)).astype(np.float32) for _ in range(3))
+    cfg = SGDConfig(lr=0.1, momentum=0.9)
+    be = CpuBackend(1)
+    f_ordered = np.zeros((4, 6), np.float32, order="F")
+    with pytest.raises(ValueError, match="p_out: expected a writeable C-contiguous array"):
+        be.sgd_update_into(p, g, v, cfg, f_ordered, np.zeros_like(p))
+    with pytest.raises(ValueError, match=r"v_out: expected the parameter's shape \(4, 6\)"):
+        be.sgd_update_into(p, g, v, cfg, np.zeros_like(p), np.zeros(24, np.float32))
+    with pytest.raises(ValueError, match=r"g: expected the parameter's shape \(4, 6\), got "
+                                         r"\(6, 4\)"):
+        be.sgd_update(p, np.ascontiguousarray(g.T), v, cfg)
+    p_out, v_out = be.sgd_update_into(p, g, v, cfg, np.zeros_like(p), np.zeros_like(p))
+    want_p, want_v = sgd_update_into(p, g, v, cfg)
+    np.testing.assert_allclose(p_out, want_p, rtol=1e-6)
+    np.testing.assert_allclose(v_out, want_v, rtol=1e-6)

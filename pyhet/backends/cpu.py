@@ -208,6 +208,7 @@ class CpuBackend:
                 v is not None and not v.flags.c_contiguous):
             # (the core updates flat arrays: one not C-ordered would be a copy, its update lost)
             return ref.sgd_update_parts(p, g, v, cfg)
+        _same_shape(g, p, "g")
         first = v is None
         if first:
             v = np.empty_like(p)
@@ -221,8 +222,9 @@ class CpuBackend:
         if not cfg.momentum:
             return sgd_update_into(p, g, v, cfg, p_out, v_out)
         first = v is None
-        p_out = np.empty_like(p) if p_out is None else p_out
-        v_out = np.empty_like(p) if v_out is None else v_out
+        p_out = np.empty_like(p) if p_out is None else _update_out(p_out, p, "p_out")
+        v_out = np.empty_like(p) if v_out is None else _update_out(v_out, p, "v_out")
+        _same_shape(g, p, "g")
         v = np.empty_like(p) if first else v     # not read on the first step
         _core.sgd_update(p.reshape(-1), np.ascontiguousarray(g).reshape(-1),
                          v.reshape(-1), cfg.lr, cfg.momentum,
@@ -268,3 +270,17 @@ def _joined_rows(arrays):
         return None
     first = (start - base.ctypes.data) // 4
     return base.reshape(-1)[first:first + (addr - start) // 4].reshape(-1, cols)
+
+
+def _same_shape(a, p, name: str) -> None:
+    if a.shape != p.shape:
+        raise ValueError(f"{name}: expected the parameter's shape {p.shape}, got {a.shape}")
+
+
+def _update_out(out, p, name: str):
+    """An output of the update: the core writes it flat, so it must be C-ordered (a reshape of
+    another order is a copy, the update written to it lost)."""
+    _same_shape(out, p, name)
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable C-contiguous array")
+    return out
