@@ -353,8 +353,12 @@ def packed_b(k, n, *, trans_b=False):
     when trans_b), zeros until pack_b fills it. Its ``slivers`` are its panels of columns, the
     unit of pack_b's parts."""
     k, n = _size(k, "k", "packed_b"), _size(n, "n", "packed_b")
-    return _core_call("packed_b", "ints k and n and a bool trans_b", _core.PackedB, k, n,
-                      trans_b=_flag(trans_b, "trans_b", "packed_b"))
+    try:
+        return _core_call("packed_b", "ints k and n and a bool trans_b", _core.PackedB, k, n,
+                          trans_b=_flag(trans_b, "trans_b", "packed_b"))
+    except MemoryError:   # the core's words: std::bad_alloc
+        raise MemoryError(f"packed_b: cannot allocate op(b) of shape ({k}, {n}) packed "
+                          f"(at least {k * n * 4 / 2**30:.3g} GiB)") from None
 
 
 def _packed(packed, what: str):

@@ -1003,3 +1003,9 @@ def test_the_backends_update_refuses_outputs_it_would_not_write():
     want_p, want_v = sgd_update_into(p, g, v, cfg)
     np.testing.assert_allclose(p_out, want_p, rtol=1e-6)
     np.testing.assert_allclose(v_out, want_v, rtol=1e-6)
+
+
+def test_packed_room_too_large_says_its_size():
+    with pytest.raises(MemoryError, match=r"packed_b: cannot allocate op\(b\) of shape "
+                                          r"\(2147483647, 1000000\) packed \(at least 8e\+06"):
+        ops.packed_b(2**31 - 1, 10**6)
