@@ -104,7 +104,7 @@ def env_warnings() -> List[str]:
     if not threadpoolctl_available():
         out.append("threadpoolctl is not installed: NumPy's BLAS threads are not limited, "
                    "so its numbers at a given thread count may use more threads "
-                   "(pip install threadpoolctl)")
+                   "(pip install threadpoolctl, or pyhet's bench extra)")
     return out
 
 
