@@ -182,9 +182,9 @@ class Device:
     def _after_fork(self) -> None:
         """In a process forked from the one that made this device (a multiprocessing.Pool's
         worker): the worker thread was not copied, and work handed to it waited forever. A cpu
-        device makes its worker anew (its team is one thread there, pyhet._core says why); a GPU
-        or another rank cannot be reached from a forked process."""
-        if self.spec.kind != "cpu" or not self.in_this_process:
+        or numpy device makes its worker anew (a cpu device's team is one thread there,
+        pyhet._core says why); a GPU or another rank cannot be reached from a forked process."""
+        if self.spec.kind == "gpu" or not self.in_this_process:
             raise DeviceError(
                 f"device {self.name} ({self.spec}) was made in process {self._pid} and cannot "
                 f"be used in process {os.getpid()}, forked from it ("

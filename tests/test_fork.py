@@ -43,7 +43,7 @@ def test_the_core_in_a_process_forked_after_its_threads():
     assert p.stderr.count(WARNING) == (1 if ops.have_openmp() else 0), p.stderr
 
 
-@pytest.mark.parametrize("devices", ["cpu:2", "cpu:1,cpu:1"])
+@pytest.mark.parametrize("devices", ["cpu:2", "cpu:1,cpu:1", "numpy,cpu:1"])
 def test_a_network_used_in_a_forked_pool_worker(devices):
     """A Network made in the parent predicts and trains in a Pool's worker as it does in the
     parent (its devices' workers made anew there)."""
