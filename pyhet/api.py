@@ -60,6 +60,8 @@ def _one_at_a_time(in_callback: bool):
     def wrap(method):
         @functools.wraps(method)
         def run(self, *args, **kwargs):
+            if self._pid != os.getpid():
+                self._forked()
             me = threading.get_ident()
             if self._owner == me:          # from inside the running call: fit's callback
                 if not in_callback:
@@ -143,8 +145,22 @@ class Network:
         self._planned_for = None  # (batch, trained): the batch the devices were planned for
         self._turn = threading.Lock()    # one call at a time (_one_at_a_time)
         self._owner = None               # the thread of the call under way
+        self._pid = os.getpid()          # the process the lock and the owner belong to
+        self._forked_mid_call = False
         self._batch_high = 0      # the largest batch the running devices have been given
         self._kept = 0            # copies of the parameters beside them, memory checked for
+
+    def _forked(self) -> None:
+        """In a process forked from the one that made this network: its lock may be held by a
+        thread that fork() did not copy (a call under way in another thread: the next call
+        waited forever). A network forked in the middle of a call holds that call's half-done
+        state, and is refused; else it is used as in the parent."""
+        self._forked_mid_call |= self._owner is not None
+        self._pid, self._turn, self._owner = os.getpid(), threading.Lock(), None
+        if self._forked_mid_call:
+            raise UsageError("this network was in a call of another thread (a fit, say) when "
+                             "this process was forked from its own: its state here is that "
+                             "call's, half done; load or make the network in this process")
 
     # --- description --------------------------------------------------------------------------
 

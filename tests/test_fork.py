@@ -87,3 +87,38 @@ def test_a_gpu_device_in_a_forked_process_is_refused(monkeypatch):
     finally:
         gpu._pid += 1
         gpu.close()
+
+
+def test_a_network_forked_in_the_middle_of_a_call_is_refused_not_waited_on():
+    """Forked while another thread was in fit(): the child's lock was held by a thread it
+    does not have, and its first call waited forever."""
+    p = run("""
+        import os, threading, time
+        import numpy as np, pyhet
+        from pyhet.errors import UsageError
+        net = pyhet.Network("4C5-P2", input_shape=(1, 12, 12), num_classes=3,
+                            devices="cpu:1")
+        x = np.zeros((4, 1, 12, 12), np.float32)
+        in_fit = threading.Event()
+        go_on = threading.Event()
+
+        def callback(info):
+            in_fit.set()
+            go_on.wait(60)
+        t = threading.Thread(target=net.fit, args=(x, np.zeros(4, int)),
+                             kwargs=dict(steps=2, batch_size=2, callback=callback))
+        t.start()
+        in_fit.wait(60)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                net.predict(x)
+                os._exit(3)
+            except UsageError as e:
+                os._exit(0 if "half done" in str(e) else 4)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        go_on.set()
+        t.join(60)
+        print(status, net.predict(x).shape)
+        """)
+    assert p.returncode == 0 and p.stdout == "0 (4, 3)\n", (p.stdout, p.stderr[-3000:])
