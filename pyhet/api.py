@@ -37,7 +37,7 @@ from .checkpoint import CheckpointDir
 from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
                      say, shown)
 from .geometry import NetGeometry
-from .interrupt import HeldSigint
+from .interrupt import HeldSignals
 from .model import (check_class_names, checked_params, init_params, load_weights,
                     network_of_file, read_weight_file, save_weights)
 from .specs import check_ranks, cuda_device_count, parse_devices
@@ -245,7 +245,7 @@ class Network:
     def _close(self) -> None:
         # Ctrl-C waits until every device is stopped and the network holds its weights (cut
         # short, it kept stopped devices, or older weights, and left threads running)
-        with HeldSigint():
+        with HeldSignals():
             try:
                 if self._net is not None:
                     try:
@@ -460,7 +460,7 @@ class Network:
         self._epochs = epochs
         try:
             none = {name: (None, None) for name in [c.name for c in net.convs] + net.head.names}
-            with HeldSigint():       # every layer put back, or Ctrl-C waits
+            with HeldSignals():       # every layer put back, or Ctrl-C waits
                 net.set_state(params, moms if moms is not None else none)
         except Exception:
             self._close()

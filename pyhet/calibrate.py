@@ -6,7 +6,6 @@ Letters as in pyhet.geometry; N is the batch size the devices are timed at.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -15,6 +14,7 @@ from .devices import Device
 from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
 from .partition import balanced_phases, phases_time
+from .workers import Worker
 
 
 @dataclass
@@ -230,14 +230,20 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
                     ratios[i].append(t * waste / fitted)
         ratios = [r or [1.0] for r in ratios]
     else:
-        with ThreadPoolExecutor(len(devices)) as pool:
+        workers = []
+        try:
+            workers = [Worker(f"pyhet-trial-{i}") for i in range(len(devices))]
             for r in range(rounds):
                 rngs = [np.random.default_rng((seed, r, i)) for i in range(len(devices))]
-                times = pool.map(lambda i: _time_block(devices[i], g, kernels[i], x, rngs[i],
-                                                       need_dx), range(len(devices)))
+                times = [w.result() for w in [
+                    workers[i].submit(_time_block, devices[i], g, kernels[i], x, rngs[i],
+                                      need_dx) for i in range(len(devices))]]
                 for i, t in enumerate(times):
                     slope, intercept = fits[i]
                     ratios[i].append(t / (intercept + kernels[i] * slope))
+        finally:
+            for w in workers:
+                w.shutdown(wait=True)
 
     pooled = {}
     for d, r in zip(devices, ratios):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .partition import proportional
 from .specs import DeviceSpec
+from .workers import Work, Worker
 
 
 # ================================================================================================
@@ -171,13 +171,18 @@ class Device:
 
     # --- running work -------------------------------------------------------------------------
 
-    def submit(self, what: str, fn, *args, tag: str | None = None) -> Future:
+    def submit(self, what: str, fn, *args, tag: str | None = None) -> Work:
         """Run fn(*args) on this device's worker; errors come back naming the device."""
         return self._on_worker(self._run, what, tag, fn, *args)
 
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pyhet-{self.name}",
-                                  initializer=_quiet_float_errors)
+    def _new_pool(self) -> Worker:
+        try:
+            return Worker(f"pyhet-{self.name}", initializer=_quiet_float_errors)
+        except RuntimeError as e:   # "can't start new thread"
+            # the machine's (or ulimit's) threads or memory for their stacks ran out
+            raise DeviceError(f"device {self.name} ({self.spec}): its worker thread cannot be "
+                              f"started ({e}): fewer devices, or a higher limit on threads "
+                              f"and memory (ulimit -u, -v), are needed") from None
 
     def _after_fork(self) -> None:
         """In a process forked from the one that made this device (a multiprocessing.Pool's
@@ -198,19 +203,10 @@ class Device:
         if start is not None:
             self._pool.submit(start).result()
 
-    def _on_worker(self, fn, *args) -> Future:
+    def _on_worker(self, fn, *args) -> Work:
         if self._pid != os.getpid():
             self._after_fork()
-        try:
-            return self._pool.submit(fn, *args)
-        except RuntimeError as e:
-            if "thread" not in str(e) or "start" not in str(e):
-                raise           # (a pool shut down: the caller's mistake, said as it is)
-            # its worker starts with its first work (a cpu device's: its team, when it is
-            # made): the machine's (or ulimit's) threads or memory for their stacks ran out
-            raise DeviceError(f"device {self.name} ({self.spec}): its worker thread cannot be "
-                              f"started ({e}): fewer devices, or a higher limit on threads "
-                              f"and memory (ulimit -u, -v), are needed") from None
+        return self._pool.submit(fn, *args)
 
     def call(self, what: str, fn, *args, tag: str | None = None):
         return self.submit(what, fn, *args, tag=tag).result()

@@ -31,7 +31,7 @@ import numpy as np
 from . import arch as arch_notation
 from . import files, npzfile
 from .images import Normalization
-from .interrupt import HeldSigint
+from .interrupt import HeldSignals
 from .errors import TrainingError, WeightsError, option, shown
 from .geometry import NetGeometry
 from .layers import Flatten, Linear, ReLU, SoftmaxCrossEntropy, init_uniform
@@ -586,7 +586,7 @@ class Net:
             # (a device that fails before this leaves every layer as it was; pyhet.failover),
             # and Ctrl-C waits until every layer has it (here, where it only swaps arrays: a
             # device on another rank answers its commit, and Ctrl-C there ends every rank)
-            with HeldSigint() if self._local else contextlib.nullcontext():
+            with HeldSignals() if self._local else contextlib.nullcontext():
                 for conv in self.convs:
                     conv.commit()
                 self.head.update(cfg)

@@ -56,7 +56,7 @@ from .devices import (SharedCol, channel_shares, gather, group_gradients, join_s
                       shared_input_grad)
 from .errors import DeviceError
 from .geometry import ConvGeometry
-from .interrupt import HeldSigint
+from .interrupt import HeldSignals
 from .timing import PartTimer
 
 
@@ -198,7 +198,7 @@ class PartitionedConv:
         # Ctrl-C waits for the move's end: cut short, the devices would hold one partition and
         # the layer's record another (on other ranks, Ctrl-C there ends every rank)
         local = all(getattr(d, "peer", None) is None for d in self.devices)
-        with HeldSigint() if local else contextlib.nullcontext(), self.phases("repartition"):
+        with HeldSignals() if local else contextlib.nullcontext(), self.phases("repartition"):
             # 1. each device hands out its kernels outside its new range: global [a, b)
             wanted = []
             for j, ((o0, o1), (n0, n1)) in enumerate(zip(old, new)):
@@ -242,7 +242,7 @@ class PartitionedConv:
         index, momentum = self._views
         state = [self._buffers[(name, index)] if momentum or name[0] != "v" else None
                  for name, _ in self._state_shapes(True)]
-        with HeldSigint(), self.phases("repartition"):
+        with HeldSignals(), self.phases("repartition"):
             for i, (n0, n1) in enumerate(_ranges(counts)):
                 if i not in self.dead and (counts[i] or self.counts[i]):
                     self.devices[i].adopt(self.name, *(None if a is None else a[n0:n1]

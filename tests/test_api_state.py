@@ -313,7 +313,7 @@ def test_a_sigint_as_the_hold_ends_is_not_lost(monkeypatch):
 
     monkeypatch.setattr(signal, "signal", restoring)
     with pytest.raises(KeyboardInterrupt):
-        with interrupt.HeldSigint():
+        with interrupt.HeldSignals():
             pass
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -322,7 +322,7 @@ def test_a_sigint_as_the_hold_ends_is_not_lost(monkeypatch):
 def test_the_hold_keeps_an_ignored_sigint_ignored_and_does_nothing_off_the_main_thread():
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with interrupt.HeldSigint():
+        with interrupt.HeldSignals():
             os.kill(os.getpid(), signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
@@ -330,7 +330,7 @@ def test_the_hold_keeps_an_ignored_sigint_ignored_and_does_nothing_off_the_main_
     seen = []
 
     def off_main():
-        with interrupt.HeldSigint():
+        with interrupt.HeldSignals():
             seen.append(signal.getsignal(signal.SIGINT))
     t = threading.Thread(target=off_main)
     t.start()

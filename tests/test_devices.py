@@ -914,8 +914,9 @@ def test_waiting_between_phases_scales_every_devices_contention(monkeypatch):
 
 
 def test_a_worker_thread_that_cannot_start_is_a_device_error(monkeypatch):
-    # (a thousand devices under a memory limit: RuntimeError "can't start new thread")
-    from concurrent.futures import ThreadPoolExecutor
+    # (a thousand devices under a memory limit: RuntimeError "can't start new thread"); a
+    # device's worker starts when the device is made
+    import threading
 
     from pyhet.devices import make_devices
     from pyhet.errors import DeviceError
@@ -923,13 +924,11 @@ def test_a_worker_thread_that_cannot_start_is_a_device_error(monkeypatch):
 
     def no_thread(self, *args, **kwargs):
         raise RuntimeError("can't start new thread")
-    devices = make_devices(parse_devices("cpu:1"))
-    monkeypatch.setattr(ThreadPoolExecutor, "submit", no_thread)
-    with pytest.raises(DeviceError, match=r"d0 \(cpu:1\): its worker thread cannot be started"):
-        devices[0].call("a test", lambda: None)
-    # a cpu device's worker starts when the device is made (its OpenMP team with it)
-    with pytest.raises(DeviceError, match=r"d0 \(cpu:2\): its worker thread cannot be started"):
-        make_devices(parse_devices("cpu:2"))
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    for spec in ("cpu:1", "cpu:2", "numpy"):
+        with pytest.raises(DeviceError, match=rf"d0 \({spec}\): its worker thread cannot be "
+                                              r"started \(can't start new thread\)"):
+            make_devices(parse_devices(spec))
 
 
 def test_pyhet_devices_says_why_a_device_gets_no_kernels(capsys):

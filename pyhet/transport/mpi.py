@@ -36,7 +36,6 @@ import os
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -47,6 +46,7 @@ from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
 from ..specs import DeviceSpec, check_threads, for_rank, parse_devices
+from ..workers import Worker
 from . import DEFAULT_TIMEOUT
 
 try:
@@ -612,7 +612,7 @@ def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
     by_index = {first + i: d for i, d in enumerate(devices)}
     open_ = set(by_index)
     # a group's request waits on its members' workers, so it runs on a thread of its own
-    groups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyhet-group")
+    groups = Worker("pyhet-group")
     buffers: dict = {}    # the group's shared im2col matrix (a SharedCol), per layer
     told = False          # the master's dismiss came
     try:

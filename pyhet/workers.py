@@ -1,0 +1,143 @@
+"""Worker threads that a Ctrl-C cannot wedge: each device's work runs on a thread of its own,
+handed over and waited for here.
+
+concurrent.futures' executors and futures wait and hand over work with Python-level locks
+(threading.Condition): a KeyboardInterrupt that lands in their Python code, between taking a
+lock and the block that gives it back, leaves the lock held, and the next piece of work (or
+the interpreter's exit, which joins the executors' threads) waits for it forever. Here the
+thread that hands work over and waits for it makes one blocking call, a C lock's acquire,
+which a signal interrupts whole (the lock left as it was), and reads the outcome, which the
+worker stores before it releases that lock. The worker threads are daemons, so that the
+interpreter's exit never waits on one (concurrent.futures' exit hook also stopped every
+executor before Python joined the program's own threads: a thread still training then
+failed); their owners stop and join them (Device.close, a Network's finalizer).
+"""
+
+from __future__ import annotations
+
+import _thread
+import queue
+import sys
+import threading
+import traceback
+import weakref
+from typing import Callable
+
+_PENDING = object()
+
+
+class Work:
+    """A piece of work handed to a Worker, as a concurrent.futures.Future is: result(),
+    exception(), done(), add_done_callback()."""
+
+    __slots__ = ("_fn", "_args", "_outcome", "_done", "_guard", "_callbacks")
+
+    def __init__(self, fn: Callable, args: tuple):
+        self._fn, self._args = fn, args
+        self._outcome = _PENDING          # (True, value) or (False, exception), once done
+        self._done = _thread.allocate_lock()
+        self._done.acquire()              # released by the worker once the outcome is set
+        self._guard = _thread.allocate_lock()
+        self._callbacks: list | None = []
+
+    def _run(self) -> None:
+        try:
+            outcome = (True, self._fn(*self._args))
+        except BaseException as e:        # (on a worker: KeyboardInterrupt never comes here)
+            outcome = (False, e)
+        self._fn = self._args = None
+        with self._guard:
+            self._outcome = outcome
+            callbacks, self._callbacks = self._callbacks, None
+        self._done.release()
+        for callback in callbacks:
+            _call_back(callback, self)
+
+    def done(self) -> bool:
+        return self._outcome is not _PENDING
+
+    def _wait(self) -> None:
+        if self._outcome is _PENDING:
+            # the one blocking call: a signal ends it with the lock not taken, and a signal
+            # right after it finds the outcome already set (so a second wait returns at once)
+            self._done.acquire()
+
+    def result(self):
+        """The work's value, or its exception raised; waits for it."""
+        self._wait()
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+    def exception(self) -> BaseException | None:
+        """The work's exception, or None; waits for it."""
+        self._wait()
+        ok, value = self._outcome
+        return None if ok else value
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """fn(work) on the worker once it is done, or at once where it is done already."""
+        with self._guard:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        _call_back(fn, self)
+
+
+def _call_back(fn, work: Work) -> None:
+    try:
+        fn(work)
+    except Exception:     # as concurrent.futures does: said, not raised into the worker
+        sys.stderr.write(f"pyhet: an error in a callback of {work!r}:\n"
+                         f"{traceback.format_exc()}")
+
+
+class Worker:
+    """One daemon thread running the Work handed to it by submit(), in order. Its thread starts
+    with the Worker (RuntimeError where the process cannot start one); shutdown() ends it after
+    the work already handed over, and so does the Worker's end as an object (the thread holds
+    only its queue, as concurrent.futures' threads do)."""
+
+    def __init__(self, name: str, initializer: Callable[[], None] | None = None):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._end = weakref.ref(self, lambda _, q=self._queue: q.put(None))
+        self._thread = threading.Thread(target=_serve, args=(self._queue, initializer, name),
+                                        name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable, *args) -> Work:
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name}: cannot take work after shutdown")
+        work = Work(fn, args)
+        self._queue.put(work)
+        return work
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No more work; the thread ends once the work handed over is done (joined if wait)."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(wait=True)
+
+
+def _serve(work_queue: queue.SimpleQueue, initializer, name: str) -> None:
+    if initializer is not None:
+        try:
+            initializer()
+        except Exception:    # the work goes on without it, said
+            sys.stderr.write(f"pyhet: {name}'s set-up failed:\n{traceback.format_exc()}")
+    while True:
+        work = work_queue.get()
+        if work is None:
+            return
+        work._run()
+        del work      # its arrays go as soon as it is done, not with the next one
