@@ -32,7 +32,8 @@ import numpy as np
 from . import arch as arch_notation
 from . import evaluation, files
 from .data import Dataset, load_dataset
-from .images import Normalization, prepare_images, prepare_labels
+from .images import (Normalization, check_images, prepare_batch, prepare_images,
+                     prepare_labels)
 from .checkpoint import CheckpointDir
 from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
                      say, shown)
@@ -501,6 +502,11 @@ class Network:
     def _images(self, x, what="x"):
         return prepare_images(x, self.input_shape, self.normalization, what)
 
+    def _batch_preparer(self, what: str):
+        """prepare(xb, first) for evaluation.logits: images that check_images took, a batch at
+        a time, as _images prepares them all."""
+        return lambda xb, first: prepare_batch(xb, self.normalization, what, first)
+
     # --- using it -----------------------------------------------------------------------------
 
     @_one_at_a_time(in_callback=True)
@@ -512,10 +518,10 @@ class Network:
     def _predict(self, x, batch_size, what: str) -> np.ndarray:
         """predict(), its errors naming the images as `what`."""
         batch_size = _positive(batch_size, "batch_size")
-        xs = self._images(x, what)
+        xs = check_images(x, self.input_shape, what)
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
-        probs = evaluation.probabilities(net, xs, batch_size)
+        probs = evaluation.probabilities(net, xs, batch_size, self._batch_preparer(what))
         bad = np.flatnonzero(~np.isfinite(probs).all(axis=1))
         if len(bad):
             raise DataError(_overflow_message(what, bad, len(xs)))
@@ -544,8 +550,10 @@ class Network:
             # (trained on uint8 arrays or an npz file of them); not as the dataset's own. Only
             # a file of an earlier version, which records nothing of how its images were
             # prepared, takes the dataset's images as they are.
-            xs = (ds.x_test if ds.x_test_raw is None or not self._records_normalization
-                  else self._images(ds.x_test_raw, f"dataset {dataset}'s test images"))
+            raw = ds.x_test_raw is not None and self._records_normalization
+            what = f"dataset {dataset}'s test images"
+            xs = check_images(ds.x_test_raw, self.input_shape, what) if raw else ds.x_test
+            prepare = self._batch_preparer(what) if raw else None
             ys = prepare_labels(ds.y_test, len(xs), self.num_classes,
                                 f"dataset {dataset}'s test labels (for a network of "
                                 f"{self.num_classes} classes)")
@@ -553,10 +561,14 @@ class Network:
             if x is None and y is None:
                 raise UsageError("evaluate: give the images and labels (x, y), or dataset= "
                                  "(a named dataset's test split)")
-            xs, ys = self._xy(x, y, "x", "y")
+            if x is None or y is None:
+                raise UsageError("x and y go together: give both or neither")
+            xs = check_images(x, self.input_shape, "x")
+            ys = prepare_labels(y, len(xs), self.num_classes, "y")
+            prepare = self._batch_preparer("x")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)
-        z = evaluation.logits(net, xs, batch_size)
+        z = evaluation.logits(net, xs, batch_size, prepare)
         bad = np.flatnonzero(~np.isfinite(z).all(axis=1))   # finite logits: a finite loss
         if len(bad):
             raise DataError(_overflow_message("x" if dataset is None else f"dataset {dataset}",

@@ -9,19 +9,23 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import numpy_ref as ref
-from .data import iterate_batches
 
 
-def logits(net, x, batch_size: int):
-    """x (N, C, H, W) float32 -> logits (N, M) float32, batch by batch."""
-    out = [np.asarray(net.forward(xb), np.float32)
-           for xb, _ in iterate_batches(x, np.zeros(len(x)), batch_size, False)]
-    return np.concatenate(out) if out else np.zeros((0, net.shape.num_classes), np.float32)
+def logits(net, x, batch_size: int, prepare=None):
+    """x (N, C, H, W) float32 -> logits (N, M) float32, batch by batch; prepare(xb, first):
+    each batch (its first image's index) as the network's input, where x is not that yet."""
+    out = np.empty((len(x), net.shape.num_classes), np.float32)
+    for first in range(0, len(x), batch_size):
+        xb = x[first:first + batch_size]
+        out[first:first + len(xb)] = net.forward(xb if prepare is None else prepare(xb, first))
+    return out
 
 
-def probabilities(net, x, batch_size: int):
+def probabilities(net, x, batch_size: int, prepare=None):
     """x (N, C, H, W) -> softmax probabilities (N, M) float32; each row sums to 1."""
-    return ref.softmax(logits(net, x, batch_size)).astype(np.float32)
+    return ref.softmax(logits(net, x, batch_size, prepare)).astype(np.float32)
+
+
 
 
 def evaluate(net, x, y, batch_size: int) -> dict:

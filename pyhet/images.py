@@ -99,6 +99,13 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
     """Images for a network taking (C, H, W) inputs, by the rules of npz: datasets: float32 is
     used as it is; uint8 is raw pixels, prepared as the network's training images were (the
     normalization, or / 255 when there is none). Anything else raises DataError."""
+    return prepare_batch(check_images(x, input_shape, what), normalization, what)
+
+
+def check_images(x, input_shape, what="x"):
+    """x, checked to be images prepare_batch takes (its type, shape, dtype; not its values),
+    and not converted: a caller that goes batch by batch (predict, evaluate) holds one batch
+    of prepared images at a time, not all of them."""
     if not isinstance(x, np.ndarray):
         raise DataError(f"{what}: expected a numpy array of images (N, "
                         f"{', '.join(map(str, input_shape))}), got {type(x).__name__}")
@@ -111,17 +118,25 @@ def prepare_images(x, input_shape, normalization=None, what="x"):
                         f"{', '.join(map(str, input_shape))}), got {tuple(x.shape)}")
     if len(x) == 0:
         raise DataError(f"{what}: holds no images, expected at least one")
-    if x.dtype == np.uint8:
+    if x.dtype != np.uint8 and not (x.dtype.kind == "f" and x.dtype.itemsize == 4):
+        raise DataError(f"{what}: expected float32 images (used as they are) or uint8 pixels "
+                        f"(scaled as the training images were), got dtype {x.dtype}")
+    return x
+
+
+def prepare_batch(xb, normalization=None, what="x", first: int = 0):
+    """Images that check_images took (all of them, or the batch from image `first` on) as the
+    network's float32 input."""
+    if xb.dtype == np.uint8:
         if normalization is not None:
-            return normalization.apply(x)
-        return np.ascontiguousarray(x, dtype=np.float32) / np.float32(255.0)
-    x = native_float32(x)
-    if x.dtype == np.float32:
-        if not np.isfinite(x).all():
-            raise DataError(f"{what}: holds NaN or infinite values")
-        return np.ascontiguousarray(x)
-    raise DataError(f"{what}: expected float32 images (used as they are) or uint8 pixels "
-                    f"(scaled as the training images were), got dtype {x.dtype}")
+            return normalization.apply(xb)
+        return np.ascontiguousarray(xb, dtype=np.float32) / np.float32(255.0)
+    xb = np.ascontiguousarray(native_float32(xb))
+    finite = np.isfinite(xb).reshape(len(xb), -1).all(axis=1)
+    if not finite.all():
+        raise DataError(f"{what}: holds NaN or infinite values (image "
+                        f"{first + int(np.argmin(finite))} is the first)")
+    return xb
 
 
 def prepare_labels(y, n, num_classes, what="y"):
