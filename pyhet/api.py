@@ -643,7 +643,11 @@ def _path(path, what: str, kind: str = "a file's path") -> str:
     if "\0" in text:
         raise UsageError(f"{what}: expected {kind} without NUL characters (no file name can "
                          f"hold one), got {shown(text)}")
-    return files.user_path(text)     # a leading ~, as the dataset's paths and the CLI's
+    text = files.user_path(text)     # a leading ~, as the dataset's paths and the CLI's
+    if not os.path.isabs(text) and files.working_folder_gone():
+        raise UsageError(f"{what} {shown(text)}: a relative path, but "
+                         f"{files.WORKING_FOLDER_GONE}: give a full path")
+    return text
 
 
 def _checked_normalization(norm, channels: int, error, what: str):

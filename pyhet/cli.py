@@ -809,6 +809,9 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except OutputError as e:          # --help into a closed pipe or a full disk
         return report_output_error(e)
+    if files.working_folder_gone():   # (every relative path, and the defaults, need it)
+        say(f"pyhet: error: {files.WORKING_FOLDER_GONE}: cd to a folder that exists")
+        return 1
     ranks = launched_size()
     try:
         _user_paths(args)

@@ -27,6 +27,20 @@ def user_path(path) -> str:
     return os.path.expanduser(os.fspath(path))
 
 
+def working_folder_gone() -> bool:
+    """Whether this process's working folder has been removed (a relative path then names
+    nothing, and os.getcwd, os.path.abspath and realpath raise a bare FileNotFoundError)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
+
+
+WORKING_FOLDER_GONE = ("the working folder no longer exists (it was removed after this "
+                       "process started in it)")
+
+
 def same_file(a, b) -> bool:
     """Whether the paths name one file (the same file by device and inode where both are
     there, else the same path with links resolved)."""
@@ -65,7 +79,7 @@ def held_lock(path) -> bool:
     """Whether `path` (itself, not a link's target) is a file named as a checkpoint folder's
     lock that a process holds flock()ed. Its run keeps the folder by that file: another file
     renamed over it would let a second run take the folder while the first still writes."""
-    if os.fsdecode(os.path.basename(os.path.abspath(os.fspath(path)))) != LOCK_NAME:
+    if os.fsdecode(os.path.basename(os.path.normpath(os.fspath(path)))) != LOCK_NAME:
         return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW

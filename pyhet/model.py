@@ -119,6 +119,9 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                 _savez(fh, arrays, name)
                 fh.flush()
                 os.fsync(fh.fileno())
+                if not _still_mine(tmp, mine) and not os.path.isdir(folder):
+                    raise WeightsError(f"cannot write {what} {path}: its folder {folder} was "
+                                       f"removed while it was written")
                 if not _still_mine(tmp, mine):
                     # another write of the same file at once removed this temporary file (as
                     # a leftover, before this one locked it) and made its own there: that one

@@ -408,3 +408,42 @@ def test_predict_holds_one_batch_of_prepared_images_not_all(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout == "(200000, 3) 200000\n", (p.stdout,
                                                                      p.stderr[-2000:])
+
+
+def test_a_removed_working_folder_is_said_not_a_bare_error(tmp_path, monkeypatch, capsys):
+    """os.path.abspath of a relative name raised a bare FileNotFoundError naming no path."""
+    from pyhet.cli import main
+    net = pyhet.Network("4C5-P2", input_shape=(1, 12, 12), num_classes=3, devices="cpu:1")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    for call in (lambda: net.save("w.npz"), lambda: pyhet.load("w.npz")):
+        with pytest.raises(UsageError, match=r"'w.npz': a relative path, but the working "
+                                             r"folder no longer exists .*give a full path"):
+            call()
+    net.save(tmp_path / "w.npz")             # a full path still works
+    assert pyhet.load(tmp_path / "w.npz").params().keys() == net.params().keys()
+    assert main(["train", "--steps", "1", "--save", "w.npz"]) == 1
+    assert capsys.readouterr().err == ("pyhet: error: the working folder no longer exists (it "
+                                       "was removed after this process started in it): cd to "
+                                       "a folder that exists\n")
+
+
+def test_a_folder_removed_while_its_file_is_written_is_said(tmp_path, monkeypatch):
+    """It was said to be another write of the same file taking the temporary file."""
+    import shutil
+    from pyhet import model
+    from pyhet.errors import WeightsError
+    net = pyhet.Network("4C5-P2", input_shape=(1, 12, 12), num_classes=3, devices="cpu:1")
+    folder = tmp_path / "d"
+    folder.mkdir()
+    real = model._savez
+
+    def and_remove(fh, arrays, name):
+        real(fh, arrays, name)
+        shutil.rmtree(folder)
+    monkeypatch.setattr(model, "_savez", and_remove)
+    with pytest.raises(WeightsError, match=r"cannot write .*w.npz: its folder .*d was removed "
+                                           r"while it was written$"):
+        net.save(folder / "w.npz")
