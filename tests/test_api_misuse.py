@@ -405,7 +405,7 @@ def test_predict_holds_one_batch_of_prepared_images_not_all(tmp_path):
             "e = net.evaluate(x, np.zeros(len(x), np.int64), batch_size=16)\n"
             "print(p.shape, e['images'])\n")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.npy")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout == "(200000, 3) 200000\n", (p.stdout,
                                                                      p.stderr[-2000:])
 

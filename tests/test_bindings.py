@@ -14,6 +14,7 @@ import contextlib
 import pickle
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -595,7 +596,7 @@ def test_quadrant_packs_are_held_while_the_product_runs():
             "_core.sgemm_packed_quadrants(a, packs, c, strassen=1)\n"
             "print('returned')\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, cwd=tempfile.gettempdir())   # not the source tree
     assert p.returncode == 0 and p.stdout == "returned\n", (p.returncode, p.stderr[-2000:])
 
 

@@ -5,6 +5,7 @@ that a hang ends in its timeout, not the suite's."""
 
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -16,8 +17,10 @@ WARNING = "pyhet runs on one thread here"
 
 def run(code: str, *argv: str) -> subprocess.CompletedProcess:
     try:
+        # (from a folder outside the source tree, whose pyhet/ has no built core)
         return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120,
+                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"hung: {e.stderr!r}")
 

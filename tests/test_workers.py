@@ -7,6 +7,7 @@ processes of their own, so that a hang ends in their timeout, not the suite's.""
 import gc
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -18,8 +19,10 @@ from pyhet.workers import Worker
 
 def run(code: str, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
     try:
+        # (from a folder outside the source tree, whose pyhet/ has no built core)
         return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv],
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout,
+                              cwd=tempfile.gettempdir())
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"hung: {(e.stdout or b'')[-2000:]!r} {(e.stderr or b'')[-3000:]!r}")
 
