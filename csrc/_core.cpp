@@ -123,6 +123,7 @@ std::atomic<bool> g_fork_told{false};
 
 void after_fork_in_child() {
   if (g_threads_started.load()) g_forked_after_threads.store(true);
+  g_fork_told.store(false);   // each forked process is told once (a fork of a fork too)
 }
 
 // `threads`: an int in [1, kMaxThreads]; 1 in a child forked after threads had started.

@@ -53,6 +53,10 @@ __all__ = ["Network", "load"]
 FIT_KEEPS = 2
 
 
+_FORK_LOCK = threading.Lock()    # Network._forked's, made anew in a forked child
+os.register_at_fork(after_in_child=lambda: globals().__setitem__("_FORK_LOCK", threading.Lock()))
+
+
 def _one_at_a_time(in_callback: bool):
     """A Network method that runs alone: a call from another thread waits for the running one
     to end; a call from fit()'s callback (the thread that runs fit) is refused unless
@@ -154,10 +158,18 @@ class Network:
     def _forked(self) -> None:
         """In a process forked from the one that made this network: its lock may be held by a
         thread that fork() did not copy (a call under way in another thread: the next call
-        waited forever). A network forked in the middle of a call holds that call's half-done
-        state, and is refused; else it is used as in the parent."""
-        self._forked_mid_call |= self._owner is not None
-        self._pid, self._turn, self._owner = os.getpid(), threading.Lock(), None
+        waited forever). A network forked in the middle of another thread's call holds that
+        call's half-done state, and is refused; one forked by the thread of its call (from
+        fit's callback, between two steps) goes on with it; else it is used as in the
+        parent."""
+        with _FORK_LOCK:            # (two threads of the child at once: one lock made)
+            if self._pid != os.getpid():
+                owner = self._owner
+                if owner is not None and owner != threading.get_ident():
+                    self._forked_mid_call = True
+                if owner != threading.get_ident():
+                    self._turn, self._owner = threading.Lock(), None
+                self._pid = os.getpid()
         if self._forked_mid_call:
             raise UsageError("this network was in a call of another thread (a fit, say) when "
                              "this process was forked from its own: its state here is that "

@@ -178,7 +178,9 @@ class Device:
     def _new_pool(self) -> Worker:
         try:
             return Worker(f"pyhet-{self.name}", initializer=_quiet_float_errors)
-        except RuntimeError as e:   # "can't start new thread"
+        except RuntimeError as e:
+            if "start new thread" not in str(e):
+                raise
             # the machine's (or ulimit's) threads or memory for their stacks ran out
             raise DeviceError(f"device {self.name} ({self.spec}): its worker thread cannot be "
                               f"started ({e}): fewer devices, or a higher limit on threads "

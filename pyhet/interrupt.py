@@ -69,19 +69,33 @@ class HeldSignals:
     handler of another signal that raises (a program's timeout on SIGALRM, its SIGTERM handler
     calling sys.exit), which would leave some layers a step ahead of the others. SIGINT, and
     every signal whose handler is a Python function; only in the main thread, where Python runs
-    handlers (one set outside Python is left alone). A signal that comes while the block raises
-    is dropped: the error ends the call anyway."""
+    handlers (one set outside Python is left alone). Where the block raises, a SIGINT that came
+    meanwhile is dropped (the error ends the call anyway), and the other signals' handlers run,
+    whatever they raise dropped too."""
 
     __slots__ = ("_old", "_got", "_holding")
 
     def __enter__(self):
         self._old, self._got, self._holding = {}, [], True
         if threading.current_thread() is threading.main_thread():
-            for s in _CATCHABLE:
-                old = _signal.getsignal(s)
-                if callable(old) or (s == signal.SIGINT and old is not None):
-                    self._old[s] = signal.signal(s, self._note)
+            try:
+                for s in _CATCHABLE:
+                    old = _signal.getsignal(s)
+                    if callable(old) or (s == signal.SIGINT and old is not None):
+                        self._old[s] = old          # noted first: put back whatever comes
+                        signal.signal(s, self._note)
+            except BaseException:   # a handler not yet held raised: none is left held
+                self._put_back()
+                raise
         return self
+
+    def _put_back(self) -> None:
+        try:
+            # SIGINT's handler put back last: the one likeliest to raise as it comes back
+            for s in sorted(self._old, key=lambda s: s == signal.SIGINT):
+                signal.signal(s, self._old[s])
+        finally:
+            self._holding = False
 
     def _note(self, signum, frame):
         if self._holding:
@@ -99,14 +113,17 @@ class HeldSignals:
     def __exit__(self, kind, value, tb):
         if not self._old:
             return
-        try:
-            # SIGINT's handler put back last: the one likeliest to raise as it comes back
-            for s in sorted(self._old, key=lambda s: s == signal.SIGINT):
-                signal.signal(s, self._old[s])
-        finally:
-            self._holding = False
+        self._put_back()
         got = self._got   # read after the handlers are back: a signal in between is not lost
-        if not got or kind is not None:
+        if not got:
+            return
+        if kind is not None:       # the block's error goes on; the others' handlers run
+            for signum, frame in got:
+                if signum != signal.SIGINT and callable(self._old[signum]):
+                    try:
+                        self._old[signum](signum, frame)
+                    except Exception:
+                        pass
             return
         for signum, frame in got:             # as they came (the first that raises ends it)
             old = self._old[signum]

@@ -90,6 +90,10 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
     path = os.fspath(path)
     folder, name = files.folder_of(path), os.path.basename(path)
     tmp = files.temp_name(path)
+    try:
+        held = os.stat(folder)      # the folder as it is now: removed meanwhile, said so
+    except OSError:
+        held = None
     problem = files.destination_problem(path)   # never replaces a FIFO, a device, a folder
     if problem is not None:
         raise WeightsError(f"cannot write {what} {path}: {problem}")
@@ -119,9 +123,9 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                 _savez(fh, arrays, name)
                 fh.flush()
                 os.fsync(fh.fileno())
-                if not _still_mine(tmp, mine) and not os.path.isdir(folder):
-                    raise WeightsError(f"cannot write {what} {path}: its folder {folder} was "
-                                       f"removed while it was written")
+                if not _still_mine(tmp, mine) and _removed(folder, held):
+                    raise WeightsError(f"cannot write {what} {path}: its folder was removed "
+                                       f"while it was written")
                 if not _still_mine(tmp, mine):
                     # another write of the same file at once removed this temporary file (as
                     # a leftover, before this one locked it) and made its own there: that one
@@ -169,6 +173,18 @@ def _remove_leftover(tmp: str, under_way: str) -> None:
             os.unlink(tmp)           # while locked: no write's own
     finally:
         os.close(fd)
+
+
+def _removed(folder: str, held: "os.stat_result | None") -> bool:
+    """Whether the folder `held` (stat of it before) is gone: not there, another one made at
+    its path, or removed while it is this process's working folder (still there to stat, by
+    no name)."""
+    try:
+        now = os.stat(folder)
+    except OSError:
+        return True
+    return held is not None and ((now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+                                 or now.st_nlink == 0)
 
 
 def _still_mine(tmp: str, mine: os.stat_result) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 
 import numpy as np
 
@@ -151,18 +152,19 @@ def _threads(threads) -> int:
     if threads > MAX_THREADS:
         raise ValueError(f"threads must be at most {MAX_THREADS}, got {threads}")
     threads = int(threads)
-    if threads > _startable[0]:
+    if threads > getattr(_team, "checked", 1):
         _check_startable(threads)
     return threads
 
 
-_startable = [1]     # the most threads this process was found able to start at once
+_team = threading.local()   # .checked: the largest team this thread was found able to start
 
 
 def _check_startable(threads: int) -> None:
     """libgomp ends the process where it cannot make a team's thread (ulimit -u, or -v at
-    ulimit -s of stack each): a team larger than any before is tried first as Python threads
-    of the same stack size (with OpenMP only; once for each new largest team)."""
+    ulimit -s of stack each): a calling thread's team larger than its largest before (libgomp
+    keeps a team for each thread that starts one) is tried first as Python threads of the
+    default stack size (with OpenMP only)."""
     if not _core.have_openmp():
         return
     from .specs import startable_threads
@@ -171,7 +173,7 @@ def _check_startable(threads: int) -> None:
         raise RuntimeError(f"threads={threads}: this process could start only {started + 1} "
                            f"threads at once (see ulimit -u, and ulimit -v: each thread "
                            f"reserves ulimit -s of stack); give fewer threads")
-    _startable[0] = threads
+    _team.checked = threads
 
 
 def _size(v, name: str, what: str, minimum: int = 0) -> int:
@@ -293,6 +295,9 @@ def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got " + (
             f"dtype {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__))
+    if isinstance(out, np.ma.MaskedArray):    # its mask would be left over the new values
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got a masked "
+                        f"array")
     if out.shape != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {out.shape}")
     if not out.flags.c_contiguous:
@@ -334,7 +339,7 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
         if beta != 0:
             raise ValueError("sgemm: beta != 0 needs an existing c")
         c = np.empty((m, n), np.float32)
-    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (m, n), "c")  # raises the right error
     _core_call("sgemm", _GEMM_ARGS, _core.sgemm, a, b, c, trans_a=trans_a, trans_b=trans_b,
                alpha=alpha, beta=beta, threads=_threads(threads))
@@ -416,7 +421,7 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, stras
         if beta != 0:
             raise ValueError("sgemm_packed: beta != 0 needs an existing c")
         c = np.empty((a.shape[1] if trans_a else a.shape[0], packed.n), np.float32)
-    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (a.shape[1] if trans_a else a.shape[0], packed.n), "c")  # the right error
     if quads:
         _core_call("sgemm_packed", "float32 matrices a and c, a PackedQuadrants, a bool "
@@ -467,7 +472,7 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
             raise ValueError(f"sgemm_packed_t: rows={rows!r} of a PackedQuadrants make only "
                              f"those columns of c, so they need an existing c")
         c = np.empty((m, width), np.float32)
-    elif not (isinstance(c, np.ndarray) and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
         c = _out(c, (m, width), "c")  # the right error
     if quads:
         _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedQuadrants, a pair of "

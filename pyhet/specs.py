@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from . import ops
 from .errors import DeviceError, DeviceSpecError, shown
+from .interrupt import HeldSignals
 
 KINDS = ("cpu", "numpy", "gpu", "auto")
 MIN_SPEED = 0.001    # @S: a device emulated a thousand times slower is far beyond any real mix
@@ -180,18 +181,21 @@ def startable_threads(n: int) -> int:
     default stack size, as an OpenMP team's (and a device's worker) is; all ended again."""
     gate = threading.Event()
     started = []
-    try:
-        for _ in range(n):
-            t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
-            try:
-                t.start()
-            except RuntimeError:  # "can't start new thread"
-                break
-            started.append(t)
-    finally:
-        gate.set()
-        for t in started:
-            t.join()
+    # signals held: Thread.start waits on a Condition, which a KeyboardInterrupt can break
+    # into RuntimeError('release unlocked lock'), taken here for a thread that cannot start
+    with HeldSignals():
+        try:
+            for _ in range(n):
+                t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
+                try:
+                    t.start()
+                except RuntimeError:  # "can't start new thread"
+                    break
+                started.append(t)
+        finally:
+            gate.set()
+            for t in started:
+                t.join()
     return len(started)
 
 

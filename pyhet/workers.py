@@ -23,6 +23,8 @@ import traceback
 import weakref
 from typing import Callable
 
+from .interrupt import HeldSignals
+
 _PENDING = object()
 
 
@@ -59,8 +61,10 @@ class Work:
     def _wait(self) -> None:
         if self._outcome is _PENDING:
             # the one blocking call: a signal ends it with the lock not taken, and a signal
-            # right after it finds the outcome already set (so a second wait returns at once)
+            # right after it finds the outcome already set (so a later wait returns at once);
+            # given back for any other thread waiting too
             self._done.acquire()
+            self._done.release()
 
     def result(self):
         """The work's value, or its exception raised; waits for it."""
@@ -102,23 +106,29 @@ class Worker:
     def __init__(self, name: str, initializer: Callable[[], None] | None = None):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
-        self._end = weakref.ref(self, lambda _, q=self._queue: q.put(None))
-        self._thread = threading.Thread(target=_serve, args=(self._queue, initializer, name),
+        self._closing = _thread.allocate_lock()    # a submit and a shutdown, one at a time
+        # the thread holds the weak reference (so its callback comes also where the Worker
+        # goes in a cycle's collection, which drops the weak references it holds unheard)
+        end = weakref.ref(self, lambda _, q=self._queue: q.put(None))
+        self._thread = threading.Thread(target=_serve, args=(self._queue, initializer, name, end),
                                         name=name, daemon=True)
-        self._thread.start()
+        with HeldSignals():   # Thread.start waits on a Condition, which an interrupt can break
+            self._thread.start()
 
     def submit(self, fn: Callable, *args) -> Work:
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name}: cannot take work after shutdown")
         work = Work(fn, args)
-        self._queue.put(work)
+        with self._closing:     # (a shutdown between the check and the put stranded the work)
+            if self._closed:
+                raise RuntimeError(f"{self._thread.name}: cannot take work after shutdown")
+            self._queue.put(work)
         return work
 
     def shutdown(self, wait: bool = True) -> None:
         """No more work; the thread ends once the work handed over is done (joined if wait)."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
+        with self._closing:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
         if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
@@ -129,7 +139,8 @@ class Worker:
         self.shutdown(wait=True)
 
 
-def _serve(work_queue: queue.SimpleQueue, initializer, name: str) -> None:
+def _serve(work_queue: queue.SimpleQueue, initializer, name: str, end) -> None:
+    del end     # held by the thread's arguments, not here
     if initializer is not None:
         try:
             initializer()

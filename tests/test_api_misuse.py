@@ -430,7 +430,8 @@ def test_a_removed_working_folder_is_said_not_a_bare_error(tmp_path, monkeypatch
                                        "a folder that exists\n")
 
 
-def test_a_folder_removed_while_its_file_is_written_is_said(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["removed", "made again", "the working folder"])
+def test_a_folder_removed_while_its_file_is_written_is_said(tmp_path, monkeypatch, how):
     """It was said to be another write of the same file taking the temporary file."""
     import shutil
     from pyhet import model
@@ -443,7 +444,11 @@ def test_a_folder_removed_while_its_file_is_written_is_said(tmp_path, monkeypatc
     def and_remove(fh, arrays, name):
         real(fh, arrays, name)
         shutil.rmtree(folder)
+        if how == "made again":
+            folder.mkdir()
     monkeypatch.setattr(model, "_savez", and_remove)
-    with pytest.raises(WeightsError, match=r"cannot write .*w.npz: its folder .*d was removed "
+    if how == "the working folder":
+        monkeypatch.chdir(folder)
+    with pytest.raises(WeightsError, match=r"cannot write .*w.npz: its folder was removed "
                                            r"while it was written$"):
-        net.save(folder / "w.npz")
+        net.save("w.npz" if how == "the working folder" else folder / "w.npz")

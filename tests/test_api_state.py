@@ -445,3 +445,51 @@ def test_a_fit_without_momentum_keeps_the_buffers_and_its_checkpoint_resumes(tmp
         assert s["start_step"] == 2 and "damaged" not in capsys.readouterr().err
         # its first step after resuming started from the checkpoint's weights
         assert not all(np.array_equal(again.params()[k], want[k]) for k in want)
+
+
+def test_the_hold_runs_other_handlers_when_its_block_raises():
+    """Only a SIGINT is dropped with the block's error; a SIGUSR1 bookkeeping handler was
+    dropped too."""
+    seen = []
+    old = signal.signal(signal.SIGUSR1, lambda s, f: seen.append(s))
+    try:
+        with pytest.raises(ValueError):
+            with interrupt.HeldSignals():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                assert seen == []
+                raise ValueError
+        assert seen == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_handler_raising_as_the_hold_begins_leaves_none_held(monkeypatch):
+    """A handler not yet held that raised while the others were taken over left those taken
+    over for good: Ctrl-C noted and never raised."""
+    class Timeout(Exception):
+        pass
+    mine = {s: (lambda *a: None) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    olds = {s: signal.signal(s, h) for s, h in mine.items()}
+    real = signal.signal
+
+    raised = []
+
+    def raising_at_usr2(signum, handler):
+        if signum == signal.SIGUSR2 and not raised:
+            raised.append(signum)
+            raise Timeout      # as a SIGALRM handler raising at that moment would
+        return real(signum, handler)
+    try:
+        monkeypatch.setattr(signal, "signal", raising_at_usr2)
+        with pytest.raises(Timeout):
+            with interrupt.HeldSignals():
+                pass
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGUSR1) is mine[signal.SIGUSR1]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        for s, h in olds.items():
+            real(s, h)

@@ -125,3 +125,31 @@ def test_a_network_forked_in_the_middle_of_a_call_is_refused_not_waited_on():
         print(status, net.predict(x).shape)
         """)
     assert p.returncode == 0 and p.stdout == "0 (4, 3)\n", (p.stdout, p.stderr[-3000:])
+
+
+def test_a_network_forked_from_fits_callback_goes_on_in_the_child():
+    """Forked by the thread of its own call (in fit's callback, between two steps): it was
+    refused as if forked in another thread's call."""
+    p = run("""
+        import os
+        import numpy as np, pyhet
+        net = pyhet.Network("4C5-P2", input_shape=(1, 12, 12), num_classes=3,
+                            devices="cpu:1")
+        x = np.zeros((4, 1, 12, 12), np.float32)
+        status = []
+
+        def callback(info):
+            if info["step"] != 1:
+                return
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    ok = net.predict(x).shape == (4, 3)     # allowed in a callback
+                except Exception:
+                    ok = False
+                os._exit(0 if ok else 3)
+            status.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        net.fit(x, np.zeros(4, int), steps=2, batch_size=2, callback=callback)
+        print(status)
+        """)
+    assert p.returncode == 0 and p.stdout == "[0]\n", (p.stdout, p.stderr[-3000:])

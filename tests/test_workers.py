@@ -187,3 +187,34 @@ def test_any_handler_that_raises_leaves_the_weights_at_a_whole_step():
         print(torn[:2])
         """)
     assert p.returncode == 0 and p.stdout == "[]\n", (p.stdout, p.stderr[-3000:])
+
+
+def test_every_thread_waiting_on_one_work_gets_its_value():
+    """The worker's one release woke one waiter; a second waited forever."""
+    gate = threading.Event()
+    got = []
+    with Worker("t") as w:
+        work = w.submit(lambda: gate.wait(10) and 42)
+        waiters = [threading.Thread(target=lambda: got.append(work.result())) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        time.sleep(0.1)
+        gate.set()
+        for t in waiters:
+            t.join(10)
+    assert got == [42, 42, 42]
+
+
+def test_a_worker_collected_in_a_cycle_ends_its_thread():
+    """The weak reference whose callback ends the thread was the Worker's own: a cycle's
+    collection dropped it unheard, and the thread waited for work forever."""
+    class Holder:
+        pass
+    h = Holder()
+    h.worker, h.me = Worker("pyhet-test-cycle"), h
+    h.worker.submit(pow, 2, 2).result()
+    thread = h.worker._thread
+    del h
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()

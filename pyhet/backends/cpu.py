@@ -204,11 +204,11 @@ class CpuBackend:
     def sgd_update(self, p, g, v, cfg):
         """As pyhet.optim.sgd_update (torch.optim.SGD's rule), on the C++ core; without
         momentum, NumPy's, a part at a time (its temporaries a part's size, not p's)."""
+        _same_shape(g, p, "g")
         if not cfg.momentum or not p.flags.c_contiguous or (
                 v is not None and not v.flags.c_contiguous):
             # (the core updates flat arrays: one not C-ordered would be a copy, its update lost)
             return ref.sgd_update_parts(p, g, v, cfg)
-        _same_shape(g, p, "g")
         first = v is None
         if first:
             v = np.empty_like(p)
