@@ -304,19 +304,24 @@ def test_ctrl_c_held_through_a_commit_counts_its_step(monkeypatch):
 def test_a_sigint_as_the_hold_ends_is_not_lost(monkeypatch):
     """A SIGINT that comes while the hold puts Python's handler back is still a
     KeyboardInterrupt (the flag was read before the handler was back, and it was lost)."""
-    real = signal.signal
-
-    def restoring(signum, handler):
+    def restoring(real, signum, handler):
         if handler is signal.default_int_handler:        # the hold ends
             os.kill(os.getpid(), signal.SIGINT)
         return real(signum, handler)
 
-    monkeypatch.setattr(signal, "signal", restoring)
-    with pytest.raises(KeyboardInterrupt):
+    _hold_once_with(monkeypatch, restoring, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _hold_once_with(monkeypatch, setting, error):
+    """An empty hold, where signal.signal(s, h) is setting(the real one, s, h), ending in
+    `error`; then the real signal.signal back."""
+    real = signal.signal
+    monkeypatch.setattr(signal, "signal", lambda s, h: setting(real, s, h))
+    with pytest.raises(error):
         with interrupt.HeldSignals():
             pass
     monkeypatch.undo()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_the_hold_keeps_an_ignored_sigint_ignored_and_does_nothing_off_the_main_thread():
@@ -470,21 +475,15 @@ def test_a_handler_raising_as_the_hold_begins_leaves_none_held(monkeypatch):
         pass
     mine = {s: (lambda *a: None) for s in (signal.SIGUSR1, signal.SIGUSR2)}
     olds = {s: signal.signal(s, h) for s, h in mine.items()}
-    real = signal.signal
-
     raised = []
 
-    def raising_at_usr2(signum, handler):
+    def raising_at_usr2(real, signum, handler):
         if signum == signal.SIGUSR2 and not raised:
             raised.append(signum)
             raise Timeout      # as a SIGALRM handler raising at that moment would
         return real(signum, handler)
     try:
-        monkeypatch.setattr(signal, "signal", raising_at_usr2)
-        with pytest.raises(Timeout):
-            with interrupt.HeldSignals():
-                pass
-        monkeypatch.undo()
+        _hold_once_with(monkeypatch, raising_at_usr2, Timeout)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert signal.getsignal(signal.SIGUSR1) is mine[signal.SIGUSR1]
         with pytest.raises(KeyboardInterrupt):
@@ -492,4 +491,4 @@ def test_a_handler_raising_as_the_hold_begins_leaves_none_held(monkeypatch):
             time.sleep(1)
     finally:
         for s, h in olds.items():
-            real(s, h)
+            signal.signal(s, h)
