@@ -505,10 +505,15 @@ class Network:
 
     def _xy(self, x, y, xname, yname, normalization=False):
         # normalization: how uint8 x becomes the input (False: the network's own)
+        xs, ys = self._checked_xy(x, y, xname, yname)
+        return prepare_batch(xs, self.normalization if normalization is False
+                             else normalization, xname), ys
+
+    def _checked_xy(self, x, y, xname, yname):
+        """Images (checked, not prepared: check_images) and their labels."""
         if x is None or y is None:
             raise UsageError(f"{xname} and {yname} go together: give both or neither")
-        xs = (self._images(x, xname) if normalization is False
-              else prepare_images(x, self.input_shape, normalization, xname))
+        xs = check_images(x, self.input_shape, xname)
         return xs, prepare_labels(y, len(xs), self.num_classes, yname)
 
     def _images(self, x, what="x"):
@@ -573,10 +578,7 @@ class Network:
             if x is None and y is None:
                 raise UsageError("evaluate: give the images and labels (x, y), or dataset= "
                                  "(a named dataset's test split)")
-            if x is None or y is None:
-                raise UsageError("x and y go together: give both or neither")
-            xs = check_images(x, self.input_shape, "x")
-            ys = prepare_labels(y, len(xs), self.num_classes, "y")
+            xs, ys = self._checked_xy(x, y, "x", "y")
             prepare = self._batch_preparer("x")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory
         net = self._start(batch_size)

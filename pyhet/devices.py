@@ -106,13 +106,11 @@ class Device:
         self.fault: Fault | None = None    # an injected fault (pyhet.faults), for testing
         self.step: int | None = None       # the training step under way (for the fault)
         self._woken = threading.Event()    # set: emulated slowness is skipped from now on
-        start = getattr(self.backend, "start", None)   # a cpu device's OpenMP team, made now
-        if start is not None:
-            try:
-                self._on_worker(start).result()
-            except BaseException:
-                self._pool.shutdown(wait=True)
-                raise
+        try:
+            self._start_team()
+        except BaseException:
+            self._pool.shutdown(wait=True)
+            raise
 
     def __repr__(self):
         return f"Device({self.name}, {self.spec})"
@@ -201,7 +199,10 @@ class Device:
         self._pid = os.getpid()
         self._pool = self._new_pool()
         self._lock = threading.Lock()
-        start = getattr(self.backend, "start", None)
+        self._start_team()
+
+    def _start_team(self) -> None:
+        start = getattr(self.backend, "start", None)   # a cpu device's OpenMP team, made now
         if start is not None:
             self._pool.submit(start).result()
 

@@ -26,8 +26,6 @@ def probabilities(net, x, batch_size: int, prepare=None):
     return ref.softmax(logits(net, x, batch_size, prepare)).astype(np.float32)
 
 
-
-
 def evaluate(net, x, y, batch_size: int) -> dict:
     """The mean cross-entropy loss, the accuracy and the accuracy of each class (None for a
     class with no image) on x (N, C, H, W) with labels y (N,)."""

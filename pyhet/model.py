@@ -123,10 +123,10 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                 _savez(fh, arrays, name)
                 fh.flush()
                 os.fsync(fh.fileno())
-                if not _still_mine(tmp, mine) and _removed(folder, held):
-                    raise WeightsError(f"cannot write {what} {path}: its folder was removed "
-                                       f"while it was written")
                 if not _still_mine(tmp, mine):
+                    if _removed(folder, held):
+                        raise WeightsError(f"cannot write {what} {path}: its folder was "
+                                           f"removed while it was written")
                     # another write of the same file at once removed this temporary file (as
                     # a leftover, before this one locked it) and made its own there: that one
                     # is not this one's to rename, nor to remove

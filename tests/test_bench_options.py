@@ -533,6 +533,19 @@ def test_a_quota_that_cannot_be_made_is_one_line(monkeypatch, tmp_path):
         ranks.Quota(0.5)
 
 
+def test_a_quota_the_kernel_refuses_is_one_line_and_leaves_no_cgroup(monkeypatch, tmp_path):
+    ranks = bench("ranks")
+    monkeypatch.setattr(ranks, "CGROUP_CPU", tmp_path)
+
+    def refused(self, text, *args, **kwargs):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(ranks.Path, "write_text", refused)
+    with pytest.raises(PyhetError, match=r"^cannot set the CPU quota of .*pyhet-bench-.* \(5000 "
+                                         r"us in 10000 us\): Invalid argument$"):
+        ranks.Quota(0.5)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_quota_that_still_holds_processes_is_named(monkeypatch, tmp_path, capsys):
     """A cgroup that cannot be removed (its processes not yet gone after 5 s) is left and
     named with the command that removes it."""

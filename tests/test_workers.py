@@ -218,3 +218,16 @@ def test_a_worker_collected_in_a_cycle_ends_its_thread():
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_failing_callback_or_set_up_is_said_and_the_work_goes_on(capsys):
+    def bad_set_up():
+        raise OSError("no such thing")
+    with Worker("pyhet-test-bad", initializer=bad_set_up) as w:
+        work = w.submit(pow, 2, 3)
+        assert work.result() == 8
+        work.add_done_callback(lambda _: 1 / 0)
+        assert w.submit(pow, 2, 4).result() == 16
+    err = capsys.readouterr().err
+    assert "pyhet: pyhet-test-bad's set-up failed:" in err and "OSError: no such thing" in err
+    assert "pyhet: an error in a callback of" in err and "ZeroDivisionError" in err
