@@ -492,3 +492,47 @@ def test_a_handler_raising_as_the_hold_begins_leaves_none_held(monkeypatch):
     finally:
         for s, h in olds.items():
             signal.signal(s, h)
+
+
+def test_a_default_sigint_after_a_hold_cut_short_still_ends_the_process(tmp_path):
+    """A handler that raised as the hold put the others back left SIGINT with the hold's: a
+    later Ctrl-C, where the program had left SIGINT at its default action, must still end the
+    process as that action does (by the signal), not be noted and dropped."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, signal, time
+        from pyhet import interrupt
+
+        class Timeout(Exception):
+            pass
+
+        def alarm(signum, frame):
+            raise Timeout
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, alarm)
+        real = signal.signal
+
+        def putting_back(signum, handler):
+            out = real(signum, handler)
+            if handler is alarm:                 # SIGUSR1's handler back, SIGINT's not yet
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return out
+        signal.signal = putting_back
+        try:
+            with interrupt.HeldSignals():
+                pass
+        except Timeout:
+            print("cut short", flush=True)
+        signal.signal = real
+        assert signal.getsignal(signal.SIGINT) not in (signal.SIG_DFL, None)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("still running", flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert p.stdout == "cut short\n", (p.stdout, p.stderr)
+    assert p.returncode == -signal.SIGINT, (p.returncode, p.stderr)
