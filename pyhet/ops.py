@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import threading
 
 import numpy as np
@@ -46,6 +47,24 @@ except ImportError as e:  # a source tree without the built extension, usually
 finally:
     if not _chosen:
         del os.environ[_POLICY]
+
+
+def _openmp_stack_size(environ=os.environ) -> int:
+    """The stack size in bytes of the threads libgomp makes, read from the environment as libgomp
+    reads it when the core is loaded: OMP_STACKSIZE, else GOMP_STACKSIZE, a number of KiB or one
+    with a suffix B, K, M or G; 0 where neither is set or valid (libgomp then uses the default,
+    as Python's threads do)."""
+    for name in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:([bkmgBKMG])\s*)?", environ.get(name, ""))
+        if m:
+            size = int(m.group(1)) << {"b": 0, "k": 10, "m": 20, "g": 30}[
+                (m.group(2) or "k").lower()]
+            if size < 2**64:
+                return size
+    return 0
+
+
+OPENMP_STACK_SIZE = _openmp_stack_size()
 
 __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
@@ -163,16 +182,16 @@ _team = threading.local()   # .checked: the largest team this thread was found a
 def _check_startable(threads: int) -> None:
     """libgomp ends the process where it cannot make a team's thread (ulimit -u, or -v at
     ulimit -s of stack each): a calling thread's team larger than its largest before (libgomp
-    keeps a team for each thread that starts one) is tried first as Python threads of the
-    default stack size (with OpenMP only)."""
+    keeps a team for each thread that starts one) is tried first as Python threads of an
+    OpenMP thread's stack size (with OpenMP only)."""
     if not _core.have_openmp():
         return
-    from .specs import startable_threads
-    started = startable_threads(threads - 1)      # the calling thread is the team's first
+    from .specs import stack_reserved, startable_threads
+    started = startable_threads(0, openmp=threads - 1)   # the calling thread is the team's first
     if started < threads - 1:
         raise RuntimeError(f"threads={threads}: this process could start only {started + 1} "
-                           f"threads at once (see ulimit -u, and ulimit -v: each thread "
-                           f"reserves ulimit -s of stack); give fewer threads")
+                           f"threads at once (see ulimit -u, and ulimit -v: "
+                           f"{stack_reserved()}); give fewer threads")
     _team.checked = threads
 
 

@@ -150,48 +150,77 @@ def cuda_device_count() -> int:
 def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     """Warn when the cpu devices ask for more threads than this process has cores; raise a
     DeviceError when this process cannot start the threads its devices need at once (its
-    limits: ulimit -u, or -v at ulimit -s of stack a thread), which libgomp would meet by
-    ending the process: a cpu device's team of T (its worker and T - 1 more), another
-    device's worker, and where this process is the master, the team of the master's own work
-    (the fc layers, on every core). The threads are tried with Python's default stack size,
-    which is an OpenMP thread's unless OMP_STACKSIZE (or threading.stack_size) says otherwise;
-    a limit used up later (by another process of the user, say) is not foreseen."""
+    limits: ulimit -u, or -v at a thread's stack), which libgomp would meet by ending the
+    process: a cpu device's team of T (its worker and T - 1 OpenMP threads), another device's
+    worker, and where this process is the master, the team of the master's own work (the fc
+    layers, on every core). The threads are tried at the stack size each will have (an OpenMP
+    thread's is OMP_STACKSIZE's where set); a limit used up later (by another process of the
+    user, say) is not foreseen."""
     total = sum(s.threads for s in specs if s.kind == "cpu")
     cores = ops.default_threads()
     if total > cores:
         warnings.warn(f"the cpu devices use {total} threads in all but this process may run on "
                       f"{cores} cores: they will compete for them", RuntimeWarning, stacklevel=2)
-    others = sum(1 for s in specs if s.kind != "cpu")   # their workers
+    workers = len(specs)
     own = cores - 1 if master else 0                     # the master's team, past this thread
-    need = total + others + own
-    started = startable_threads(need)
+    need = total + (workers - sum(1 for s in specs if s.kind == "cpu")) + own
+    started = startable_threads(workers, openmp=need - workers)
     if started < need:
+        others = need - total - own
         parts = [f"{total:,} for the cpu devices"] + (
             [f"{others:,} for the other devices' workers"] if others else []) + (
             [f"{own:,} for the master's own work"] if own else [])
         what = (f"the devices need {need:,} threads at once ({', '.join(parts)})"
                 if len(parts) > 1 else f"the cpu devices need {total:,} threads at once")
         raise DeviceError(f"{what}, but this process could start only {started:,} (see ulimit "
-                          f"-u, and ulimit -v: each thread reserves ulimit -s of stack): give "
-                          f"the cpu devices fewer (cpu:N)")
+                          f"-u, and ulimit -v: {stack_reserved()}): give the cpu devices fewer "
+                          f"(cpu:N)")
 
 
-def startable_threads(n: int) -> int:
-    """How many of `n` threads this process can start and hold at once: each a thread of the
-    default stack size, as an OpenMP team's (and a device's worker) is; all ended again."""
+def stack_reserved() -> str:
+    """How much address space a thread reserves, in words, for the messages on threads."""
+    if ops.OPENMP_STACK_SIZE:
+        return (f"each OpenMP thread reserves OMP_STACKSIZE's "
+                f"{ops.OPENMP_STACK_SIZE / 2**20:,.4g} MiB of stack, another ulimit -s")
+    return "each thread reserves ulimit -s of stack"
+
+
+_STACK_SIZE = threading.Lock()   # threading.stack_size is the process's: one change at a time
+
+
+def startable_threads(n: int, openmp: int = 0) -> int:
+    """How many of `n` threads of the default stack size (a device's worker), and `openmp` more
+    of an OpenMP thread's (OMP_STACKSIZE's where set, else the default), this process can start
+    and hold at once; all ended again."""
     gate = threading.Event()
     started = []
+
+    def start(stack: int) -> None:
+        t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
+        if not stack:
+            t.start()
+        else:
+            with _STACK_SIZE:
+                try:
+                    old = threading.stack_size(stack)
+                except ValueError:    # under Python's minimum: libgomp keeps the default too
+                    old = None
+                try:
+                    t.start()
+                finally:
+                    if old is not None:
+                        threading.stack_size(old)
+        started.append(t)
+
     # signals held: Thread.start waits on a Condition, which a KeyboardInterrupt can break
     # into RuntimeError('release unlocked lock'), taken here for a thread that cannot start
     with HeldSignals():
         try:
-            for _ in range(n):
-                t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
+            for stack in [0] * n + [ops.OPENMP_STACK_SIZE] * openmp:
                 try:
-                    t.start()
+                    start(stack)
                 except RuntimeError:  # "can't start new thread"
                     break
-                started.append(t)
         finally:
             gate.set()
             for t in started:

@@ -463,6 +463,45 @@ def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.skipif(not pyhet.ops.have_openmp(), reason="built without OpenMP")
+def test_threads_are_tried_at_the_stack_size_openmp_gives_them(files, tmp_path):
+    """With OMP_STACKSIZE set, libgomp makes its threads with that stack: 15 of 512 MiB do not
+    fit in 4 GiB, though 16 of 8 MiB do. They were tried at the default size, passed, and
+    libgomp ended the process with its own line."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("not Linux")
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("AddressSanitizer's shadow memory is beyond any ulimit -v")
+    argv = _argv(TRAIN, files)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_STACKSIZE"] = "512M"
+
+    def run(devices):
+        argv[argv.index("--devices") + 1] = devices
+        return subprocess.run([sys.executable, "-m", "pyhet", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120,
+                              preexec_fn=_limited_memory)
+    p = run("cpu:16")
+    assert p.returncode == 1, p.stderr
+    lines = [line for line in p.stderr.strip().splitlines() if "warning" not in line]
+    assert len(lines) == 1 and "libgomp" not in p.stderr, p.stderr
+    assert "each OpenMP thread reserves OMP_STACKSIZE's 512 MiB of stack" in lines[0], lines[0]
+    p = run("cpu:1")
+    assert p.returncode == 0, p.stderr
+
+
+def test_openmp_stack_size_is_read_as_libgomp_reads_it():
+    read = pyhet.ops._openmp_stack_size
+    assert read({}) == 0
+    assert read({"OMP_STACKSIZE": "64"}) == 64 << 10                  # KiB by default
+    assert read({"OMP_STACKSIZE": " 2 g "}) == 2 << 30
+    assert read({"OMP_STACKSIZE": "100b"}) == 100
+    assert read({"OMP_STACKSIZE": "16M", "GOMP_STACKSIZE": "8"}) == 16 << 20
+    assert read({"OMP_STACKSIZE": "bad", "GOMP_STACKSIZE": "8"}) == 8 << 10
+    assert read({"OMP_STACKSIZE": "1T"}) == 0 and read({"OMP_STACKSIZE": "-4"}) == 0
+    assert read({"OMP_STACKSIZE": f"{2**60}G"}) == 0                 # past 64 bits: invalid
+
+
 def test_a_result_that_cannot_be_allocated_names_the_call(tmp_path):
     """An im2col result within the address space but past the process's memory limit: the
     MemoryError names the call, the shape and the size (NumPy's names neither)."""

@@ -992,6 +992,35 @@ def test_threads_the_process_cannot_start_are_refused_not_fatal():
     assert second == "(4, 4, 4, 4)"
 
 
+def test_a_team_is_tried_at_the_stack_size_openmp_gives_its_threads():
+    """Under OMP_STACKSIZE=2G in 1.5 GB of address space, a team of 2 passed the probe at the
+    default stack size and libgomp ended the process."""
+    import subprocess
+    import sys
+    if not ops.have_openmp():
+        pytest.skip("one thread without OpenMP")
+    if "asan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("AddressSanitizer's shadow memory is beyond any ulimit -v")
+    code = ("import numpy as np\nfrom pyhet import ops\n"
+            "try:\n"
+            "    ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=2)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n"
+            "print(ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=1)[0].shape)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_STACKSIZE"] = "2G"
+    p = subprocess.run(["sh", "-c", 'ulimit -v 1500000 && exec "$@"', "sh", sys.executable,
+                        "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=tempfile.gettempdir())
+    if "ulimit" in p.stderr:
+        pytest.skip(f"the shell cannot set the limit: {p.stderr.strip()}")
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    first, second = p.stdout.splitlines()
+    assert first.startswith("threads=2: this process could start only 1 threads at once"), first
+    assert "OMP_STACKSIZE's 2,048 MiB" in first, first
+    assert second == "(4, 4, 4, 4)"
+
+
 def test_the_backends_update_refuses_outputs_it_would_not_write():
     """An F-ordered p_out was reshaped to a copy, the update written to it and lost (p_out
     left all zeros); a g of another shape was applied in flat order."""
