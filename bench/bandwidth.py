@@ -51,17 +51,20 @@ PAIR = "0/cpu:1,1/cpu:1"    # the master's device and, across the link, rank 1's
 def parse_args(argv):
     p = Parser(prog="pyhet bench bandwidth", description=__doc__.split("\n")[0])
     p.add_argument("--rates", default="100mbit,1gbit,10gbit,none",
-                   help="tc tbf rates, comma-separated; 'none' for no limit")
-    p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=positive(int), default=16)
+                   help="tc tbf rates, comma-separated; 'none' for no limit (default "
+                        "100mbit,1gbit,10gbit,none)")
+    p.add_argument("--kernels", default="500,1500", metavar="A,B",
+                   help="the network's kernel counts (default 500,1500)")
+    p.add_argument("--batch-size", type=positive(int), default=16,
+                   help="images per step (default 16)")
     p.add_argument("--steps", type=_util.warmed_steps, default=4,
-                   help="steps per run (the first warms up)")
+                   help="steps per run, the first warming up (default 4)")
     p.add_argument("--rounds", type=positive(int), default=1,
-                   help="times the rates run, in turn; rows give medians over them")
+                   help="times the rates run, in turn; rows give medians over them (default 1)")
     p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")
     p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
-                   help="seconds one run may take")
-    p.add_argument("--json", metavar="FILE")
+                   help="seconds one run may take (default 900)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     args = p.parse_args(argv)

@@ -180,7 +180,7 @@ def measure(m, n, k, trans_a, trans_b, threads, kernels, plain, repeat, pause, r
     return result
 
 
-def main(argv=None) -> int:
+def make_parser() -> Parser:
     parser = Parser(prog="pyhet bench gemm", description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES,
                         help=f"comma-separated MxNxK[:nt|tn|tt] (default {DEFAULT_SHAPES})")
@@ -198,8 +198,14 @@ def main(argv=None) -> int:
     parser.add_argument("--pause", type=_util.non_negative(float, high=3600), default=0.3,
                         help="seconds of sleep before each timed call, so that no side runs "
                              "beside another's spinning idle threads (default 0.3)")
-    parser.add_argument("--seed", type=_util.non_negative(int), default=0)
+    parser.add_argument("--seed", type=_util.non_negative(int), default=0,
+                        help="of the random matrices (default 0)")
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
     try:
         shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]

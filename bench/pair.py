@@ -31,17 +31,21 @@ from pyhet.errors import PyhetError
 def parse_args(argv):
     p = Parser(prog="pyhet bench pair", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="cpu:2;cpu:1,cpu:1",
-                   help="--devices SPECs separated by ';', the reference first")
-    p.add_argument("--dataset", type=dataset, default="bundled")
+                   help="--devices SPECs separated by ';', the reference first (default "
+                        "'cpu:2;cpu:1,cpu:1')")
+    p.add_argument("--dataset", type=dataset, default="bundled",
+                   help="as pyhet train's (default bundled)")
     p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
                    help="the network (default: pyhet train's)")
-    p.add_argument("--batch-size", type=positive(int), default=64)
+    p.add_argument("--batch-size", type=positive(int), default=64,
+                   help="images per step (default 64)")
     p.add_argument("--steps", type=_util.warmed_steps, default=100,
-                   help="training steps per run (the first warms up)")
-    p.add_argument("--rounds", type=positive(int), default=9)
+                   help="training steps per run, the first warming up (default 100)")
+    p.add_argument("--rounds", type=positive(int), default=9,
+                   help="times the configurations run, in turn (default 9)")
     p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
-                   help="seconds one run may take")
-    p.add_argument("--json", metavar="FILE")
+                   help="seconds one run may take (default 900)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = p.parse_args(argv)
     try:   # the file it reads, before any work (an npz: file, a named dataset's files)
         load_dataset(args.dataset)

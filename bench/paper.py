@@ -91,20 +91,22 @@ def parse_args(argv):
     p = Parser(prog="pyhet bench paper", description=__doc__.split("\n")[0])
     p.add_argument("--kernels-list", type=kernels_list,
                    default=[(50, 150), (100, 300), (250, 750), (500, 1500)], metavar="A,B/A,B",
-                   help="the network sizes of analyses 1 and 2, '/'-separated")
+                   help="the network sizes of analyses 1 and 2, '/'-separated (default "
+                        "50,150/100,300/250,750/500,1500)")
     p.add_argument("--batch-sizes", type=int_list, metavar="LIST",
                    help="the batch sizes of analyses 1 and 2 (default 8 to 256; quick 8 to 64)")
     p.add_argument("--network", type=kernel_counts, metavar="A,B",
                    help="the network of the batch, device-count, speed-mix and bandwidth "
                         "analyses (default 250,750; quick 100,300)")
     p.add_argument("--batch-size", type=positive(int), default=16,
-                   help="the batch of the network-size, device-count and speed-mix analyses")
+                   help="the batch of the network-size, device-count and speed-mix analyses "
+                        "(default 16)")
     p.add_argument("--steps", type=_util.warmed_steps,
                    help="N: N - 1 steps of each configuration are timed, after two warm-up "
                         "steps (default 4)")
     p.add_argument("--bandwidth-json", metavar="FILE",
                    help="the JSON of a `pyhet bench bandwidth --json FILE` run for analysis 4")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     p.add_argument("--plot", metavar="DIR",
                    help="one PNG per analysis measured (needs matplotlib)")
     p.add_argument("--quick", action="store_true",

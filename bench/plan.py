@@ -39,19 +39,21 @@ from pyhet.errors import PyhetError
 def parse_args(argv):
     p = Parser(prog="pyhet bench plan", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default="cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5",
-                   help="--devices SPECs, separated by ';'")
-    p.add_argument("--batch-sizes", default="16,32", help="comma-separated")
+                   help="--devices SPECs, separated by ';' (default "
+                        "'cpu:1;cpu:1,cpu:1;cpu:1,cpu:1@0.5')")
+    p.add_argument("--batch-sizes", default="16,32", help="comma-separated (default 16,32)")
     p.add_argument("--kernels", default=None, metavar="A,B",
                    help="the network's kernel counts (default 500,1500)")
     p.add_argument("--arch", type=arch_spec, default=None, metavar="SPEC",
                    help="the network in --arch notation (instead of --kernels)")
     p.add_argument("--steps", type=_util.warmed_steps, default=6,
-                   help="training steps per run (the first warms up)")
+                   help="training steps per run, the first warming up (default 6)")
     p.add_argument("--rounds", type=positive(int), default=1,
-                   help="times the whole set runs, in turn; rows give medians over them")
+                   help="times the whole set runs, in turn; rows give medians over them "
+                        "(default 1)")
     p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
-                   help="seconds one run may take")
-    p.add_argument("--json", metavar="FILE")
+                   help="seconds one run may take (default 900)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = p.parse_args(argv)
     args.configs = _util.device_configs(p, args.configs)
     if any(ranks_of(c) > 1 for c in args.configs):

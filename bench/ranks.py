@@ -48,14 +48,17 @@ MIN_QUOTA_US = 1_000   # the smallest cfs quota the kernel takes
 def parse_args(argv):
     p = Parser(prog="pyhet bench ranks", description=__doc__.split("\n")[0])
     p.add_argument("--quotas", default="0.5,0.25",
-                   help="rank 1's CPU quota as fractions of one core, comma-separated")
-    p.add_argument("--kernels", default="500,1500")
-    p.add_argument("--batch-size", type=positive(int), default=16)
+                   help="rank 1's CPU quota as fractions of one core, comma-separated "
+                        "(default 0.5,0.25)")
+    p.add_argument("--kernels", default="500,1500", metavar="A,B",
+                   help="the network's kernel counts (default 500,1500)")
+    p.add_argument("--batch-size", type=positive(int), default=16,
+                   help="images per step (default 16)")
     p.add_argument("--steps", type=_util.warmed_steps, default=4,
-                   help="steps per run (the first warms up)")
+                   help="steps per run, the first warming up (default 4)")
     p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
-                   help="seconds one run may take")
-    p.add_argument("--json", metavar="FILE")
+                   help="seconds one run may take (default 900)")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     args = p.parse_args(argv)

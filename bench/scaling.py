@@ -141,17 +141,19 @@ def parse_args(argv):
     p = Parser(prog="pyhet bench scaling", description=__doc__.split("\n")[0])
     p.add_argument("--kernels", type=kernel_counts, default=None, metavar="A,B",
                    help="the network's kernel counts (default 500,1500; 64,128 with --quick)")
-    p.add_argument("--batch-size", type=positive(int), default=16)
+    p.add_argument("--batch-size", type=positive(int), default=16,
+                   help="images per step (default 16)")
     p.add_argument("--steps", type=positive(int), default=3,
-                   help="timed steps per configuration per round")
-    p.add_argument("--rounds", type=positive(int), default=2)
+                   help="timed steps per configuration per round (default 3)")
+    p.add_argument("--rounds", type=positive(int), default=2,
+                   help="times the configurations run, in turn (default 2)")
     p.add_argument("--dynamic-steps", type=positive(int), default=16,
-                   help="steps of part 2 after the speed change")
+                   help="steps of part 2 after the speed change (default 16)")
     p.add_argument("--cpu-devices", metavar="LIST",
                    type=lambda t: [positive(int, ops.MAX_THREADS)(v) for v in t.split(",")],
                    help="numbers of cpu:1 devices to run, each at most 1024 (default: 1 to "
                         "all cores; powers of two beyond 4 cores)")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     p.add_argument("--plot", metavar="FILE.png",
                    help="also draw the results to FILE (.png, .pdf or .svg; needs matplotlib)")
     p.add_argument("--quick", action="store_true",

@@ -136,14 +136,19 @@ def _torch_available():
 
 def parse_args(argv):
     p = Parser(prog="pyhet bench step", description=__doc__.split("\n")[0])
-    p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B")
-    p.add_argument("--batch-size", type=positive(int), default=16)
-    p.add_argument("--threads", type=positive(int, high=ops.MAX_THREADS), default=1)
-    p.add_argument("--steps", type=positive(int), default=3, help="timed steps per round")
-    p.add_argument("--rounds", type=positive(int), default=2)
+    p.add_argument("--kernels", type=kernel_counts, default=(500, 1500), metavar="A,B",
+                   help="the network's kernel counts (default 500,1500, the paper's)")
+    p.add_argument("--batch-size", type=positive(int), default=16,
+                   help="images per step (default 16)")
+    p.add_argument("--threads", type=positive(int, high=ops.MAX_THREADS), default=1,
+                   help="of each side (default 1)")
+    p.add_argument("--steps", type=positive(int), default=3,
+                   help="timed steps per round (default 3)")
+    p.add_argument("--rounds", type=positive(int), default=2,
+                   help="rounds of each side, in turn (default 2)")
     p.add_argument("--blocked", action="store_true",
                    help="also run pyhet with Strassen's scheme off (PYHET_GEMM_STRASSEN=0)")
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     p.add_argument("--worker", choices=("pyhet", "torch"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     _util.check_outputs(p, args)
