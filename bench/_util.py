@@ -580,7 +580,20 @@ def device_configs(parser, text: str) -> List[str]:
         parser.error(f"argument --configs: {e}")
     if not configs:
         parser.error("argument --configs: no configuration given")
+    given_once(parser, "--configs", configs)
     return configs
+
+
+def given_once(parser, option: str, values, shown=str) -> None:
+    """parser.error where a list option names one value twice: a benchmark files its runs by
+    the value, so a repeat was measured twice and shown as one (the ratios of a configuration
+    against itself), or measured again for a row that said nothing new."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            parser.error(f"argument {option}: {shown(v)} is given twice (each is measured in "
+                         f"every round: give it once)")
+        seen.add(v)
 
 
 def command_name(cmd) -> str:

@@ -74,6 +74,7 @@ def parse_args(argv):
             check()
         except (argparse.ArgumentTypeError, ValueError) as e:
             p.error(f"argument {option}: {e}")
+    _util.given_once(p, "--rates", [r.strip() for r in args.rates.split(",") if r.strip()])
     _util.check_outputs(p, args)
     return args
 

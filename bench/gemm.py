@@ -207,6 +207,8 @@ def make_parser() -> Parser:
 def main(argv=None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    _util.given_once(parser, "--threads", args.threads or [])
+    _util.given_once(parser, "--kernels", args.kernels or [])
     try:
         shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as e:
@@ -214,6 +216,7 @@ def main(argv=None) -> int:
     if not shapes:
         parser.error(f"argument --shapes: expected at least one shape like 1024x1024x1024, got "
                      f"{args.shapes!r}")
+    _util.given_once(parser, "--shapes", shapes, lambda s: shape_name(*s))
     available = host_available_memory()
     for m, n, k, ta, tb in shapes:
         # A, B, the kernel's C and NumPy's, as float32: refused here rather than allocated
@@ -259,7 +262,9 @@ def main(argv=None) -> int:
     if args.json:
         _util.write_json(args.json, {"benchmark": "gemm", "system": info,
                                      "warnings": warnings, "repeat": args.repeat,
-                                     "pause": args.pause, "kernels": kernels,
+                                     "pause": args.pause, "seed": args.seed,
+                                     "plain_max_gflop": args.plain_max_gflop,
+                                     "threads": threads, "kernels": kernels,
                                      "results": results})
         print(f"\nwrote {args.json}")
     return 0

@@ -87,7 +87,8 @@ def main(argv=None) -> int:
         whole = min(len(t) for t in times.values())
         _util.stop_with_partial(args, {"benchmark": "pair", "system": info, "network": network,
                                        "dataset": args.dataset, "batch_size": args.batch_size,
-                                       "steps": args.steps, "reference": ref,
+                                       "steps": args.steps, "rounds": whole,
+                                       "reference": ref,
                                        "step_s": {k: v[:whole] for k, v in times.items()}}
                                 if whole else None, e)
     rows = []
@@ -104,7 +105,8 @@ def main(argv=None) -> int:
     print(_util.format_table(["devices", "median step ms", "ratios (sorted)", "median ratio"],
                              table))
     result = {"benchmark": "pair", "system": info, "network": network, "dataset": args.dataset,
-              "batch_size": args.batch_size, "steps": args.steps, "reference": ref,
+              "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
+              "reference": ref,
               "reference_step_s": times[ref], "rows": rows}
     if args.json:
         _util.write_json(args.json, result)

@@ -112,6 +112,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true",
                    help="batch sizes to 64, a smaller network (100,300), no bandwidth run")
     args = p.parse_args(argv)
+    _util.given_once(p, "--kernels-list", args.kernels_list or [], kstr)
+    _util.given_once(p, "--batch-sizes", args.batch_sizes or [])
     if not args.kernels_list:
         p.error("argument --kernels-list: expected at least one A,B")
     if args.batch_sizes is None:
@@ -223,7 +225,7 @@ def measure(kernels, batch, configs, steps):
                          **scaling.settled_fields(c, settle[c.label])})
         add_speedups(rows)
         label = f"kernels {kernels[0]},{kernels[1]}, batch {batch}"
-        print(f"measured {label}: " + ", ".join(f"{r['config']} {r['step_s']:.3f} s"
+        print(f"measured {label}: " + ", ".join(f"{r['config']} {sec(r['step_s'])} s"
                                                  for r in rows), file=sys.stderr, flush=True)
         return rows
     finally:
@@ -387,7 +389,7 @@ def times(v):
 
 
 def sec(v):
-    return f"{v:.3f}"
+    return "-" if v is None else _util.secs(v)
 
 
 def kstr(k):
@@ -442,7 +444,7 @@ def print_all(res):
     if "skipped" in bw:
         print(bw["skipped"])
     else:
-        print(f"{bw['source']}; baseline: {bw['baseline']}, {bw['baseline_step_s']:.3f} s")
+        print(f"{bw['source']}; baseline: {bw['baseline']}, {sec(bw['baseline_step_s'])} s")
         print(_util.format_table(
             ["rate", "Mbit/s measured", "step s", "speedup", "conv2 partition"],
             [[r["rate"], "-" if not r["measured_bits_per_s"] else

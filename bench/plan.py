@@ -162,7 +162,8 @@ def main(argv=None) -> int:
                 if runs[(batch, spec)]]
         _util.stop_with_partial(args, {"benchmark": "plan", "system": info,
                                        "kernels": args.kernels, "arch": args.arch,
-                                       "steps": args.steps, "rows": done} if done else None, e)
+                                       "steps": args.steps, "rounds": args.rounds,
+                                       "rows": done} if done else None, e)
     rows = [summarise(spec, batch, runs[(batch, spec)]) for batch, spec in keys]
     print(f"\n{args.arch or 'kernels ' + args.kernels}, synthetic 3x32x32 data, "
           f"--balance static, "

@@ -72,6 +72,7 @@ def parse_args(argv):
         p.error(f"--quotas: fractions such as 0.5,0.25 were expected, got {args.quotas!r}")
     if not args.quotas or any(not 0.01 <= q <= 1 for q in args.quotas):
         p.error(f"--quotas: each must be between 0.01 and 1, got {args.quotas}")
+    _util.given_once(p, "--quotas", args.quotas, lambda q: f"{q:g}")
     _util.check_outputs(p, args)
     return args
 

@@ -159,6 +159,7 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true",
                    help="a small network (64,128 kernels unless --kernels says) for a fast check")
     args = p.parse_args(argv)
+    _util.given_once(p, "--cpu-devices", args.cpu_devices or [])
     if args.kernels is None:
         args.kernels = (64, 128) if args.quick else (500, 1500)
     _util.check_outputs(p, args)
@@ -200,7 +201,7 @@ def part1(args, shape, params, x, y):
                 for _ in range(args.steps):
                     c.step(x, y)
                 print(f"round {r + 1}/{args.rounds} {c.label}: median "
-                      f"{statistics.median(c.times[-args.steps:]):.3f} s", file=sys.stderr)
+                      f"{_util.secs(statistics.median(c.times[-args.steps:]))} s", file=sys.stderr)
         solo_ips = {c.spec: args.batch_size / statistics.median(c.times) for c in configs
                     if len(c.devices) == 1}
         rows = []
@@ -308,7 +309,7 @@ def settling_summary(dyn: dict, steps: int) -> str:
     """Part 2's findings in words (dyn: part2's result; steps: those after the change)."""
     best = (f"the best static partition for the new speeds "
             f"({'/'.join(str(v) for v in dyn['best_static_partition']['conv2'].values())} for "
-            f"conv2, proportional to 1 : 0.5) {dyn['best_static_step_s']:.3f} s")
+            f"conv2, proportional to 1 : 0.5) {_util.secs(dyn['best_static_step_s'])} s")
     conv2, both = dyn["conv2_settled_after_steps"], dyn["partition_settled_after_steps"]
     if conv2 is None:
         return (f"after the change: conv2's partition still moved at the last of the {steps} "
@@ -325,7 +326,7 @@ def settling_summary(dyn: dict, steps: int) -> str:
             + (f"within 5% of the best static partition's from step {close} on"
                if close is not None else
                f"not within 5% of the best static partition's in the {steps} steps")
-            + f".\nsettled step time {dyn['settled_step_s']:.3f} s; {best}: ratio "
+            + f".\nsettled step time {_util.secs(dyn['settled_step_s'])} s; {best}: ratio "
               f"{dyn['settled_over_best_static']:.3f}")
 
 
@@ -376,7 +377,10 @@ def main(argv=None) -> int:
     print(moves_summary(dyn["moves_s"]))
 
     result = {"benchmark": "scaling", "system": info, "kernels": list(args.kernels),
-              "batch_size": args.batch_size, "configs": rows, "dynamic": dyn}
+              "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
+              "dynamic_steps": args.dynamic_steps,
+              "cpu_devices": args.cpu_devices or cpu_counts(ops.default_threads()),
+              "configs": rows, "dynamic": dyn}
     _util.save_outputs(result, args, plot)
     return 0
 

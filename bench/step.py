@@ -168,6 +168,8 @@ def main(argv=None) -> int:
     from pyhet import arch
 
     _util.check_memory([(args.kernels, args.batch_size)], 1, INPUT, CLASSES)
+    info = _util.system_info()
+    print(_util.describe_system(info))
     shape = arch.build(arch.shorthand(args.kernels, 5), INPUT, CLASSES)
     flops = sum(shape.flops_per_image().values()) * args.batch_size
     sides = (["pyhet"] + ([BLOCKED] if args.blocked else []) +
@@ -177,10 +179,12 @@ def main(argv=None) -> int:
         for s in sides:
             runs[s].append(_run_worker(s, args))
             print(f"round {r + 1}/{args.rounds} {s}: median "
-                  f"{statistics.median(runs[s][-1]['times']):.3f} s", file=sys.stderr)
+                  f"{_util.secs(statistics.median(runs[s][-1]['times']))} s", file=sys.stderr)
 
-    result = {"benchmark": "step", "kernels": list(args.kernels), "batch_size": args.batch_size,
-              "threads": args.threads, "gflop_per_step": flops / 1e9, "sides": {}}
+    result = {"benchmark": "step", "system": info, "kernels": list(args.kernels),
+              "batch_size": args.batch_size, "threads": args.threads, "steps": args.steps,
+              "rounds": args.rounds, "blocked": args.blocked, "gflop_per_step": flops / 1e9,
+              "sides": {}}
     for s in sides:
         times = [t for run in runs[s] for t in run["times"]]
         med = statistics.median(times)
@@ -201,10 +205,11 @@ def main(argv=None) -> int:
                                             result["sides"]["torch"]["median_s"])
 
     print(f"one SGD step, kernels {args.kernels[0]},{args.kernels[1]}, 3x32x32, batch "
-          f"{args.batch_size}, {args.threads} thread(s), {flops / 1e9:.1f} GFLOP per step")
+          f"{args.batch_size}, {args.threads} thread(s), {flops / 1e9:.4g} GFLOP per step")
     print(f"{'side':<8}{'median s':>10}{'min s':>9}{'GFLOP/s':>10}{'peak RSS MB':>13}")
     for s, v in result["sides"].items():
-        print(f"{s:<8}{v['median_s']:>10.3f}{v['min_s']:>9.3f}{v['gflops']:>10.1f}"
+        print(f"{s:<8}{_util.secs(v['median_s']):>10}{_util.secs(v['min_s']):>9}"
+              f"{v['gflops']:>10.4g}"
               f"{v['peak_rss_mb']:>13.0f}")
     if "ratio_pyhet_over_torch" in result:
         print(f"ratio pyhet / torch {result['torch_version']}: "
@@ -214,7 +219,7 @@ def main(argv=None) -> int:
     if args.blocked:
         print(f"ratio pyhet / blocked (Strassen's scheme off): "
               f"{result['ratio_pyhet_over_blocked']:.3f}")
-    print("pyhet step parts (s): " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+    print("pyhet step parts (s): " + ", ".join(f"{k} {_util.secs(v)}" for k, v in parts.items()))
     if args.json:
         _util.write_json(args.json, result)
     return 0

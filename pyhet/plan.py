@@ -677,11 +677,16 @@ def layer_phases(costs: list) -> list:
     return [([ph[p][0] for ph in per_device], [ph[p][1] for ph in per_device]) for p in (0, 1)]
 
 
-def _alone_s(c: Cost, K: int) -> float:
-    """A device's time for all K kernels of a layer, on its own (no contention; its typical
+def _alone_compute_s(c: Cost, K: int) -> float:
+    """A device's compute for all K kernels of a layer, on its own (no contention; its typical
     time, by its whole-layer factor)."""
     a = c.alone()
-    return (a.overhead + K / a.speed) * c.whole + a.link_s(K)
+    return (a.overhead + K / a.speed) * c.whole
+
+
+def _alone_s(c: Cost, K: int) -> float:
+    """The same with its link's time."""
+    return _alone_compute_s(c, K) + c.link_s(K)
 
 
 def own_costs(cluster: Cluster, layer: str) -> list:
@@ -809,7 +814,7 @@ def ddp(cluster: Cluster, net: NetGeometry, batch: int, speed: float = 1.0,
             # a replica is a process of its own: each whole layer on its own (its whole fixed
             # work), and where it is the only one, as layer_seconds counts it
             c = own[g.name][i]
-            t += (_alone_s(c, g.K) - c.link_s(g.K) if replicas == 1 else
+            t += (_alone_compute_s(c, g.K) if replicas == 1 else
                   c.overhead + g.K / (c.speed * parts)) * cluster.in_step_factor(g.name, True)
         rate = fc_rate if cluster.cpu_like and cluster.cpu_like[i] else 1.0
         compute.append((t + fc / parts / (cluster.gflops[i] * rate * 1e9)) / speed)
@@ -937,11 +942,12 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
                 c = own[g.name][i]
-            compute = (_alone_s(c, k) - c.link_s(k) if k == g.K else c.compute_s(k)) * factor
+            compute = (_alone_compute_s(c, k) if k == g.K else c.compute_s(k)) * factor
             rows[name] = {"kernels": k, "compute_s": _sig(compute),
                           "link_s": _sig(c.link_s(k)), "kernels_per_s": _sig(c.speed),
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,
-                          "contention": round(c.contention, 4)}
+                          "contention": round(c.contention, 4),
+                          "whole_layer": round(c.whole, 4)}
         layers[g.name] = {"conv_s": _sig(layer_s[g.name]), "devices": rows}
         if g.name in (cluster.in_step or {}) or g.name in (cluster.in_step_alone or {}):
             layers[g.name]["in_step"] = round(factor, 4)

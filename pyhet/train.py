@@ -690,12 +690,12 @@ def with_plan(result: dict, net: Net, devices, cal, balance, links=None) -> dict
     if cal is not None:
         result["predicted_conv_time_s"] = round(sum(
             cal.predicted(conv.name, conv.counts)
-            for conv in net.convs), 4)
+            for conv in net.convs), 6)
         # ... and the step: that, plus the measured rest of the step (the master's fc layers,
         # loss and batch work, which are not partitioned)
         if result["step_time_s"] and result["conv_time_s"] is not None:
             rest = max(0.0, result["step_time_s"]["median"] - result["conv_time_s"])
-            result["predicted_step_time_s"] = round(result["predicted_conv_time_s"] + rest, 4)
+            result["predicted_step_time_s"] = round(result["predicted_conv_time_s"] + rest, 6)
     result["partition_moves"] = balance.moves if balance else []
     return result
 

@@ -27,6 +27,8 @@ def test_bench_gemm(tmp_path, capsys):
     res = json.loads((tmp_path / "g.json").read_text())
     rows = res["results"]
     assert "33x17x65" in out and len(rows) == 2
+    # what reproduces it
+    assert (res["seed"], res["plain_max_gflop"], res["threads"], res["repeat"]) == (0, 4, [1], 1)
     kernels = res["kernels"]  # every kernel this CPU runs, side by side
     assert "portable" in kernels and ops.gemm_kernel() in kernels
     for r in rows:
@@ -73,10 +75,32 @@ def test_bench_step(tmp_path, capsys):
               "--json", str(tmp_path / "s.json"))
     res = json.loads((tmp_path / "s.json").read_text())
     assert res["sides"]["pyhet"]["median_s"] > 0 and "pyhet" in out
+    # what reproduces it, as the other benchmarks' files say
+    assert (res["steps"], res["rounds"], res["blocked"]) == (1, 1, True)
+    assert res["system"]["pyhet"] and res["system"]["pyhet_gemm_kernel"] == ops.gemm_kernel()
+    # a step of milliseconds in three significant digits (0.001 beside a ratio of 0.32)
+    line = out.split("peak RSS MB\n", 1)[1].splitlines()[0]
+    assert line.split()[1] == _util_secs(res["sides"]["pyhet"]["median_s"]), line
     assert res["sides"]["blocked"]["median_s"] > 0 and res["ratio_pyhet_over_blocked"] > 0
     assert "ratio pyhet / blocked" in out
     if "torch" in res["sides"]:
         assert res["ratio_pyhet_over_torch"] > 0
+
+
+def scaling_counts():
+    try:
+        from pyhet.bench import scaling
+    except ImportError:    # run from the source tree
+        from bench import scaling
+    return scaling.cpu_counts(ops.default_threads())
+
+
+def _util_secs(v):
+    try:
+        from pyhet.bench import _util
+    except ImportError:    # run from the source tree
+        from bench import _util
+    return _util.secs(v)
 
 
 def test_bench_scaling(tmp_path, capsys):
@@ -90,6 +114,9 @@ def test_bench_scaling(tmp_path, capsys):
         assert f"plot written to {tmp_path / 'myplot.png'}" in out
         assert [p.name for p in tmp_path.glob("myplot*")] == ["myplot.png"]
     res = json.loads((tmp_path / "c.json").read_text())
+    assert (res["steps"], res["rounds"], res["dynamic_steps"]) == (1, 1, 3)
+    assert res["cpu_devices"] == scaling_counts()
+    assert f"settled step time {_util_secs(res['dynamic']['settled_step_s'])} s" in out
     configs = {(r["config"], r["balance"]) for r in res["configs"]}
     assert ("cpu:1", None) in configs and ("cpu:1,cpu:1@0.5", "even") in configs
     for r in res["configs"]:
@@ -365,6 +392,25 @@ def test_bench_paper_quick_skips_bandwidth_and_bad_options(capsys):
     assert e.value.code == 2 and "expected two kernel counts" in capsys.readouterr().err
 
 
+def test_bench_paper_a_bandwidth_rate_without_a_step(tmp_path, capsys):
+    """A rate whose run gave no step time (the file's check lets step_s be null): its row
+    says "-". Printing it raised a TypeError after every analysis, and --json was not written."""
+    bw = {"kernels": "4,8", "batch_size": 4, "alone_step_s": 0.2,
+          "rates": [{"rate": "10mbit", "measured_bits_per_s": None, "step_s": None,
+                     "partition": None},
+                    {"rate": "none", "measured_bits_per_s": None, "step_s": 0.1,
+                     "partition": {"conv1": {"d0": 2, "d1": 2}, "conv2": {"d0": 4, "d1": 4}}}]}
+    (tmp_path / "bw.json").write_text(json.dumps(bw))
+    out = run(capsys, "paper", "--kernels-list", "4,8", "--batch-sizes", "2", "--network", "4,8",
+              "--steps", "2", "--bandwidth-json", str(tmp_path / "bw.json"),
+              "--json", str(tmp_path / "p.json"))
+    rows = json.loads((tmp_path / "p.json").read_text())["bandwidth"]["rows"]
+    assert [(r["rate"], r["step_s"], r["speedup"]) for r in rows] == [
+        ("10mbit", None, None), ("none", 0.1, pytest.approx(2.0))]
+    line = next(t for t in out.splitlines() if t.lstrip().startswith("10mbit"))
+    assert line.split()[1:4] == ["-", "-", "-"], line
+
+
 def test_bench_paper_bad_bandwidth_json(tmp_path, capsys):
     """Read before any analysis runs: a usage error, nothing measured and lost."""
     (tmp_path / "bw.json").write_text('{"rates": []}')
@@ -393,6 +439,7 @@ def test_bench_pair(tmp_path, capsys):
               str(tmp_path / "p.json"))
     res = json.loads((tmp_path / "p.json").read_text())
     assert res["reference"] == "cpu:1" and len(res["reference_step_s"]) == 2
+    assert res["rounds"] == 2
     [row] = res["rows"]
     assert row["devices"] == "cpu:1,numpy" and len(row["ratios"]) == 2
     assert row["ratios"] == [a / b for a, b in zip(res["reference_step_s"], row["step_s"])]

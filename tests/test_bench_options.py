@@ -665,3 +665,20 @@ def test_every_option_with_a_default_says_it_in_help(capsys, name):
         assert re.search(rf"\(default:? .*{re.escape(_shown(value, option))}", block.replace(
             "'", "")), (option, value, block)
     assert checked >= 3, blocks
+
+
+@pytest.mark.parametrize("name, argv, says", [
+    ("pair", ["--configs", "cpu:1;cpu:1"], "--configs: cpu:1 is given twice"),
+    ("plan", ["--configs", "cpu:1; cpu:2 ;cpu:2"], "--configs: cpu:2 is given twice"),
+    ("gemm", ["--kernels", "portable,portable"], "--kernels: portable is given twice"),
+    ("gemm", ["--threads", "1,1"], "--threads: 1 is given twice"),
+    ("gemm", ["--shapes", "8x8x8,9x9x9,8x8x8:nn"], "--shapes: 8x8x8 is given twice"),
+    ("scaling", ["--cpu-devices", "2,1,2"], "--cpu-devices: 2 is given twice"),
+    ("paper", ["--batch-sizes", "8,8"], "--batch-sizes: 8 is given twice"),
+    ("paper", ["--kernels-list", "4,8/4,8"], "--kernels-list: 4,8 is given twice"),
+    ("ranks", ["--quotas", "0.5,0.50"], "--quotas: 0.5 is given twice"),
+    ("bandwidth", ["--rates", "1gbit,none,1gbit"], "--rates: 1gbit is given twice")])
+def test_a_list_option_naming_one_value_twice_is_refused(capsys, name, argv, says):
+    """bench pair filed both runs of --configs "cpu:1;cpu:1" under one key: its ratios were a
+    list over itself (1.000, four for two rounds); bench plan's row held both runs."""
+    assert says in refused(capsys, name, *argv)

@@ -101,6 +101,19 @@ def test_phase_times_are_the_training_steps_alone():
             assert per_step == pytest.approx(round(want, 6), abs=1.5e-6), (layer, phase)
 
 
+def test_the_cost_models_figures_keep_their_digits():
+    """predicted_conv_time_s was rounded to 4 decimals (a 0.4 ms prediction to one digit, which
+    bench plan divides by); now to 6, as conv_time_s's parts, so the predicted step is the
+    predicted conv time plus the measured rest of the step to 1e-6."""
+    x, y = arrays(24)
+    with pyhet.Network("2C3-P2", (1, 12, 12), 3, devices="cpu:1,cpu:1", balance="static") as net:
+        s = net.fit(x, y, steps=4, batch_size=4)
+    pred, conv = s["predicted_conv_time_s"], s["conv_time_s"]
+    assert pred > 0 and pred == round(pred, 6)
+    rest = s["step_time_s"]["median"] - conv
+    assert s["predicted_step_time_s"] == pytest.approx(pred + rest, abs=1.5e-6)
+
+
 def test_step_parts_are_medians_of_the_timed_steps():
     """step_parts_s: each part of Net.train_step (conv forward, fc, conv backward, update) as its
     median over the steps after the warm-up one, and the rest of the step's median as other."""

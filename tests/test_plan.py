@@ -409,6 +409,43 @@ def test_a_device_with_the_whole_layer_shows_the_time_the_layer_takes():
                                                      rel=1e-6)
 
 
+def test_every_devices_compute_is_rebuilt_from_its_row():
+    """README: a share's compute_s is (overhead_s + kernels / kernels_per_s) times in_step; the
+    whole layer's, that over its contention, times whole_layer and in_step. The whole-layer
+    factor was not in the row, so its compute_s could not be rebuilt (off by it: 2 here)."""
+    names, c = cal({"conv1": [1000.0, 900.0], "conv2": [300.0, 1.0]}, {"conv1": [1e-4, 2e-4],
+                                                                     "conv2": [1e-4, 1e-4]})
+    c.contention = {"conv1": [1.5, 1.3], "conv2": [1.5, 1.5]}
+    c.whole = {"conv1": [1.2, 1.0], "conv2": [2.0, 1.0]}
+    r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+    whole = shared = 0
+    for g in NET.blocks:
+        layer = r["layers"][g.name]
+        for row in layer["devices"].values():
+            if not row["kernels"]:
+                continue
+            t = (row["overhead_s"] + row["kernels"] / row["kernels_per_s"]) * layer.get(
+                "in_step", 1.0)
+            if row["kernels"] == g.K:
+                t *= row["whole_layer"] / row["contention"]
+                whole += 1
+            else:
+                shared += 1
+            assert row["compute_s"] == pytest.approx(t, rel=1e-3), (g.name, row)
+    assert whole and shared, r["layers"]
+
+
+def test_a_single_ddp_replica_is_the_first_of_equals():
+    """Two devices of one speed, the second behind a link: the first is the replica (the
+    second was, by a rounding of its compute: (x + link) - link a hair below x)."""
+    net = arch.build("2C5-P2", (3, 32, 32), 10)
+    for link in ("1gbit", "10gbit", "3mbit"):
+        cluster = plan.build_cluster(net, 1, described=plan.parse_describe(
+            f"a:gflops=10;b:gflops=10,bw={link}"))
+        d = plan.ddp(cluster, net, 1)
+        assert d["replicas"] == 1 and d["slowest_device"] == "a", (link, d)
+
+
 def test_master_bottleneck():
     huge = arch.build("2C3-P2-2C3-P2-4096N", (1, 12, 12), 10)
     cluster = plan.build_cluster(huge, N, described=plan.parse_describe("a:gflops=100"))
