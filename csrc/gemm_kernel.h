@@ -64,7 +64,7 @@ bool set_kernel(const char* name);
 double set_min_flops_per_thread(double flops);
 
 // Strassen's scheme (one level) for products whose every dimension is at least `dim` (0: never;
-// < 0: back to the default, 1024 unless PYHET_GEMM_STRASSEN=0 or off). Test hook and
+// < 0: back to the default, 768 unless PYHET_GEMM_STRASSEN=0 or off). Test hook and
 // benchmark switch; returns the previous value.
 int64_t set_strassen_min_dim(int64_t dim);
 int64_t get_strassen_min_dim();  // the value in use

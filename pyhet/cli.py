@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "belongs to this run: another run's checkpoints there are refused)")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     t.add_argument("--overwrite", action="store_true",
-                   help="delete the checkpoints of another run in --checkpoint-dir first")
+                   help="delete the checkpoints of another run in --checkpoint-dir, as this "
+                        "run writes its first (a run that fails before keeps them)")
     t.add_argument("--checkpoint-every", type=positive(int), default=None, metavar="N",
                    help="also write a checkpoint every N steps")
     t.add_argument("--keep", type=_non_negative_int, default=None, metavar="K",

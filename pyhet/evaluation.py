@@ -1,7 +1,8 @@
 """Using a trained network: class probabilities, and the loss and accuracy on labelled images.
 
-Images go through the network in batches (by default of the training size, the memory the
-devices were sized for). Letters: x (N, C, H, W), y (N,) labels, M classes.
+Images go through the network in batches of the size the caller gives (training passes its own
+batch, the memory the devices were sized for; Network.predict 256, Network.evaluate 64), each
+prepared as it comes. Letters: x (N, C, H, W), y (N,) labels, M classes.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ and the loss run on the master.
 A weight file is an .npz of float32 arrays named and shaped as the equivalent torch.nn model's
 state_dict, conv1.weight (K1, C, R, S), conv1.bias (K1,), ..., fc1.weight (U1, F), ...,
 fc.weight (M, F or UM), fc.bias (M,), the fc input flattened in (C, H, W) order, plus one string
-entry ``arch`` (JSON: the --arch notation, input shape, classes, class names) so that evaluation
-and prediction need only the file. Files without it (the two-block networks of earlier versions)
-still load: their shape is read off the arrays.
+entry ``arch`` (JSON: the --arch notation, input shape, classes, class names, and the
+normalization of uint8 images) so that evaluation and prediction need only the file. Files
+without it (the two-block networks of earlier versions) still load: their shape is read off the
+arrays.
 """
 
 from __future__ import annotations
