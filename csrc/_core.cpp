@@ -181,6 +181,24 @@ int64_t size_add(int64_t a, int64_t b) {
   return r;
 }
 
+// The questions about how sgemm would run an (m, n) x k product are answered only for products
+// whose matrices a process can hold (m x k, k x n and m x n floats each within 2**47 bytes): the
+// plans multiply the dimensions, which overflow on sizes no memory holds. A dimension <= 0 is
+// an empty product (answered: no).
+void expect_holdable_product(int64_t m, int64_t n, int64_t k, const char* what) {
+  if (m <= 0 || n <= 0 || k <= 0) return;
+  constexpr int64_t kMaxFloats = int64_t{1} << 45;
+  const int64_t dims[3][2] = {{m, k}, {k, n}, {m, n}};
+  for (const auto& d : dims) {
+    int64_t floats;
+    if (__builtin_mul_overflow(d[0], d[1], &floats) || floats > kMaxFloats)
+      throw py::value_error(std::string(what) + ": a product of (m, n, k) = (" +
+                            std::to_string(m) + ", " + std::to_string(n) + ", " +
+                            std::to_string(k) + ") has a matrix of more floats than a process " +
+                            "can address (2**45)");
+  }
+}
+
 // The pool kernels index a plane with int32 (arg): its H * W elements must fit.
 void expect_int32_plane(int64_t H, int64_t W, const char* what) {
   if (H > 0 && W > INT32_MAX / H)
@@ -487,9 +505,10 @@ ConvGeom conv_geom(const py::array& x, py::handle kh_, py::handle kw_, py::handl
   return g;
 }
 
-// The shape of the im2col matrix: (C * KH * KW, N * OH * OW).
+// The shape of the im2col matrix: (C * KH * KW, N * OH * OW). OH * OW checked on its own, as
+// the kernels compute it (an empty batch still has its maps' size).
 Shape col_shape(const ConvGeom& g) {
-  return {size_mul(size_mul(g.C, g.KH), g.KW), size_mul(size_mul(g.N, g.OH), g.OW)};
+  return {size_mul(size_mul(g.C, g.KH), g.KW), size_mul(g.N, size_mul(g.OH, g.OW))};
 }
 
 // channels: None for all, or (begin, end) to touch only those input channels.
@@ -888,12 +907,14 @@ PYBIND11_MODULE(_core, m) {
         "The smallest dimension of the products that take Strassen's scheme (0: none).");
   m.def("gemm_uses_strassen",
         [](int64_t m, int64_t n, int64_t k, int threads) {
+          expect_holdable_product(m, n, k, "gemm_uses_strassen");
           return pyhet::gemm::strassen_applies(m, n, k, threads);
         },
         py::arg("m"), py::arg("n"), py::arg("k"), py::arg("threads") = 1,
         "Whether sgemm runs an (m, n) x k product on `threads` threads by Strassen's scheme.");
   m.def("gemm_splits_k",
         [](int64_t m, int64_t n, int64_t k, int threads) {
+          expect_holdable_product(m, n, k, "gemm_splits_k");
           return pyhet::gemm::splits_k(m, n, k, threads);
         },
         py::arg("m"), py::arg("n"), py::arg("k"), py::arg("threads") = 1,
@@ -949,6 +970,12 @@ PYBIND11_MODULE(_core, m) {
         "only c's columns [r0, r1) and [h + r0, h + r1) are made (h: half c's width).");
   m.def("gemm_packed_uses_strassen",
         [](int64_t m, int64_t k2, int64_t n2, int threads) {
+          // (k2, n2 <= 2**62: their doubles are the product's k and n)
+          if (k2 > 0 && n2 > 0 && k2 <= (int64_t{1} << 62) && n2 <= (int64_t{1} << 62))
+            expect_holdable_product(m, 2 * n2, 2 * k2, "gemm_packed_uses_strassen");
+          else if (k2 > 0 && n2 > 0 && m > 0)
+            throw py::value_error("gemm_packed_uses_strassen: quadrants of more than 2**62 "
+                                  "rows or columns are more than a process can address");
           return pyhet::packed_strassen_applies(m, k2, n2, threads);
         },
         py::arg("m"), py::arg("k2"), py::arg("n2"), py::arg("threads") = 1,

@@ -50,9 +50,12 @@ inline void im2col_row(const float* x, int64_t C, int64_t H, int64_t W, int64_t 
       }
       const float* src = plane + ih * W;
       if (stride == 1) {
-        // Columns ow with 0 <= ow - pad + j < W are one contiguous run; zeros around it.
+        // Columns ow with 0 <= ow - pad + j < W are one contiguous run; zeros around it. Both
+        // ends within [0, OW]: a tap that sees only the left padding (pad - j > OW, a kernel
+        // wider than the input with its right padding) has no run, and zeros to OW, not beyond
         int64_t lo = pad - j, hi = W + pad - j;  // valid ow in [lo, hi)
         if (lo < 0) lo = 0;
+        if (lo > OW) lo = OW;
         if (hi > OW) hi = OW;
         if (hi < lo) hi = lo;
         for (int64_t ow = 0; ow < lo; ++ow) dst[ow] = 0.f;

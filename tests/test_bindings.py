@@ -628,3 +628,35 @@ def test_quadrant_packs_written_must_differ():
     t = [ops.packed_b(n // 2, k // 2, trans_b=True) for _ in range(6)]
     with pytest.raises(ValueError, match="the same one at 2 and 6"):
         _core.im2col_pack_quadrants(x, 3, 3, 1, 0, None, t + [t[2]])
+
+
+@pytest.mark.parametrize("ask", [
+    lambda: _core.gemm_splits_k(16, 16, 2**63 - 1, 2),
+    lambda: _core.gemm_splits_k(2**62, 16, 2**62, 2),
+    lambda: _core.gemm_splits_k(2**63 - 1, 1, 1, 2),
+    lambda: _core.gemm_uses_strassen(2**40, 2**40, 2**40, 2),
+    lambda: _core.gemm_packed_uses_strassen(2**40, 2**40, 2**40, 2),
+    lambda: _core.gemm_packed_uses_strassen(8, 2**63 - 1, 8, 2)])
+def test_questions_about_products_no_memory_holds_are_refused(ask):
+    """The plans multiply the dimensions: splits_k(16, 16, 2**63 - 1, 2) overflowed (UBSan)
+    and said False where every k from 2**20 to 2**62 says True."""
+    with pytest.raises(ValueError, match="more floats than a process can address|more than a "
+                                         "process can address"):
+        ask()
+
+
+def test_questions_about_the_largest_products_a_process_holds_are_answered():
+    assert _core.gemm_splits_k(16, 16, 2**40, 2) is _core.have_openmp()
+    assert _core.gemm_splits_k(0, 16, 2**63 - 1, 2) is False       # empty: no
+    assert _core.gemm_uses_strassen(2**15, 2**15, 2**15, 1) is (_core.gemm_strassen_min_dim() > 0)
+
+
+def test_an_empty_batch_with_maps_too_large_to_count_is_refused():
+    """OH * OW was counted only as N * OH * OW, which is 0 for an empty batch; the kernels then
+    computed OH * OW = (2**32 - 1)**2 (a signed overflow, UBSan) before returning."""
+    x = np.zeros((0, 2, 1, 1), np.float32)
+    for call in (lambda: _core.im2col_pack(x, 1, 1, 1, 2**31 - 1, ops.packed_b(2, 0)),
+                 lambda: ops.im2col_pack(x, 1, 1, 1, 2**31 - 1, fwd=ops.packed_b(2, 0)),
+                 lambda: ops.im2col(x, 1, 1, 1, 2**31 - 1)):
+        with pytest.raises((ValueError, MemoryError), match="sizes too large|does not fit"):
+            call()

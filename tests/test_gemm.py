@@ -1250,3 +1250,12 @@ def test_naive_loop_checks_shapes():
     with pytest.raises(ValueError, match="inner dimensions"):
         _core.sgemm_naive(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32),
                           np.empty((2, 5), np.float32))
+
+
+def test_ops_questions_about_products_no_memory_holds_say_which_matrix():
+    for ask in (ops.splits_k, ops.uses_strassen, ops.uses_packed_strassen):
+        with pytest.raises(ValueError, match=r"has a matrix of m x n = 70,368,744,177,664 "
+                                             r"floats, more than a process can address"):
+            ask(2**23, 2**23, 1, 2) if ask is not ops.uses_packed_strassen else ask(2**23, 1,
+                                                                                     2**23, 2)
+    assert ops.splits_k(16, 16, 2**40, 2) is ops.have_openmp()

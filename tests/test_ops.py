@@ -1050,3 +1050,41 @@ def test_packed_room_too_large_says_its_size():
     with pytest.raises(MemoryError, match=r"packed_b: cannot allocate op\(b\) of shape "
                                           r"\(2147483647, 1000000\) packed \(at least 8e\+06"):
         ops.packed_b(2**31 - 1, 10**6)
+
+
+@pytest.mark.parametrize("shape, k, pad", [((1024, 14, 1, 1), 5, 2), ((256, 2, 2, 2), 7, 3),
+                                           ((128, 3, 4, 4), 11, 5), ((64, 1, 1, 3), 9, 4)])
+def test_a_kernel_wider_than_its_input_packs_its_zeros_in_its_rows(shape, k, pad):
+    """A tap that sees only the left padding (pad - j > OW at stride 1) wrote its row's zeros
+    past the row's end: into the next thread's buffer in im2col_pack (a zero in another's
+    packed column, now and then) or past the last one's (heap corruption: 'double free or
+    corruption' as the pack was freed)."""
+    x = rand(np.random.default_rng(0), *shape) + 3      # no zero where the padding is not
+    col = ref.im2col(x, k, k, 1, pad)
+    K, NP = col.shape
+    for threads in (1, 2):
+        for _ in range(5):
+            fwd, t = ops.packed_b(K, NP), ops.packed_b(NP, K, trans_b=True)
+            ops.im2col_pack(x, k, k, 1, pad, fwd=fwd, t=t, threads=threads)
+            np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), fwd),
+                                          col)
+            np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), t),
+                                          col.T)
+        np.testing.assert_array_equal(ops.im2col(x, k, k, 1, pad, threads=threads), col)
+
+
+def test_a_kernel_wider_than_its_input_does_not_corrupt_the_heap():
+    """The overrun past the last thread's buffer, in a process of its own: it ended in
+    'double free or corruption (!prev)' (SIGABRT)."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, pyhet.ops as ops\n"
+            "x = np.ones((1024, 1, 1, 1), np.float32)\n"
+            "for _ in range(3):\n"
+            "    fwd = ops.packed_b(101 * 101, 1024)\n"
+            "    ops.im2col_pack(x, 101, 101, 1, 50, fwd=fwd, threads=1)\n"
+            "    del fwd\n"
+            "print('done')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=tempfile.gettempdir())
+    assert (p.returncode, p.stdout) == (0, "done\n"), (p.returncode, p.stderr[-2000:])
