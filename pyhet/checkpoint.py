@@ -112,6 +112,7 @@ class CheckpointDir:
         self._fd = None
         self._mine = set()   # (device, inode) of the checkpoints this run wrote
         self._overwritten = []   # (path, identity) of another run's, which --overwrite deletes
+        self._continued = set()   # identities of the checkpoints of the run this one resumes
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
@@ -131,6 +132,8 @@ class CheckpointDir:
                 if is_leftover(n):
                     os.remove(os.path.join(self.folder, n))
             found = complete(self.folder)
+            if resume:           # the run this one continues: its checkpoints are not foreign
+                self._continued = {_identity(p) for p in found}
             if found and not resume:
                 if not overwrite:
                     raise UsageError(
@@ -223,9 +226,9 @@ class CheckpointDir:
         except PyhetError as e:     # mid-run: an error of the run (status 1), not of usage
             raise PyhetError(f"{lost} while this run wrote in it; locking it again: "
                              f"{e}") from None
-        pending = {identity for _, identity in self._overwritten}   # --overwrite's, to go
-        foreign = [p for p in complete(self.folder)
-                   if _identity(p) not in self._mine and _identity(p) not in pending]
+        known = (self._mine | self._continued      # this run's, and those of the run it resumes
+                 | {identity for _, identity in self._overwritten})   # --overwrite's, to go
+        foreign = [p for p in complete(self.folder) if _identity(p) not in known]
         if foreign:
             self.close()
             raise PyhetError(f"{lost} while this run wrote in it, and it holds the checkpoints "

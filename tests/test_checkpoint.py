@@ -241,6 +241,30 @@ def test_the_lock_refuses_a_second_writer_in_one_process(tmp_path):
     CheckpointDir(tmp_path / "ck", {}).close()        # released
 
 
+def test_a_resumed_run_whose_lock_is_removed_locks_again(tmp_path, capsys):
+    """The checkpoints of the run a fit resumes are not another run's: with its .lock removed
+    mid-run, the resumed run stopped ("holds the checkpoints of another run now (1, the newest
+    after step 2)") while its first checkpoint was still there (keep=0)."""
+    import pyhet
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 1, 12, 12), dtype=np.float32), rng.integers(0, 3, 32)
+    ck = tmp_path / "ck"
+
+    def remove_lock(info):
+        if info["step"] == 4:
+            os.remove(ck / ".lock")
+
+    with pyhet.Network("3C3-P2", (1, 12, 12), 3, devices="cpu:1") as net:
+        net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=ck, keep=0)
+    with pyhet.Network("3C3-P2", (1, 12, 12), 3, devices="cpu:1") as net:
+        s = net.fit(x, y, steps=6, batch_size=8, checkpoint_dir=ck, keep=0, checkpoint_every=2,
+                    resume=True, callback=remove_lock)
+    assert s["start_step"] == 2
+    assert "locked it again" in capsys.readouterr().err
+    assert checkpoints(ck) == [f"checkpoint-{n:09d}.npz" for n in (2, 4, 6)]
+
+
 @pytest.mark.parametrize("how", ["folder moved", "lock removed", "another run's folder",
                                  "another run's checkpoints", "a file in its place"])
 def test_a_folder_replaced_mid_run_is_locked_again_or_refused(tmp_path, capsys, how):
