@@ -36,7 +36,7 @@ from .images import (Normalization, check_images, prepare_batch, prepare_images,
                      prepare_labels)
 from .checkpoint import CheckpointDir
 from .errors import (DataError, NoDeviceLeftError, TrainingError, UsageError, WeightsError,
-                     say, shown)
+                     say, shown, warn)
 from .geometry import NetGeometry
 from .interrupt import HeldSignals
 from .model import (check_class_names, checked_params, init_params, load_weights,
@@ -86,6 +86,37 @@ def _one_at_a_time(in_callback: bool):
                     self._owner = None
         return run
     return wrap
+
+
+class _Notices(io.TextIOBase):
+    """fit's log: its `pyhet: warning:` lines (a device that failed and whose kernels moved, a
+    damaged checkpoint skipped, a checkpoint folder locked again) become RuntimeWarnings at the
+    line of the program's call, whatever `progress` says, which a program can filter or make
+    errors of; its other lines (calibration, resuming, the bars) go to stderr where
+    progress=True, else nowhere."""
+
+    PREFIX = "pyhet: warning: "
+
+    def __init__(self, progress: bool):
+        super().__init__()
+        self.progress = progress
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self.progress and sys.stderr is not None and sys.stderr.isatty()
+
+    def write(self, text: str) -> int:
+        if text.startswith(self.PREFIX):
+            warn(text[len(self.PREFIX):].rstrip("\n"))
+        elif self.progress and sys.stderr is not None:
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.progress and sys.stderr is not None:
+            sys.stderr.flush()
 
 
 class Network:
@@ -376,14 +407,14 @@ class Network:
         self._records_normalization = True
         if ds.classes and not self.classes:
             self.classes = list(ds.classes)
-        log = sys.stderr if progress else io.StringIO()
+        log = _Notices(progress)
         changed = {"weights": False}     # set by _fit once a step or a checkpoint changed them
         try:
             if cfg.checkpoint_dir is None:
                 return self._fit(cfg, ds, log, None, callback, changed)
             with CheckpointDir(cfg.checkpoint_dir, run_settings(cfg, ds, self.geometry),
                                resume=cfg.resume, overwrite=cfg.overwrite, keep=cfg.kept(),
-                               log=sys.stderr, python=True) as folder:
+                               log=log, python=True) as folder:
                 return self._fit(cfg, ds, log, folder, callback, changed)
         except BaseException:
             if not changed["weights"]:

@@ -4,10 +4,25 @@ that cannot be parsed), 1 for the rest."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 import unicodedata
+import warnings
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str, category=RuntimeWarning) -> None:
+    """warnings.warn, at the line of the first caller outside pyhet (the program's call of fit,
+    predict, ...), however deep in pyhet it is said: a program's filters by module, and
+    the once-per-line rule, see its own lines."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def shown(value, most: int = 60) -> str:

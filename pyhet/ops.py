@@ -132,8 +132,8 @@ def warn_about_environment() -> None:
     problem = strassen_environment_problem()
     if problem and not _strassen_env_told:
         _strassen_env_told = True
-        import warnings
-        warnings.warn(problem, RuntimeWarning, stacklevel=3)
+        from .errors import warn
+        warn(problem)
 
 
 def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 import threading
-import warnings
 from dataclasses import dataclass, replace
 
 from . import ops
-from .errors import DeviceError, DeviceSpecError, shown
+from .errors import DeviceError, DeviceSpecError, shown, warn
 from .interrupt import HeldSignals
 
 KINDS = ("cpu", "numpy", "gpu", "auto")
@@ -159,8 +158,8 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     total = sum(s.threads for s in specs if s.kind == "cpu")
     cores = ops.default_threads()
     if total > cores:
-        warnings.warn(f"the cpu devices use {total} threads in all but this process may run on "
-                      f"{cores} cores: they will compete for them", RuntimeWarning, stacklevel=2)
+        warn(f"the cpu devices use {total} threads in all but this process may run on "
+             f"{cores} cores: they will compete for them")
     workers = len(specs)
     own = cores - 1 if master else 0                     # the master's team, past this thread
     need = total + (workers - sum(1 for s in specs if s.kind == "cpu")) + own

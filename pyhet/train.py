@@ -30,7 +30,7 @@ from .checkpoint import DEFAULT_KEEP, CheckpointDir, dataset_identity
 from .data import Dataset, data_dir_problem, iterate_batches, load_dataset
 from .devices import arm_faults, make_devices
 from .errors import (DataError, DeviceError, NoDeviceLeftError, PyhetError, TrainingError,
-                     UsageError, flag, option, say)
+                     UsageError, flag, option, say, warn)
 from .evaluation import evaluate
 from .failover import Failover
 from .geometry import NetGeometry
@@ -370,7 +370,7 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
             except DeviceError as e:
                 raise DeviceError(f"rank 0: {e}") from None
         for w in said:
-            warnings.warn(f"rank 0: {w.message}", w.category, stacklevel=2)
+            warn(f"rank 0: {w.message}", w.category)
     if comm is None:
         devices = Devices(make_devices(specs))
     else:

@@ -536,3 +536,38 @@ def test_a_default_sigint_after_a_hold_cut_short_still_ends_the_process(tmp_path
                        text=True, timeout=60)
     assert p.stdout == "cut short\n", (p.stdout, p.stderr)
     assert p.returncode == -signal.SIGINT, (p.returncode, p.stderr)
+
+
+def test_pyhets_warnings_point_at_the_programs_line(monkeypatch, tmp_path, capsys):
+    """A warning said deep in pyhet named pyhet's own lines (train.py:364, train.py:375), so a
+    program's filters by module and the once-per-line rule did not see its call; checkpoint
+    notices went to stderr whatever progress said."""
+    import warnings
+
+    from pyhet import ops
+    monkeypatch.setenv("PYHET_GEMM_STRASSEN", "false")
+    monkeypatch.setattr(ops, "_strassen_env_told", False)
+    x, y = data()
+    cores = ops.default_threads()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pyhet.Network(ARCH, SHAPE, 3, devices=f"cpu:{cores},cpu:1", seed=3) as net:
+            net.fit(x, y, steps=2, batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=1,
+                    keep=0)
+    assert sorted(str(w.message)[:20] for w in said) == [
+        "PYHET_GEMM_STRASSEN=", "the cpu devices use "], [str(w.message) for w in said]
+    assert all(w.filename == __file__ and w.category is RuntimeWarning for w in said), [
+        (w.filename, w.lineno) for w in said]
+    # a damaged newest checkpoint, skipped: said as a warning, nothing on stderr
+    newest = sorted(tmp_path.glob("checkpoint-*.npz"))[-1]
+    newest.write_bytes(newest.read_bytes()[:200])
+    monkeypatch.setenv("PYHET_GEMM_STRASSEN", "1")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pyhet.Network(ARCH, SHAPE, 3, devices="cpu:1", seed=3) as net:
+            s = net.fit(x, y, steps=3, batch_size=8, checkpoint_dir=tmp_path, resume=True,
+                        keep=0)
+    assert s["start_step"] == 1
+    [w] = said
+    assert "is damaged" in str(w.message) and w.filename == __file__
+    assert capsys.readouterr().err == ""

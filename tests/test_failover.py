@@ -297,7 +297,11 @@ def test_cli_a_bad_fault_is_one_line(cli, data, monkeypatch, value, words):
         words in lines[0], res.err
 
 
-def test_api_fit_goes_on_after_a_failure(monkeypatch):
+def test_api_fit_goes_on_after_a_failure(monkeypatch, capsys):
+    """And says so as a RuntimeWarning at the program's line, progress or not (it said nothing
+    without progress=True: a line to stderr, dropped)."""
+    import warnings
+
     import pyhet
 
     monkeypatch.setenv("PYHET_FAULT", "d1:update:2")
@@ -306,8 +310,15 @@ def test_api_fit_goes_on_after_a_failure(monkeypatch):
     y = np.arange(16) % 3
     with pyhet.Network("4C3-P2-6C3-P2", (1, 12, 12), 3, devices="cpu:1,cpu:1",
                        balance="even") as net:
-        summary = net.fit(x, y, steps=3, batch_size=8)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            summary = net.fit(x, y, steps=3, batch_size=8)
         assert [f["device"] for f in summary["failures"]] == ["d1"]
+        [w] = said
+        assert w.category is RuntimeWarning and w.filename == __file__, (w.filename, w.lineno)
+        assert str(w.message).startswith("device d1 (cpu:1) failed during conv1 update: ")
+        assert "its kernels moved to the other devices" in str(w.message)
+        assert capsys.readouterr().err == ""
         assert net.partition == {"conv1": {"d0": 4, "d1": 0}, "conv2": {"d0": 6, "d1": 0}}
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..devices import (Device, SharedCol, gather, group_gradients, make_devices,
                        shared_im2col, shared_input_grad)
-from ..errors import DeviceError, UsageError, shown
+from ..errors import DeviceError, UsageError, shown, warn
 from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
@@ -427,7 +427,7 @@ class MasterLink:
                 raise DeviceError(f"rank {r}: {untext(arrays[0])}")
             self.ranks_devices[r] = untext(arrays[0]).split(",") if arrays[0] is not None else []
             if len(arrays) > 1 and arrays[1] is not None:   # what the rank warns of
-                warnings.warn(f"rank {r}: {untext(arrays[1])}", RuntimeWarning, stacklevel=2)
+                warn(f"rank {r}: {untext(arrays[1])}")
             if len(arrays) > 2 and arrays[2] is not None:
                 hosts[r] = untext(arrays[2])
             if spec_text is not None and len(arrays) > 3 and arrays[3] is not None and \
@@ -437,7 +437,7 @@ class MasterLink:
                                  f"start every rank with the same command (mpiexec -n R "
                                  f"pyhet ...)")
         for line in shared_host_warnings(hosts):
-            warnings.warn(line, RuntimeWarning, stacklevel=2)
+            warn(line)
         # ... and learns the index of its first device in the job (devices follow rank order)
         first = len(self.ranks_devices[0])
         for r, peer in self.peers.items():
