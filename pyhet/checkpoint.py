@@ -117,7 +117,7 @@ class CheckpointDir:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
             raise UsageError(f"{option} {self.folder}: cannot be made: "
-                             f"{e.strerror or e}") from None
+                             f"{e.strerror or e}") from e
         self._lock(option)
         try:
             names = os.listdir(self.folder)
@@ -161,7 +161,7 @@ class CheckpointDir:
                                0o644)
         except OSError as e:
             raise UsageError(f"{option} {self.folder}: cannot write in it: "
-                             f"{e.strerror or e}") from None
+                             f"{e.strerror or e}") from e
         mode = os.fstat(self._fd).st_mode
         if not stat.S_ISREG(mode):    # it changed since: a link is refused by O_NOFOLLOW
             os.close(self._fd)
@@ -196,7 +196,7 @@ class CheckpointDir:
             self._fd = None
             raise PyhetError(f"{option} {self.folder} is in use by another pyhet run"
                              f"{f' (process {holder})' if holder else ''}: wait for it to end, "
-                             f"or choose another folder") from None
+                             f"or choose another folder") from e
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode(), 0)
 
@@ -222,7 +222,7 @@ class CheckpointDir:
             self._lock(option)
         except OSError as e:
             raise PyhetError(f"{lost} while this run wrote in it, and it cannot be made again "
-                             f"({e.strerror or e}): no more checkpoints") from None
+                             f"({e.strerror or e}): no more checkpoints") from e
         except PyhetError as e:     # mid-run: an error of the run (status 1), not of usage
             raise PyhetError(f"{lost} while this run wrote in it; locking it again: "
                              f"{e}") from None
@@ -251,7 +251,7 @@ class CheckpointDir:
                     raise PyhetError(f"{self.folder}: cannot delete {os.path.basename(path)}, "
                                      f"another run's checkpoint that "
                                      f"{errors.flag('overwrite', self.python)} deletes "
-                                     f"({e.strerror or e})") from None
+                                     f"({e.strerror or e})") from e
         self._overwritten = []
 
     def close(self):
@@ -368,7 +368,7 @@ class CheckpointDir:
                     os.remove(old)
                 except OSError as e:
                     raise WeightsError(f"cannot delete the old checkpoint {old}: "
-                                       f"{e.strerror or e}") from None
+                                       f"{e.strerror or e}") from e
         return path
 
 

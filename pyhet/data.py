@@ -252,14 +252,14 @@ def _read_file(path):
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
     if path.suffix == ".gz":
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:
             # BadGzipFile (an OSError) for a wrong header or CRC, EOFError when
             # the stream is cut short, zlib.error for corrupt deflate data
-            raise DataError(f"{path}: not a valid gzip file ({e})") from None
+            raise DataError(f"{path}: not a valid gzip file ({e})") from e
     return data
 
 
@@ -320,7 +320,7 @@ def _is(test, path) -> bool:
     try:
         return test(path)
     except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
 
 
 def _find_idx_file(folder, stem, hint):

@@ -115,7 +115,7 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                 if e.errno in files.HELD:
                     # another write's check holds it this instant: that write removes it, as
                     # a leftover, or fails
-                    raise WeightsError(under_way) from None
+                    raise WeightsError(under_way) from e
                 if e.errno not in files.NO_LOCKS:
                     raise
                 # a file system without flock: written unlocked, the check before the rename
@@ -144,7 +144,7 @@ def write_npz(path, arrays: dict, what: str = "the file") -> None:
                 raise
         _sync_folder(folder)
     except OSError as e:
-        raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from None
+        raise WeightsError(f"cannot write {what} {path}: {e.strerror or e}") from e
 
 
 def _remove_leftover(tmp: str, under_way: str) -> None:
@@ -167,7 +167,7 @@ def _remove_leftover(tmp: str, under_way: str) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in files.HELD:
-                raise WeightsError(under_way) from None
+                raise WeightsError(under_way) from e
             if e.errno not in files.NO_LOCKS:
                 raise
         if _still_mine(tmp, os.fstat(fd)):

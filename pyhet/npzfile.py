@@ -53,7 +53,7 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
                 archive = np.load(f, allow_pickle=False)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
                 raise error(f"{path}: not a readable .npz file ({said(e)}); "
-                            f"truncated?") from None
+                            f"truncated?") from e
             except MemoryError:
                 raise
             except Exception as e:    # zipfile's NotImplementedError (a zip version), ...
@@ -68,7 +68,7 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except OSError as e:
-        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise error(f"{path}: cannot be read ({e.strerror or e})") from e
 
 
 def _check_directory(zf, f, path, error) -> None:
@@ -93,7 +93,7 @@ def read_names(path, error) -> list:
         with files.open_regular(path, error) as f, zipfile.ZipFile(f) as z:
             return [n[:-len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
     except (OSError, zipfile.BadZipFile) as e:      # changed since read() read it
-        raise error(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        raise error(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from e
 
 
 def _check_size(fp, size: int, path, key, error) -> None:
@@ -158,7 +158,7 @@ def _array(load, path, key, error):
                         f"load; save numeric arrays (float32, uint8, integers)") from None
         raise error(f"{path}: {what} cannot be read ({said(e)})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise error(f"{path}: {what} cannot be read ({said(e)}); truncated file?") from None
+        raise error(f"{path}: {what} cannot be read ({said(e)}); truncated file?") from e
     except MemoryError:
         raise
     except Exception as e:   # lzma's errors, a header NumPy's parser chokes on, ...

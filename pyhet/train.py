@@ -211,7 +211,7 @@ def _probe_folder(path, tmp, option: str) -> None:
         except OSError as e:
             # not on this file system (or kernel): the named probe below
             if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise refused(e) from None
+                raise refused(e) from e
         else:
             os.close(fd)
             return
@@ -221,7 +221,7 @@ def _probe_folder(path, tmp, option: str) -> None:
         except FileExistsError:
             continue
         except OSError as e:
-            raise refused(e) from None
+            raise refused(e) from e
         try:
             os.close(fd)
         except BaseException:     # an interrupt here leaves no probe behind
@@ -232,7 +232,7 @@ def _probe_folder(path, tmp, option: str) -> None:
             os.unlink(probe)
         except OSError as e:
             raise UsageError(f"{option} {path}: cannot remove {probe} from the folder "
-                             f"{shown} ({e.strerror or e})") from None
+                             f"{shown} ({e.strerror or e})") from e
         return
     if not os.access(folder, os.W_OK | os.X_OK):   # every name taken: the plain check
         raise UsageError(f"{option} {path}: the folder {shown} is not writable")

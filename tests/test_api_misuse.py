@@ -453,3 +453,26 @@ def test_a_folder_removed_while_its_file_is_written_is_said(tmp_path, monkeypatc
     with pytest.raises(WeightsError, match=r"cannot write .*w.npz: its folder was removed "
                                            r"while it was written$"):
         net.save("w.npz" if how == "the working folder" else folder / "w.npz")
+
+
+def test_an_os_error_behind_a_file_error_is_its_cause(tmp_path):
+    """A program can read the OSError's errno behind a weight file that cannot be written (it
+    was cut off: raise ... from None)."""
+    import errno
+
+    import resource
+    import signal
+
+    x, y = arrays()
+    with network() as net:
+        net.fit(x, y, steps=1, batch_size=8)
+        old = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ,
+                                                                        signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400, old[0][1]))     # the file too large
+        try:
+            with pytest.raises(pyhet.errors.WeightsError, match="File too large") as e:
+                net.save(tmp_path / "w.npz")
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, old[0])
+            signal.signal(signal.SIGXFSZ, old[1])
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.EFBIG
