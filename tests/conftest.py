@@ -25,6 +25,12 @@ settings.load_profile(os.environ.get("PYHET_HYPOTHESIS_PROFILE", "pyhet"))
 
 # ================================================================ training on given devices
 
+# AddressSanitizer (tools/sanitized preloads it) reserves terabytes of shadow memory as a process
+# starts: one under `ulimit -v` cannot start at all
+beyond_asan = pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""),
+                                 reason="AddressSanitizer's shadow memory is beyond any ulimit -v")
+
+
 def train_weights(shape, spec, partition, batches, cfg, seed=0, host=None):
     """Train the network of `shape` from init_params(seed) on the devices of `spec`, split as
     `partition`, one SGD step per (x, y) batch; return (weights, losses)."""

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import pyhet
-from conftest import TINY, make_npz_dataset
+from conftest import TINY, beyond_asan, make_npz_dataset
 
 ARCH = "3C3-P2-4C3-P2"
 
@@ -430,6 +430,7 @@ def _stack_hard_limit() -> float:
     return math.inf if hard == resource.RLIM_INFINITY else hard
 
 
+@beyond_asan
 @pytest.mark.skipif(not pyhet.ops.have_openmp(), reason="built without OpenMP")
 def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
     """1024 threads of 8 MiB of stack in 4 GiB: libgomp would end the process with its own
@@ -463,6 +464,7 @@ def test_more_threads_than_the_limits_allow_is_a_device_error(files, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+@beyond_asan
 @pytest.mark.skipif(not pyhet.ops.have_openmp(), reason="built without OpenMP")
 def test_threads_are_tried_at_the_stack_size_openmp_gives_them(files, tmp_path):
     """With OMP_STACKSIZE set, libgomp makes its threads with that stack: 15 of 512 MiB do not
@@ -470,8 +472,6 @@ def test_threads_are_tried_at_the_stack_size_openmp_gives_them(files, tmp_path):
     libgomp ended the process with its own line."""
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("not Linux")
-    if "asan" in os.environ.get("LD_PRELOAD", ""):
-        pytest.skip("AddressSanitizer's shadow memory is beyond any ulimit -v")
     argv = _argv(TRAIN, files)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_STACKSIZE"] = "512M"
@@ -502,6 +502,7 @@ def test_openmp_stack_size_is_read_as_libgomp_reads_it():
     assert read({"OMP_STACKSIZE": f"{2**60}G"}) == 0                 # past 64 bits: invalid
 
 
+@beyond_asan
 def test_a_result_that_cannot_be_allocated_names_the_call(tmp_path):
     """An im2col result within the address space but past the process's memory limit: the
     MemoryError names the call, the shape and the size (NumPy's names neither)."""

@@ -14,6 +14,7 @@ import tempfile
 
 import numpy as np
 import pytest
+from conftest import beyond_asan
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -965,6 +966,7 @@ def test_an_output_of_another_dtype_says_what_came():
                   c=np.ma.masked_array(np.zeros((2, 2), np.float32), mask=[[0, 1], [0, 0]]))
 
 
+@beyond_asan
 def test_threads_the_process_cannot_start_are_refused_not_fatal():
     """libgomp ends the process (exit 1, no exception) where it cannot make a team's thread;
     a team larger than any before is tried first."""
@@ -972,8 +974,6 @@ def test_threads_the_process_cannot_start_are_refused_not_fatal():
     import sys
     if not ops.have_openmp():
         pytest.skip("one thread without OpenMP")
-    if "asan" in os.environ.get("LD_PRELOAD", ""):
-        pytest.skip("AddressSanitizer's shadow memory is beyond any ulimit -v")
     code = ("import numpy as np\nfrom pyhet import ops\n"
             "try:\n"
             "    ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=1000)\n"
@@ -992,6 +992,7 @@ def test_threads_the_process_cannot_start_are_refused_not_fatal():
     assert second == "(4, 4, 4, 4)"
 
 
+@beyond_asan
 def test_a_team_is_tried_at_the_stack_size_openmp_gives_its_threads():
     """Under OMP_STACKSIZE=2G in 1.5 GB of address space, a team of 2 passed the probe at the
     default stack size and libgomp ended the process."""
@@ -999,8 +1000,6 @@ def test_a_team_is_tried_at_the_stack_size_openmp_gives_its_threads():
     import sys
     if not ops.have_openmp():
         pytest.skip("one thread without OpenMP")
-    if "asan" in os.environ.get("LD_PRELOAD", ""):
-        pytest.skip("AddressSanitizer's shadow memory is beyond any ulimit -v")
     code = ("import numpy as np\nfrom pyhet import ops\n"
             "try:\n"
             "    ops.maxpool(np.ones((4, 4, 8, 8), np.float32), 2, threads=2)\n"
