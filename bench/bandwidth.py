@@ -429,7 +429,8 @@ def main(argv=None) -> int:
                               "pyhet/DDP", "plan s", "plan/measured", "plan DDP s",
                               "plan DDP/measured"], table))
     result = {"benchmark": "bandwidth", "system": info, "kernels": args.kernels,
-              "batch_size": args.batch_size, "alone_step_s": alone_s, "rounds": args.rounds,
+              "batch_size": args.batch_size, "steps": args.steps, "alone_step_s": alone_s,
+              "rounds": args.rounds,
               "ddp_replica": replica, "rates": rows}
     _util.save_outputs(result, args, plot)
     return 0

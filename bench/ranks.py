@@ -255,7 +255,8 @@ def main(argv=None) -> int:
     print(_util.format_table(["quota", "b/a", "split", "conv2 partition", "step s",
                               "speedup", "efficiency", "model step s"], table))
     result = {"benchmark": "ranks", "system": info, "kernels": args.kernels,
-              "batch_size": args.batch_size, "alone_step_s": alone, "quotas": rows}
+              "batch_size": args.batch_size, "steps": args.steps, "alone_step_s": alone,
+              "quotas": rows}
     _util.save_outputs(result, args, plot)
     return 0
 

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -179,6 +181,47 @@ int64_t size_add(int64_t a, int64_t b) {
     throw py::value_error("sizes too large: " + std::to_string(a) + " + " + std::to_string(b) +
                           " does not fit in 64 bits");
   return r;
+}
+
+// How many of the threads of `groups` ((count, stack bytes; 0: the default) each) this process
+// can start and hold at once, each made by pthread_create as libgomp makes its team's threads:
+// with its group's stack where pthread_attr_setstacksize takes it (libgomp, refused a size, says
+// so and keeps the default); all ended again. Threads made here, not by Python: no setting of
+// the process (threading.stack_size) changes.
+int64_t startable_threads(const std::vector<std::pair<int64_t, int64_t>>& groups) {
+  struct Gate {
+    std::mutex m;
+    std::condition_variable cv;
+    bool open = false;
+  } gate;
+  auto wait = [](void* g) -> void* {
+    auto* gate = static_cast<Gate*>(g);
+    std::unique_lock<std::mutex> lock(gate->m);
+    gate->cv.wait(lock, [gate] { return gate->open; });
+    return nullptr;
+  };
+  std::vector<pthread_t> started;
+  bool full = false;
+  for (const auto& [n, stack] : groups) {
+    pthread_attr_t attr;
+    if (full || pthread_attr_init(&attr) != 0) break;
+    if (stack > 0) pthread_attr_setstacksize(&attr, static_cast<size_t>(stack));
+    for (int64_t i = 0; i < n && !full; ++i) {
+      pthread_t t;
+      if (pthread_create(&t, &attr, wait, &gate) != 0)
+        full = true;
+      else
+        started.push_back(t);
+    }
+    pthread_attr_destroy(&attr);
+  }
+  {
+    std::lock_guard<std::mutex> lock(gate.m);
+    gate.open = true;
+  }
+  gate.cv.notify_all();
+  for (pthread_t t : started) pthread_join(t, nullptr);
+  return static_cast<int64_t>(started.size());
 }
 
 // The questions about how sgemm would run an (m, n) x k product are answered only for products
@@ -970,12 +1013,13 @@ PYBIND11_MODULE(_core, m) {
         "only c's columns [r0, r1) and [h + r0, h + r1) are made (h: half c's width).");
   m.def("gemm_packed_uses_strassen",
         [](int64_t m, int64_t k2, int64_t n2, int threads) {
-          // (k2, n2 <= 2**62: their doubles are the product's k and n)
-          if (k2 > 0 && n2 > 0 && k2 <= (int64_t{1} << 62) && n2 <= (int64_t{1} << 62))
-            expect_holdable_product(m, 2 * n2, 2 * k2, "gemm_packed_uses_strassen");
-          else if (k2 > 0 && n2 > 0 && m > 0)
-            throw py::value_error("gemm_packed_uses_strassen: quadrants of more than 2**62 "
-                                  "rows or columns are more than a process can address");
+          int64_t k, n;    // the product's: twice its quadrants'
+          if (m > 0 && k2 > 0 && n2 > 0) {
+            if (__builtin_mul_overflow(k2, 2, &k) || __builtin_mul_overflow(n2, 2, &n))
+              throw py::value_error("gemm_packed_uses_strassen: quadrants of more than 2**62 "
+                                    "rows or columns are more than a process can address");
+            expect_holdable_product(m, n, k, "gemm_packed_uses_strassen");
+          }
           return pyhet::packed_strassen_applies(m, k2, n2, threads);
         },
         py::arg("m"), py::arg("k2"), py::arg("n2"), py::arg("threads") = 1,
@@ -983,6 +1027,26 @@ PYBIND11_MODULE(_core, m) {
         "and quadrants (k2, n2) on `threads` threads.");
   m.attr("max_threads") = kMaxThreads;
   m.def("have_openmp", &pyhet::have_openmp, "Whether the core was built with OpenMP.");
+  m.def(
+      "startable_threads",
+      [](const std::vector<std::pair<int64_t, int64_t>>& groups) {
+        int64_t total = 0;
+        for (const auto& [n, stack] : groups) {
+          if (n < 0 || stack < 0)
+            throw py::value_error("startable_threads: expected (count, stack) pairs of "
+                                  "numbers >= 0, got (" + std::to_string(n) + ", " +
+                                  std::to_string(stack) + ")");
+          total += std::min<int64_t>(n, int64_t{1} << 20);
+          if (n > (int64_t{1} << 20) || total > (int64_t{1} << 20))
+            throw py::value_error("startable_threads: at most 2**20 threads in all");
+        }
+        py::gil_scoped_release nogil;
+        return startable_threads(groups);
+      },
+      py::arg("groups"),
+      "How many of the threads of groups [(count, stack bytes; 0: the default), ...] this "
+      "process can start and hold at once, made as libgomp makes its team's (pthread_create); "
+      "all ended again.");
   m.def(
       "start_team",
       [](py::handle threads) {

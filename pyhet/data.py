@@ -249,8 +249,8 @@ def _read_file(path):
     try:
         with files.open_regular(path, DataError) as f:    # a FIFO: refused, not waited on
             data = f.read()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: no such file") from e
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
     if path.suffix == ".gz":

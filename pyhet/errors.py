@@ -20,7 +20,7 @@ def warn(message: str, category=RuntimeWarning) -> None:
     predict, ...), however deep in pyhet it is said: a program's filters by module, and
     the once-per-line rule, see its own lines."""
     level, frame = 2, sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
 

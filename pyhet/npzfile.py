@@ -65,8 +65,8 @@ def read(path, error, expected: str, keys=None, npy: bool = False):
                 for k in names:
                     _check_member_size(archive.zip, k, path, error)
                 return {k: _array(lambda: archive[k], path, k, error) for k in names}
-    except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
+    except FileNotFoundError as e:
+        raise error(f"{path}: no such file") from e
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror or e})") from e
 

@@ -49,19 +49,19 @@ finally:
         del os.environ[_POLICY]
 
 
-def _openmp_stack_size(environ=os.environ) -> int:
-    """The stack size in bytes of the threads libgomp makes, read from the environment as libgomp
-    reads it when the core is loaded: OMP_STACKSIZE, else GOMP_STACKSIZE, a number of KiB or one
-    with a suffix B, K, M or G; 0 where neither is set or valid (libgomp then uses the default,
-    as Python's threads do)."""
+def _openmp_stack_size(environ=os.environ) -> "tuple[int, str] | None":
+    """(bytes, variable): the stack size of the threads libgomp makes, read from the environment
+    as libgomp reads it when the core is loaded: OMP_STACKSIZE, else GOMP_STACKSIZE, a number of
+    KiB, or one with a suffix B, K, M or G (strtoul's: an optional +); None where neither is
+    set or valid (libgomp then uses the default, as Python's threads do)."""
     for name in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:([bkmgBKMG])\s*)?", environ.get(name, ""))
+        m = re.fullmatch(r"\s*\+?(\d+)\s*(?:([bkmgBKMG])\s*)?", environ.get(name, ""))
         if m:
             size = int(m.group(1)) << {"b": 0, "k": 10, "m": 20, "g": 30}[
                 (m.group(2) or "k").lower()]
             if size < 2**64:
-                return size
-    return 0
+                return size, name
+    return None
 
 
 OPENMP_STACK_SIZE = _openmp_stack_size()
@@ -235,11 +235,14 @@ def _scale(v, name: str, what: str) -> float:
 
 
 def _product_dims(m, n, k, what: str) -> tuple:
-    """(m, n, k) of a product the question is about: each an int in 0..2**63-1, and its matrices
-    (m x k, k x n, m x n floats) each within a process's address space, as any product's are
-    (the core's plans multiply them, and would overflow on sizes no memory holds)."""
+    """(m, n, k) of a product the question is about: each an int in 0..2**63-1, and, unless the
+    product is empty (a dimension 0), its matrices (m x k, k x n, m x n floats) each within a
+    process's address space, as any product's are (the core's plans multiply them, and would
+    overflow on sizes no memory holds)."""
     m, n, k = _dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what)
     for (a, b), names in (((m, k), "m x k"), ((k, n), "k x n"), ((m, n), "m x n")):
+        if not (m and n and k):
+            break
         if a * b * 4 > _ADDRESSABLE:
             raise ValueError(f"{what}: a product of (m, n, k) = ({m}, {n}, {k}) has a matrix of "
                              f"{names} = {a * b:,} floats, more than a process can address "

@@ -10,12 +10,10 @@ in ASCII digits.
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass, replace
 
 from . import ops
 from .errors import DeviceError, DeviceSpecError, shown, warn
-from .interrupt import HeldSignals
 
 KINDS = ("cpu", "numpy", "gpu", "auto")
 MIN_SPEED = 0.001    # @S: a device emulated a thousand times slower is far beyond any real mix
@@ -179,52 +177,19 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
 def stack_reserved() -> str:
     """How much address space a thread reserves, in words, for the messages on threads."""
     if ops.OPENMP_STACK_SIZE:
-        return (f"each OpenMP thread reserves OMP_STACKSIZE's "
-                f"{ops.OPENMP_STACK_SIZE / 2**20:,.4g} MiB of stack, another ulimit -s")
+        size, name = ops.OPENMP_STACK_SIZE
+        return (f"each OpenMP thread reserves {name}'s {size / 2**20:,.4g} MiB of stack, "
+                f"another ulimit -s")
     return "each thread reserves ulimit -s of stack"
-
-
-_STACK_SIZE = threading.Lock()   # threading.stack_size is the process's: one change at a time
 
 
 def startable_threads(n: int, openmp: int = 0) -> int:
     """How many of `n` threads of the default stack size (a device's worker), and `openmp` more
     of an OpenMP thread's (OMP_STACKSIZE's where set, else the default), this process can start
-    and hold at once; all ended again."""
-    gate = threading.Event()
-    started = []
-
-    def start(stack: int) -> None:
-        t = threading.Thread(target=gate.wait, name="pyhet-thread-probe", daemon=True)
-        if not stack:
-            t.start()
-        else:
-            with _STACK_SIZE:
-                try:
-                    old = threading.stack_size(stack)
-                except ValueError:    # under Python's minimum: libgomp keeps the default too
-                    old = None
-                try:
-                    t.start()
-                finally:
-                    if old is not None:
-                        threading.stack_size(old)
-        started.append(t)
-
-    # signals held: Thread.start waits on a Condition, which a KeyboardInterrupt can break
-    # into RuntimeError('release unlocked lock'), taken here for a thread that cannot start
-    with HeldSignals():
-        try:
-            for stack in [0] * n + [ops.OPENMP_STACK_SIZE] * openmp:
-                try:
-                    start(stack)
-                except RuntimeError:  # "can't start new thread"
-                    break
-        finally:
-            gate.set()
-            for t in started:
-                t.join()
-    return len(started)
+    and hold at once; all ended again. Made by the core as libgomp makes its threads, so that
+    no setting of the process changes meanwhile."""
+    stack = ops.OPENMP_STACK_SIZE[0] if ops.OPENMP_STACK_SIZE else 0
+    return ops._core.startable_threads([(n, 0), (openmp, min(stack, 2**63 - 1))])
 
 
 # ================================================================================================

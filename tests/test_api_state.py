@@ -571,3 +571,22 @@ def test_pyhets_warnings_point_at_the_programs_line(monkeypatch, tmp_path, capsy
     [w] = said
     assert "is damaged" in str(w.message) and w.filename == __file__
     assert capsys.readouterr().err == ""
+
+
+def test_a_warning_said_in_pyhet_imported_by_an_unnormalised_path_is_the_programs():
+    """Frames of pyhet's files named by a path such as ..././pyhet/x.py were taken for the
+    program's: the warning named them."""
+    import warnings
+
+    from pyhet import errors
+    here = os.path.dirname(os.path.abspath(errors.__file__))
+    code = compile("def deep():\n    warn('said deep in pyhet')\n",
+                   os.path.join(os.path.dirname(here), os.curdir, os.path.basename(here),
+                                "deep.py"), "exec")
+    space = {"warn": errors.warn}
+    exec(code, space)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        space["deep"]()
+    [w] = said
+    assert w.filename == __file__, w.filename

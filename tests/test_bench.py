@@ -21,6 +21,14 @@ def run(capsys, *argv):
     return capsys.readouterr().out
 
 
+def bench_module(name):
+    """The benchmark module `pyhet bench NAME` runs (bench/ in the source tree)."""
+    try:
+        return importlib.import_module(f"pyhet.bench.{name}")
+    except ImportError:
+        return importlib.import_module(f"bench.{name}")
+
+
 def test_bench_gemm(tmp_path, capsys):
     out = run(capsys, "gemm", "--shapes", "33x17x65,20x9x31:tn", "--threads", "1",
               "--repeat", "1", "--pause", "0", "--json", str(tmp_path / "g.json"))
@@ -88,19 +96,11 @@ def test_bench_step(tmp_path, capsys):
 
 
 def scaling_counts():
-    try:
-        from pyhet.bench import scaling
-    except ImportError:    # run from the source tree
-        from bench import scaling
-    return scaling.cpu_counts(ops.default_threads())
+    return bench_module("scaling").cpu_counts(ops.default_threads())
 
 
 def _util_secs(v):
-    try:
-        from pyhet.bench import _util
-    except ImportError:    # run from the source tree
-        from bench import _util
-    return _util.secs(v)
+    return bench_module("_util").secs(v)
 
 
 def test_bench_scaling(tmp_path, capsys):
@@ -125,7 +125,7 @@ def test_bench_scaling(tmp_path, capsys):
             assert "settle_steps" not in r
             continue
         # timed once its balancer has settled, as bench paper's; its line says how
-        scaling = importlib.import_module("pyhet.bench.scaling")
+        scaling = bench_module("scaling")
         assert scaling.QUIET <= r["settle_steps"] <= scaling.SETTLE_MAX
         assert r["moves_before_timing"] + r["moves_timed"] == len(r["moves"])
         assert scaling.settled_line(r) in out
@@ -137,7 +137,7 @@ def test_bench_scaling(tmp_path, capsys):
 
 
 def test_scaling_says_how_long_its_moves_took():
-    scaling = importlib.import_module("pyhet.bench.scaling")
+    scaling = bench_module("scaling")
     assert scaling.moves_summary([]) == "no repartition in these steps"
     assert scaling.moves_summary([0.0012]).endswith(": 1.20 ms")
     assert scaling.moves_summary([0.0002, 0.0031, 0.0009]).endswith(": 0.20-3.10 ms each")
@@ -147,8 +147,7 @@ def test_scaling_says_how_long_its_moves_took():
 def test_scaling_says_when_the_partition_was_not_seen_to_settle():
     """Part 2: the step at which the partition last moved after the change (0: never); a move
     at the last step has not been seen to settle (no settled time, no ratio)."""
-    import importlib
-    scaling = importlib.import_module("pyhet.bench.scaling")
+    scaling = bench_module("scaling")
     key = (lambda t: t["conv2"])
 
     def after(*parts):          # each step's partition after it
@@ -182,10 +181,7 @@ def test_bench_bandwidth(tmp_path, capsys):
     says so and does nothing. It leaves no namespace behind."""
     import subprocess
 
-    try:
-        from pyhet.bench import bandwidth
-    except ImportError:
-        from bench import bandwidth
+    bandwidth = bench_module("bandwidth")
     why = bandwidth.missing_tools()
     out = run(capsys, "bandwidth", "--rates", "none,1gbit", "--kernels", "4,8", "--steps", "2",
               "--no-ddp", "--json", str(tmp_path / "b.json"))
@@ -193,7 +189,7 @@ def test_bench_bandwidth(tmp_path, capsys):
         assert f"skipped: {why}" in out
         return
     res = json.loads((tmp_path / "b.json").read_text())
-    assert [r["rate"] for r in res["rates"]] == ["none", "1gbit"]
+    assert [r["rate"] for r in res["rates"]] == ["none", "1gbit"] and res["steps"] == 2
     for r in res["rates"]:
         # an unlimited link can be too fast to time on the message (null, as README says)
         bits = r["measured_bits_per_s"]
@@ -210,10 +206,7 @@ def test_bench_bandwidth(tmp_path, capsys):
 def test_bench_bandwidth_queue_holds_400_ms_at_every_rate(rate):
     """tc's own latency -> limit sum wraps at 32 bits above ~85gbit (85.1gbit: a 2.6 MB limit
     under a 42 MB bucket); the queue is given in bytes, as much as fits."""
-    try:
-        from pyhet.bench import bandwidth
-    except ImportError:
-        from bench import bandwidth
+    bandwidth = bench_module("bandwidth")
     if os.geteuid() != 0 or shutil.which("tc") is None:
         pytest.skip("needs root and tc")
     link = bandwidth.Link()
@@ -237,10 +230,7 @@ def test_bench_bandwidth_queue_holds_400_ms_at_every_rate(rate):
 def test_bench_bandwidth_rows_are_medians_of_the_rounds():
     """--rounds: a rate's row gives the medians of its rounds' times and of each round's ratio
     of a prediction to the step measured in that round, and keeps every round."""
-    try:
-        from pyhet.bench import bandwidth
-    except ImportError:
-        from bench import bandwidth
+    bandwidth = bench_module("bandwidth")
 
     def run_(step, plan, ddp, plan_ddp):
         return {"rate": "1gbit", "measured_bits_per_s": 9e8, "step_s": step, "speedup": 1.0,
@@ -268,10 +258,7 @@ def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
     """The DDP plan's replica speed: pyhet's time on one replica's work over PyTorch's."""
     pytest.importorskip("torch")
     from argparse import Namespace
-    try:
-        from pyhet.bench import bandwidth
-    except ImportError:
-        from bench import bandwidth
+    bandwidth = bench_module("bandwidth")
     r = bandwidth.replica_speed(Namespace(kernels="4,8", batch_size=4, timeout=300), rounds=1)
     assert r["pyhet_s"] > 0 and r["torch_s"] > 0
     assert r["speed"] == pytest.approx(r["pyhet_s"] / r["torch_s"])
@@ -280,10 +267,7 @@ def test_bench_bandwidth_times_a_ddp_replica_in_each_framework():
 def test_bench_ranks(tmp_path, capsys):
     """One quota on a tiny network; where root, the cgroup cpu controller or mpiexec is missing
     it says so and does nothing. It leaves no cgroup behind."""
-    try:
-        from pyhet.bench import ranks
-    except ImportError:
-        from bench import ranks
+    ranks = bench_module("ranks")
     why = ranks.missing_tools()
     out = run(capsys, "ranks", "--quotas", "0.5", "--kernels", "4,8", "--steps", "2",
               "--json", str(tmp_path / "r.json"))
@@ -291,6 +275,7 @@ def test_bench_ranks(tmp_path, capsys):
         assert f"skipped: {why}" in out
         return
     res = json.loads((tmp_path / "r.json").read_text())
+    assert res["steps"] == 2
     (row,) = res["quotas"]
     assert row["quota"] == 0.5 and row["slow_alone_step_s"] > 0
     for name in ("static", "dynamic", "emulated"):
@@ -303,10 +288,7 @@ def test_bench_ranks(tmp_path, capsys):
 def test_bench_ranks_quota_the_kernel_takes(fraction):
     """A quota under the kernel's 1 ms (0.05 of a 10 ms period) takes a longer period: the
     cgroup holds the fraction asked for, not an EINVAL traceback."""
-    try:
-        from pyhet.bench import ranks
-    except ImportError:
-        from bench import ranks
+    ranks = bench_module("ranks")
     if os.geteuid() != 0 or not ranks.CGROUP_CPU.is_dir():
         pytest.skip("needs root and the cgroup cpu controller")
     q = ranks.Quota(fraction)
@@ -354,10 +336,7 @@ def test_bench_paper(tmp_path, capsys):
     mixes = [r for r in res["speed_mix"]["rows"] if r["balance"]]
     assert {r["balance"] for r in mixes} == {"even", "static", "dynamic"}
     assert all(r["ideal_speedup"] == pytest.approx(1.5) for r in mixes if len(r["speeds"]) == 2)
-    try:
-        from pyhet.bench import paper
-    except ImportError:    # run from the source tree
-        from bench import paper
+    paper = bench_module("paper")
     # a dynamic mix is timed once its balancer has settled (or SETTLE_MAX steps on), and says
     # how long that took; the others take no such steps
     for r in mixes:
@@ -479,10 +458,7 @@ def test_bench_plan(tmp_path, capsys):
 def test_bench_plan_runs_a_spec_of_ranks_under_mpiexec(tmp_path, capsys, monkeypatch):
     """A configuration that places devices on ranks runs its plan and its training run under
     mpiexec (the plan then measures rank 1's link); without MPI, a clear usage error."""
-    try:
-        from pyhet.bench import _util
-    except ImportError:
-        from bench import _util
+    _util = bench_module("_util")
     why = _util.missing_mpi()
     with monkeypatch.context() as m:
         m.setattr(_util, "missing_mpi", lambda: why or "there is no mpiexec (say)")

@@ -466,7 +466,7 @@ def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
     own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
                  "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen",
-                 "gemm_splits_k", "start_team",
+                 "gemm_splits_k", "start_team", "startable_threads",
                  "gemm_packed_uses_strassen"}
     bindings = {k for k in dir(_core) if not k.startswith("_") and callable(getattr(_core, k))}
     assert bindings == set(CASES) | own_tests
@@ -636,7 +636,9 @@ def test_quadrant_packs_written_must_differ():
     lambda: _core.gemm_splits_k(2**63 - 1, 1, 1, 2),
     lambda: _core.gemm_uses_strassen(2**40, 2**40, 2**40, 2),
     lambda: _core.gemm_packed_uses_strassen(2**40, 2**40, 2**40, 2),
-    lambda: _core.gemm_packed_uses_strassen(8, 2**63 - 1, 8, 2)])
+    lambda: _core.gemm_packed_uses_strassen(8, 2**63 - 1, 8, 2),
+    lambda: _core.gemm_packed_uses_strassen(8, 2**62, 8, 2),      # 2 * 2**62 wrapped negative
+    lambda: _core.gemm_packed_uses_strassen(8, 8, 2**62, 2)])
 def test_questions_about_products_no_memory_holds_are_refused(ask):
     """The plans multiply the dimensions: splits_k(16, 16, 2**63 - 1, 2) overflowed (UBSan)
     and said False where every k from 2**20 to 2**62 says True."""
@@ -660,3 +662,23 @@ def test_an_empty_batch_with_maps_too_large_to_count_is_refused():
                  lambda: ops.im2col(x, 1, 1, 1, 2**31 - 1)):
         with pytest.raises((ValueError, MemoryError), match="sizes too large|does not fit"):
             call()
+
+
+def test_startable_threads_counts_the_threads_it_can_hold():
+    """The probe of the threads a team needs, made as libgomp makes them: every group's threads
+    held at once, at its stack size (one too small for pthread leaves the default, as in libgomp;
+    one no memory holds cannot be made, and ends the count);
+    threading.stack_size is not touched (it was set for the probe, for every thread the process
+    started meanwhile)."""
+    import threading
+    before = threading.stack_size()
+    assert _core.startable_threads([]) == 0
+    assert _core.startable_threads([(3, 0), (2, 1 << 20), (0, 0)]) == 5
+    assert _core.startable_threads([(2, 100)]) == 2            # under PTHREAD_STACK_MIN: default
+    assert _core.startable_threads([(2, 0), (1, 2**62), (5, 0)]) == 2   # no room: the count so far
+    assert threading.stack_size() == before
+    for bad in ([(-1, 0)], [(1, -5)], [(2**21, 0)], [(2**20, 0), (1, 0)]):
+        with pytest.raises(ValueError, match="startable_threads: "):
+            _core.startable_threads(bad)
+    with pytest.raises(TypeError):
+        _core.startable_threads([(1, 2**64)])

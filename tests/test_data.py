@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from pyhet.data import (DATASETS, FASHION_MNIST_CLASSES, Dataset, describe,
                         iterate_batches, load_dataset)
+import pyhet
 from pyhet.errors import DataError
 
 IDX_NAMES = {
@@ -812,3 +813,9 @@ def test_iterate_batches_bad_arguments():
         list(iterate_batches(x, y[:2], 2, shuffle=False))
     with pytest.raises(ValueError):
         list(iterate_batches(x, y, 2, shuffle=True, rng=None))
+
+
+def test_a_missing_file_keeps_its_os_error_as_the_cause(tmp_path):
+    with pytest.raises(DataError, match="no such file") as e:
+        pyhet.load_dataset(f"npz:{tmp_path / 'missing.npz'}")
+    assert isinstance(e.value.__cause__, FileNotFoundError)

@@ -492,14 +492,15 @@ def test_threads_are_tried_at_the_stack_size_openmp_gives_them(files, tmp_path):
 
 def test_openmp_stack_size_is_read_as_libgomp_reads_it():
     read = pyhet.ops._openmp_stack_size
-    assert read({}) == 0
-    assert read({"OMP_STACKSIZE": "64"}) == 64 << 10                  # KiB by default
-    assert read({"OMP_STACKSIZE": " 2 g "}) == 2 << 30
-    assert read({"OMP_STACKSIZE": "100b"}) == 100
-    assert read({"OMP_STACKSIZE": "16M", "GOMP_STACKSIZE": "8"}) == 16 << 20
-    assert read({"OMP_STACKSIZE": "bad", "GOMP_STACKSIZE": "8"}) == 8 << 10
-    assert read({"OMP_STACKSIZE": "1T"}) == 0 and read({"OMP_STACKSIZE": "-4"}) == 0
-    assert read({"OMP_STACKSIZE": f"{2**60}G"}) == 0                 # past 64 bits: invalid
+    assert read({}) is None
+    assert read({"OMP_STACKSIZE": "64"}) == (64 << 10, "OMP_STACKSIZE")   # KiB by default
+    assert read({"OMP_STACKSIZE": " 2 g "}) == (2 << 30, "OMP_STACKSIZE")
+    assert read({"OMP_STACKSIZE": "+4M"}) == (4 << 20, "OMP_STACKSIZE")    # strtoul's sign
+    assert read({"OMP_STACKSIZE": "100b"}) == (100, "OMP_STACKSIZE")
+    assert read({"OMP_STACKSIZE": "16M", "GOMP_STACKSIZE": "8"}) == (16 << 20, "OMP_STACKSIZE")
+    assert read({"OMP_STACKSIZE": "bad", "GOMP_STACKSIZE": "8"}) == (8 << 10, "GOMP_STACKSIZE")
+    assert read({"OMP_STACKSIZE": "1T"}) is None and read({"OMP_STACKSIZE": "-4"}) is None
+    assert read({"OMP_STACKSIZE": f"{2**60}G"}) is None              # past 64 bits: invalid
 
 
 @beyond_asan

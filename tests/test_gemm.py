@@ -1259,3 +1259,5 @@ def test_ops_questions_about_products_no_memory_holds_say_which_matrix():
             ask(2**23, 2**23, 1, 2) if ask is not ops.uses_packed_strassen else ask(2**23, 1,
                                                                                      2**23, 2)
     assert ops.splits_k(16, 16, 2**40, 2) is ops.have_openmp()
+    # an empty product is answered, as the core answers it
+    assert ops.splits_k(0, 16, 2**63 - 1, 2) is _core.gemm_splits_k(0, 16, 2**63 - 1, 2) is False
