@@ -319,6 +319,19 @@ def non_negative(kind, high=None):
     return ranged(kind, low=0, high=high)
 
 
+def add_paper_network_options(parser) -> None:
+    """--kernels, --batch-size and --steps of the benchmarks whose runs are pyhet train
+    processes on the paper's network (bench bandwidth, bench ranks)."""
+    from pyhet.cli import positive
+
+    parser.add_argument("--kernels", default="500,1500", metavar="A,B",
+                        help="the network's kernel counts (default 500,1500)")
+    parser.add_argument("--batch-size", type=positive(int), default=16,
+                        help="images per step (default 16)")
+    parser.add_argument("--steps", type=warmed_steps, default=4,
+                        help="steps per run, the first warming up (default 4)")
+
+
 def warmed_steps(text: str) -> int:
     """An argparse type: the steps of a training run whose first step warms up (at least 2)."""
     from pyhet.cli import positive

@@ -53,12 +53,7 @@ def parse_args(argv):
     p.add_argument("--rates", default="100mbit,1gbit,10gbit,none",
                    help="tc tbf rates, comma-separated; 'none' for no limit (default "
                         "100mbit,1gbit,10gbit,none)")
-    p.add_argument("--kernels", default="500,1500", metavar="A,B",
-                   help="the network's kernel counts (default 500,1500)")
-    p.add_argument("--batch-size", type=positive(int), default=16,
-                   help="images per step (default 16)")
-    p.add_argument("--steps", type=_util.warmed_steps, default=4,
-                   help="steps per run, the first warming up (default 4)")
+    _util.add_paper_network_options(p)
     p.add_argument("--rounds", type=positive(int), default=1,
                    help="times the rates run, in turn; rows give medians over them (default 1)")
     p.add_argument("--no-ddp", action="store_true", help="leave out PyTorch DDP")

@@ -50,12 +50,7 @@ def parse_args(argv):
     p.add_argument("--quotas", default="0.5,0.25",
                    help="rank 1's CPU quota as fractions of one core, comma-separated "
                         "(default 0.5,0.25)")
-    p.add_argument("--kernels", default="500,1500", metavar="A,B",
-                   help="the network's kernel counts (default 500,1500)")
-    p.add_argument("--batch-size", type=positive(int), default=16,
-                   help="images per step (default 16)")
-    p.add_argument("--steps", type=_util.warmed_steps, default=4,
-                   help="steps per run, the first warming up (default 4)")
+    _util.add_paper_network_options(p)
     p.add_argument("--timeout", type=positive(float, high=_util.TIMEOUT_MAX), default=900,
                    help="seconds one run may take (default 900)")
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE")
