@@ -139,16 +139,18 @@ def warn_about_environment() -> None:
 def uses_strassen(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether an (m, n) x k product on `threads` threads runs by Strassen's scheme (on several
     threads each of its seven products must also be big enough to wake them for)."""
-    m, n, k = _product_dims(m, n, k, "uses_strassen")
-    return _core.gemm_uses_strassen(m, n, k, _threads(threads))
+    what = "uses_strassen"     # (a product no memory holds is refused by the core)
+    return _core.gemm_uses_strassen(_dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what),
+                                    _threads(threads))
 
 
 def splits_k(m: int, n: int, k: int, threads: int = 1) -> bool:
     """Whether the threads of an (m, n) x k product share out k rather than the rows and columns
     of the output (which then has too few tiles to share out evenly): each sums its own blocks
     of k, and the partial sums are added in a fixed order."""
-    m, n, k = _product_dims(m, n, k, "splits_k")
-    return _core.gemm_splits_k(m, n, k, _threads(threads))
+    what = "splits_k"          # (a product no memory holds is refused by the core)
+    return _core.gemm_splits_k(_dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what),
+                               _threads(threads))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,8 +182,8 @@ _team = threading.local()   # .checked: the largest team this thread was found a
 def _check_startable(threads: int) -> None:
     """libgomp ends the process where it cannot make a team's thread (ulimit -u, or -v at
     ulimit -s of stack each): a calling thread's team larger than its largest before (libgomp
-    keeps a team for each thread that starts one) is tried first as Python threads of an
-    OpenMP thread's stack size (with OpenMP only)."""
+    keeps a team for each thread that starts one) is tried first, its threads made as libgomp
+    makes them, at an OpenMP thread's stack size (with OpenMP only)."""
     if not _core.have_openmp():
         return
     from .specs import stack_reserved, startable_threads
@@ -232,22 +234,6 @@ def _scale(v, name: str, what: str) -> float:
         raise ValueError(f"{what}: {name} must be 0 or of a magnitude float32, the core's "
                          f"type, holds (1.4e-45 to {_FLOAT32_MAX:.4g}); got {got}")
     return f
-
-
-def _product_dims(m, n, k, what: str) -> tuple:
-    """(m, n, k) of a product the question is about: each an int in 0..2**63-1, and, unless the
-    product is empty (a dimension 0), its matrices (m x k, k x n, m x n floats) each within a
-    process's address space, as any product's are (the core's plans multiply them, and would
-    overflow on sizes no memory holds)."""
-    m, n, k = _dim(m, "m", what), _dim(n, "n", what), _dim(k, "k", what)
-    for (a, b), names in (((m, k), "m x k"), ((k, n), "k x n"), ((m, n), "m x n")):
-        if not (m and n and k):
-            break
-        if a * b * 4 > _ADDRESSABLE:
-            raise ValueError(f"{what}: a product of (m, n, k) = ({m}, {n}, {k}) has a matrix of "
-                             f"{names} = {a * b:,} floats, more than a process can address "
-                             f"({_ADDRESSABLE:,} bytes)")
-    return m, n, k
 
 
 def _dim(v, name: str, what: str) -> int:
@@ -594,8 +580,9 @@ def uses_packed_strassen(m: int, k: int, n: int, threads: int = 1) -> bool:
     """Whether sgemm_packed runs m rows of a against op(b) (k, n) in quadrants by Strassen's
     scheme (strassen=None): from fewer rows than sgemm needs, since op(b)'s sums are made
     once for every product that shares them."""
-    m, n, k = _product_dims(m, n, k, "uses_packed_strassen")
-    return _core.gemm_packed_uses_strassen(m, k // 2, n // 2, _threads(threads))
+    what = "uses_packed_strassen"   # (a product no memory holds is refused by the core)
+    return _core.gemm_packed_uses_strassen(_dim(m, "m", what), _dim(k, "k", what) // 2,
+                                           _dim(n, "n", what) // 2, _threads(threads))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -158,12 +158,12 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     if total > cores:
         warn(f"the cpu devices use {total} threads in all but this process may run on "
              f"{cores} cores: they will compete for them")
-    workers = len(specs)
+    others = sum(1 for s in specs if s.kind != "cpu")   # their workers
     own = cores - 1 if master else 0                     # the master's team, past this thread
-    need = total + (workers - sum(1 for s in specs if s.kind == "cpu")) + own
-    started = startable_threads(workers, openmp=need - workers)
+    need = total + others + own
+    # every device's worker at the default stack; the rest are OpenMP threads
+    started = startable_threads(len(specs), openmp=need - len(specs))
     if started < need:
-        others = need - total - own
         parts = [f"{total:,} for the cpu devices"] + (
             [f"{others:,} for the other devices' workers"] if others else []) + (
             [f"{own:,} for the master's own work"] if own else [])
