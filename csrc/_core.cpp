@@ -136,13 +136,14 @@ int thread_count(py::handle threads) {
     throw py::value_error("threads must be at most " + std::to_string(kMaxThreads) + ", got " +
                           std::to_string(v));
   if (v > 1 && g_forked_after_threads.load()) {
-    if (!g_fork_told.exchange(true) &&
-        PyErr_WarnEx(PyExc_RuntimeWarning,
-                     "pyhet: this process was forked after pyhet's threads had started, and "
-                     "OpenMP's threads do not survive fork(): pyhet runs on one thread here "
-                     "(start processes with multiprocessing's 'spawn' or 'forkserver' method "
-                     "to use more)", 1) != 0)
-      throw py::error_already_set();
+    // said through pyhet.errors.warn: at the program's line that called into pyhet (its
+    // filters by module see their own code), not at pyhet's line that called the core
+    if (!g_fork_told.exchange(true))
+      py::module_::import("pyhet.errors").attr("warn")(
+          "pyhet: this process was forked after pyhet's threads had started, and OpenMP's "
+          "threads do not survive fork(): pyhet runs on one thread here (start processes "
+          "with multiprocessing's 'spawn' or 'forkserver' method to use more)",
+          py::handle(PyExc_RuntimeWarning));
     return 1;
   }
   if (v > 1 && pyhet::have_openmp()) g_threads_started.store(true);

@@ -46,6 +46,27 @@ def test_the_core_in_a_process_forked_after_its_threads():
     assert p.stderr.count(WARNING) == (1 if ops.have_openmp() else 0), p.stderr
 
 
+@pytest.mark.skipif(not ops.have_openmp(), reason="one thread is all a build without OpenMP has")
+def test_the_fork_warning_names_the_programs_line():
+    """The warning is the program's: at the line of its call into pyhet (a filter by module
+    sees its own code there), not at pyhet's line that called the core."""
+    p = run("""
+        import os, warnings, numpy as np
+        from pyhet import ops
+        x = np.ones((2, 3, 9, 9), dtype=np.float32)
+        ops.im2col(x, 3, 3, threads=2)
+        if os.fork() == 0:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                ops.im2col(x, 3, 3, threads=2)  # the program's line 9
+            print([(str(m.category.__name__), m.filename, m.lineno) for m in w], flush=True)
+            os._exit(0)
+        os.wait()
+        """)
+    assert p.returncode == 0 and p.stdout == "[('RuntimeWarning', '<string>', 9)]\n", (
+        p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("devices", ["cpu:2", "cpu:1,cpu:1", "numpy,cpu:1"])
 def test_a_network_used_in_a_forked_pool_worker(devices):
     """A Network made in the parent predicts and trains in a Pool's worker as it does in the
