@@ -74,26 +74,69 @@ def balanced(total: int, speeds, overheads=None, caps=None) -> list[int]:
     return _fill(counts, total, caps, [(speeds, overheads)])
 
 
-def _fill(counts, total: int, caps, phases) -> list[int]:
+def _fill(counts, total: int, caps, phases, among=None) -> list[int]:
     """counts, less than `total` in all by fewer kernels than there are devices, made up to it
     one kernel at a time, each to the device that would finish it first: the one whose time
     for one kernel more (over the phases, [(speeds, overheads)]) is least. With one phase,
     from counts that all finish by the exact split's time, this gives the best split (giving
-    them by the largest remainder of the exact shares does not: it ignores the speeds)."""
+    them by the largest remainder of the exact shares does not: it ignores the speeds).
+    `among`: the devices that take kernels while one of them can (the others after): with two
+    phases, a device the exact split leaves out may finish one kernel first over both phases
+    and still lengthen the phase its fixed cost falls in (a linked device's forward). With two
+    phases each kernel goes to the device that lengthens their sum least (_fill_weighed), where
+    the kernels to give times the devices are at most FILL_WEIGHED_LIMIT."""
     counts = [int(k) for k in counts]
 
     def finish(i, k):
         return sum(o[i] + k / s[i] for s, o in phases)
 
-    heap = [(finish(i, k + 1), i) for i, k in enumerate(counts)
-            if k < caps[i] and all(s[i] > 0 for s, _ in phases)]
-    heapq.heapify(heap)
-    for _ in range(total - sum(counts)):
-        _, i = heapq.heappop(heap)
-        counts[i] += 1
-        if counts[i] < caps[i]:
-            heapq.heappush(heap, (finish(i, counts[i] + 1), i))
+    able = [i for i, k in enumerate(counts) if k < caps[i] and all(s[i] > 0 for s, _ in phases)]
+    first = set(range(len(counts)) if among is None else among)
+    groups = [[i for i in able if i in first], [i for i in able if i not in first]]
+    short = total - sum(counts)
+    if len(phases) > 1 and short * len(able) <= FILL_WEIGHED_LIMIT:
+        return _fill_weighed(counts, short, caps, phases, groups)
+    for group in groups:
+        heap = [(finish(i, counts[i] + 1), i) for i in group]
+        heapq.heapify(heap)
+        while short > 0 and heap:
+            _, i = heapq.heappop(heap)
+            counts[i] += 1
+            short -= 1
+            if counts[i] < caps[i]:
+                heapq.heappush(heap, (finish(i, counts[i] + 1), i))
     return counts
+
+
+FILL_WEIGHED_LIMIT = 1 << 24   # kernels to give times devices weighed, where all are weighed
+
+
+def _fill_weighed(counts, short: int, caps, phases, groups) -> list[int]:
+    """_fill over two phases, each kernel to the device that lengthens sum_p max_i t_pi the
+    least (ties: the one that finishes it first over both): the first to finish over both
+    phases may be one whose phase-one time is already the longest, while another device
+    still has room in both."""
+    k = np.asarray(counts, float)
+    cap = np.asarray(caps, float)
+    sp = [(np.asarray(s, float), np.asarray(o, float)) for s, o in phases]
+
+    def times(kk, at=slice(None)):   # (phases, devices): t_pi(kk_i) of the devices `at`
+        return np.array([o[at] + kk / np.where(s[at] > 0, s[at], 1.0) for s, o in sp])
+
+    now = np.where(k > 0, times(k), 0.0).max(axis=1)      # each phase's longest time
+    for group in groups:
+        idx = np.asarray(group, np.int64)
+        while short > 0 and len(idx):
+            t = times(k[idx] + 1, idx)                     # (phases, group)
+            cost = np.maximum(t, now[:, None]).sum(axis=0)
+            j = np.lexsort((t.sum(axis=0), cost))[0]
+            i = idx[j]
+            k[i] += 1
+            short -= 1
+            now = np.maximum(now, t[:, j])
+            if k[i] >= cap[i]:
+                idx = np.delete(idx, j)
+    return [int(v) for v in k]
 
 
 def predicted_time(counts, speeds, overheads=None) -> float:
@@ -120,8 +163,9 @@ def balanced_phases(total: int, phases, caps=None, every_split: bool = True) -> 
     Two phases: every device that takes part finishes phase one by T1 and phase two by T2;
     for each T1 the least T2 that holds `total` kernels is exact (the kernels held by time T
     are piecewise linear in T), and the T1 that minimises T1 + T2 is found by a scan and a
-    golden-section search. The shares are then rounded down, made up to `total` as by
-    balanced() (by each device's time for both phases), and single kernels moved between
+    golden-section search. The shares are then rounded down, made up to `total` one kernel at
+    a time to the device that lengthens the phases' sum least (first among those the exact
+    split gives kernels: _fill), and single kernels moved between
     devices while that shortens the predicted time (up to 16 devices); with every_split, a
     layer of at most EVERY_SPLIT_LIMIT whole-kernel splits has them all weighed (milliseconds:
     the dynamic balancer, which asks every step, goes without)."""
@@ -189,7 +233,7 @@ def balanced_phases(total: int, phases, caps=None, every_split: bool = True) -> 
     counts = [int(min(cap[i], math.floor(exact[i]))) for i in range(n)]
     phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
               (np.where(able, s2, 0.0).tolist(), o2.tolist())]
-    counts = _fill(counts, total, cap, phases)
+    counts = _fill(counts, total, cap, phases, among=np.flatnonzero(exact > 0).tolist())
     counts = _polish(counts, phases, cap) if n <= 16 else counts
     # a small layer over few devices: every split weighed (the moves of single kernels can
     # stop short of the best one where a device's overhead is a step of its own)

@@ -129,6 +129,34 @@ def test_balanced_phases_weighs_every_split_of_a_small_layer():
     assert phases_time(counts, phases) <= _brute_phases(8, phases, [8] * 6) * (1 + 1e-9)
 
 
+def test_balanced_phases_leaves_out_a_linked_device_the_exact_split_leaves_out():
+    """A linked device whose forward alone (its input's transfer) outlasts the others' forward:
+    the exact split gives it nothing, and the kernels left by rounding went to it, the device
+    that finishes one kernel first over both phases (3.3 + 3.4 ms against the fast device's
+    2.7 + 5.4 ms), lengthening the forward by 0.6 ms; single moves could not undo that."""
+    phases = [([5.412e5, 2.831e5, 5280, 5519, 8712], [0, 3.27e-3, 0, 1.589e-3, 4.401e-4]),
+              ([2.706e5, 1.596e5, 2640, 2760, 4358], [0, 3.404e-3, 0, 3.103e-3, 4.541e-4])]
+    counts = balanced_phases(1500, phases, [1500] * 4 + [1000])
+    assert counts[1] == 0, counts
+    assert phases_time(counts, phases) <= phases_time([1461, 0, 14, 6, 19], phases) * (1 + 1e-9)
+
+
+def test_balanced_phases_of_many_devices_rounds_by_the_phases():
+    """Nineteen devices (too many to move single kernels between): the kernels left by
+    rounding, each to the device that lengthens the phases' sum least, not to the first to
+    finish over both phases. A linked device more then shortens the layer, as the exact split
+    says it does, where it had lengthened it (15.59 against 15.40 ms without it)."""
+    fast = ([18750.0] * 16 + [6250.0] * 2, [1 / 3000] * 16 + [0.0] * 2)
+    back = ([9375.0] * 16 + [3125.0] * 2, [2 / 3000] * 16 + [0.0] * 2)
+    without = [fast, back]
+    linked = [(fast[0] + [18571.7], fast[1] + [2.36037e-3]),
+              (back[0] + [9330.21], back[1] + [2.71371e-3])]
+    alone = phases_time(balanced_phases(1500, without), without)
+    counts = balanced_phases(1500, linked)
+    assert sum(counts) == 1500 and counts[-1] > 0
+    assert phases_time(counts, linked) < alone * 0.98, (phases_time(counts, linked), alone)
+
+
 def test_balanced_phases_of_a_device_behind_a_link():
     """A device whose input arrives in the forward and whose input gradient leaves in the
     backward (0.55 s each) beside one without a link: the forward is the linked device's in
