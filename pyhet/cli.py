@@ -659,6 +659,11 @@ def plan_table(r: dict) -> str:
               + ("n/a (no device holds every layer alone)" if best is None else
                  f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")
               + f", bottleneck: {r['bottleneck']}"]
+    traffic = r["master_traffic"]
+    if traffic["bytes"]:
+        lines.append(f"master's network interface: {_bytes(traffic['bytes'])} a step, "
+                     f"{_rate(traffic['gbit_per_s'])} at the predicted step (the links are taken "
+                     f"as independent: an interface slower than that lengthens the step)")
     d = r["ddp"]
     replicas = d["replicas"]
     lines.append("data parallel (DDP"
@@ -671,6 +676,22 @@ def plan_table(r: dict) -> str:
                  + ("n/a" if d["speedup"] is None else f"{d['speedup']:.2f}x")
                  + f"; faster: {r['winner']}")
     return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    """Bytes in powers of 1000, three significant digits: 48.2 MB."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
+def _rate(gbit_per_s: float) -> str:
+    """A rate in Gbit/s, three significant digits (Mbit/s below 1 Gbit/s)."""
+    if gbit_per_s >= 1000:
+        return f"{gbit_per_s:,.0f} Gbit/s"
+    return (f"{gbit_per_s:.3g} Gbit/s" if gbit_per_s >= 1 else
+            f"{gbit_per_s * 1000:.3g} Mbit/s")
 
 
 def plan_sweep_table(rows, network: str, batch: int) -> str:
@@ -696,6 +717,17 @@ def plan_sweep_table(rows, network: str, batch: int) -> str:
         r, more = failed[0], len(failed) - 1
         lines.append(f"n/a at {r['devices']} described ({r['link']})"
                      + (f" and {more} more" if more else "") + f": {r['error']}")
+    # per column, the most the master's own interface carries: the model takes the links as
+    # independent, which a cluster on one switch is not
+    busiest = [max((r for r in rows if r["link"] == lk and r.get("master_gbit_per_s")),
+                   key=lambda r: r["master_gbit_per_s"], default=None) for lk in links]
+    busiest = [r for r in busiest if r is not None]
+    if busiest:
+        lines.append("the master's network interface carries at most "
+                     + ", ".join(f"{_rate(r['master_gbit_per_s'])} ({r['link']}, "
+                                 f"{r['devices']} described)" for r in busiest)
+                     + ": the links are taken as independent; an interface slower than a row's "
+                       "traffic lengthens its step")
     if any(r["speedup"] is None and not r.get("error") for r in rows):
         lines.append("n/a elsewhere: no device holds every layer alone (a speedup is over "
                      "the best single device)")

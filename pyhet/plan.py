@@ -364,6 +364,9 @@ class Cluster:
     # devices (on steps of 2 ms a split's factor made a pair's best single device slower than
     # a single device's own plan). Missing: in_step's
     in_step_alone: dict | None = None
+    # per device, the link it shares with others (the devices of one rank send over their
+    # rank's, the layer's input once): equal keys, one link; None: each device its own
+    link_groups: list | None = None
 
     def in_step_factor(self, layer: str, alone: bool = False) -> float:
         """The layer's time in steps over its model's, split over several devices (in_step) or,
@@ -626,8 +629,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     # the calibrated devices' waits between phases, where no other device joins them
     waits = (calibrated[1].waits if calibrated is not None and not described and not ranked
              else None)
+    groups = [("rank", id(ranked[n][0])) if n in (ranked or {}) and n not in moved else i
+              for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
-                      alone if own else None, shown, head_s, waits or None)
+                      alone if own else None, shown, head_s, waits or None,
+                      link_groups=groups)
     mine = calibrated is not None and not described and not ranked
     timed = calibrated[1].in_step if mine else None
     if timed:
@@ -755,6 +761,23 @@ def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
                                   (cluster.waits or {}).get(g.name, 1.0),
                                   cluster.in_step_factor(g.name, _whole(partition[g.name])))
             for g in net.blocks}
+
+
+def master_traffic(cluster: Cluster, net: NetGeometry, batch: int, partition: dict) -> int:
+    """Bytes through the master's network interface in a step of this partition: each link
+    that carries kernels of a layer moves the layer's input (and its gradient) once and its
+    kernels' output slices and their gradients (ConvGeometry.link_bytes). The model takes the
+    links as independent; this is what the master's own interface would carry."""
+    total = 0
+    groups = cluster.link_groups or list(range(len(cluster.names)))
+    for j, g in enumerate(net.blocks):
+        fixed, per = g.link_bytes(batch, need_dx=j > 0)
+        used = {}
+        for key, lk, k in zip(groups, cluster.links, partition[g.name]):
+            if lk is not None and k:
+                used[key] = used.get(key, 0) + k
+        total += len(used) * fixed + sum(used.values()) * per
+    return int(total)
 
 
 def _whole(counts) -> bool:
@@ -954,6 +977,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         if g.name in (cluster.in_step_alone or {}):
             layers[g.name]["in_step_alone"] = round(cluster.in_step_alone[g.name], 4)
     d = ddp(cluster, net, batch, ddp_speed, fc_rate)
+    traffic = master_traffic(cluster, net, batch, partition)
     return {
         "network": net.arch, "batch_size": batch,
         "devices": [{"name": n, "link": link_name(lk), "gflops": _sig(gf),
@@ -971,6 +995,7 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                                                   "step_s": _sig(base)},
         "speedup": None if base is None else round(base / step, 4),
         "bottleneck": bottleneck(cluster, net, partition, conv_s, master_s),
+        "master_traffic": {"bytes": traffic, "gbit_per_s": _sig(traffic * 8 / step / 1e9)},
         "ddp": {"step_s": _sig(d["step_s"]), "compute_s": _sig(d["compute_s"]),
                 "allreduce_s": _sig(d["allreduce_s"]), "weight_bytes": d["weight_bytes"],
                 "slowest_device": d["slowest_device"], "speed": ddp_speed,
@@ -1003,12 +1028,14 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                 failed = failed or e
                 rows.append({"devices": n, "link": name, "predicted_step_s": None,
                              "speedup": None, "bottleneck": None, "ddp_step_s": None,
-                             "ddp_speedup": None, "winner": None, "error": str(e)})
+                             "ddp_speedup": None, "winner": None, "master_gbit_per_s": None,
+                         "error": str(e)})
                 continue
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
                          "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],
-                         "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"]})
+                         "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"],
+                         "master_gbit_per_s": p["master_traffic"]["gbit_per_s"]})
     if failed is not None and all("error" in r for r in rows):
         raise failed
     return rows

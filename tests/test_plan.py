@@ -1377,3 +1377,55 @@ def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
         assert bad.stdout == "" or bad.stdout.startswith("cores"), (args, bad.stdout)
         assert bad.returncode == 1 and len(bad.stderr.splitlines()) == 1, (args, bad.stderr)
         assert any(bad.stderr.startswith(f"core_drift.py: {w}") for w in said), bad.stderr
+
+
+def test_master_traffic_is_every_links_bytes_through_the_master():
+    """The bytes a step moves through the master's own interface (the model takes the links as
+    independent): per layer, each link that carries kernels moves the layer's input (and its
+    gradient, past the first layer) once and its kernels' slices both ways; the devices of one
+    rank share their rank's link, so its input crosses once."""
+    desc = plan.parse_describe("a:gflops=0.05,bw=1gbit;b:gflops=0.05,bw=1gbit;h:gflops=0.05")
+    cluster = plan.build_cluster(NET, N, described=desc)
+    r = plan.plan(cluster, NET, N, master_gflops=5.0)
+    want = 0
+    for j, g in enumerate(NET.blocks):
+        fixed, per = g.link_bytes(N, need_dx=j > 0)
+        counts = r["partition"][g.name]
+        linked = [counts["a"], counts["b"]]
+        want += sum(fixed + k * per for k in linked if k)
+    assert want > 0 and r["master_traffic"]["bytes"] == want
+    assert r["master_traffic"]["gbit_per_s"] == pytest.approx(
+        want * 8 / r["predicted_step_s"] / 1e9, rel=1e-6)
+    # the same devices as one rank's (one link, one key): each layer's input crosses once
+    shared = replace(cluster, link_groups=[("rank", 1), ("rank", 1), 2])
+    partition = {layer: list(c.values()) for layer, c in r["partition"].items()}
+    once = sum(g.link_bytes(N, need_dx=j > 0)[0] for j, g in enumerate(NET.blocks)
+               if partition[g.name][0] and partition[g.name][1])
+    assert once > 0 and plan.master_traffic(shared, NET, N, partition) == want - once
+    # no link, no traffic
+    local = plan.plan(plan.build_cluster(NET, N, described=plan.parse_describe("h:gflops=5")),
+                      NET, N, master_gflops=5.0)
+    assert local["master_traffic"] == {"bytes": 0, "gbit_per_s": 0.0}
+
+
+def test_cli_plan_and_sweep_say_what_the_masters_interface_carries(cli):
+    args = ("--kernels", "4,6", "--dataset", "synthetic", "--batch-size", "4")
+    res = cli("plan", "--describe", "g:gflops=100,bw=1gbit,count=2", *args, "--json")
+    assert res.code == 0, res.err
+    r = json.loads(res.out.strip().splitlines()[-1])
+    res = cli("plan", "--describe", "g:gflops=100,bw=1gbit,count=2", *args)
+    assert res.code == 0, res.err
+    line = next(x for x in res.out.splitlines() if x.startswith("master's network interface"))
+    rate = r["master_traffic"]["gbit_per_s"]
+    assert (f"{rate:.3g} Gbit/s" if rate >= 1 else f"{rate * 1000:.3g} Mbit/s") in line, line
+    res = cli("plan", "--describe", "g:gflops=100", "--sweep", "devices=1,4",
+              "--link", "1gbit,10gbit", *args, "--json")
+    rows = json.loads(res.out.strip().splitlines()[-1])["sweep"]
+    assert all(r["master_gbit_per_s"] > 0 for r in rows)
+    res = cli("plan", "--describe", "g:gflops=100", "--sweep", "devices=1,4",
+              "--link", "1gbit,10gbit", *args)
+    assert "master's network interface carries at most" in res.out
+    assert "(1gbit, 4 described)" in res.out and "(10gbit, 4 described)" in res.out
+    # without a link, nothing crosses it: no line
+    res = cli("plan", "--describe", "g:gflops=100,count=2", *args)
+    assert res.code == 0 and "network interface" not in res.out
