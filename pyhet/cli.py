@@ -22,6 +22,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     import time
     import traceback
     import warnings
+    from dataclasses import replace
 
     import numpy as np
 
@@ -223,6 +224,16 @@ def _device_spec(text):
     return text
 
 
+def _master_link(text):
+    """--master-link: 'links' or a bandwidth (bytes/s)."""
+    if text.strip() == "links":
+        return "links"
+    try:
+        return plan.parse_bandwidth(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or 'links')") from None
+
+
 def arch_spec(text):
     """A network in --arch notation, checked now (pyhet.arch.parse)."""
     try:
@@ -354,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="G",
                     help="the master's rate for its fc layers (default: its machine's devices)")
     low, high = plan.FACTOR_RANGE
+    pl.add_argument("--master-link", type=_master_link, default=None, metavar="BW|links",
+                    help="the master's own network interface, which every link's bytes cross "
+                         "(a layer takes at least its bytes over it): a bandwidth (10gbit, "
+                         "1.2GB), or 'links' for the fastest device link (in a sweep, each "
+                         "column's); default: none, the links independent")
     pl.add_argument("--ddp-speed", type=ranged(float, low=low, high=high), default=1.0,
                     metavar="F",
                     help="the DDP replicas' compute speed relative to pyhet's devices' (the "
@@ -606,7 +622,7 @@ def cmd_plan(args, parser, comm=None) -> int:
         calibrated = calibrate_spec(args.devices, net, args.batch_size, in_step=in_step)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
-                          args.master_gflops, args.ddp_speed, ranked)
+                          args.master_gflops, args.ddp_speed, ranked, args.master_link)
         if args.json:
             print(json.dumps({"network": net.arch, "batch_size": args.batch_size,
                               "sweep": rows}))
@@ -615,6 +631,7 @@ def cmd_plan(args, parser, comm=None) -> int:
         return 0
     cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0],
                                  ranked=ranked)
+    cluster = replace(cluster, master_bandwidth=plan.interface_of(cluster, args.master_link))
     result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
     for d, lk in zip(result["devices"], cluster.links):   # behind its rank's measured link
         if lk is not None and lk is (ranked or {}).get(d["name"], (None,))[0]:
@@ -660,10 +677,18 @@ def plan_table(r: dict) -> str:
                  f"{r['speedup']:.2f}x over {best['device']} alone ({_secs(best['step_s'])} s)")
               + f", bottleneck: {r['bottleneck']}"]
     traffic = r["master_traffic"]
-    if traffic["bytes"]:
+    if traffic["interface_bytes_per_s"]:
+        bound = traffic["bound_layers"]
+        lines.append(f"master's network interface ({_rate(traffic['interface_bytes_per_s'] * 8e-9)}"
+                     f"): {_bytes(traffic['bytes'])} a step, {_rate(traffic['gbit_per_s'])} at "
+                     f"the predicted step; "
+                     + (f"it sets the time of {', '.join(bound)}" if bound else
+                        "it sets no layer's time"))
+    elif traffic["bytes"]:
         lines.append(f"master's network interface: {_bytes(traffic['bytes'])} a step, "
                      f"{_rate(traffic['gbit_per_s'])} at the predicted step (the links are taken "
-                     f"as independent: an interface slower than that lengthens the step)")
+                     f"as independent: an interface slower than that lengthens the step; "
+                     f"--master-link)")
     d = r["ddp"]
     replicas = d["replicas"]
     lines.append("data parallel (DDP"
@@ -723,11 +748,13 @@ def plan_sweep_table(rows, network: str, batch: int) -> str:
                    key=lambda r: r["master_gbit_per_s"], default=None) for lk in links]
     busiest = [r for r in busiest if r is not None]
     if busiest:
+        given = any(r.get("master_interface_bytes_per_s") for r in rows)
         lines.append("the master's network interface carries at most "
                      + ", ".join(f"{_rate(r['master_gbit_per_s'])} ({r['link']}, "
                                  f"{r['devices']} described)" for r in busiest)
-                     + ": the links are taken as independent; an interface slower than a row's "
-                       "traffic lengthens its step")
+                     + (" (--master-link: a layer takes at least its bytes over it)" if given
+                        else ": the links are taken as independent; an interface slower than a "
+                             "row's traffic lengthens its step (--master-link)"))
     if any(r["speedup"] is None and not r.get("error") for r in rows):
         lines.append("n/a elsewhere: no device holds every layer alone (a speedup is over "
                      "the best single device)")

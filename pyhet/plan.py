@@ -367,6 +367,10 @@ class Cluster:
     # per device, the link it shares with others (the devices of one rank send over their
     # rank's, the layer's input once): equal keys, one link; None: each device its own
     link_groups: list | None = None
+    # the master's own network interface (bytes/s), which every link's bytes cross: a layer
+    # takes at least its bytes over it (layer_traffic); None: the links independent
+    master_bandwidth: float | None = None
+    batch: int | None = None        # the batch size the costs are of
 
     def in_step_factor(self, layer: str, alone: bool = False) -> float:
         """The layer's time in steps over its model's, split over several devices (in_step) or,
@@ -633,7 +637,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                       alone if own else None, shown, head_s, waits or None,
-                      link_groups=groups)
+                      link_groups=groups, batch=batch)
     mine = calibrated is not None and not described and not ranked
     timed = calibrated[1].in_step if mine else None
     if timed:
@@ -722,9 +726,11 @@ def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
     """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model), or
     the whole layer on one device where it is predicted faster on its own (as
-    pyhet.calibrate.Calibration.partition decides)."""
+    pyhet.calibrate.Calibration.partition decides). Where the master's interface is given
+    (Cluster.master_bandwidth), also the split over fewer of the linked devices, where their
+    bytes through it would lengthen the layer more than their compute shortens it."""
     out = {}
-    for g in net.blocks:
+    for j, g in enumerate(net.blocks):
         cs = cluster.costs[g.name]
         held = sum(c.cap for c in cs if c.speed > 0)
         if held < g.K and batch is not None:
@@ -734,50 +740,104 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
                 f"the layer's {g.fixed_bytes(batch) / 2**20:.3g} MiB, of "
                 f"{MEMORY_SHARE:.0%} of a device's memory): give the devices more memory "
                 f"(a described one's mem=), or plan a smaller --batch-size")
+        caps = [c.cap for c in cs]
         try:
-            counts = balanced_phases(g.K, layer_phases(cs), [c.cap for c in cs])
+            counts = balanced_phases(g.K, layer_phases(cs), caps)
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
-        fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         own = own_costs(cluster, g.name)
+        waits = (cluster.waits or {}).get(g.name, 1.0)
+
+        def seconds(kk):   # as conv_seconds predicts the layer
+            return max(layer_seconds(cs, kk, own, waits,
+                                     cluster.in_step_factor(g.name, _whole(kk))),
+                       interface_s(cluster, net, j, kk))
+        if cluster.master_bandwidth:
+            counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
+        fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         if fits:
             # each with the factor of time in steps that conv_seconds gives it (the split's
             # and the whole layer's differ: compared without them, a split predicted slower
-            # than the best device alone was chosen)
-            i = min(fits, key=lambda j: _alone_s(own[j], g.K))
-            split_s = layer_seconds(cs, counts, own, (cluster.waits or {}).get(g.name, 1.0),
-                                    cluster.in_step_factor(g.name, _whole(counts)))
-            if (_alone_s(own[i], g.K) * cluster.in_step_factor(g.name, alone=True)
-                    <= split_s):
-                counts = [g.K if j == i else 0 for j in range(len(cs))]
+            # than the best device alone was chosen); and its bytes through the master's
+            # interface, where one is given
+            fixed, per = g.link_bytes(cluster.batch or 0, need_dx=j > 0)
+            i = min(fits, key=lambda m: max(
+                _alone_s(own[m], g.K) * cluster.in_step_factor(g.name, alone=True),
+                0.0 if not cluster.master_bandwidth or cluster.links[m] is None else
+                (fixed + g.K * per) / cluster.master_bandwidth))
+            whole = [g.K if m == i else 0 for m in range(len(cs))]
+            if seconds(whole) <= seconds(counts):
+                counts = whole
         out[g.name] = counts
     return out
 
 
+def _fewer_links(cluster: Cluster, g, cs: list, caps: list, counts: list, seconds) -> list:
+    """The split of least `seconds` among `counts` and the splits over fewer of its linked
+    devices: those holding the most kept, half as many each time (log n re-plans), down to
+    none: each linked device's input and input gradient cross the master's interface, which
+    the devices on its machine do not need."""
+    linked = sorted((i for i, k in enumerate(counts) if k and cluster.links[i] is not None),
+                    key=lambda i: -counts[i])
+    best, best_s = counts, seconds(counts)
+    m = len(linked)
+    while m > 0:
+        m //= 2
+        cut = list(caps)
+        for i in linked[m:]:
+            cut[i] = 0
+        if sum(c for c, cost in zip(cut, cs) if cost.speed > 0) < g.K:
+            break
+        try:
+            trial = balanced_phases(g.K, layer_phases(cs), cut)
+        except ValueError:
+            break
+        t = seconds(trial)
+        if t < best_s:
+            best, best_s = trial, t
+    return best
+
+
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
-    """layer -> predicted seconds of the layer (layer_seconds)."""
-    return {g.name: layer_seconds(cluster.costs[g.name], partition[g.name],
-                                  own_costs(cluster, g.name),
-                                  (cluster.waits or {}).get(g.name, 1.0),
-                                  cluster.in_step_factor(g.name, _whole(partition[g.name])))
-            for g in net.blocks}
+    """layer -> predicted seconds of the layer (layer_seconds; at least its bytes through the
+    master's interface, where one is given: interface_s)."""
+    return {g.name: max(layer_seconds(cluster.costs[g.name], partition[g.name],
+                                      own_costs(cluster, g.name),
+                                      (cluster.waits or {}).get(g.name, 1.0),
+                                      cluster.in_step_factor(g.name,
+                                                             _whole(partition[g.name]))),
+                        interface_s(cluster, net, j, partition[g.name]))
+            for j, g in enumerate(net.blocks)}
+
+
+def layer_traffic(cluster: Cluster, net: NetGeometry, j: int, batch: int, counts) -> int:
+    """Bytes through the master's network interface for layer j with these kernels per device:
+    each link that carries kernels moves the layer's input (and its gradient, past the first
+    layer) once and its kernels' output slices and their gradients (ConvGeometry.link_bytes);
+    the devices of one rank share their rank's link (Cluster.link_groups)."""
+    g = net.blocks[j]
+    fixed, per = g.link_bytes(batch, need_dx=j > 0)
+    groups = cluster.link_groups or list(range(len(cluster.names)))
+    used = {}
+    for key, lk, k in zip(groups, cluster.links, counts):
+        if lk is not None and k:
+            used[key] = used.get(key, 0) + k
+    return int(len(used) * fixed + sum(used.values()) * per)
 
 
 def master_traffic(cluster: Cluster, net: NetGeometry, batch: int, partition: dict) -> int:
-    """Bytes through the master's network interface in a step of this partition: each link
-    that carries kernels of a layer moves the layer's input (and its gradient) once and its
-    kernels' output slices and their gradients (ConvGeometry.link_bytes). The model takes the
-    links as independent; this is what the master's own interface would carry."""
-    total = 0
-    groups = cluster.link_groups or list(range(len(cluster.names)))
-    for j, g in enumerate(net.blocks):
-        fixed, per = g.link_bytes(batch, need_dx=j > 0)
-        used = {}
-        for key, lk, k in zip(groups, cluster.links, partition[g.name]):
-            if lk is not None and k:
-                used[key] = used.get(key, 0) + k
-        total += len(used) * fixed + sum(used.values()) * per
-    return int(total)
+    """Bytes through the master's network interface in a step of this partition
+    (layer_traffic): what its own interface carries, however fast the links are."""
+    return sum(layer_traffic(cluster, net, j, batch, partition[g.name])
+               for j, g in enumerate(net.blocks))
+
+
+def interface_s(cluster: Cluster, net: NetGeometry, j: int, counts) -> float:
+    """The least time layer j's bytes take through the master's interface, its transfers one
+    after another there (0 where it is not given: the links independent)."""
+    if not cluster.master_bandwidth or cluster.batch is None:
+        return 0.0
+    return layer_traffic(cluster, net, j, cluster.batch, counts) / cluster.master_bandwidth
 
 
 def _whole(counts) -> bool:
@@ -797,12 +857,14 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float,
     own_costs(cluster, layer), where the caller has them (a list of every device's: made
     once, not once per device)."""
     total = master_s
-    for g in net.blocks:
+    for j, g in enumerate(net.blocks):
         # on its own in its process: its whole fixed work
         c = (own[g.name] if own is not None else own_costs(cluster, g.name))[i]
         if c.cap < g.K:
             return None
-        total += _alone_s(c, g.K) * cluster.in_step_factor(g.name, alone=True)
+        whole = [g.K if m == i else 0 for m in range(len(cluster.names))]
+        total += max(_alone_s(c, g.K) * cluster.in_step_factor(g.name, alone=True),
+                     interface_s(cluster, net, j, whole))
     return total
 
 
@@ -882,9 +944,25 @@ def link_classes(cluster: Cluster, net: NetGeometry) -> list:
     return list(classes.values())
 
 
+def interface_bound(cluster: Cluster, net: NetGeometry, partition: dict) -> list:
+    """The layers whose bytes through the master's interface take at least their devices'
+    time (interface_s against layer_seconds): there the interface sets the layer's time."""
+    out = []
+    for j, g in enumerate(net.blocks):
+        counts = partition[g.name]
+        iface = interface_s(cluster, net, j, counts)
+        if iface and iface >= layer_seconds(
+                cluster.costs[g.name], counts, own_costs(cluster, g.name),
+                (cluster.waits or {}).get(g.name, 1.0),
+                cluster.in_step_factor(g.name, _whole(counts))):
+            out.append(g.name)
+    return out
+
+
 def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: float,
                master_s: float) -> str:
-    """'master' when the non-conv part is at least the conv part. Else 'link D' where, of the
+    """'master' when the non-conv part is at least the conv part; 'master interface' where the
+    master's interface sets a layer's time (interface_bound). Else 'link D' where, of the
     classes of devices alike behind links (link_classes), those whose links dominate (take
     more of their time than their compute, or keep one of them out of a layer) would, with
     every such link free, shorten the step by LINK_GAIN or more: D is the first device of
@@ -897,6 +975,8 @@ def bottleneck(cluster: Cluster, net: NetGeometry, partition: dict, conv_s: floa
     n devices (hours for 65,536). Here a plan takes at most MAX_REPLANNED + 1 re-plans."""
     if master_s >= conv_s:
         return "master"
+    if interface_bound(cluster, net, partition):
+        return "master interface"
     step = conv_s + master_s
     dominant = []   # (link seconds paid, class)
     for members in link_classes(cluster, net):
@@ -995,7 +1075,9 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                                                   "step_s": _sig(base)},
         "speedup": None if base is None else round(base / step, 4),
         "bottleneck": bottleneck(cluster, net, partition, conv_s, master_s),
-        "master_traffic": {"bytes": traffic, "gbit_per_s": _sig(traffic * 8 / step / 1e9)},
+        "master_traffic": {"bytes": traffic, "gbit_per_s": _sig(traffic * 8 / step / 1e9),
+                           "interface_bytes_per_s": cluster.master_bandwidth,
+                           "bound_layers": interface_bound(cluster, net, partition)},
         "ddp": {"step_s": _sig(d["step_s"]), "compute_s": _sig(d["compute_s"]),
                 "allreduce_s": _sig(d["allreduce_s"]), "weight_bytes": d["weight_bytes"],
                 "slowest_device": d["slowest_device"], "speed": ddp_speed,
@@ -1007,12 +1089,13 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
 
 def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, described=(),
           master_gflops: float | None = None, ddp_speed: float = 1.0,
-          ranked=None) -> list[dict]:
+          ranked=None, master_link=None) -> list[dict]:
     """plan() of the calibrated devices plus n described devices (cycling through the
     described entries) for every n in counts and every link in links (None: the described
     devices' own links); ranked: as build_cluster's. A row whose devices cannot hold the
     network (a DeviceError) has None for its figures and the reason as `error`, unless every
-    row fails: then that error, raised."""
+    row fails: then that error, raised. master_link: the master's interface, bytes/s, or
+    "links": each column's link's bandwidth (None: the links independent)."""
     rows, failed = [], None
     for lk, name in zip(links, link_names(links)):
         for n in counts:
@@ -1022,6 +1105,7 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                                     [replace(d, link=lk) if lk is not None and (
                                         d.gflops is not None or d.like is not None) else d
                                      for d in described], count=n, ranked=ranked)
+            cluster = replace(cluster, master_bandwidth=interface_of(cluster, master_link))
             try:
                 p = plan(cluster, net, batch, master_gflops, ddp_speed)
             except DeviceError as e:
@@ -1029,16 +1113,28 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                 rows.append({"devices": n, "link": name, "predicted_step_s": None,
                              "speedup": None, "bottleneck": None, "ddp_step_s": None,
                              "ddp_speedup": None, "winner": None, "master_gbit_per_s": None,
+                         "master_interface_bytes_per_s": cluster.master_bandwidth,
                          "error": str(e)})
                 continue
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
                          "bottleneck": p["bottleneck"], "ddp_step_s": p["ddp"]["step_s"],
                          "ddp_speedup": p["ddp"]["speedup"], "winner": p["winner"],
-                         "master_gbit_per_s": p["master_traffic"]["gbit_per_s"]})
+                         "master_gbit_per_s": p["master_traffic"]["gbit_per_s"],
+                         "master_interface_bytes_per_s": cluster.master_bandwidth})
     if failed is not None and all("error" in r for r in rows):
         raise failed
     return rows
+
+
+def interface_of(cluster: Cluster, master_link) -> float | None:
+    """The master's interface in bytes/s: as given, or for "links" the fastest link of the
+    cluster's (None where no device has one, or none is given)."""
+    if master_link != "links":
+        return master_link
+    rates = [lk.bandwidth_bytes_per_s for lk in cluster.links
+             if lk is not None and lk.bandwidth_bytes_per_s]
+    return max(rates) if rates else None
 
 
 def calibration_of(speeds: dict, overheads: dict | None = None, caps: dict | None = None

@@ -1405,7 +1405,8 @@ def test_master_traffic_is_every_links_bytes_through_the_master():
     # no link, no traffic
     local = plan.plan(plan.build_cluster(NET, N, described=plan.parse_describe("h:gflops=5")),
                       NET, N, master_gflops=5.0)
-    assert local["master_traffic"] == {"bytes": 0, "gbit_per_s": 0.0}
+    assert local["master_traffic"] == {"bytes": 0, "gbit_per_s": 0.0,
+                                       "interface_bytes_per_s": None, "bound_layers": []}
 
 
 def test_cli_plan_and_sweep_say_what_the_masters_interface_carries(cli):
@@ -1429,3 +1430,70 @@ def test_cli_plan_and_sweep_say_what_the_masters_interface_carries(cli):
     # without a link, nothing crosses it: no line
     res = cli("plan", "--describe", "g:gflops=100,count=2", *args)
     assert res.code == 0 and "network interface" not in res.out
+
+
+PAPER = arch.build("500C5-P2-1500C5-P2", (3, 32, 32), 10)
+
+
+def test_a_master_interface_bounds_each_layer_and_the_partition_leaves_devices_out():
+    """--master-link: every link's bytes cross the master's interface, so a layer takes at
+    least its bytes over it; the partition then weighs splits over fewer linked devices (each
+    costs its input and input gradient there) and keeps the fastest."""
+    desc = plan.parse_describe("g:gflops=2000,bw=10gbit,count=8")
+    free = plan.build_cluster(PAPER, 64, described=desc)
+    shared = replace(free, master_bandwidth=1.25e9)
+    a = plan.plan(free, PAPER, 64, master_gflops=2000.0)
+    b = plan.plan(shared, PAPER, 64, master_gflops=2000.0)
+    assert a["master_traffic"]["interface_bytes_per_s"] is None
+    assert a["master_traffic"]["bound_layers"] == []
+    assert b["master_traffic"]["interface_bytes_per_s"] == 1.25e9
+    for j, g in enumerate(PAPER.blocks):
+        counts = list(b["partition"][g.name].values())
+        assert b["layers"][g.name]["conv_s"] >= plan.layer_traffic(
+            shared, PAPER, j, 64, counts) / 1.25e9 * (1 - 1e-9)
+        # fewer devices than the independent links' split, and no slower under the interface
+        assert sum(1 for k in counts if k) < sum(1 for k in a["partition"][g.name].values() if k)
+    theirs = plan.conv_seconds(shared, PAPER, {g: list(c.values())
+                                               for g, c in a["partition"].items()})
+    assert b["predicted_conv_s"] <= sum(theirs.values()) * (1 + 1e-9)
+    assert b["bottleneck"] == "master interface" and b["master_traffic"]["bound_layers"]
+    assert b["predicted_step_s"] > a["predicted_step_s"]
+    # alone, a linked device's bytes cross the interface too
+    slow = replace(free, master_bandwidth=1e6)
+    assert plan.alone_seconds(slow, PAPER, 0, 0.0) > plan.alone_seconds(free, PAPER, 0, 0.0)
+
+
+def test_a_sweep_under_the_master_interface_stops_gaining():
+    """With the master's interface as fast as each column's link, more devices never make a
+    row slower (the partition may leave them out) and the gains end: over 1 Gbit/s a second
+    device already costs more through the interface than it saves."""
+    rows = plan.sweep(PAPER, 64, [1, 2, 4, 8, 16], [plan.parse_link("1gbit"),
+                                                    plan.parse_link("10gbit")],
+                      described=plan.parse_describe("g:gflops=2000"), master_gflops=2000.0,
+                      master_link="links")
+    by = {(r["devices"], r["link"]): r for r in rows}
+    assert all(r["master_interface_bytes_per_s"] in (1.25e8, 1.25e9) for r in rows)
+    for lk in ("1gbit", "10gbit"):
+        s = [by[(n, lk)]["speedup"] for n in (1, 2, 4, 8, 16)]
+        assert all(x <= y * (1 + 1e-9) for x, y in zip(s, s[1:])), s
+        assert by[(16, lk)]["speedup"] == by[(8, lk)]["speedup"]
+    assert by[(16, "1gbit")]["speedup"] == 1.0
+    independent = plan.sweep(PAPER, 64, [16], [plan.parse_link("10gbit")],
+                             described=plan.parse_describe("g:gflops=2000"),
+                             master_gflops=2000.0)[0]
+    assert by[(16, "10gbit")]["speedup"] < independent["speedup"] / 2
+
+
+def test_cli_master_link(cli):
+    args = ("--kernels", "500,1500", "--dataset", "synthetic", "--batch-size", "64",
+            "--describe", "g:gflops=2000,bw=10gbit,count=8")
+    res = cli("plan", *args, "--master-link", "links")
+    assert res.code == 0, res.err
+    assert "master's network interface (10 Gbit/s)" in res.out
+    assert "it sets the time of conv" in res.out and "bottleneck: master interface" in res.out
+    res = cli("plan", *args, "--master-link", "1.25GB", "--json")
+    r = json.loads(res.out.strip().splitlines()[-1])
+    assert r["master_traffic"]["interface_bytes_per_s"] == 1.25e9
+    for bad in ("10mb", "fast", "0gbit"):
+        res = cli("plan", *args, "--master-link", bad)
+        assert res.code == 2 and "--master-link" in res.err and "'links'" in res.err, res.err
