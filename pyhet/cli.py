@@ -715,8 +715,10 @@ def _rate(gbit_per_s: float) -> str:
     """A rate in Gbit/s, three significant digits (Mbit/s below 1 Gbit/s)."""
     if gbit_per_s >= 1000:
         return f"{gbit_per_s:,.0f} Gbit/s"
-    return (f"{gbit_per_s:.3g} Gbit/s" if gbit_per_s >= 1 else
-            f"{gbit_per_s * 1000:.3g} Mbit/s")
+    for unit, scale in (("Gbit/s", 1), ("Mbit/s", 1e3), ("kbit/s", 1e6)):
+        if gbit_per_s * scale >= 1:
+            return f"{gbit_per_s * scale:.3g} {unit}"
+    return f"{gbit_per_s * 1e9:.3g} bit/s"
 
 
 def plan_sweep_table(rows, network: str, batch: int) -> str:

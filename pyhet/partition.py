@@ -74,7 +74,7 @@ def balanced(total: int, speeds, overheads=None, caps=None) -> list[int]:
     return _fill(counts, total, caps, [(speeds, overheads)])
 
 
-def _fill(counts, total: int, caps, phases, among=None) -> list[int]:
+def _fill(counts, total: int, caps, phases, among=None, weighed: bool = True) -> list[int]:
     """counts, less than `total` in all by fewer kernels than there are devices, made up to it
     one kernel at a time, each to the device that would finish it first: the one whose time
     for one kernel more (over the phases, [(speeds, overheads)]) is least. With one phase,
@@ -84,7 +84,7 @@ def _fill(counts, total: int, caps, phases, among=None) -> list[int]:
     phases, a device the exact split leaves out may finish one kernel first over both phases
     and still lengthen the phase its fixed cost falls in (a linked device's forward). With two
     phases each kernel goes to the device that lengthens their sum least (_fill_weighed), where
-    the kernels to give times the devices are at most FILL_WEIGHED_LIMIT."""
+    the kernels to give times the devices are at most FILL_WEIGHED_LIMIT (and `weighed`)."""
     counts = [int(k) for k in counts]
 
     def finish(i, k):
@@ -94,7 +94,7 @@ def _fill(counts, total: int, caps, phases, among=None) -> list[int]:
     first = set(range(len(counts)) if among is None else among)
     groups = [[i for i in able if i in first], [i for i in able if i not in first]]
     short = total - sum(counts)
-    if len(phases) > 1 and short * len(able) <= FILL_WEIGHED_LIMIT:
+    if weighed and len(phases) > 1 and short * len(able) <= FILL_WEIGHED_LIMIT:
         return _fill_weighed(counts, short, caps, phases, groups)
     for group in groups:
         heap = [(finish(i, counts[i] + 1), i) for i in group]
@@ -108,7 +108,7 @@ def _fill(counts, total: int, caps, phases, among=None) -> list[int]:
     return counts
 
 
-FILL_WEIGHED_LIMIT = 1 << 24   # kernels to give times devices weighed, where all are weighed
+FILL_WEIGHED_LIMIT = 1 << 20   # kernels to give times devices weighed, where all are weighed
 
 
 def _fill_weighed(counts, short: int, caps, phases, groups) -> list[int]:
@@ -233,8 +233,15 @@ def balanced_phases(total: int, phases, caps=None, every_split: bool = True) -> 
     counts = [int(min(cap[i], math.floor(exact[i]))) for i in range(n)]
     phases = [(np.where(able, s1, 0.0).tolist(), o1.tolist()),
               (np.where(able, s2, 0.0).tolist(), o2.tolist())]
-    counts = _fill(counts, total, cap, phases, among=np.flatnonzero(exact > 0).tolist())
-    counts = _polish(counts, phases, cap) if n <= 16 else counts
+    # the leftover kernels given two ways, the better kept: each to the device that lengthens
+    # the phases' sum least, first among those the exact split gives kernels; and each to the
+    # first to finish it over both phases (which may lengthen the phase a linked device's fixed
+    # cost falls in, but from where single moves sometimes end better)
+    ways = [_fill(counts, total, cap, phases, among=np.flatnonzero(exact > 0).tolist()),
+            _fill(counts, total, cap, phases, weighed=False)]
+    if n <= 16:
+        ways = [_polish(w, phases, cap) for w in ways]
+    counts = min(ways, key=lambda w: phases_time(w, phases))
     # a small layer over few devices: every split weighed (the moves of single kernels can
     # stop short of the best one where a device's overhead is a step of its own)
     return _every_split(total, phases, cap, counts) if every_split else counts

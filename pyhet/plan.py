@@ -760,11 +760,9 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
             # and the whole layer's differ: compared without them, a split predicted slower
             # than the best device alone was chosen); and its bytes through the master's
             # interface, where one is given
-            fixed, per = g.link_bytes(cluster.batch or 0, need_dx=j > 0)
             i = min(fits, key=lambda m: max(
                 _alone_s(own[m], g.K) * cluster.in_step_factor(g.name, alone=True),
-                0.0 if not cluster.master_bandwidth or cluster.links[m] is None else
-                (fixed + g.K * per) / cluster.master_bandwidth))
+                _whole_interface_s(cluster, g, j, m)))
             whole = [g.K if m == i else 0 for m in range(len(cs))]
             if seconds(whole) <= seconds(counts):
                 counts = whole
@@ -772,30 +770,52 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
     return out
 
 
+FEWER_LINKS_ALL = 32   # up to this many linked devices holding kernels, every count is weighed
+
+
 def _fewer_links(cluster: Cluster, g, cs: list, caps: list, counts: list, seconds) -> list:
-    """The split of least `seconds` among `counts` and the splits over fewer of its linked
-    devices: those holding the most kept, half as many each time (log n re-plans), down to
-    none: each linked device's input and input gradient cross the master's interface, which
-    the devices on its machine do not need."""
+    """The split of least `seconds` among `counts` and the splits over fewer of the linked
+    devices (each one's input and input gradient cross the master's interface, which the
+    devices on its machine do not need): those holding the most in `counts` kept, every other
+    linked device left out. Every count from none up is weighed where at most FEWER_LINKS_ALL
+    linked devices hold kernels; else half as many each time, then counts spread around the
+    best of those (a few dozen re-plans, not one per device)."""
     linked = sorted((i for i, k in enumerate(counts) if k and cluster.links[i] is not None),
                     key=lambda i: -counts[i])
-    best, best_s = counts, seconds(counts)
-    m = len(linked)
-    while m > 0:
-        m //= 2
-        cut = list(caps)
-        for i in linked[m:]:
-            cut[i] = 0
-        if sum(c for c, cost in zip(cut, cs) if cost.speed > 0) < g.K:
-            break
-        try:
-            trial = balanced_phases(g.K, layer_phases(cs), cut)
-        except ValueError:
-            break
-        t = seconds(trial)
-        if t < best_s:
-            best, best_s = trial, t
-    return best
+    out = [i for i, lk in enumerate(cluster.links) if lk is not None]
+    tried = {len(linked): (seconds(counts), counts)}
+
+    def trial(m: int):
+        if m not in tried:
+            cut = list(caps)
+            for i in out:
+                cut[i] = 0
+            for i in linked[:m]:
+                cut[i] = caps[i]
+            split = None
+            if sum(c for c, cost in zip(cut, cs) if cost.speed > 0) >= g.K:
+                try:
+                    split = balanced_phases(g.K, layer_phases(cs), cut)
+                except ValueError:
+                    split = None
+            tried[m] = (math.inf, None) if split is None else (seconds(split), split)
+        return tried[m][0]
+
+    n = len(linked)
+    if n <= FEWER_LINKS_ALL:
+        for m in range(n):
+            trial(m)
+    else:
+        m = n
+        while m > 0:
+            m //= 2
+            trial(m)
+        best = min(tried, key=lambda k: tried[k][0])
+        lo, hi = max(0, best // 2), min(n, best * 2 + 1)
+        for t in range(FEWER_LINKS_ALL):
+            trial(lo + (hi - lo) * t // (FEWER_LINKS_ALL - 1))
+    best = min(tried, key=lambda k: (tried[k][0], -k))
+    return tried[best][1]
 
 
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
@@ -832,6 +852,15 @@ def master_traffic(cluster: Cluster, net: NetGeometry, batch: int, partition: di
                for j, g in enumerate(net.blocks))
 
 
+def _whole_interface_s(cluster: Cluster, g, j: int, i: int) -> float:
+    """interface_s of layer g (the j-th) whole on device i, without a list of every device's
+    kernels (a plan asks it of each of up to 65,536 devices)."""
+    if not cluster.master_bandwidth or cluster.batch is None or cluster.links[i] is None:
+        return 0.0
+    fixed, per = g.link_bytes(cluster.batch, need_dx=j > 0)
+    return (fixed + g.K * per) / cluster.master_bandwidth
+
+
 def interface_s(cluster: Cluster, net: NetGeometry, j: int, counts) -> float:
     """The least time layer j's bytes take through the master's interface, its transfers one
     after another there (0 where it is not given: the links independent)."""
@@ -862,9 +891,8 @@ def alone_seconds(cluster: Cluster, net: NetGeometry, i: int, master_s: float,
         c = (own[g.name] if own is not None else own_costs(cluster, g.name))[i]
         if c.cap < g.K:
             return None
-        whole = [g.K if m == i else 0 for m in range(len(cluster.names))]
         total += max(_alone_s(c, g.K) * cluster.in_step_factor(g.name, alone=True),
-                     interface_s(cluster, net, j, whole))
+                     _whole_interface_s(cluster, g, j, i))
     return total
 
 
@@ -1097,6 +1125,12 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
     row fails: then that error, raised. master_link: the master's interface, bytes/s, or
     "links": each column's link's bandwidth (None: the links independent)."""
     rows, failed = [], None
+    # "links" in the column of the described devices' own links: the fastest of all of them,
+    # the same in every row (a row's own fastest would speed the interface up as devices join)
+    own_rate = max([d.link.bandwidth_bytes_per_s for d in described
+                    if d.link is not None and d.link.bandwidth_bytes_per_s] +
+                   [lk.bandwidth_bytes_per_s for lk, _ in (ranked or {}).values()
+                    if lk is not None and lk.bandwidth_bytes_per_s], default=None)
     for lk, name in zip(links, link_names(links)):
         for n in counts:
             # the column's link is the described devices'; an entry of a calibrated device's
@@ -1105,7 +1139,8 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                                     [replace(d, link=lk) if lk is not None and (
                                         d.gflops is not None or d.like is not None) else d
                                      for d in described], count=n, ranked=ranked)
-            cluster = replace(cluster, master_bandwidth=interface_of(cluster, master_link))
+            cluster = replace(cluster, master_bandwidth=interface_of(
+                cluster, own_rate if master_link == "links" and lk is None else master_link))
             try:
                 p = plan(cluster, net, batch, master_gflops, ddp_speed)
             except DeviceError as e:

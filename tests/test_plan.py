@@ -1478,6 +1478,17 @@ def test_a_sweep_under_the_master_interface_stops_gaining():
         assert all(x <= y * (1 + 1e-9) for x, y in zip(s, s[1:])), s
         assert by[(16, lk)]["speedup"] == by[(8, lk)]["speedup"]
     assert by[(16, "1gbit")]["speedup"] == 1.0
+    # every count, not only halves: 3 devices beat 4 over 10 Gbit/s, and 5 to 12 keep that
+    rows = plan.sweep(PAPER, 64, list(range(1, 13)), [plan.parse_link("10gbit")],
+                      described=plan.parse_describe("g:gflops=2000"), master_gflops=2000.0,
+                      master_link="links")
+    s = [r["speedup"] for r in rows]
+    assert all(x <= y * (1 + 1e-9) for x, y in zip(s, s[1:])), s
+    assert s[2] > s[1] and s[-1] == s[2], s
+    # more linked devices than a layer's kernels: still the split over a few of them
+    many = plan.plan(replace(plan.build_cluster(PAPER, 64, described=plan.parse_describe(
+        "g:gflops=2000,bw=10gbit,count=600")), master_bandwidth=1.25e9), PAPER, 64, 2000.0)
+    assert many["speedup"] == pytest.approx(s[-1], rel=1e-9)
     independent = plan.sweep(PAPER, 64, [16], [plan.parse_link("10gbit")],
                              described=plan.parse_describe("g:gflops=2000"),
                              master_gflops=2000.0)[0]
@@ -1497,3 +1508,13 @@ def test_cli_master_link(cli):
     for bad in ("10mb", "fast", "0gbit"):
         res = cli("plan", *args, "--master-link", bad)
         assert res.code == 2 and "--master-link" in res.err and "'links'" in res.err, res.err
+
+
+def test_a_sweeps_own_links_column_keeps_one_master_interface():
+    """--master-link links without --link: the described devices keep their own links, and the
+    master's interface is the fastest of them all in every row (a row's own fastest sped it
+    up as faster devices joined)."""
+    rows = plan.sweep(PAPER, 64, [1, 2], [None], described=plan.parse_describe(
+        "a:gflops=2000,bw=1gbit;b:gflops=2000,bw=100gbit"), master_gflops=2000.0,
+                      master_link="links")
+    assert [r["master_interface_bytes_per_s"] for r in rows] == [1.25e10, 1.25e10]
