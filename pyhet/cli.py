@@ -22,7 +22,6 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     import time
     import traceback
     import warnings
-    from dataclasses import replace
 
     import numpy as np
 
@@ -630,8 +629,7 @@ def cmd_plan(args, parser, comm=None) -> int:
             print(plan_sweep_table(rows, net.arch, args.batch_size))
         return 0
     cluster = plan.build_cluster(net, args.batch_size, calibrated, described, links[0],
-                                 ranked=ranked)
-    cluster = replace(cluster, master_bandwidth=plan.interface_of(cluster, args.master_link))
+                                 ranked=ranked, master_link=args.master_link)
     result = plan.plan(cluster, net, args.batch_size, args.master_gflops, args.ddp_speed)
     for d, lk in zip(result["devices"], cluster.links):   # behind its rank's measured link
         if lk is not None and lk is (ranked or {}).get(d["name"], (None,))[0]:
@@ -679,9 +677,9 @@ def plan_table(r: dict) -> str:
     traffic = r["master_traffic"]
     if traffic["interface_bytes_per_s"]:
         bound = traffic["bound_layers"]
-        lines.append(f"master's network interface ({_rate(traffic['interface_bytes_per_s'] * 8e-9)}"
-                     f"): {_bytes(traffic['bytes'])} a step, {_rate(traffic['gbit_per_s'])} at "
-                     f"the predicted step; "
+        given = plan.link_name(plan.Link(0.0, traffic["interface_bytes_per_s"]))
+        lines.append(f"master's network interface ({given}): {_bytes(traffic['bytes'])} a "
+                     f"step, {_rate(traffic['gbit_per_s'])} at the predicted step; "
                      + (f"it sets the time of {', '.join(bound)}" if bound else
                         "it sets no layer's time"))
     elif traffic["bytes"]:

@@ -472,7 +472,7 @@ def check_described(described, calibrated_names, sweep: bool = False) -> None:
 
 def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                   default_link: Link | None = None, count: int | None = None,
-                  ranked=None) -> Cluster:
+                  ranked=None, master_link=None) -> Cluster:
     """The cluster of the calibrated devices (names, Calibration; their compute, on the master's
     machine, or on the ranks of `ranked`) and the described ones. default_link: the link of
     described devices that give none (None: they are on the master's machine). count: take this
@@ -481,7 +481,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     of calibrated devices on other ranks (pyhet.report.calibrate_ranks): each behind its
     rank's measured link, its per-kernel traffic counted `members` times (the devices of its
     rank send in one message), unless a described entry gives that device a link of its own
-    (then it is placed as any calibrated device)."""
+    (then it is placed as any calibrated device). master_link: the master's own interface,
+    bytes/s, or "links" (interface_of; None: the links independent)."""
     per_kernel = _flops_per_kernel(net, batch)
     largest = max(net.blocks, key=lambda g: g.flops_per_image()).name
     largest_k = next(g.K for g in net.blocks if g.name == largest)
@@ -637,7 +638,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                       alone if own else None, shown, head_s, waits or None,
-                      link_groups=groups, batch=batch)
+                      link_groups=groups, batch=batch,
+                      master_bandwidth=interface_of(links, master_link))
     mine = calibrated is not None and not described and not ranked
     timed = calibrated[1].in_step if mine else None
     if timed:
@@ -723,6 +725,16 @@ def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1
     return phases_time(counts, layer_phases(costs)) * waits * in_step
 
 
+def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
+    """The layer's time on its devices with these kernels per device (layer_seconds, with its
+    waits and its factor of time in steps), its bytes through the master's interface apart;
+    own: own_costs(cluster, g.name), where the caller has it."""
+    return layer_seconds(cluster.costs[g.name], counts,
+                         own if own is not None else own_costs(cluster, g.name),
+                         (cluster.waits or {}).get(g.name, 1.0),
+                         cluster.in_step_factor(g.name, _whole(counts)))
+
+
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
     """layer -> kernels per device (pyhet.partition.balanced_phases on the cost model), or
     the whole layer on one device where it is predicted faster on its own (as
@@ -746,12 +758,9 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         except ValueError as e:
             raise DeviceError(f"{g.name}: {e}") from None
         own = own_costs(cluster, g.name)
-        waits = (cluster.waits or {}).get(g.name, 1.0)
 
         def seconds(kk):   # as conv_seconds predicts the layer
-            return max(layer_seconds(cs, kk, own, waits,
-                                     cluster.in_step_factor(g.name, _whole(kk))),
-                       interface_s(cluster, net, j, kk))
+            return max(_model_s(cluster, g, kk, own), interface_s(cluster, net, j, kk))
         if cluster.master_bandwidth:
             counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
@@ -821,11 +830,7 @@ def _fewer_links(cluster: Cluster, g, cs: list, caps: list, counts: list, second
 def conv_seconds(cluster: Cluster, net: NetGeometry, partition: dict) -> dict:
     """layer -> predicted seconds of the layer (layer_seconds; at least its bytes through the
     master's interface, where one is given: interface_s)."""
-    return {g.name: max(layer_seconds(cluster.costs[g.name], partition[g.name],
-                                      own_costs(cluster, g.name),
-                                      (cluster.waits or {}).get(g.name, 1.0),
-                                      cluster.in_step_factor(g.name,
-                                                             _whole(partition[g.name]))),
+    return {g.name: max(_model_s(cluster, g, partition[g.name]),
                         interface_s(cluster, net, j, partition[g.name]))
             for j, g in enumerate(net.blocks)}
 
@@ -979,10 +984,7 @@ def interface_bound(cluster: Cluster, net: NetGeometry, partition: dict) -> list
     for j, g in enumerate(net.blocks):
         counts = partition[g.name]
         iface = interface_s(cluster, net, j, counts)
-        if iface and iface >= layer_seconds(
-                cluster.costs[g.name], counts, own_costs(cluster, g.name),
-                (cluster.waits or {}).get(g.name, 1.0),
-                cluster.in_step_factor(g.name, _whole(counts))):
+        if iface and iface >= _model_s(cluster, g, counts):
             out.append(g.name)
     return out
 
@@ -1127,10 +1129,8 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
     rows, failed = [], None
     # "links" in the column of the described devices' own links: the fastest of all of them,
     # the same in every row (a row's own fastest would speed the interface up as devices join)
-    own_rate = max([d.link.bandwidth_bytes_per_s for d in described
-                    if d.link is not None and d.link.bandwidth_bytes_per_s] +
-                   [lk.bandwidth_bytes_per_s for lk, _ in (ranked or {}).values()
-                    if lk is not None and lk.bandwidth_bytes_per_s], default=None)
+    own_rate = interface_of([d.link for d in described] +
+                            [lk for lk, _ in (ranked or {}).values()], master_link)
     for lk, name in zip(links, link_names(links)):
         for n in counts:
             # the column's link is the described devices'; an entry of a calibrated device's
@@ -1138,9 +1138,8 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
             cluster = build_cluster(net, batch, calibrated,
                                     [replace(d, link=lk) if lk is not None and (
                                         d.gflops is not None or d.like is not None) else d
-                                     for d in described], count=n, ranked=ranked)
-            cluster = replace(cluster, master_bandwidth=interface_of(
-                cluster, own_rate if master_link == "links" and lk is None else master_link))
+                                     for d in described], count=n, ranked=ranked,
+                                    master_link=own_rate if lk is None else master_link)
             try:
                 p = plan(cluster, net, batch, master_gflops, ddp_speed)
             except DeviceError as e:
@@ -1148,8 +1147,8 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
                 rows.append({"devices": n, "link": name, "predicted_step_s": None,
                              "speedup": None, "bottleneck": None, "ddp_step_s": None,
                              "ddp_speedup": None, "winner": None, "master_gbit_per_s": None,
-                         "master_interface_bytes_per_s": cluster.master_bandwidth,
-                         "error": str(e)})
+                             "master_interface_bytes_per_s": cluster.master_bandwidth,
+                             "error": str(e)})
                 continue
             rows.append({"devices": n, "link": name,
                          "predicted_step_s": p["predicted_step_s"], "speedup": p["speedup"],
@@ -1162,14 +1161,13 @@ def sweep(net: NetGeometry, batch: int, counts, links, calibrated=None, describe
     return rows
 
 
-def interface_of(cluster: Cluster, master_link) -> float | None:
-    """The master's interface in bytes/s: as given, or for "links" the fastest link of the
-    cluster's (None where no device has one, or none is given)."""
+def interface_of(links, master_link) -> float | None:
+    """The master's interface in bytes/s: as given, or for "links" the fastest of these
+    links (None where none has a bandwidth, or none is given)."""
     if master_link != "links":
         return master_link
-    rates = [lk.bandwidth_bytes_per_s for lk in cluster.links
-             if lk is not None and lk.bandwidth_bytes_per_s]
-    return max(rates) if rates else None
+    return max((lk.bandwidth_bytes_per_s for lk in links
+                if lk is not None and lk.bandwidth_bytes_per_s), default=None)
 
 
 def calibration_of(speeds: dict, overheads: dict | None = None, caps: dict | None = None

@@ -1500,7 +1500,7 @@ def test_cli_master_link(cli):
             "--describe", "g:gflops=2000,bw=10gbit,count=8")
     res = cli("plan", *args, "--master-link", "links")
     assert res.code == 0, res.err
-    assert "master's network interface (10 Gbit/s)" in res.out
+    assert "master's network interface (10gbit)" in res.out
     assert "it sets the time of conv" in res.out and "bottleneck: master interface" in res.out
     res = cli("plan", *args, "--master-link", "1.25GB", "--json")
     r = json.loads(res.out.strip().splitlines()[-1])
