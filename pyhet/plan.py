@@ -371,6 +371,10 @@ class Cluster:
     # takes at least its bytes over it (layer_traffic); None: the links independent
     master_bandwidth: float | None = None
     batch: int | None = None        # the batch size the costs are of
+    # per device where described devices join calibrated ones: {layer: (split, whole)}, the
+    # factors of time in steps its figures carry (_carrying: a share's, the layer whole on it),
+    # or None (a described device, one behind a link); None: none carried
+    carried: list | None = None
 
     def in_step_factor(self, layer: str, alone: bool = False) -> float:
         """The layer's time in steps over its model's, split over several devices (in_step) or,
@@ -576,6 +580,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
                                        link_per_kernel=per * members,
                                        link_forward=(forward[0], forward[1] * members))
+    copies_here = []   # per described device: a copy of a calibrated one, without a link
     for d in entries:
         link = d.link if d.link is not None else default_link
         gpu_copy = (d.like is not None and calibrated is not None
@@ -584,6 +589,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for j in range(d.count):
             names.append(_entry_name(d, j if count is None else len(names), count is None))
             links.append(link)
+            copies_here.append(d.like is not None and link is None)
             # on its own, a copy of a calibrated device does its own im2col, as that one does
             on_own.append({} if d.like not in own else {
                 layer: replace(a, speed=a.speed * d.factor, overhead=a.overhead
@@ -640,21 +646,57 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                       alone if own else None, shown, head_s, waits or None,
                       link_groups=groups, batch=batch,
                       master_bandwidth=interface_of(links, master_link))
-    mine = calibrated is not None and not described and not ranked
-    timed = calibrated[1].in_step if mine else None
+    # each layer's time in steps (as timed on the calibrated devices, with the calibration's
+    # partition) over this model's of it: kept where the calibrated devices are all of this
+    # process and none is placed behind a link
+    timed = (calibrated[1].in_step if calibrated is not None and not ranked and not moved
+             else None)
     if timed:
+        zeros = [0] * (len(names) - len(calibrated[0]))   # the others held none as it ran
+        timed_waits = calibrated[1].waits or {}
+
         def factors(entries: dict) -> dict:
             out = {}
             for layer, (counts, seconds) in entries.items():
-                if layer in costs and len(counts) == len(names):
-                    model = layer_seconds(costs[layer], counts, own_costs(cluster, layer),
-                                          (waits or {}).get(layer, 1.0))
+                if layer in costs and len(counts) + len(zeros) == len(names):
+                    model = layer_seconds(costs[layer], list(counts) + zeros,
+                                          own_costs(cluster, layer),
+                                          timed_waits.get(layer, 1.0))
                     out[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
                                                             seconds / max(model, 1e-12)))
             return out
-        cluster = replace(cluster, in_step=factors(timed) or None,
-                          in_step_alone=factors(calibrated[1].in_step_alone or {}) or None)
+        split, whole = factors(timed), factors(calibrated[1].in_step_alone or {})
+        if not described:
+            cluster = replace(cluster, in_step=split or None, in_step_alone=whole or None)
+        elif split:
+            # described devices join: the devices computing in the master's process (the
+            # calibrated ones, copies of them without a link) carry the factors in their
+            # figures; the others keep theirs
+            cluster = _carrying(cluster, [True] * len(calibrated[0]) + copies_here, split,
+                                whole, timed_waits)
     return cluster
+
+
+def _carrying(cluster: Cluster, here: list, split: dict, whole: dict, waits: dict) -> Cluster:
+    """The cluster with the layers' factors of time in steps carried by the devices `here` (per
+    device: computes in the master's process) in their figures, a factor f making each t(k) f
+    times longer: a share's cost by the layer's waits times its factor split (Cluster.in_step,
+    `split`), its cost on its own (Cluster.alone) by its factor whole (in_step_alone, `whole`;
+    else split's). The layers' own factors are left at 1, so that the other devices
+    (described, behind links) keep their figures."""
+    def slower(c: Cost, f: float) -> Cost:
+        return replace(c, speed=c.speed / f, overhead=c.overhead * f)
+    costs, alone, carried = dict(cluster.costs), dict(cluster.alone or {}), {}
+    for layer, f in split.items():
+        carried[layer] = (f * waits.get(layer, 1.0), whole.get(layer, f))
+        own = own_costs(cluster, layer)
+        costs[layer] = [slower(c, carried[layer][0]) if h else c
+                        for c, h in zip(costs[layer], here)]
+        before = alone.get(layer) or [None] * len(own)
+        alone[layer] = [slower(o, carried[layer][1]) if h else a
+                        for o, a, h in zip(own, before, here)]
+    return replace(cluster, costs=costs, alone=alone,
+                   carried=[carried if h else None for h in here])
 
 
 # ================================================================================================
@@ -1081,6 +1123,9 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
                           "overhead_s": _sig(c.overhead), "memory_cap": c.cap,
                           "contention": round(c.contention, 4),
                           "whole_layer": round(c.whole, 4)}
+            carried = (cluster.carried[i] or {}).get(g.name) if cluster.carried else None
+            if carried:   # the factor its figures carry (a share's, or the layer whole's)
+                rows[name]["in_step"] = round(carried[k == g.K], 4)
         layers[g.name] = {"conv_s": _sig(layer_s[g.name]), "devices": rows}
         if g.name in (cluster.in_step or {}) or g.name in (cluster.in_step_alone or {}):
             layers[g.name]["in_step"] = round(factor, 4)
