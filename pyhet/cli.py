@@ -49,6 +49,14 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors in one line (argparse prints the usage block first): the
     command, what was wrong, and where the options are listed. Exit status 2."""
 
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        # a value that starts with a minus and a digit is a value, not an option: argparse's
+        # own rule takes only plain numbers so, and `--master-link -1gbit` said "expected one
+        # argument" where the option's check says what a bandwidth must be (no option here
+        # looks like a number)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def parse_args(self, args=None, namespace=None):
         args, extras = self.parse_known_args(args, namespace)
         if extras:   # said by the command they were given to, not by pyhet

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import unicodedata
 import warnings
 
@@ -22,6 +23,8 @@ def warn(message: str, category=RuntimeWarning) -> None:
     level, frame = 2, sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
+    if frame is None or frame.f_code.co_filename == threading.__file__:
+        level = 2   # a thread that runs pyhet's code alone: no program's line, pyhet's caller's
     warnings.warn(message, category, stacklevel=level)
 
 

@@ -47,6 +47,8 @@ _SECONDS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 def _quantity(text: str, units: dict, what: str, example: str) -> float:
     m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
+    if not m and re.fullmatch("-" + _NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower()):
+        raise UsageError(f"{what} {shown(text)}: is negative; expected a value such as {example}")
     if not m or m[3] not in units:
         raise UsageError(f"{what} {shown(text)}: expected a number and a unit such as {example}")
     value = float(f"{m[1]}e{m[2] or 0}") * units[m[3]]

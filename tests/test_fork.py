@@ -174,3 +174,24 @@ def test_a_network_forked_from_fits_callback_goes_on_in_the_child():
         print(status)
         """)
     assert p.returncode == 0 and p.stdout == "[0]\n", (p.stdout, p.stderr[-3000:])
+
+
+def test_a_warning_in_a_thread_of_pyhet_alone_names_pyhets_line():
+    """In a thread whose every frame is pyhet's (a device's worker), no line is the
+    program's: the warning was said at threading.py's; it is at the line in pyhet that said it."""
+    import threading
+    import warnings
+    from pathlib import Path
+
+    import pyhet
+    from pyhet import errors
+
+    inside = str(Path(pyhet.__file__).parent / "worker_of_a_test.py")
+    space = {"warn": errors.warn}
+    exec(compile("def work():\n    warn('slow')\n", inside, "exec"), space)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        t = threading.Thread(target=space["work"])
+        t.start()
+        t.join()
+    assert [(m.filename, m.lineno, str(m.message)) for m in w] == [(inside, 2, "slow")]

@@ -907,7 +907,7 @@ def test_random_plans_are_never_slower_than_their_best_single_device():
 
 @pytest.mark.parametrize("text, words", [
     ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
-    ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit"]),
+    ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit", "is negative"]),
     ("a:gflops=5,bw=10parsecs", ["bandwidth", "10parsecs"]),
     ("a:gflops=5,bw=100Mb", ["bandwidth '100Mb'", "ambiguous", "mbit", "MB"]),
     ("a:gflops=5,bw=1gb/s", ["bandwidth '1gb/s'", "ambiguous", "gbit", "GB"]),
@@ -937,6 +937,13 @@ def test_bad_descriptions_are_usage_errors(cli, text, words):
     (["--describe", "a:gflops=1", "--link", "1gbit,2gbit"], ["--sweep"]),
     (["--describe", "a:gflops=1", "--sweep", "devices=0,2"], ["--sweep"]),
     (["--describe", "a:gflops=1", "--link", "0gbit"], ["bandwidth"]),
+    # a value after its option that starts with a minus and a digit is the option's value
+    # (argparse said "expected one argument")
+    (["--describe", "a:gflops=1", "--master-link", "-1gbit"],
+     ["--master-link", "'-1gbit'", "is negative"]),
+    (["--describe", "a:gflops=1", "--link", "-1gbit"], ["--link", "'-1gbit'", "is negative"]),
+    (["--describe", "a:gflops=1", "--master-gflops", "-.5"], ["--master-gflops", "'-.5'"]),
+    (["--describe", "a:gflops=1", "-1gbit"], ["unrecognized arguments: -1gbit"]),
     (["--describe", "a:like=d7"], ["like=d7"]),
     (["--describe", "d3:bw=1gbit"], ["d3", "calibrated device"]),
     (["--describe", "x:lat=1ms"], ["bw="]),
