@@ -47,7 +47,8 @@ _SECONDS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 def _quantity(text: str, units: dict, what: str, example: str) -> float:
     m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
-    if not m and re.fullmatch("-" + _NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower()):
+    minus = re.fullmatch("-" + _NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
+    if minus and minus[3] in units and float(f"{minus[1]}e{minus[2] or 0}") != 0:
         raise UsageError(f"{what} {shown(text)}: is negative; expected a value such as {example}")
     if not m or m[3] not in units:
         raise UsageError(f"{what} {shown(text)}: expected a number and a unit such as {example}")
@@ -650,19 +651,20 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                       master_bandwidth=interface_of(links, master_link))
     # each layer's time in steps (as timed on the calibrated devices, with the calibration's
     # partition) over this model's of it: kept where the calibrated devices are all of this
-    # process and none is placed behind a link
-    timed = (calibrated[1].in_step if calibrated is not None and not ranked and not moved
-             else None)
+    # process (not on other ranks)
+    timed = calibrated[1].in_step if calibrated is not None and not ranked else None
     if timed:
         zeros = [0] * (len(names) - len(calibrated[0]))   # the others held none as it ran
         timed_waits = calibrated[1].waits or {}
+        # as the steps ran them: the calibrated devices placed behind links ran here
+        as_ran = cluster.without_links(i for i, n in enumerate(calibrated[0]) if n in moved)
 
         def factors(entries: dict) -> dict:
             out = {}
             for layer, (counts, seconds) in entries.items():
                 if layer in costs and len(counts) + len(zeros) == len(names):
-                    model = layer_seconds(costs[layer], list(counts) + zeros,
-                                          own_costs(cluster, layer),
+                    model = layer_seconds(as_ran.costs[layer], list(counts) + zeros,
+                                          own_costs(as_ran, layer),
                                           timed_waits.get(layer, 1.0))
                     out[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
                                                             seconds / max(model, 1e-12)))
@@ -672,10 +674,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             cluster = replace(cluster, in_step=split or None, in_step_alone=whole or None)
         elif split:
             # described devices join: the devices computing in the master's process (the
-            # calibrated ones, copies of them without a link) carry the factors in their
-            # figures; the others keep theirs
-            cluster = _carrying(cluster, [True] * len(calibrated[0]) + copies_here, split,
-                                whole, timed_waits)
+            # calibrated ones not placed behind a link, copies of them without one) carry the
+            # factors in their figures; the others keep theirs
+            cluster = _carrying(cluster, [n not in moved for n in calibrated[0]] + copies_here,
+                                split, whole, timed_waits)
     return cluster
 
 

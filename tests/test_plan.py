@@ -202,14 +202,18 @@ def test_a_described_device_without_kernels_leaves_the_plan_as_it_was():
     assert all("in_step" in got["layers"][g.name]["devices"][d] and
                "in_step" not in got["layers"][g.name]["devices"]["x"]
                for g in NET.blocks for d in ("d0", "d1"))
-    # a copy of d1 here carries them as d1 does; one behind a link, and a device placed
-    # behind one, not (the steps timed it here)
+    # a copy of d1 here carries them as d1 does; one behind a link not; where d1 is placed
+    # behind one, d0 still carries them (each layer whole on one device at its time alone, as
+    # timed: d0's time alone no faster because d1 moved), d1 not
     far = plan.build_cluster(NET, N, (["d0", "d1"], c),
                              plan.parse_describe("t:like=d1;u:like=d1,bw=1gbit"))
     assert [None if f is None else f["conv2"][1] for f in far.carried] == [
         pytest.approx(1.6)] * 3 + [None]
-    assert plan.build_cluster(NET, N, (["d0", "d1"], c),
-                              plan.parse_describe("d1:bw=1gbit")).carried is None
+    moved = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("d1:bw=1gbit"))
+    assert [None if f is None else {k: v[1] for k, v in f.items()} for f in moved.carried] == [
+        pytest.approx({"conv1": 1.4, "conv2": 1.6}), None]
+    assert plan.alone_seconds(moved, NET, 0, 0.0) == pytest.approx(
+        plan.alone_seconds(pure, NET, 0, 0.0), rel=1e-9)
 
 
 def test_a_devices_printed_rate_is_the_same_beside_described_devices():
@@ -908,6 +912,8 @@ def test_random_plans_are_never_slower_than_their_best_single_device():
 @pytest.mark.parametrize("text, words", [
     ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
     ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit", "is negative"]),
+    ("a:gflops=5,bw=-1parsecs", ["bandwidth '-1parsecs': expected a number and a unit"]),
+    ("a:gflops=5,bw=1gbit,lat=-0us", ["latency '-0us': expected a number and a unit"]),
     ("a:gflops=5,bw=10parsecs", ["bandwidth", "10parsecs"]),
     ("a:gflops=5,bw=100Mb", ["bandwidth '100Mb'", "ambiguous", "mbit", "MB"]),
     ("a:gflops=5,bw=1gb/s", ["bandwidth '1gb/s'", "ambiguous", "gbit", "GB"]),
