@@ -376,7 +376,7 @@ class Cluster:
     batch: int | None = None        # the batch size the costs are of
     # per device where described devices join calibrated ones: {layer: (split, whole)}, the
     # factors of time in steps its figures carry (_carrying: a share's, the layer whole on it),
-    # or None (a described device, one behind a link); None: none carried
+    # or None (a device described by its rate); None: none carried
     carried: list | None = None
 
     def in_step_factor(self, layer: str, alone: bool = False) -> float:
@@ -583,7 +583,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             costs[g.name][i] = replace(costs[g.name][i], link_fixed=fixed,
                                        link_per_kernel=per * members,
                                        link_forward=(forward[0], forward[1] * members))
-    copies_here = []   # per described device: a copy of a calibrated one, without a link
+    copies = []   # per described device: a copy of a calibrated one (like=)
     for d in entries:
         link = d.link if d.link is not None else default_link
         gpu_copy = (d.like is not None and calibrated is not None
@@ -592,7 +592,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for j in range(d.count):
             names.append(_entry_name(d, j if count is None else len(names), count is None))
             links.append(link)
-            copies_here.append(d.like is not None and link is None)
+            copies.append(d.like is not None)
             # on its own, a copy of a calibrated device does its own im2col, as that one does
             on_own.append({} if d.like not in own else {
                 layer: replace(a, speed=a.speed * d.factor, overhead=a.overhead
@@ -673,21 +673,22 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         if not described:
             cluster = replace(cluster, in_step=split or None, in_step_alone=whole or None)
         elif split:
-            # described devices join: the devices computing in the master's process (the
-            # calibrated ones not placed behind a link, copies of them without one) carry the
-            # factors in their figures; the others keep theirs
-            cluster = _carrying(cluster, [n not in moved for n in calibrated[0]] + copies_here,
-                                split, whole, timed_waits)
+            # described devices join: the calibrated devices and copies of them carry the
+            # factors in their compute's figures (behind a link too: the layer in a step is
+            # slower than the model's for the device, wherever it runs), the devices described
+            # by their rate keep theirs
+            cluster = _carrying(cluster, [True] * len(calibrated[0]) + copies, split, whole,
+                                timed_waits)
     return cluster
 
 
 def _carrying(cluster: Cluster, here: list, split: dict, whole: dict, waits: dict) -> Cluster:
     """The cluster with the layers' factors of time in steps carried by the devices `here` (per
-    device: computes in the master's process) in their figures, a factor f making each t(k) f
-    times longer: a share's cost by the layer's waits times its factor split (Cluster.in_step,
-    `split`), its cost on its own (Cluster.alone) by its factor whole (in_step_alone, `whole`;
-    else split's). The layers' own factors are left at 1, so that the other devices
-    (described, behind links) keep their figures."""
+    device: a calibrated device or a copy of one) in their compute's figures (a link's apart),
+    a factor f making each compute t(k) f times longer: a share's cost by the layer's waits
+    times its factor split (Cluster.in_step, `split`), its cost on its own (Cluster.alone) by
+    its factor whole (in_step_alone, `whole`; else split's). The layers' own factors are left
+    at 1, so that the other devices (described by their rate) keep their figures."""
     def slower(c: Cost, f: float) -> Cost:
         return replace(c, speed=c.speed / f, overhead=c.overhead * f)
     costs, alone, carried = dict(cluster.costs), dict(cluster.alone or {}), {}
