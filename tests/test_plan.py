@@ -1365,6 +1365,26 @@ def test_memory_is_in_binary_units(text):
     assert plan.parse_bandwidth("10GB") == 1e10
 
 
+def test_a_device_that_takes_no_kernel_leaves_a_real_calibrations_plan_as_it_was():
+    """tools/plan_beside.py plans one calibration of real devices (its layers timed in steps)
+    alone and beside described devices: beside one that takes no kernel, the predicted step and
+    the best single device's are the same figures."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "plan_beside.py"
+    res = subprocess.run([sys.executable, str(tool), "--kernels", "4,6", "--batch-size", "2",
+                          "--rounds", "1", "--describe", "c:gflops=1e-6", "--describe",
+                          "e:like=d1,bw=1gbit"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    row = res.stdout.splitlines()[1]
+    got = re.fullmatch(r"round 1: alone ([\d.]+) \(([\d.]+)\) \| beside c:gflops=1e-6 "
+                       r"([\d.]+) \(([\d.]+)\) \| beside e:like=d1,bw=1gbit ([\d.]+) .*", row)
+    assert got and got[1] == got[3] and got[2] == got[4], row
+    assert float(got[5]) > 0
+
+
 def test_the_in_step_tool_prints_each_layer_predicted_planned_and_after():
     """tools/in_step.py (each conv layer as calibration predicts it, as pyhet plan times it in
     steps, and in the steps after) runs and prints, per round, one line a layer and the step,
