@@ -46,13 +46,13 @@ _SECONDS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
 def _quantity(text: str, units: dict, what: str, example: str) -> float:
-    m = re.fullmatch(_NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
-    minus = re.fullmatch("-" + _NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
-    if minus and minus[3] in units and float(f"{minus[1]}e{minus[2] or 0}") != 0:
+    m = re.fullmatch("(-?)" + _NUMBER + r"\s*([a-z]*)(?:/s)?", text.strip().lower())
+    value = float(f"{m[2]}e{m[3] or 0}") if m else 0.0
+    if m and m[1] and m[4] in units and value != 0:
         raise UsageError(f"{what} {shown(text)}: is negative; expected a value such as {example}")
-    if not m or m[3] not in units:
+    if not m or m[1] or m[4] not in units:
         raise UsageError(f"{what} {shown(text)}: expected a number and a unit such as {example}")
-    value = float(f"{m[1]}e{m[2] or 0}") * units[m[3]]
+    value *= units[m[4]]
     if not math.isfinite(value):
         raise UsageError(f"{what} {shown(text)}: expected a finite number")
     return value
