@@ -181,3 +181,43 @@ def test_the_update_a_part_at_a_time_is_the_whole_update(momentum, weight_decay,
         assert (u is None) == (v is None)
         if v is not None:
             np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("start", ["first", "buffer"])
+@pytest.mark.parametrize("outs", ["given", "none"])
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.9, 0.01), (0.0, 0.01),
+                                                   (0.0, 0.0)])
+def test_the_staged_update_a_part_at_a_time_is_the_whole_update(momentum, weight_decay, outs,
+                                                                start, order):
+    """The numpy device's staged update (sgd_update_into_parts, a part's temporaries at a time)
+    writes the numbers of pyhet.optim.sgd_update_into into the arrays given (or new ones),
+    leaves p, g and v as they were, and keeps a buffer as the whole update does (momentum 0: a
+    copy of v apart, or none), on the first step and after it, and from a buffer a step with
+    momentum left; arrays in Fortran order too."""
+    from pyhet.backends.numpy_ref import NumpyBackend, sgd_update_into_parts
+    from pyhet.optim import SGDConfig, sgd_update_into
+    cfg = SGDConfig(lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    rng = np.random.default_rng(1)
+    p = np.array(rng.standard_normal((13, 7)).astype(np.float32), order=order)
+    v = None if start == "first" else np.array(rng.standard_normal(p.shape).astype(np.float32),
+                                               order=order)
+    for i in range(3):
+        g = rng.standard_normal(p.shape).astype(np.float32)
+        before = [a.copy() for a in (p, g) + (() if v is None else (v,))]
+        want_p, want_v = sgd_update_into(p, g, v, cfg)
+        given = (np.full_like(p, np.nan), np.full_like(p, np.nan)) if outs == "given" else \
+            (None, None)
+        got_p, got_v = sgd_update_into_parts(p, g, v, cfg, *given, part=5)
+        for a, b in zip((p, g) + (() if v is None else (v,)), before):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got_p, want_p)
+        assert (got_v is None) == (want_v is None)
+        if outs == "given":
+            assert got_p is given[0] and (got_v is None or got_v is given[1])
+        if want_v is not None:
+            np.testing.assert_array_equal(got_v, want_v)
+            assert v is None or not np.may_share_memory(got_v, v)
+        back_p, back_v = NumpyBackend().sgd_update_into(p, g, v, cfg)
+        np.testing.assert_array_equal(back_p, want_p)
+        p, v = got_p, got_v
