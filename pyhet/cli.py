@@ -624,7 +624,8 @@ def cmd_plan(args, parser, comm=None) -> int:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
                              "give --devices placing them, e.g. 0/cpu:1,1/cpu:1")
         calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm,
-                                             in_step=in_step)
+                                             in_step=in_step,
+                                             links_together=args.master_link is None)
     elif args.devices is not None:
         calibrated = calibrate_spec(args.devices, net, args.batch_size, in_step=in_step)
     if counts is not None:

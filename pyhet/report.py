@@ -144,17 +144,19 @@ def _whole_in_step(cal, net, batch: int, devices, partition: dict, host):
 
 
 def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None,
-                    in_step: bool = True):
+                    in_step: bool = True, links_together: bool = True):
     """((device names, Calibration), {name: (Link, members)}) of the devices of a SPEC placed
     on the ranks of an MPI job, on rank 0: each calibrated on its rank by pyhet train's
     calibration (a device of another rank timed by its rank, computing beside the others, so
     that the slowing of devices that share a machine is the job's own), with each rank's link
-    measured as pyhet train measures it. The second item names the devices of the other ranks:
+    measured as pyhet train measures it (links_together: each taken at its rate with every
+    rank's bytes moving at once where that is lower; else alone, for a plan given the master's
+    interface, which would otherwise be counted twice). The second item names the devices of the other ranks:
     the link to their rank, and how many devices of that rank share its messages (the cpu
     devices of a rank, which share their im2col and input gradient; else 1)."""
     devices = open_devices(spec, timeout, comm)
     try:
-        measure_links(devices, net.blocks, batch)
+        measure_links(devices, net.blocks, batch, together=links_together)
         cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices, in_step)
         ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices
                   if d.link is not None}

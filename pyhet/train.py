@@ -388,12 +388,13 @@ def open_devices(spec: str, timeout: float | None = None, comm=None):
     return devices
 
 
-def measure_links(devices, blocks, batch: int) -> dict:
+def measure_links(devices, blocks, batch: int, together: bool = True) -> dict:
     """Each other rank's link as MasterLink.measure_links gives it, measured at the size of the
-    largest layer input ({} in one process)."""
+    largest layer input ({} in one process); together: also with every rank's trips at once."""
     if devices.link is None:
         return {}
-    return devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch))) for g in blocks))
+    return devices.link.measure_links(4 * max(int(np.prod(g.x_shape(batch))) for g in blocks),
+                                      together=together)
 
 
 class Devices(list):

@@ -647,6 +647,160 @@ def printed(code: str, cwd) -> str:
     return out.stdout
 
 
+class _SharedWire:
+    """Stand-in peers for MasterLink.measure_links: rank r's link moves links[r] bytes/s (or
+    `links` for every rank), and all of them cross one interface of `interface` bytes/s, which
+    the trips under way share as a switch does (the slower links take what they can, the
+    others share the rest evenly); a trip's rate is fixed by the trips under way SETTLE_S after
+    it starts."""
+    SETTLE_S = 0.02
+
+    def __init__(self, links, interface, fail_rank=None):
+        import threading
+        self.links, self.interface, self.fail_rank = links, interface, fail_rank
+        self.lock, self.active, self.trips_together = threading.Lock(), set(), 0
+
+    def rate(self, rank):
+        def link(r):
+            return self.links[r] if isinstance(self.links, dict) else self.links
+        left, rates = self.interface, {}
+        ranks = sorted(self.active, key=link)
+        for i, r in enumerate(ranks):
+            rates[r] = min(link(r), left / (len(ranks) - i))
+            left -= rates[r]
+        return rates[rank]
+
+    def peer(self, rank):
+        import contextlib
+        import time
+        wire = self
+
+        class Peer:
+            link = None
+
+            @contextlib.contextmanager
+            def request(self):
+                yield
+
+            def send(self, tag, op, arrays, patient=True):
+                nbytes = arrays[0].nbytes
+                with wire.lock:
+                    wire.active.add(rank)
+                time.sleep(wire.SETTLE_S)
+                with wire.lock:
+                    sharing = len(wire.active)
+                    wire.trips_together += sharing > 1
+                    self.took = 2 * nbytes / wire.rate(rank)
+                    if sharing > 1 and rank == wire.fail_rank:
+                        wire.active.discard(rank)
+                        raise RuntimeError(f"rank {rank} failed")
+
+            def receive(self, tag, patient=True):
+                time.sleep(self.took)
+                with wire.lock:
+                    wire.active.discard(rank)
+                return "ok", [], tag
+        return Peer()
+
+
+def _master_link(wire, ranks):
+    from pyhet.transport import mpi
+    ml = object.__new__(mpi.MasterLink)
+    ml.peers = {r: wire.peer(r) for r in range(1, ranks + 1)}
+    ml.ranks_devices = {0: ["cpu:1"], **{r: ["cpu:1"] for r in ml.peers}}
+    ml.ranks_devices[ranks] = []              # a rank that holds no device: not measured
+    return ml
+
+
+@pytest.mark.parametrize("interface_links", [1, 8])
+def test_links_that_cross_one_interface_are_measured_together(interface_links):
+    """With two ranks that hold devices, measure_links times their trips once more, all at once:
+    where their bytes cross one interface as fast as one link, each gets half of it, and that
+    is the link the cost model takes (alone, each would be taken at its whole rate); where the
+    interface is much faster than the links, each keeps its own rate. A rank without devices is
+    not measured; together=False times each link alone only."""
+    import threading
+    link = 2e6
+    wire = _SharedWire(link, interface_links * link)
+    ml = _master_link(wire, 3)
+    out = ml.measure_links(100_000, rounds=3)
+    assert sorted(out) == [1, 2]
+    for r in (1, 2):
+        alone, shared = out[r]["bandwidth_bytes_per_s"], out[r]["shared_bandwidth_bytes_per_s"]
+        assert alone == pytest.approx(link, rel=0.25)
+        if interface_links == 1:
+            assert shared == pytest.approx(link / 2, rel=0.25)
+            assert ml.peers[r].link.bandwidth_bytes_per_s == shared
+        else:
+            assert shared == pytest.approx(link, rel=0.25)
+            assert ml.peers[r].link.bandwidth_bytes_per_s == pytest.approx(link, rel=0.25)
+    assert not [t for t in threading.enumerate() if t.name.startswith("pyhet-link")]
+    ml = _master_link(_SharedWire(link, link), 3)
+    out = ml.measure_links(100_000, rounds=2, together=False)
+    assert all(out[r]["shared_bandwidth_bytes_per_s"] is None for r in (1, 2))
+    assert all(ml.peers[r].link.bandwidth_bytes_per_s == out[r]["bandwidth_bytes_per_s"]
+               for r in (1, 2))
+
+
+def test_unlike_links_through_one_interface_each_get_their_share():
+    """A fast link beside a slow one through one interface: each is taken at the rate it moves
+    at while the other moves too (the slow one at its own, the fast one at the rest of the
+    interface), not at the pace of the slowest."""
+    fast, slow = 8e6, 1e6
+    ml = _master_link(_SharedWire({1: fast, 2: slow}, fast), 3)
+    out = ml.measure_links(100_000, rounds=3)
+    assert out[1]["bandwidth_bytes_per_s"] == pytest.approx(fast, rel=0.25)
+    assert out[1]["shared_bandwidth_bytes_per_s"] == pytest.approx(fast - slow, rel=0.25)
+    assert out[2]["shared_bandwidth_bytes_per_s"] == pytest.approx(slow, rel=0.25)
+    assert ml.peers[2].link.bandwidth_bytes_per_s == pytest.approx(slow, rel=0.25)
+
+
+def test_a_rank_that_fails_while_the_links_are_timed_together_stops_them_all():
+    """A trip that fails while every rank's are timed at once raises its error, after the
+    others have stopped: no thread of the measurement is left."""
+    import threading
+    wire = _SharedWire(2e6, 2e6, fail_rank=2)
+    ml = _master_link(wire, 3)
+    with pytest.raises(RuntimeError, match="rank 2 failed"):
+        ml.measure_links(100_000, rounds=3)
+    assert wire.trips_together > 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("pyhet-link")]
+
+
+def test_the_links_timed_together_over_mpi(tmp_path):
+    """Two ranks' round trips timed at once over MPI (a thread each, as a step's devices send):
+    every trip of every round comes back (no message of one rank's thread mixed with another's,
+    nothing left waiting), within the deadline, and the job ends as usual."""
+    script = tmp_path / "together.py"
+    script.write_text(
+        "import sys, time\n"
+        "from mpi4py import MPI\n"
+        "from pyhet.specs import parse_devices\n"
+        "from pyhet.transport import mpi\n"
+        "from pyhet.train import open_devices\n"
+        "comm, spec = MPI.COMM_WORLD, '1/cpu:1,2/cpu:1'\n"
+        "if comm.Get_rank():\n"
+        "    mpi.serve(comm, parse_devices(spec), spec)\n"
+        "    sys.exit(0)\n"
+        "devices = open_devices(spec, 60, comm)\n"
+        "t0 = time.perf_counter()\n"
+        "trips = devices.link._trips_together({1: 300_000, 2: 50_000}, 4)\n"
+        "took = time.perf_counter() - t0\n"
+        "out = devices.link.measure_links(1_200_000, rounds=2)\n"
+        "print(len(trips[1]), len(trips[2]), max(trips[1] + trips[2]), took, sorted(out))\n"
+        "for d in devices:\n"
+        "    d.close()\n"
+        "mpi.dismiss(comm, 60)\n")
+    cmd = private_mpi_job([MPIEXEC, "-n", "3", sys.executable, str(script)], tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    first, second, longest, took, rest = p.stdout.split(maxsplit=4)
+    assert (first, second) == ("4", "4")          # the warm-up round is not counted
+    assert 0 < float(longest) <= float(took) < 60
+    assert rest.startswith("[1, 2]"), p.stdout
+
+
 def test_transfer_polls_are_paced_only_on_slow_links(tmp_path):
     """A transfer under way is polled without pausing until a rate is known, on a fast link
     (shared memory moves only while both sides poll) however large, and where the pause would

@@ -445,13 +445,21 @@ class MasterLink:
                 peer.send(TAG_HELLO, "ok", [np.array([first], np.int64)])
             first += len(self.ranks_devices[r])
 
-    def measure_links(self, nbytes: int, rounds: int = 5) -> dict:
-        """{rank: {"latency_s", "bandwidth_bytes_per_s", "message_bytes"}} of each rank that
-        holds devices: the best of `rounds` round trips (after one to warm up) of 8 bytes and
-        of `nbytes` (a layer input) there and back, and where that one's moving time is lost
-        in the trips' noise, of 4 and 16 times as many bytes (up to MEASURE_MAX_BYTES). A
-        figure the timing cannot resolve even so (a fast link) is None."""
-        out = {}
+    def measure_links(self, nbytes: int, rounds: int = 5, together: bool = True) -> dict:
+        """{rank: {"latency_s", "bandwidth_bytes_per_s", "shared_bandwidth_bytes_per_s",
+        "message_bytes"}} of each rank that holds devices: the best of `rounds` round trips
+        (after one to warm up) of 8 bytes and of `nbytes` (a layer input) there and back, and
+        where that one's moving time is lost in the trips' noise, of 4 and 16 times as many bytes
+        (up to MEASURE_MAX_BYTES). A figure the timing cannot resolve even so (a fast link) is
+        None. Where `together` and two or more ranks' bandwidths were resolved, their trips are
+        timed once more, all at once (_trips_together), as a step moves a layer's input to every
+        rank at once: their bytes may cross one interface (the master's), which a link timed
+        alone cannot see. A rank's median rate in those rounds is its shared bandwidth (None
+        where most of its trips were too fast to time), and the link the cost model takes
+        (peer.link) has the lower of its two figures. (Where one rank's trip of a round ends
+        first, the others move the rest of theirs alone: with alike links the shares come out
+        somewhat above an even split of the interface.)"""
+        out, sizes = {}, {}
         small = np.zeros(1, np.float64)
         for r, peer in self.peers.items():
             if not self.ranks_devices[r]:
@@ -483,9 +491,68 @@ class MasterLink:
             out[r] = {"latency_s": latency / 2,
                       "bandwidth_bytes_per_s": (2 * big.nbytes / moving
                                                 if moving > 0.05 * trip else None),
+                      "shared_bandwidth_bytes_per_s": None,
                       "message_bytes": int(max(1, nbytes // 4) * 4)}   # the layer input's
+            sizes[r] = big.size
             peer.link = Link(out[r]["latency_s"], out[r]["bandwidth_bytes_per_s"])
+        timed = [r for r in out if out[r]["bandwidth_bytes_per_s"]]
+        if together and len(timed) > 1:
+            trips = self._trips_together({r: sizes[r] for r in timed}, rounds)
+            for r in timed:
+                rates = [8 * sizes[r] / (t - 2 * out[r]["latency_s"])    # float32 both ways
+                         for t in trips[r] if t - 2 * out[r]["latency_s"] > 0.05 * t]
+                if 2 * len(rates) > len(trips[r]):
+                    shared = float(np.median(rates))
+                    out[r]["shared_bandwidth_bytes_per_s"] = shared
+                    if shared < out[r]["bandwidth_bytes_per_s"]:
+                        self.peers[r].link = Link(out[r]["latency_s"], shared)
         return out
+
+    def _trips_together(self, sizes: dict, rounds: int) -> dict:
+        """{rank: [seconds of its round trip in each round]} of `rounds` rounds (after one to
+        warm up) in which every rank's round trip of sizes[rank] float32 numbers there and back
+        starts at once (a thread each)."""
+        barrier = threading.Barrier(len(sizes))
+        trips = {r: None for r in sizes}
+        failed = []
+
+        def run(r):
+            peer, a = self.peers[r], np.zeros(sizes[r], np.float32)
+            try:
+                for _ in range(rounds + 1):
+                    barrier.wait()
+                    t0 = time.perf_counter()
+                    with peer.request():
+                        peer.send(TAG_ECHO, "ok", [a], patient=False)
+                        peer.receive(TAG_ECHO, patient=False)
+                    if trips[r] is not None:
+                        trips[r].append(time.perf_counter() - t0)
+                    else:       # the warm-up round
+                        trips[r] = []
+            except threading.BrokenBarrierError:
+                pass                  # another rank's trip failed, or the wait was interrupted
+            except BaseException as e:  # noqa: BLE001 (raised again by the caller)
+                failed.append(e)
+                barrier.abort()
+
+        threads = [threading.Thread(target=run, args=(r,), name=f"pyhet-link-{r}")
+                   for r in sizes]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.05)
+        except BaseException:
+            # Ctrl-C: the others stop at their next round (each trip ends within --timeout)
+            barrier.abort()
+            for t in threads:
+                if t.ident is not None:   # started
+                    t.join()
+            raise
+        if failed:
+            raise failed[0]
+        return trips
 
     def _timeout_text(self, rank):
         def text_():
