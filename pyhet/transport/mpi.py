@@ -454,11 +454,11 @@ class MasterLink:
         None. Where `together` and two or more ranks' bandwidths were resolved, their trips are
         timed once more, all at once (_trips_together), as a step moves a layer's input to every
         rank at once: their bytes may cross one interface (the master's), which a link timed
-        alone cannot see. A rank's median rate in those rounds is its shared bandwidth (None
-        where most of its trips were too fast to time), and the link the cost model takes
-        (peer.link) has the lower of its two figures. (Where one rank's trip of a round ends
-        first, the others move the rest of theirs alone: with alike links the shares come out
-        somewhat above an even split of the interface.)"""
+        alone cannot see. Each rank's message then takes about as long as the others' would
+        alone, and its bytes over the time the round took until the last trip ended, the median
+        over the rounds, are its shared bandwidth (None where that was too fast to time): a
+        step's phase waits for every rank. The link the cost model takes (peer.link) has the
+        lower of its two figures."""
         out, sizes = {}, {}
         small = np.zeros(1, np.float64)
         for r, peer in self.peers.items():
@@ -497,11 +497,19 @@ class MasterLink:
             peer.link = Link(out[r]["latency_s"], out[r]["bandwidth_bytes_per_s"])
         timed = [r for r in out if out[r]["bandwidth_bytes_per_s"]]
         if together and len(timed) > 1:
-            trips = self._trips_together({r: sizes[r] for r in timed}, rounds)
+            # messages that would take each link alone as long as the longest of the trips
+            # above (float32 there and back: 8 bytes a number), so that the trips of a round
+            # end about together where the interface is not shared: where it is, none of
+            # them then moves its last part alone, faster than it would beside the others
+            moving = max(8 * sizes[r] / out[r]["bandwidth_bytes_per_s"] for r in timed)
+            sizes = {r: min(MEASURE_MAX_BYTES // 4, max(sizes[r], int(
+                out[r]["bandwidth_bytes_per_s"] * moving / 8))) for r in timed}
+            trips = self._trips_together(sizes, rounds)
+            spans = [max(ts[i] for ts in trips.values()) for i in range(rounds)]
             for r in timed:
-                rates = [8 * sizes[r] / (t - 2 * out[r]["latency_s"])    # float32 both ways
-                         for t in trips[r] if t - 2 * out[r]["latency_s"] > 0.05 * t]
-                if 2 * len(rates) > len(trips[r]):
+                rates = [8 * sizes[r] / (t - 2 * out[r]["latency_s"]) for t in spans
+                         if t - 2 * out[r]["latency_s"] > 0.05 * t]
+                if 2 * len(rates) > len(spans):
                     shared = float(np.median(rates))
                     out[r]["shared_bandwidth_bytes_per_s"] = shared
                     if shared < out[r]["bandwidth_bytes_per_s"]:
