@@ -775,16 +775,19 @@ def test_under_mpiexec_master_gflops_runs_no_steps_where_devices_are_on_other_ra
         monkeypatch):
     """Under mpiexec a device of another rank is behind its link, so the layers' times in
     steps are not kept: with --master-gflops the ranks run no timed steps; with every device
-    on rank 0 they do, as without MPI."""
+    on rank 0 they do, as without MPI. The links are timed together as well unless
+    --master-link gives the master's interface."""
     from pyhet import cli as cli_module
 
-    asked = []
+    asked, together = [], []
 
     class Stop(Exception):
         pass
 
-    def calibrate_ranks(spec, net, batch, comm, timeout=None, in_step=True):
+    def calibrate_ranks(spec, net, batch, comm, timeout=None, in_step=True,
+                        links_together=True):
         asked.append(in_step)
+        together.append(links_together)
         raise Stop
 
     class Comm:
@@ -801,6 +804,16 @@ def test_under_mpiexec_master_gflops_runs_no_steps_where_devices_are_on_other_ra
         with pytest.raises(Stop):
             cli_module.cmd_plan(args, parser, Comm())
         assert asked.pop() is expected, devices
+    # the links of several ranks timed together too, but alone where the plan is given the
+    # master's interface (their shared rates would count it twice)
+    assert together == [True] * 4
+    for extra, expected in [([], True), (["--master-link", "1gbit"], False),
+                            (["--master-link", "links"], False)]:
+        args = parser.parse_args(["plan", "--devices", "0/cpu:1,1/cpu:1", "--kernels",
+                                  "4,6", "--dataset", "synthetic", *extra])
+        with pytest.raises(Stop):
+            cli_module.cmd_plan(args, parser, Comm())
+        assert together.pop() is expected, extra
 
 
 def test_a_ddp_replicas_fc_layers_run_at_the_masters_rate_on_its_own():
