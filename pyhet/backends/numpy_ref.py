@@ -311,10 +311,31 @@ def sgd_update_into_parts(p, g, v, cfg, p_out=None, v_out=None, part: int = UPDA
     keeps_v = bool(cfg.momentum) or v is not None
     if v_out is None and keeps_v:
         v_out = np.empty_like(p)
+    if any(a is not None and a.dtype != p.dtype for a in (g, v, p_out, v_out)):
+        return sgd_update_into(p, g, v, cfg, p_out, v_out)
     flat = [None if a is None else a.reshape(-1) for a in (p, g, v, p_out, v_out)]
+    # each part's terms written into one scratch part and the outputs (temporaries made per
+    # part were given back to the system and faulted in again, part after part)
+    scratch = np.empty(min(part, flat[0].size), p.dtype)
     for i in range(0, flat[0].size, part):
         fp, fg, fv, fpo, fvo = (None if a is None else a[i:i + part] for a in flat)
-        sgd_update_into(fp, fg, fv, cfg, fpo, fvo if keeps_v else None)
+        tmp = scratch[:fp.size]
+        d = fg
+        if cfg.weight_decay:                      # d = g + weight_decay * p
+            np.multiply(fp, cfg.weight_decay, out=tmp)
+            np.add(fg, tmp, out=tmp)
+            d = tmp
+        if cfg.momentum:
+            if fv is None:                        # v = d
+                fvo[...] = d
+            else:                                 # v = momentum * v + d
+                np.multiply(fv, cfg.momentum, out=fvo)
+                np.add(fvo, d, out=fvo)
+            d = fvo
+        elif keeps_v:
+            fvo[...] = fv
+        np.multiply(d, cfg.lr, out=tmp)           # p = p - lr * d
+        np.subtract(fp, tmp, out=fpo)
     return p_out, (v_out if keeps_v else None)
 
 
