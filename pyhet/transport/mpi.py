@@ -501,14 +501,20 @@ class MasterLink:
             # above (float32 there and back: 8 bytes a number), so that the trips of a round
             # end about together where the interface is not shared: where it is, none of
             # them then moves its last part alone, faster than it would beside the others
-            moving = max(8 * sizes[r] / out[r]["bandwidth_bytes_per_s"] for r in timed)
-            sizes = {r: min(MEASURE_MAX_BYTES // 4, max(sizes[r], int(
-                out[r]["bandwidth_bytes_per_s"] * moving / 8))) for r in timed}
+            # (none above MEASURE_MAX_BYTES: a capped one would end early and be charged the
+            # others' time)
+            moving = min(max(8 * sizes[r] / out[r]["bandwidth_bytes_per_s"] for r in timed),
+                         min(2 * MEASURE_MAX_BYTES / out[r]["bandwidth_bytes_per_s"]
+                             for r in timed))
+            sizes = {r: max(1, int(out[r]["bandwidth_bytes_per_s"] * moving / 8))
+                     for r in timed}
             trips = self._trips_together(sizes, rounds)
-            spans = [max(ts[i] for ts in trips.values()) for i in range(rounds)]
+            # each round's moving time until the last trip ended, each trip less its own
+            # latency (a near rank is not charged a far one's)
+            spans = [max(trips[r][i] - 2 * out[r]["latency_s"] for r in timed)
+                     for i in range(rounds)]
             for r in timed:
-                rates = [8 * sizes[r] / (t - 2 * out[r]["latency_s"]) for t in spans
-                         if t - 2 * out[r]["latency_s"] > 0.05 * t]
+                rates = [8 * sizes[r] / t for t in spans if t > 0]
                 if 2 * len(rates) > len(spans):
                     shared = float(np.median(rates))
                     out[r]["shared_bandwidth_bytes_per_s"] = shared
