@@ -60,13 +60,14 @@ for round in $(seq "$rounds"); do
     shape "$rate"
     json="$out/mpi-$rate-$round.json"
     env -u PYTHONPATH MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp \
-      timeout -k 10 900 ip netns exec "$tag-m" "$mpiexec" \
+      timeout --foreground -k 10 900 ip netns exec "$tag-m" "$mpiexec" \
       -n 1 -env FI_TCP_IFACE "${tag}a0" ip netns exec "$tag-m" "${train[@]}" --devices "$devices" : \
       -n 1 -env FI_TCP_IFACE "${tag}a1" ip netns exec "$tag-r1" "${train[@]}" --devices "$devices" : \
       -n 1 -env FI_TCP_IFACE "${tag}a2" ip netns exec "$tag-r2" "${train[@]}" --devices "$devices" \
       2> "$out/mpi-$rate-$round.err" | tail -1 > "$json"
+    [ "${PIPESTATUS[0]}" -ge 128 ] && [ "${PIPESTATUS[0]}" != 137 ] && { cleanup; exit 130; }
     alone="$out/alone-$rate-$round.json"
-    timeout -k 10 600 env -u PYTHONPATH "${train[@]}" --devices cpu:1 2>/dev/null | tail -1 > "$alone"
+    timeout --foreground -k 10 600 env -u PYTHONPATH "${train[@]}" --devices cpu:1 2>/dev/null | tail -1 > "$alone"
     "$py" - "$json" "$alone" "$rate" "$round" <<'EOF' | tee -a "$out/table.txt"
 import json, sys
 try:
