@@ -65,7 +65,8 @@ for round in $(seq "$rounds"); do
       -n 1 -env FI_TCP_IFACE "${tag}a1" ip netns exec "$tag-r1" "${train[@]}" --devices "$devices" : \
       -n 1 -env FI_TCP_IFACE "${tag}a2" ip netns exec "$tag-r2" "${train[@]}" --devices "$devices" \
       2> "$out/mpi-$rate-$round.err" | tail -1 > "$json"
-    [ "${PIPESTATUS[0]}" -ge 128 ] && [ "${PIPESTATUS[0]}" != 137 ] && { cleanup; exit 130; }
+    status=${PIPESTATUS[0]}    # a signal's (Ctrl-C) ends the loop; 124: the time limit
+    if [ "$status" -gt 128 ]; then cleanup; exit 130; fi
     alone="$out/alone-$rate-$round.json"
     timeout --foreground -k 10 600 env -u PYTHONPATH "${train[@]}" --devices cpu:1 2>/dev/null | tail -1 > "$alone"
     "$py" - "$json" "$alone" "$rate" "$round" <<'EOF' | tee -a "$out/table.txt"
