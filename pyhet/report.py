@@ -151,9 +151,10 @@ def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = No
     that the slowing of devices that share a machine is the job's own), with each rank's link
     measured as pyhet train measures it (links_together: each taken at its rate with every
     rank's bytes moving at once where that is lower; else alone, for a plan given the master's
-    interface, which would otherwise be counted twice). The second item names the devices of the other ranks:
-    the link to their rank, and how many devices of that rank share its messages (the cpu
-    devices of a rank, which share their im2col and input gradient; else 1)."""
+    interface, which would otherwise be counted twice). The second item names the devices of
+    the other ranks: the link to their rank, and how many devices of that rank share its
+    messages (the cpu devices of a rank, which share their im2col and input gradient; else
+    1)."""
     devices = open_devices(spec, timeout, comm)
     try:
         measure_links(devices, net.blocks, batch, together=links_together)

@@ -298,13 +298,14 @@ def sgd_update_parts(p, g, v, cfg, part: int = UPDATE_PART):
 
 
 def sgd_update_into_parts(p, g, v, cfg, p_out=None, v_out=None, part: int = UPDATE_PART):
-    """pyhet.optim.sgd_update_into on NumPy arrays a part at a time: the same numbers, into the
-    same arrays (new ones where p_out or v_out is None), with temporaries of a part's size. A
-    whole layer's temporaries (the paper network's conv2: 75 MB each, four of them) are mapped
-    afresh and faulted in by every update, which took a step of a numpy device 0.1-0.25 s.
-    (Arrays that are not C-ordered are updated whole.)"""
-    arrays = (p, g, v, p_out, v_out)
-    if any(a is not None and not a.flags.c_contiguous for a in arrays):
+    """pyhet.optim.sgd_update_into on NumPy arrays a part at a time: the same numbers (its rule
+    written out, each term into the outputs or one scratch part), into the same arrays (new ones
+    where p_out or v_out is None). Its whole-array temporaries (the paper network's conv2: 75 MB
+    each, four of them) were mapped afresh and faulted in by every update, 0.1-0.25 s of a numpy
+    device's step; temporaries made part by part were still given back to the system and
+    faulted in again in some states of the worker's heap. (Arrays that are not C-ordered, or of
+    another dtype than p, are updated whole.)"""
+    if any(a is not None and not a.flags.c_contiguous for a in (p, g, v, p_out, v_out)):
         return sgd_update_into(p, g, v, cfg, p_out, v_out)
     if p_out is None:
         p_out = np.empty_like(p)
@@ -314,8 +315,6 @@ def sgd_update_into_parts(p, g, v, cfg, p_out=None, v_out=None, part: int = UPDA
     if any(a is not None and a.dtype != p.dtype for a in (g, v, p_out, v_out)):
         return sgd_update_into(p, g, v, cfg, p_out, v_out)
     flat = [None if a is None else a.reshape(-1) for a in (p, g, v, p_out, v_out)]
-    # each part's terms written into one scratch part and the outputs (temporaries made per
-    # part were given back to the system and faulted in again, part after part)
     scratch = np.empty(min(part, flat[0].size), p.dtype)
     for i in range(0, flat[0].size, part):
         fp, fg, fv, fpo, fvo = (None if a is None else a[i:i + part] for a in flat)

@@ -511,10 +511,10 @@ class MasterLink:
             trips = self._trips_together(sizes, rounds)
             # each round's moving time until the last trip ended, each trip less its own
             # latency (a near rank is not charged a far one's)
-            spans = [max(trips[r][i] - 2 * out[r]["latency_s"] for r in timed)
-                     for i in range(rounds)]
-            for r in timed:
-                rates = [8 * sizes[r] / t for t in spans if t > 0]
+            spans = [(max(trips[r][i] - 2 * out[r]["latency_s"] for r in timed),
+                      max(trips[r][i] for r in timed)) for i in range(rounds)]
+            for r in timed:   # rounds whose moving time stands out of the trips' noise
+                rates = [8 * sizes[r] / t for t, trip in spans if t > 0.05 * trip]
                 if 2 * len(rates) > len(spans):
                     shared = float(np.median(rates))
                     out[r]["shared_bandwidth_bytes_per_s"] = shared
