@@ -315,6 +315,47 @@ def test_maxpool_matches_reference(geom, ties, threads, seed):
                                   ref.maxpool_backward(whole, rarg, x.shape))
 
 
+def _maxpool_loops(x, k, s):
+    """Max-pool window by window in Python: the first maximum wins, a NaN over everything (the
+    first of several), -0.0 and 0.0 equal (the first kept, bit for bit)."""
+    N, C, H, W = x.shape
+    PH, PW = (H - k) // s + 1, (W - k) // s + 1
+    y, arg = np.empty((N, C, PH, PW), x.dtype), np.empty((N, C, PH, PW), np.int32)
+    for n, c, p, q in np.ndindex(N, C, PH, PW):
+        best, at = None, None
+        for i in range(k):
+            for j in range(k):
+                h, w = p * s + i, q * s + j
+                v = x[n, c, h, w]
+                if best is None or (not np.isnan(best) and (v > best or np.isnan(v))):
+                    best, at = v, h * W + w
+        y[n, c, p, q], arg[n, c, p, q] = best, at
+    return y, arg
+
+
+@given(pool_geometry(), st.integers(0, 2**31), st.booleans(),
+       st.sampled_from([np.float32, np.float64]))
+def test_maxpool_reference_against_loops_bit_for_bit(geom, seed, strided, dtype):
+    """The reference's select by bit masks against plain loops, on values with ties, signed
+    zeros, infinities and NaNs, windows that overlap or skip, strided inputs; x is left as it
+    was (a window can be x itself)."""
+    N, C, H, W, k, s = geom
+    rng = np.random.default_rng(seed)
+    values = np.array([0.0, -0.0, 1.0, -1.0, 2.5, np.nan, np.inf, -np.inf], dtype)
+    bits = np.dtype(f"i{values.itemsize}")
+    x = rng.choice(values, (N, C, H, 2 * W if strided else W))
+    if strided:
+        x = x[..., ::2]
+    before = x.copy()
+    y, arg = ref.maxpool_forward(x, k, s)
+    ly, larg = _maxpool_loops(x, k, s)
+    np.testing.assert_array_equal(y.view(bits), ly.view(bits))
+    np.testing.assert_array_equal(arg, larg)
+    assert y.dtype == dtype and arg.dtype == np.int32
+    assert y.flags.c_contiguous and arg.flags.c_contiguous
+    np.testing.assert_array_equal(x.view(bits), before.view(bits))
+
+
 def test_maxpool_propagates_nan_like_torch():
     x = np.array([[[[1, np.nan], [5, 2]]]], np.float32)
     out, arg = ops.maxpool(x, 2)

@@ -133,21 +133,43 @@ def relu_backward(dy, y):
 
 
 def maxpool_forward(x, k: int = 2, stride: int | None = None):
-    """x (N, C, H, W) -> y (N, C, PH, PW), arg (N, C, PH, PW) int32."""
+    """x (N, C, H, W) -> y (N, C, PH, PW), arg (N, C, PH, PW) int32.
+
+    Each window's later places replace the maximum so far by a select of bits through a mask
+    (v's where it is taken, the maximum's where it is kept), not by where(): NumPy's where()
+    branches on each element, so that on images whose maxima fall in no pattern (random ones)
+    it took 3-4 times as long as on smooth ones (a 64 x 16 x 32 x 32 pool: 8 ms against 4; now
+    1.3-1.5 ms on either). Every place is first copied whole (contiguous: the operations after
+    it run on vectors)."""
     xp = array_module(x)
     s = k if stride is None else stride
     N, C, H, W = x.shape
     PH, PW = pool_out_size(H, k, s), pool_out_size(W, k, s)
     rows = (xp.arange(PH) * s)[:, None]                    # top row of each window
     cols = (xp.arange(PW) * s)[None, :]                    # left column of each window
-    y = x[:, :, 0:s * PH:s, 0:s * PW:s].copy()
-    arg = xp.broadcast_to(rows * W + cols, y.shape).astype(np.int32)
+    y = x[:, :, 0:s * PH:s, 0:s * PW:s].copy()               # (C order)
+    arg = xp.broadcast_to((rows * W + cols).astype(np.int32), y.shape).copy()
+    same = np.dtype(f"i{y.dtype.itemsize}")                # an integer as wide as x's floats
+    bits = y.view(same)                                    # y's bits, written in place
     for i in range(k):
         for j in range(k):
-            v = x[:, :, i:i + s * PH:s, j:j + s * PW:s]
-            take = (v > y) | (xp.isnan(v) & ~xp.isnan(y))
-            y = xp.where(take, v, y)
-            arg = xp.where(take, ((rows + i) * W + cols + j).astype(np.int32), arg)
+            if i == 0 and j == 0:
+                continue
+            v = xp.ascontiguousarray(x[:, :, i:i + s * PH:s, j:j + s * PW:s])
+            # kept where v <= y or y is NaN: v replaces y where v > y or where v is NaN and
+            # y not (a NaN wins; of several, and of equal maxima, the first)
+            keep = xp.less_equal(v, y)
+            keep |= xp.isnan(y)
+            taken = keep.view(np.int8) - np.int8(1)          # -1 where v is taken, else 0
+            mask = taken.astype(same)
+            change = xp.bitwise_xor(v.view(same), bits)    # (v may be x itself: not in place)
+            change &= mask
+            bits ^= change
+            if same != np.int32:
+                mask = taken.astype(np.int32)
+            change = xp.bitwise_xor(((rows + i) * W + cols + j).astype(np.int32), arg)
+            change &= mask
+            arg ^= change
     return y, arg
 
 
