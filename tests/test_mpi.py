@@ -659,6 +659,7 @@ class _SharedWire:
         import threading
         self.links, self.interface, self.fail_rank = links, interface, fail_rank
         self.lock, self.active, self.trips_together = threading.Lock(), set(), 0
+        self.ops = set()     # the ops the master sent
 
     def rate(self, rank):
         def link(r):
@@ -683,14 +684,18 @@ class _SharedWire:
                 yield
 
             def send(self, tag, op, arrays, patient=True):
-                nbytes = arrays[0].nbytes
+                # a round trip's bytes there and back; "sink": there only; "source": the
+                # count asked for, back only
+                nbytes = {"ok": 2 * arrays[0].nbytes, "sink": arrays[0].nbytes,
+                          "source": 4 * int(arrays[0][0]) if arrays else 0}[op]
+                wire.ops.add(op)
                 with wire.lock:
                     wire.active.add(rank)
                 time.sleep(wire.SETTLE_S)
                 with wire.lock:
                     sharing = len(wire.active)
                     wire.trips_together += sharing > 1
-                    self.took = 2 * nbytes / wire.rate(rank)
+                    self.took = nbytes / wire.rate(rank)
                     if sharing > 1 and rank == wire.fail_rank:
                         wire.active.discard(rank)
                         raise RuntimeError(f"rank {rank} failed")
@@ -725,6 +730,7 @@ def test_links_that_cross_one_interface_are_measured_together(interface_links):
     ml = _master_link(wire, 3)
     out = ml.measure_links(100_000, rounds=3)
     assert sorted(out) == [1, 2]
+    assert wire.ops == {"ok", "sink", "source"}   # together: one way at a time
     for r in (1, 2):
         alone, shared = out[r]["bandwidth_bytes_per_s"], out[r]["shared_bandwidth_bytes_per_s"]
         assert alone == pytest.approx(link, rel=0.25)
@@ -755,6 +761,19 @@ def test_unlike_links_through_one_interface_each_get_their_share():
     assert ml.peers[2].link.bandwidth_bytes_per_s == pytest.approx(slow, rel=0.25)
 
 
+def test_a_rank_answers_the_timing_of_its_link():
+    """A rank's answers when the master times its link: the message back ("ok"), nothing
+    ("sink"), or as many float32 zeros as asked, at most MEASURE_MAX_BYTES' worth ("source")."""
+    from pyhet.transport import mpi
+    a = [np.arange(5, dtype=np.float32)]
+    assert mpi._echo("ok", a) is a
+    assert mpi._echo("sink", a) == []
+    (back,) = mpi._echo("source", [np.array([7], np.int64)])
+    assert back.dtype == np.float32 and back.shape == (7,) and not back.any()
+    (most,) = mpi._echo("source", [np.array([1 << 40], np.int64)])
+    assert most.nbytes == mpi.MEASURE_MAX_BYTES
+
+
 def test_a_rank_that_fails_while_the_links_are_timed_together_stops_them_all():
     """A trip that fails while every rank's are timed at once raises its error, after the
     others have stopped: no thread of the measurement is left."""
@@ -774,6 +793,7 @@ def test_the_links_timed_together_over_mpi(tmp_path):
     script = tmp_path / "together.py"
     script.write_text(
         "import sys, time\n"
+        "import numpy as np\n"
         "from mpi4py import MPI\n"
         "from pyhet.specs import parse_devices\n"
         "from pyhet.transport import mpi\n"
@@ -787,7 +807,14 @@ def test_the_links_timed_together_over_mpi(tmp_path):
         "trips = devices.link._trips_together({1: 300_000, 2: 50_000}, 4)\n"
         "took = time.perf_counter() - t0\n"
         "out = devices.link.measure_links(1_200_000, rounds=2)\n"
-        "print(len(trips[1]), len(trips[2]), max(trips[1] + trips[2]), took, sorted(out))\n"
+        "peer = devices.link.peers[2]\n"
+        "peer.send(mpi.TAG_ECHO, 'source', [np.array([1234], np.int64)])\n"
+        "_, (back,), _ = peer.receive(mpi.TAG_ECHO)\n"
+        "peer.send(mpi.TAG_ECHO, 'sink', [np.ones(99, np.float32)])\n"
+        "assert back.shape == (1234,) and peer.receive(mpi.TAG_ECHO)[1] == []\n"
+        "ways = [w for r in (1, 2) for t in trips[r] for w in t]\n"
+        "print(len(trips[1]), len(trips[2]), sum(len(t) == 2 for t in trips[1] + trips[2]),\n"
+        "      max(ways), sum(trips[1][-1]), took, sorted(out))\n"
         "for d in devices:\n"
         "    d.close()\n"
         "mpi.dismiss(comm, 60)\n")
@@ -795,9 +822,10 @@ def test_the_links_timed_together_over_mpi(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    first, second, longest, took, rest = p.stdout.split(maxsplit=4)
+    first, second, pairs, longest, last, took, rest = p.stdout.split(maxsplit=6)
     assert (first, second) == ("4", "4")          # the warm-up round is not counted
-    assert 0 < float(longest) <= float(took) < 60
+    assert pairs == "8"                           # each round: the time out, the time in
+    assert 0 < float(longest) and float(last) <= float(took) < 60
     assert rest.startswith("[1, 2]"), p.stdout
 
 

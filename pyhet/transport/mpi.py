@@ -67,7 +67,7 @@ MAX_ARRAYS = 12
 HEADER = 2 + 10 * MAX_ARRAYS        # op, count, then (dtype code, ndim, 8 dims) per array
 DTYPES = [None, np.float32, np.float64, np.int64, np.int32, np.uint8]
 OPS = ("ok", "error", "load", "get", "drop", "forward", "backward", "stage", "free", "close",
-       "hello", "reshard", "group_forward", "group_backward", "commit", "bye")
+       "hello", "reshard", "group_forward", "group_backward", "commit", "bye", "sink", "source")
 TAG_HELLO, TAG_ECHO, TAG_BYE, TAG_BASE = 5, 7, 9, 10
 
 
@@ -451,14 +451,15 @@ class MasterLink:
         (after one to warm up) of 8 bytes and of `nbytes` (a layer input) there and back, and
         where that one's moving time is lost in the trips' noise, of 4 and 16 times as many bytes
         (up to MEASURE_MAX_BYTES). A figure the timing cannot resolve even so (a fast link) is
-        None. Where `together` and two or more ranks' bandwidths were resolved, their trips are
-        timed once more, all at once (_trips_together), as a step moves a layer's input to every
-        rank at once: their bytes may cross one interface (the master's), which a link timed
-        alone cannot see. Each rank's message then takes about as long as the others' would
-        alone, and its bytes over the time the round took until the last trip ended, the median
-        over the rounds, are its shared bandwidth (None where that was too fast to time): a
-        step's phase waits for every rank. The link the cost model takes (peer.link) has the
-        lower of its two figures."""
+        None. Where `together` and two or more ranks' bandwidths were resolved, their bytes are
+        timed once more, all at once and one way at a time (_trips_together), as a step moves a
+        layer's input to every rank at once and their outputs back: their bytes may cross one
+        interface (the master's), which a link timed alone cannot see. Each rank's message then
+        takes about as long as the others' would alone, and its bytes there and back over the
+        time the round took until the last rank's had come, out and in, the median over the
+        rounds, are its shared bandwidth (None where that was too fast to time): a step's phase
+        waits for every rank. The link the cost model takes (peer.link) has the lower of its
+        two figures."""
         out, sizes = {}, {}
         small = np.zeros(1, np.float64)
         for r, peer in self.peers.items():
@@ -498,8 +499,8 @@ class MasterLink:
         timed = [r for r in out if out[r]["bandwidth_bytes_per_s"]]
         if together and len(timed) > 1:
             # messages that would take each link alone as long as the longest of the trips
-            # above (float32 there and back: 8 bytes a number), so that the trips of a round
-            # end about together where the interface is not shared: where it is, none of
+            # above (float32 there and back: 8 bytes a number), so that the transfers of a
+            # round end about together where the interface is not shared: where it is, none of
             # them then moves its last part alone, faster than it would beside the others
             # (none above MEASURE_MAX_BYTES: a capped one would end early and be charged the
             # others' time)
@@ -509,10 +510,14 @@ class MasterLink:
             sizes = {r: max(1, int(out[r]["bandwidth_bytes_per_s"] * moving / 8))
                      for r in timed}
             trips = self._trips_together(sizes, rounds)
-            # each round's moving time until the last trip ended, each trip less its own
-            # latency (a near rank is not charged a far one's)
-            spans = [(max(trips[r][i] - 2 * out[r]["latency_s"] for r in timed),
-                      max(trips[r][i] for r in timed)) for i in range(rounds)]
+            # each round's moving time out, until the last rank's bytes came, and in, until
+            # the last rank's came back, each transfer less its own latency there and back (a
+            # near rank is not charged a far one's)
+            spans = []
+            for i in range(rounds):
+                ways = [(max(trips[r][i][w] - 2 * out[r]["latency_s"] for r in timed),
+                         max(trips[r][i][w] for r in timed)) for w in (0, 1)]
+                spans.append((ways[0][0] + ways[1][0], ways[0][1] + ways[1][1]))
             for r in timed:   # rounds whose moving time stands out of the trips' noise
                 rates = [8 * sizes[r] / t for t, trip in spans if t > 0.05 * trip]
                 if 2 * len(rates) > len(spans):
@@ -523,24 +528,33 @@ class MasterLink:
         return out
 
     def _trips_together(self, sizes: dict, rounds: int) -> dict:
-        """{rank: [seconds of its round trip in each round]} of `rounds` rounds (after one to
-        warm up) in which every rank's round trip of sizes[rank] float32 numbers there and back
-        starts at once (a thread each)."""
+        """{rank: [(seconds out, seconds in) of each round]} of `rounds` rounds (after one to
+        warm up), in each of which every rank is sent sizes[rank] float32 numbers at once (a
+        thread each; it answers with a short message), and then, when all have answered, every
+        rank sends that many back at once. A step moves its bytes so, one way at a time (a
+        layer's input out to every rank, their outputs back): timed as round trips that start
+        together, a rank whose message arrived first would send its answer back beside the
+        others' messages still going out, and two ranks through a 1 Gbit/s interface came out
+        at 73 MB/s each, more than the interface carries one way."""
         barrier = threading.Barrier(len(sizes))
         trips = {r: None for r in sizes}
         failed = []
 
         def run(r):
             peer, a = self.peers[r], np.zeros(sizes[r], np.float32)
+            count = np.array([sizes[r]], np.int64)
             try:
                 for _ in range(rounds + 1):
-                    barrier.wait()
-                    t0 = time.perf_counter()
-                    with peer.request():
-                        peer.send(TAG_ECHO, "ok", [a], patient=False)
-                        peer.receive(TAG_ECHO, patient=False)
+                    took = []
+                    for op, arrays in (("sink", [a]), ("source", [count])):
+                        barrier.wait()
+                        t0 = time.perf_counter()
+                        with peer.request():
+                            peer.send(TAG_ECHO, op, arrays, patient=False)
+                            peer.receive(TAG_ECHO, patient=False)
+                        took.append(time.perf_counter() - t0)
                     if trips[r] is not None:
-                        trips[r].append(time.perf_counter() - t0)
+                        trips[r].append(tuple(took))
                     else:       # the warm-up round
                         trips[r] = []
             except threading.BrokenBarrierError:
@@ -702,8 +716,8 @@ def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
             if tag == TAG_BYE:               # the master is done (it closed what it could)
                 told = True
                 break
-            if tag == TAG_ECHO:              # the master measures the link: send it back
-                master.send(TAG_ECHO, "ok", arrays)
+            if tag == TAG_ECHO:              # the master measures the link
+                master.send(TAG_ECHO, "ok", _echo(op, arrays))
                 continue
             index = device_of(tag)
             device = by_index[index]
@@ -725,6 +739,17 @@ def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
     if not told:
         master.receive(TAG_BYE)   # every device closed (or failed): wait for the master's end
     master.send(TAG_BYE, "bye")   # the master waits for every rank's answer (see dismiss)
+
+
+def _echo(op: str, arrays) -> list:
+    """A rank's answer to the master's timing of its link: the message back ("ok"), nothing
+    ("sink": the bytes came), or as many float32 zeros as asked ("source"; at most
+    MEASURE_MAX_BYTES)."""
+    if op == "sink":
+        return []
+    if op == "source":
+        return [np.zeros(min(int(arrays[0][0]), MEASURE_MAX_BYTES // 4), np.float32)]
+    return arrays
 
 
 def _handle(device: Device, op: str, a):
