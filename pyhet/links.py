@@ -13,8 +13,9 @@ its time for a layer over its link is
 which keeps the form overhead + k / speed that the partition minimises.
 
 The links of several ranks are taken as independent, each at its rate with every rank's bytes
-moving at once where that is lower (pyhet.transport.mpi.MasterLink.measure_links): their bytes
-may cross the master's one network interface, which is not modelled beyond that.
+moving at once, one way at a time, where that is lower
+(pyhet.transport.mpi.MasterLink.measure_links): their bytes may cross the master's one network
+interface, which is not modelled beyond that.
 
 Letters as in pyhet.geometry; N is the batch size.
 """
