@@ -149,8 +149,9 @@ def maxpool_forward(x, k: int = 2, stride: int | None = None):
     cols = (xp.arange(PW) * s)[None, :]                    # left column of each window
     y = x[:, :, 0:s * PH:s, 0:s * PW:s].copy()               # (C order)
     arg = xp.broadcast_to((rows * W + cols).astype(np.int32), y.shape).copy()
-    same = np.dtype(f"i{y.dtype.itemsize}")                # an integer as wide as x's floats
-    bits = y.view(same)                                    # y's bits, written in place
+    # an integer as wide as x's numbers (none for a long double: its windows take where())
+    same = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}.get(y.dtype.itemsize)
+    bits = None if same is None else y.view(same)          # y's bits, written in place
     for i in range(k):
         for j in range(k):
             if i == 0 and j == 0:
@@ -160,14 +161,18 @@ def maxpool_forward(x, k: int = 2, stride: int | None = None):
             # y not (a NaN wins; of several, and of equal maxima, the first)
             keep = xp.less_equal(v, y)
             keep |= xp.isnan(y)
+            at = ((rows + i) * W + cols + j).astype(np.int32)
+            if bits is None:
+                y, arg = xp.where(keep, y, v), xp.where(keep, arg, at)
+                continue
             taken = keep.view(np.int8) - np.int8(1)          # -1 where v is taken, else 0
             mask = taken.astype(same)
             change = xp.bitwise_xor(v.view(same), bits)    # (v may be x itself: not in place)
             change &= mask
             bits ^= change
-            if same != np.int32:
+            if same is not np.int32:
                 mask = taken.astype(np.int32)
-            change = xp.bitwise_xor(((rows + i) * W + cols + j).astype(np.int32), arg)
+            change = xp.bitwise_xor(at, arg)
             change &= mask
             arg ^= change
     return y, arg
