@@ -494,6 +494,12 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                       whole or None, waits or None)
+    if together > 0:
+        for index, g in enumerate(geometries):
+            beyond = _linked_split_waits(cal, devices, g, batch, index > 0, seed, together)
+            if beyond is not None:
+                waits[g.name] = beyond
+        cal = replace(cal, waits=waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
         if together > 0 and _alone_by_one_trial(cal, devices, g, memory):
@@ -512,6 +518,34 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                          phases)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                        whole or None, waits or None)
+
+
+def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,
+                        need_dx: bool, seed: int, rounds: int) -> float | None:
+    """Where devices of other ranks take part and the calibration splits a short layer (its
+    split predicted at most SMALL_WHOLE_S): the layer's time as a training step runs it with
+    that split (_layer_trial: every phase's messages to the ranks and back, each waiting for
+    all), the median of its runs, over the split's predicted time (at least 1; at most
+    MAX_CONTENTION): its waits (Calibration.waits), which the split's time takes, so that a
+    device alone is preferred where the split is slower. Else None. A short layer's phases
+    each wait on a message's latency there and back, and on the serving rank's hand-offs,
+    which the devices' trials, one at a time and at once, do not time: the default-sized
+    four-layer network at batch 64 split over two ranks of `cpu:1` on one 2-core machine ran
+    27 ms a step, where its split was predicted 20 ms and one device alone takes 19.6 ms."""
+    if len(devices) < 2 or all(d.link is None for d in devices):
+        return None
+    try:
+        counts = balanced_phases(g.K, cal.phases_of(g.name), cal.caps[g.name])
+    except ValueError:
+        return None
+    model_s = phases_time(counts, cal.phases_of(g.name))
+    if sum(1 for c in counts if c) < 2 or not 0 < model_s <= SMALL_WHOLE_S:
+        return None
+    x = np.random.default_rng((seed, g.K, 1)).standard_normal(
+        g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
+    trial = replace(g, name=f"calibrate/{g.name}/split")
+    walls = [wall for _, wall in _layer_trial(devices, trial, counts, x, need_dx, rounds, seed)]
+    return min(MAX_CONTENTION, max(1.0, float(np.median(walls)) / model_s))
 
 
 def _alone_by_one_trial(cal: Calibration, devices, g: ConvGeometry, memory) -> bool:

@@ -641,8 +641,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     alone = {g.name: [a.get(g.name) for a in on_own] for g in net.blocks}
     head_s = calibrated[1].head_s if master_s is not None else None
     # the calibrated devices' waits between phases, where no other device joins them
-    waits = (calibrated[1].waits if calibrated is not None and not described and not ranked
-             else None)
+    waits = (calibrated[1].waits if calibrated is not None and not described else None)
     groups = [("rank", id(ranked[n][0])) if n in (ranked or {}) and n not in moved else i
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
@@ -650,9 +649,10 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                       link_groups=groups, batch=batch,
                       master_bandwidth=interface_of(links, master_link))
     # each layer's time in steps (as timed on the calibrated devices, with the calibration's
-    # partition) over this model's of it: kept where the calibrated devices are all of this
-    # process (not on other ranks)
-    timed = calibrated[1].in_step if calibrated is not None and not ranked else None
+    # partition, those of other ranks behind their ranks' links) over this model's of it: kept
+    # unless a device of another rank is placed behind another link here
+    timed = (calibrated[1].in_step if calibrated is not None and not moved & set(ranked or {})
+             else None)
     if timed:
         zeros = [0] * (len(names) - len(calibrated[0]))   # the others held none as it ran
         timed_waits = calibrated[1].waits or {}

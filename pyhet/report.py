@@ -90,9 +90,9 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
     """The calibration with the master's own work of a step timed here (the master runs on
     this machine), on the backend training gives it: inside training steps on these devices,
     with the calibration's partition, where the conv layers take a short time (time_in_step,
-    whose conv layers' times go beside it where every device is of this process: in_step, and
-    with them those of the layers it splits, timed whole on one device: _whole_in_step), else
-    on its own (time_head)."""
+    whose conv layers' times go beside it: in_step, the devices of other ranks behind their
+    links as in training, and with them those of the layers it splits, timed whole on one
+    device: _whole_in_step), else on its own (time_head)."""
     host = host_backend(devices)
     head_s = time_head(net, batch, host)
     timed = layers = whole = None
@@ -107,9 +107,8 @@ def _with_master(cal, net, batch: int, devices, in_step: bool = True):
             got = None
         if got is not None:
             timed, seconds = got
-            if all(d.link is None for d in devices):
-                layers = {k: (list(partition[k]), s) for k, s in seconds.items()}
-                whole = _whole_in_step(cal, net, batch, devices, partition, host)
+            layers = {k: (list(partition[k]), s) for k, s in seconds.items()}
+            whole = _whole_in_step(cal, net, batch, devices, partition, host)
     return replace(cal, master_s=head_s if timed is None else timed, head_s=head_s,
                    cpu_like=[d.kind != "gpu" for d in devices], in_step=layers,
                    in_step_alone=whole)

@@ -376,6 +376,66 @@ def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
         assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
 
 
+def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
+    """Where a device has a link (of another rank) and the calibration splits a short layer,
+    that split is run as a step runs it (the phases' messages, each phase waiting for all);
+    its median wall time over the split's predicted time is the layer's waits (at least 1),
+    which the split's time takes: where they make it slower than one device alone, the layer
+    goes whole on that device (a short network over two ranks of one 2-core machine ran 27 ms
+    a step split, 19.6 ms on one device). A long layer, and devices all of this process, run
+    no such trial."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet.calibrate import SMALL_WHOLE_S
+    from pyhet.partition import balanced_phases, phases_time
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    per_kernel = {"d0": 1e-4, "d1": 1e-4}
+    walls, splits = {}, []
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        return per_kernel[device.name] * k
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        if g.name.endswith("/split"):
+            splits.append((g.name, list(counts)))
+            return [([0.0] * len(devices), w) for w in walls[g.name.split("/")[1]]]
+        busy = [per_kernel[d.name] * k for d, k in zip(devices, counts)]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        here = calibrate(devices, shape.blocks, 4)
+        assert splits == [] and here.waits is None
+        devices[1].link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+        model = {}
+        walls.update({g.name: [1.0] for g in shape.blocks})
+        first = calibrate(devices, shape.blocks, 4)
+        for g in shape.blocks:
+            counts = balanced_phases(g.K, first.phases_of(g.name), first.caps[g.name])
+            model[g.name] = phases_time(counts, first.phases_of(g.name))
+            assert min(counts) > 0 and 0 < model[g.name] <= SMALL_WHOLE_S
+        assert [n for n, _ in splits] == [f"calibrate/{g.name}/split" for g in shape.blocks]
+        # conv1 three times its model in steps, conv2 as modelled (and below: at least 1)
+        walls.update(conv1=[3 * model["conv1"]] * 3,
+                     conv2=[0.5 * model["conv2"], 0.9 * model["conv2"], 2 * model["conv2"]])
+        splits.clear()
+        cal = calibrate(devices, shape.blocks, 4)
+        assert cal.waits["conv1"] == pytest.approx(3.0, rel=0.05)
+        assert cal.waits.get("conv2", 1.0) == 1.0
+        assert cal.partition("conv1", 8) in ([8, 0], [0, 8])   # alone beats a split 3x slower
+        assert min(cal.partition("conv2", 24)) > 0
+        # long layers: no trial
+        per_kernel.update(d0=1.0, d1=1.0)
+        splits.clear()
+        calibrate(devices, shape.blocks, 4)
+        assert splits == []
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
     """A device with a link (as on another rank) costs its compute plus its link: the layer
     input (and input gradient) once, each kernel's output slice and its gradient per kernel, and
@@ -701,8 +761,8 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     each device alone (the best single device) and a DDP replica's conv layers take the same
     factor, so the partition is the model's and one replica's conv layers are the best single
     device's. A cluster with a described entry does not take it (its layers are not those that
-    ran), even one that gives a calibrated device a link, nor one with a device of another
-    rank."""
+    ran), even one that gives a calibrated device a link; one with a device of another rank,
+    behind the link it ran behind, does."""
     from pyhet import plan
     from pyhet.links import Link
     from pyhet.plan import Described
@@ -753,9 +813,13 @@ def test_the_plan_takes_each_layer_at_its_time_in_steps(monkeypatch):
     linked = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 described=[Described("d1", link=Link(1e-4, 1e9))])
     assert linked.in_step is None
+    # a device of another rank (timed in those steps behind its link): the partition that
+    # ran at its time in steps, as here
     ranked = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 ranked={"d1": (Link(1e-4, 1e9), 1)})
-    assert ranked.in_step is None
+    assert ranked.in_step is not None
+    assert plan.conv_seconds(ranked, shape, part) == pytest.approx(
+        {k: model[k] * f for k, f in factors.items()}, rel=1e-9)
     # a layer 10 times its model in steps met a disturbance: it takes 4 (IN_STEP_BOUNDS), one
     # a tenth of it 0.25; a partition of other devices than the cluster's is not taken
     wild = replace(cal, in_step={"conv2": (part["conv2"], model["conv2"] * 10),
@@ -772,7 +836,8 @@ def test_a_device_alone_takes_the_layers_time_in_steps_on_one_device(monkeypatch
     (Calibration.in_step_alone), the split takes the split's factor and a layer on one device
     the other: each device alone (the best single device), a DDP replica, and a partition that
     puts the layer on one device. A layer the calibration did not split keeps its factor for
-    both; a cluster with a described entry or a device of another rank takes neither."""
+    both; a cluster with a described entry takes neither, one with a device of another rank
+    (behind the link it ran behind) both."""
     from pyhet import plan
     from pyhet.links import Link
     from pyhet.plan import Described
@@ -817,7 +882,7 @@ def test_a_device_alone_takes_the_layers_time_in_steps_on_one_device(monkeypatch
         assert (other.in_step, other.in_step_alone) == (None, None)
     ranked = plan.build_cluster(shape, 4, calibrated=(names, timed),
                                 ranked={"d1": (Link(1e-4, 1e9), 1)})
-    assert (ranked.in_step, ranked.in_step_alone) == (None, None)
+    assert (set(ranked.in_step), set(ranked.in_step_alone)) == ({"conv1", "conv2"}, {"conv2"})
 
 
 def test_a_device_alone_among_several_takes_its_typical_time_alone(monkeypatch):
