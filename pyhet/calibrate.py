@@ -496,6 +496,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                       whole or None, waits or None)
     if together > 0:
         for index, g in enumerate(geometries):
+            _linked_wholes(cal, devices, g, batch, index > 0, seed, together)
             beyond = _linked_split_waits(cal, devices, g, batch, index > 0, seed, together)
             if beyond is not None:
                 waits[g.name] = beyond
@@ -518,6 +519,39 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                          phases)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                        whole or None, waits or None)
+
+
+def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_dx: bool,
+                   seed: int, rounds: int) -> None:
+    """Each device of another rank whose memory holds the layer g and whose time alone on it
+    is predicted at most SMALL_WHOLE_S: the whole layer run on it as a step runs it
+    (_layer_trial, every phase's messages there and back), the median of its runs less its
+    link's predicted time, over its model alone, raises its whole-layer factor
+    (Calibration.whole, in place; at most MAX_CONTENTION), which its time alone takes: a short
+    layer's messages and the serving rank's hand-offs, which its trials do not time, made a
+    device of another rank on the same machine look as fast alone as the master's own, and
+    one calibration in two put a layer whole on it."""
+    if (all(d.link is None for d in devices) or g.name not in (cal.fits or {})
+            or g.name not in (cal.whole or {})):
+        return
+    alone = cal.alone_seconds(g.name, g.K)
+    x = None
+    for i, d in enumerate(devices):
+        part = (cal.parts or {}).get(g.name, [None] * len(devices))[i]
+        if d.link is None or part is None or cal.caps[g.name][i] < g.K or not (
+                0 < alone[i] <= SMALL_WHOLE_S):
+            continue
+        if x is None:
+            x = np.random.default_rng((seed, g.K, 2)).standard_normal(
+                g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
+        slope, intercept, _ = cal.fits[g.name][i]
+        link_s = part["link_fixed_s"] + g.K * part["link_s_per_kernel"]
+        counts = [g.K if j == i else 0 for j in range(len(devices))]
+        trial = replace(g, name=f"calibrate/{g.name}/whole-{i}")
+        walls = [wall for _, wall in _layer_trial(devices, trial, counts, x, need_dx, rounds,
+                                                   seed)]
+        factor = (float(np.median(walls)) - link_s) / max(intercept + g.K * slope, 1e-12)
+        cal.whole[g.name][i] = min(MAX_CONTENTION, max(cal.whole[g.name][i], factor))
 
 
 def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,

@@ -391,7 +391,7 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
     devices = make_devices(parse_devices("cpu:1,cpu:1"))
     per_kernel = {"d0": 1e-4, "d1": 1e-4}
-    walls, splits = {}, []
+    walls, splits, whole_walls, wholes = {}, [], {}, []
 
     def fake_time_block(device, g, k, x, rng, need_dx):
         return per_kernel[device.name] * k
@@ -400,6 +400,9 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
         if g.name.endswith("/split"):
             splits.append((g.name, list(counts)))
             return [([0.0] * len(devices), w) for w in walls[g.name.split("/")[1]]]
+        if "/whole-" in g.name:     # the whole layer on the device of another rank
+            wholes.append((g.name, list(counts)))
+            return [([0.0] * len(devices), w) for w in whole_walls.get(g.name, [0.0])]
         busy = [per_kernel[d.name] * k for d, k in zip(devices, counts)]
         return [(busy, max(busy))] * rounds
 
@@ -421,16 +424,30 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
         walls.update(conv1=[3 * model["conv1"]] * 3,
                      conv2=[0.5 * model["conv2"], 0.9 * model["conv2"], 2 * model["conv2"]])
         splits.clear()
+        wholes.clear()
         cal = calibrate(devices, shape.blocks, 4)
         assert cal.waits["conv1"] == pytest.approx(3.0, rel=0.05)
         assert cal.waits.get("conv2", 1.0) == 1.0
         assert cal.partition("conv1", 8) in ([8, 0], [0, 8])   # alone beats a split 3x slower
         assert min(cal.partition("conv2", 24)) > 0
+        # each layer whole on d1 (of another rank), as a step runs it: its whole-layer factor
+        # is raised to its time there less its link's, over its model alone (never lowered)
+        assert [n for n, _ in wholes] == [f"calibrate/{g.name}/whole-1" for g in shape.blocks]
+        assert all(c == [0, g.K] for (_, c), g in zip(wholes, shape.blocks))
+        part = cal.parts["conv1"][1]
+        link_s = part["link_fixed_s"] + 8 * part["link_s_per_kernel"]
+        slope, intercept, _ = cal.fits["conv1"][1]
+        whole_walls["calibrate/conv1/whole-1"] = [link_s + 2.5 * (intercept + 8 * slope)] * 3
+        cal = calibrate(devices, shape.blocks, 4)
+        assert cal.whole["conv1"][1] == pytest.approx(2.5, rel=1e-6)
+        assert cal.whole["conv2"][1] == pytest.approx(1.0)     # its trials' spread: none
+        assert cal.partition("conv1", 8) == [8, 0]
         # long layers: no trial
         per_kernel.update(d0=1.0, d1=1.0)
         splits.clear()
+        wholes.clear()
         calibrate(devices, shape.blocks, 4)
-        assert splits == []
+        assert splits == wholes == []
     finally:
         for d in devices:
             d.close()
