@@ -371,13 +371,18 @@ class Balancer:
     seconds of each device's overhead that its link takes (moving the layer's input and input
     gradient, as the link was measured); they are taken off its busy time before the guard
     against a bad overhead, which would otherwise hold a device whose link time dominates its
-    step far below its speed.
+    step far below its speed. waits: the layer's waits between phases where it is split
+    (pyhet.calibrate.Calibration.waits), which a split's time takes, as calibration's partition
+    does: a short layer over ranks whose split waits on every phase's messages stays on one
+    device (split by the devices' busy times alone it went back and forth between splits 1.4
+    times as slow as that device's step).
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
-                 confirm: int = 3, phases=None, fixed=None, alone=None):
+                 confirm: int = 3, phases=None, fixed=None, alone=None, waits: float = 1.0):
         self.total = total
+        self.waits = float(waits)
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
@@ -439,7 +444,8 @@ class Balancer:
         i = self._alone_device(counts)
         if i is not None:
             return self._alone_now(i)
-        return phases_time(counts, self.model())
+        split = phases_time(counts, self.model())
+        return split * self.waits if sum(1 for k in counts if k) > 1 else split
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is

@@ -491,7 +491,8 @@ class DynamicBalance:
                                               cal.overheads[conv.name], cal.caps[conv.name],
                                               phases=cal.phases_of(conv.name),
                                               fixed=link_fixed(cal, conv.name),
-                                              alone=cal.alone_seconds(conv.name, conv.K))
+                                              alone=cal.alone_seconds(conv.name, conv.K),
+                                              waits=(cal.waits or {}).get(conv.name, 1.0))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:

@@ -3,6 +3,7 @@ that would slow the step, and the dynamic balancer's convergence, without oscill
 dynamic balancing in training, when a device's speed changes mid-training."""
 
 import math
+from dataclasses import replace
 import random
 
 import numpy as np
@@ -389,6 +390,45 @@ def test_balancer_keeps_a_layer_that_is_faster_on_one_device():
     slowed = Balancer(60, speeds, overheads, patience=1, alone=[0.25, 0.9])
     slowed.speeds[0] /= 3   # its time alone is now 0.75 s, the split's about 0.5 s
     assert sum(1 for k in slowed.partition() if k) == 2
+
+
+def test_balancer_takes_the_layers_waits_as_calibration_does():
+    """A split's time takes the layer's waits between phases (Calibration.waits), as
+    calibration's partition does: a split predicted faster than one device alone by the
+    devices' speeds, but slower with its waits, is not made; busy times that keep to the
+    estimates move nothing. Without the waits the same balancer splits the layer."""
+    from pyhet.calibrate import Calibration
+
+    speeds, overheads = [100.0, 100.0], [0.0, 0.0]
+    split = balanced(60, speeds, overheads)
+    assert predicted_time(split, speeds) == pytest.approx(0.3)    # alone: 0.4 s
+    plain = Balancer(60, speeds, overheads, patience=1, alone=[0.4, 0.4])
+    assert plain.partition() == split
+    waiting = Balancer(60, speeds, overheads, patience=1, alone=[0.4, 0.4], waits=1.5)
+    assert waiting.time(split) == pytest.approx(0.45)
+    assert waiting.time([60, 0]) == pytest.approx(0.4)       # one device: no waits
+    assert waiting.partition() == [60, 0]
+    assert all(waiting.observe([60, 0], [0.4, 0.0]) is None for _ in range(6))
+    # the same decision as calibration's
+    fits = {"c": [[0.4 / 60, 0.0, 1], [0.4 / 60, 0.0, 1]]}
+    cal = Calibration({"c": speeds}, {"c": overheads}, {"c": [60, 60]}, fits=fits,
+                      waits={"c": 1.5})
+    assert cal.partition("c", 60) == [60, 0]
+
+
+def test_dynamic_balance_gives_each_layer_its_waits():
+    import types
+
+    from pyhet.calibrate import Calibration
+
+    net = types.SimpleNamespace(convs=[types.SimpleNamespace(name=n, K=60) for n in "cd"],
+                                devices=[])
+    two = {n: [100.0, 100.0] for n in "cd"}
+    cal = Calibration(two, {n: [0.0, 0.0] for n in "cd"}, {n: [60, 60] for n in "cd"},
+                      waits={"c": 1.5})
+    got = DynamicBalance(net, cal).balancers
+    assert (got["c"].waits, got["d"].waits) == (1.5, 1.0)
+    assert DynamicBalance(net, replace(cal, waits=None)).balancers["c"].waits == 1.0
 
 
 def test_balancer_goes_back_to_the_split_when_alone_runs_slower_than_calibrated():
