@@ -563,9 +563,10 @@ def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,
     MAX_CONTENTION): its waits (Calibration.waits), which the split's time takes, so that a
     device alone is preferred where the split is slower. Else None. A short layer's phases
     each wait on a message's latency there and back, and on the serving rank's hand-offs,
-    which the devices' trials, one at a time and at once, do not time: the default-sized
-    four-layer network at batch 64 split over two ranks of `cpu:1` on one 2-core machine ran
-    27 ms a step, where its split was predicted 20 ms and one device alone takes 19.6 ms."""
+    which the devices' trials, one at a time and at once, do not time: the four-layer
+    16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N at batch 64 split over two ranks of `cpu:1` on one
+    2-core machine ran 27 ms a step, where its split was predicted 20 ms and one device alone
+    takes 19.6 ms."""
     if len(devices) < 2 or all(d.link is None for d in devices):
         return None
     try:
