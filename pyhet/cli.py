@@ -614,9 +614,8 @@ def cmd_plan(args, parser, comm=None) -> int:
     in_shape, classes = input_shape_of(args.dataset)
     net = arch.build(spec, in_shape, classes)
     calibrated = ranked = None
-    # each conv layer's time in steps is kept only where every calibrated device is of this
-    # process (plan.build_cluster): else the steps would time the master alone, which
-    # --master-gflops replaces, so they do not run
+    # with --master-gflops and devices on other ranks no step runs (the master's rate is
+    # given; the layers are taken at their model's time there)
     remote = ranks > 1 and any(for_rank(specs, r) for r in range(1, ranks))
     in_step = args.master_gflops is None or not remote
     if comm is not None:

@@ -353,8 +353,8 @@ class Cluster:
     # them); missing: 1
     waits: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
-    # prediction of it (Calibration.in_step: short steps, every device of the master's process,
-    # nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
+    # prediction of it (Calibration.in_step: short steps, the devices of other ranks behind
+    # their measured links, nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
     # so that the partition timed is predicted at its time in steps. It was timed on the
     # calibration's partition, which may differ from the plan's (partition_of): by a kernel or
     # two on devices of unequal speeds, or on one device where the plan splits the layer (the
@@ -650,9 +650,11 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                       master_bandwidth=interface_of(links, master_link))
     # each layer's time in steps (as timed on the calibrated devices, with the calibration's
     # partition, those of other ranks behind their ranks' links) over this model's of it: kept
-    # unless a device of another rank is placed behind another link here
-    timed = (calibrated[1].in_step if calibrated is not None and not moved & set(ranked or {})
-             else None)
+    # unless a device of another rank is placed behind another link here, or described devices
+    # join them (the calibrated devices would carry the factors in their compute's figures,
+    # _carrying, where a rank's device's factor holds its messages' time too)
+    timed = (calibrated[1].in_step if calibrated is not None and not (
+        ranked and (described or moved & set(ranked))) else None)
     if timed:
         zeros = [0] * (len(names) - len(calibrated[0]))   # the others held none as it ran
         timed_waits = calibrated[1].waits or {}

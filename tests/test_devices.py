@@ -1138,7 +1138,7 @@ def test_a_numpy_device_keeps_the_memory_its_temporaries_free(make, own, tmp_pat
     per_step = [float(f) for f in per_step]
     if make == "device" and not own:
         assert kept == "True"
-        assert max(per_step) < 100, per_step     # 5,120 pages a step if given back
+        assert max(per_step) < 100, per_step     # 0 here; up to 5,120 pages if given back
     else:
         assert kept == "False"
-        assert min(per_step) > 1000, per_step
+        assert min(per_step) > 200, per_step   # (2,000-2,500 with glibc 2.36 here)

@@ -406,6 +406,11 @@ def test_a_rank_devices_layers_in_steps_are_taken_behind_their_measured_links():
     moved = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("d1:bw=1gbit"),
                                ranked=ranked)
     assert (moved.in_step, moved.waits, moved.carried) == (None, None, None)
+    # a described device beside them: the factors would go into the compute's figures alone,
+    # where d1's holds its messages' time too: none is taken
+    beside = plan.build_cluster(NET, N, (["d0", "d1"], c), plan.parse_describe("x:gflops=1e-6"),
+                                ranked=ranked)
+    assert (beside.in_step, beside.carried) == (None, None)
 
 
 def test_alone_a_device_has_no_contention_but_its_typical_time():

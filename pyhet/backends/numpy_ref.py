@@ -66,8 +66,9 @@ def keep_freed_memory() -> bool:
     what the process had allocated before (the layers' calibration, the batch's array).
     Blocks under KEPT_MMAP_THRESHOLD now come from the heap, and up to KEPT_TRIM_THRESHOLD
     of free memory stays there (the paper network's larger arrays are mapped as before).
-    Once per process; not where the process sets glibc's malloc itself (MALLOC_*_ or
-    GLIBC_TUNABLES in its environment), nor beside another C library. True where set."""
+    Once per process; not where the process sets these itself (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, or glibc.malloc tunables in GLIBC_TUNABLES in its
+    environment), nor beside another C library. True where set."""
     global _kept
     if _kept is None:
         _kept = False

@@ -730,6 +730,10 @@ def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
                 groups.submit(_handle_group, by_index, buffers, op, arrays).add_done_callback(
                     lambda f, i=index: _reply_group(master, i, f))
                 continue
+            if op == "drop":   # the group's arrays of that layer go with it (a trial's too)
+                layer = untext(arrays[0])
+                for key in [k for k in buffers if k[0] == layer]:
+                    buffers.pop(key, None)
             device.submit(op, _handle, device, op, arrays).add_done_callback(
                 lambda f, i=index, d=device: _reply(master, i, f, d))
     finally:
