@@ -535,22 +535,16 @@ def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_
             or g.name not in (cal.whole or {})):
         return
     alone = cal.alone_seconds(g.name, g.K)
-    x = None
     for i, d in enumerate(devices):
         part = (cal.parts or {}).get(g.name, [None] * len(devices))[i]
         if d.link is None or part is None or cal.caps[g.name][i] < g.K or not (
                 0 < alone[i] <= SMALL_WHOLE_S):
             continue
-        if x is None:
-            x = np.random.default_rng((seed, g.K, 2)).standard_normal(
-                g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
         slope, intercept, _ = cal.fits[g.name][i]
         link_s = part["link_fixed_s"] + g.K * part["link_s_per_kernel"]
         counts = [g.K if j == i else 0 for j in range(len(devices))]
-        trial = replace(g, name=f"calibrate/{g.name}/whole-{i}")
-        walls = [wall for _, wall in _layer_trial(devices, trial, counts, x, need_dx, rounds,
-                                                   seed)]
-        factor = (float(np.median(walls)) - link_s) / max(intercept + g.K * slope, 1e-12)
+        wall = _median_wall(devices, g, f"whole-{i}", counts, batch, need_dx, seed, rounds)
+        factor = (wall - link_s) / max(intercept + g.K * slope, 1e-12)
         cal.whole[g.name][i] = min(MAX_CONTENTION, max(cal.whole[g.name][i], factor))
 
 
@@ -576,11 +570,19 @@ def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,
     model_s = phases_time(counts, cal.phases_of(g.name))
     if sum(1 for c in counts if c) < 2 or not 0 < model_s <= SMALL_WHOLE_S:
         return None
-    x = np.random.default_rng((seed, g.K, 1)).standard_normal(
-        g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
-    trial = replace(g, name=f"calibrate/{g.name}/split")
-    walls = [wall for _, wall in _layer_trial(devices, trial, counts, x, need_dx, rounds, seed)]
-    return min(MAX_CONTENTION, max(1.0, float(np.median(walls)) / model_s))
+    wall = _median_wall(devices, g, "split", counts, batch, need_dx, seed, rounds)
+    return min(MAX_CONTENTION, max(1.0, wall / model_s))
+
+
+def _median_wall(devices, g: ConvGeometry, what: str, counts, batch: int, need_dx: bool,
+                 seed: int, rounds: int) -> float:
+    """The median wall time of layer g run with `counts` kernels per device as a step runs it
+    (_layer_trial, as `calibrate/<layer>/<what>`), on any input of its shape."""
+    x = np.random.default_rng((seed, g.K, len(what))).standard_normal(
+        g.x_shape(batch)).astype(np.float32)
+    trial = replace(g, name=f"calibrate/{g.name}/{what}")
+    return float(np.median([wall for _, wall in _layer_trial(devices, trial, counts, x, need_dx,
+                                                             rounds, seed)]))
 
 
 def _alone_by_one_trial(cal: Calibration, devices, g: ConvGeometry, memory) -> bool:
