@@ -354,12 +354,12 @@ class Cluster:
     waits: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, the devices of other ranks behind
-    # their measured links, nothing else joining them; within IN_STEP_BOUNDS), which a layer's predicted time takes,
-    # so that the partition timed is predicted at its time in steps. It was timed on the
-    # calibration's partition, which may differ from the plan's (partition_of): by a kernel or
-    # two on devices of unequal speeds, or on one device where the plan splits the layer (the
-    # plan's takes the same factor), or split where the plan puts it on one device (that takes
-    # in_step_alone). Missing: 1
+    # their measured links, nothing else joining them; within IN_STEP_BOUNDS), which a layer's
+    # predicted time takes, so that the partition timed is predicted at its time in steps. It
+    # was timed on the calibration's partition, which may differ from the plan's
+    # (partition_of): by a kernel or two on devices of unequal speeds, or on one device where
+    # the plan splits the layer (the plan's takes the same factor), or split where the plan
+    # puts it on one device (that takes in_step_alone). Missing: 1
     in_step: dict | None = None
     # layer -> the same for the layer whole on one device, where the calibration's partition
     # split it (Calibration.in_step_alone): the factor of a layer on one device (each device

@@ -924,6 +924,10 @@ def test_a_ranks_group_takes_its_weight_gradient_from_the_forwards_operand():
         np.testing.assert_allclose(dw, ref._shards["conv2"].dw, **tol)
         np.testing.assert_allclose(np.concatenate([d._shards["conv2"].db for d in members]),
                                    ref._shards["conv2"].db, **tol)
+        # a "drop" of the layer forgets the group's arrays of it, and only those
+        buffers[("conv1", "col")] = object()
+        mpi.drop_group_arrays(buffers, "conv2")
+        assert list(buffers) == [("conv1", "col")]
     finally:
         for d in devices:
             d.close()

@@ -730,10 +730,9 @@ def serve(comm, specs: list[DeviceSpec], spec_text: str | None = None) -> None:
                 groups.submit(_handle_group, by_index, buffers, op, arrays).add_done_callback(
                     lambda f, i=index: _reply_group(master, i, f))
                 continue
-            if op == "drop":   # the group's arrays of that layer go with it (a trial's too)
-                layer = untext(arrays[0])
-                for key in [k for k in buffers if k[0] == layer]:
-                    buffers.pop(key, None)
+            if op == "drop":   # the group's arrays of that layer go with it (a trial's too),
+                # on the thread that uses them, after the group requests handed to it
+                groups.submit(drop_group_arrays, buffers, untext(arrays[0]))
             device.submit(op, _handle, device, op, arrays).add_done_callback(
                 lambda f, i=index, d=device: _reply(master, i, f, d))
     finally:
@@ -789,6 +788,12 @@ def _handle(device: Device, op: str, a):
         free = device.free_memory()
         return [None if free is None else np.array([free], np.int64)]
     raise DeviceError(f"unknown request {op!r}")
+
+
+def drop_group_arrays(buffers: dict, layer: str) -> None:
+    """Forget a group's shared arrays of `layer` (keys (layer, what)); other layers' stay."""
+    for key in [k for k in buffers if k[0] == layer]:
+        del buffers[key]
 
 
 def _handle_group(by_index, buffers, op: str, a):
