@@ -254,10 +254,11 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
 
 
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
-                 seed: int) -> float:
+                 seed: int, budget_s: float = None) -> float:
     """The device's typical time for the whole layer g, as a training step runs it (after its
-    warm-ups, the median of three runs where they take at most WHOLE_BUDGET_S together by
-    `model_s`, and of more where they take less than TRIAL_BUDGET_S together, else one), over
+    warm-ups, the median of three runs where they take at most `budget_s` together by
+    `model_s` (default WHOLE_BUDGET_S), and of more where they take less than TRIAL_BUDGET_S
+    together, else one), over
     its cost model's best time alone, `model_s`, within [0.5, 2]: the layer's whole-layer
     factor of a single device. The model is fitted on the best of trials of a few kernels;
     the whole layer can run faster (a cpu device's GEMM runs products whose every dimension is
@@ -267,7 +268,7 @@ def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: flo
     trial = replace(g, name=f"calibrate/{g.name}/whole")
     # the median of three where that is cheap enough: one run of a second moved by 10% on a
     # shared machine, and a single device's plan is this time
-    rounds = 3 if 3 * model_s <= WHOLE_BUDGET_S else 1
+    rounds = 3 if 3 * model_s <= (WHOLE_BUDGET_S if budget_s is None else budget_s) else 1
     times = [max(busy[0], wall)
              for busy, wall in _layer_trial([device], trial, [g.K], x, need_dx, rounds, seed)]
     return min(2.0, max(0.5, float(np.median(times)) / model_s))
@@ -364,6 +365,10 @@ TRIAL_BUDGET_S = 0.3   # a layer trial's runs go on to this many seconds (_layer
 # array), whose page faults made the first timed run of the paper network's conv2 9-36% slower
 WARM_UPS = 2
 WHOLE_BUDGET_S = 4.0   # a single device's whole-layer runs: three where they fit (_whole_layer)
+# pyhet plan's: its prediction is all it is run for, and a single device's plan, and the best
+# single device beside described copies of it, are this time (one run of the paper network's
+# conv2 on a 2-core Zen 1 VM moved by 10% from one plan to the next: 0.89-0.99 of its model)
+PLAN_WHOLE_BUDGET_S = 30.0
 # A layer trial's wall time over its busiest device's that its contention takes; beyond it,
 # the layer's waits (Calibration.waits)
 WAITS_IN_CONTENTION = 1.5
@@ -378,7 +383,7 @@ MIN_CONTENTION = 0.9
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
-              together: int = 3) -> Calibration:
+              together: int = 3, whole_budget_s: float = None) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
@@ -411,6 +416,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     traffic as many times as the group has members (the others' kernels travel with its own:
     exact when their shares are equal). The first layer needs no input gradient (nothing before
     it learns), so it is timed and its traffic counted without one.
+
+    A single device also times each whole layer as a step runs it (_whole_layer), three times
+    where three take at most `whole_budget_s` together (default WHOLE_BUDGET_S; pyhet plan's
+    is PLAN_WHOLE_BUDGET_S), else once.
     """
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
@@ -481,7 +490,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             slope, intercept = fits[0]
             if larger[0] < g.K:
                 whole[g.name] = [_whole_layer(devices[0], g, x, need_dx,
-                                              intercept + g.K * slope, seed)]
+                                              intercept + g.K * slope, seed, whole_budget_s)]
             else:   # the together trial ran the whole layer: its typical time over its best
                 whole[g.name] = [min(2.0, slower[0])]
         elif len(devices) > 1:

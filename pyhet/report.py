@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from . import arch, ops
 from .backends.numpy_ref import host_available_memory
-from .calibrate import _group_size, calibrate
+from .calibrate import PLAN_WHOLE_BUDGET_S, _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
 from .errors import DeviceError, DeviceSpecError, PyhetError
@@ -68,7 +68,8 @@ def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
     here too: the Calibration's master_s is its own work of a step, timed, and with it each
     conv layer's time in steps (_with_master; in_step False: no step is run, the master is
-    timed on its own only). (Under mpiexec, calibrate_ranks.)"""
+    timed on its own only). A single device's whole layers are timed on PLAN_WHOLE_BUDGET_S:
+    three runs where a training run's calibration takes one. (Under mpiexec, calibrate_ranks.)"""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
@@ -79,8 +80,8 @@ def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
     check_threads(specs)
     devices = make_devices(specs)
     try:
-        return [d.name for d in devices], _with_master(calibrate(devices, net.blocks, batch),
-                                                      net, batch, devices, in_step)
+        cal = calibrate(devices, net.blocks, batch, whole_budget_s=PLAN_WHOLE_BUDGET_S)
+        return [d.name for d in devices], _with_master(cal, net, batch, devices, in_step)
     finally:
         for d in devices:
             d.close()

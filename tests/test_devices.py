@@ -601,6 +601,40 @@ def test_the_whole_layer_runs_three_times_where_they_fit_the_budget(monkeypatch)
     assert calibrate_module._whole_layer(None, g, None, True, budget / 2, 0) == pytest.approx(
         min(2.0, 1.3 / (budget / 2)))
     assert asked == [3, 3, 1]
+    # a larger budget (pyhet plan's) takes three runs of a layer that one run took above
+    assert calibrate_module._whole_layer(None, g, None, True, budget / 2, 0,
+                                         budget_s=2 * budget) == pytest.approx(1.0 / (budget / 2))
+    assert asked == [3, 3, 1, 3]
+
+
+def test_pyhet_plan_times_a_single_devices_whole_layer_on_a_larger_budget(monkeypatch):
+    """pyhet plan calibrates its devices on PLAN_WHOLE_BUDGET_S, so that a single device's plan
+    (and the best single device beside described copies of it) takes the median of three runs
+    of a layer that a training run's calibration times once; pyhet train keeps its own."""
+    import pyhet.calibrate as calibrate_module
+    import pyhet.report as report_module
+
+    assert calibrate_module.PLAN_WHOLE_BUDGET_S > calibrate_module.WHOLE_BUDGET_S
+    budgets = []
+
+    def fake_whole(device, g, x, need_dx, model_s, seed, budget_s=None):
+        budgets.append(budget_s)
+        return 1.0
+
+    monkeypatch.setattr(calibrate_module, "_whole_layer", fake_whole)
+    # conv2 of 200 kernels is more than a trial runs: it is timed whole (conv1 by its trial)
+    shape = net_shape((3, 16, 16), (4, 200), 3, 10)
+    names, cal = report_module.calibrate_spec("cpu:1", shape, 2, in_step=False)
+    assert names == ["d0"] and cal.whole is not None
+    assert budgets == [calibrate_module.PLAN_WHOLE_BUDGET_S]
+    budgets.clear()
+    devices = make_devices(parse_devices("cpu:1"))
+    try:
+        calibrate_module.calibrate(devices, shape.blocks, 2)
+    finally:
+        for d in devices:
+            d.close()
+    assert budgets == [None]
 
 
 def test_a_single_device_times_the_whole_layer(monkeypatch):
