@@ -254,7 +254,7 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
 
 
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
-                 seed: int, budget_s: float = None) -> float:
+                 seed: int, budget_s: float | None = None) -> float:
     """The device's typical time for the whole layer g, as a training step runs it (after its
     warm-ups, the median of three runs where they take at most `budget_s` together by
     `model_s` (default WHOLE_BUDGET_S), and of more where they take less than TRIAL_BUDGET_S
@@ -383,7 +383,7 @@ MIN_CONTENTION = 0.9
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
-              together: int = 3, whole_budget_s: float = None) -> Calibration:
+              together: int = 3, whole_budget_s: float | None = None) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
