@@ -618,6 +618,10 @@ def cmd_plan(args, parser, comm=None) -> int:
     # given; the layers are taken at their model's time there)
     remote = ranks > 1 and any(for_rank(specs, r) for r in range(1, ranks))
     in_step = args.master_gflops is None or not remote
+    if args.devices is not None:   # seconds to minutes (the paper network: half a minute a core)
+        say(f"calibrating {count} device{'s' if count != 1 else ''} ({', '.join(cal_names)}) on "
+            f"the network's layer shapes" + (", then timing steps of it" if in_step else "") +
+            "...")
     if comm is not None:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "

@@ -1092,6 +1092,11 @@ def test_cli_calibrates_a_spec(cli):
     res = cli("plan", "--devices", "numpy", "--kernels", "4,6", "--dataset", "synthetic",
               "--batch-size", "4")
     assert res.code == 0 and "timed here" in res.out
+    # calibration takes seconds to minutes: it says so on stderr (the plan's output unchanged)
+    assert res.err == ("calibrating 1 device (d0) on the network's layer shapes, then timing "
+                       "steps of it...\n")
+    res = cli("plan", "--describe", "a:gflops=50", "--kernels", "4,6", "--dataset", "synthetic")
+    assert res.code == 0 and res.err == ""   # nothing to calibrate
 
 
 def test_one_device_on_its_own_when_the_split_would_be_slower():
