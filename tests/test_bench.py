@@ -116,7 +116,11 @@ def test_bench_scaling(tmp_path, capsys):
     res = json.loads((tmp_path / "c.json").read_text())
     assert (res["steps"], res["rounds"], res["dynamic_steps"]) == (1, 1, 3)
     assert res["cpu_devices"] == scaling_counts()
-    assert f"settled step time {_util_secs(res['dynamic']['settled_step_s'])} s" in out
+    if res["dynamic"]["settled_step_s"] is not None:
+        assert f"settled step time {_util_secs(res['dynamic']['settled_step_s'])} s" in out
+    else:   # conv2's partition moved at the last step (a machine that slowed a step)
+        assert res["dynamic"]["conv2_settled_after_steps"] is None
+        assert "has not been seen to settle (give more --dynamic-steps)" in out
     configs = {(r["config"], r["balance"]) for r in res["configs"]}
     assert ("cpu:1", None) in configs and ("cpu:1,cpu:1@0.5", "even") in configs
     for r in res["configs"]:

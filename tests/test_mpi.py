@@ -320,8 +320,10 @@ def test_a_plan_too_large_for_memory_under_mpiexec_says_so_in_one_line(tmp_path)
     code, out, err = run(["plan", "--devices", "0/cpu:1,1/cpu:1", "--kernels", "4,8",
                           "--batch-size", "99999999"], 2, tmp_path, timeout=120)
     assert code == 1 and "Traceback" not in err, (code, err)
-    assert err.strip().splitlines() == ["pyhet: error: out of memory: the network, the batch or "
-                                        "the data is too large for this machine"], err
+    assert err.strip().splitlines() == [
+        "calibrating 2 devices (d0, d1) on the network's layer shapes, then timing steps of it...",
+        "pyhet: error: out of memory: the network, the batch or the data is too large for this "
+        "machine"], err
 
 
 def test_ranks_started_with_other_devices_are_refused(tmp_path, data):
