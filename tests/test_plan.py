@@ -1522,6 +1522,52 @@ def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
         assert any(bad.stderr.startswith(f"core_drift.py: {w}") for w in said), bad.stderr
 
 
+def test_the_cores_alone_tool_prints_each_rounds_rates_and_their_ratio():
+    """tools/cores_alone.py (a core's GEMM rate alone against all of them at once, which
+    tools/hetero.sh prints each round) prints a line per round, the rates and their ratio,
+    then the median ratio; and refuses what it cannot time, saying so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "cores_alone.py"
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs Linux's core affinity")
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two cores")
+    res = subprocess.run([sys.executable, str(tool), "0.5", "2"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 3, lines
+    ratios = []
+    for r, line in enumerate(lines[:2], 1):
+        m = re.fullmatch(rf"round {r}: core {allowed[0]} alone ([\d.]+) GFLOP/s; cores "
+                         rf"{allowed[0]}, {allowed[1]} at once ([\d.]+) ([\d.]+); alone / at "
+                         rf"once ([\d.]+)", line)
+        assert m, line
+        alone, first, ratio = float(m[1]), float(m[2]), float(m[4])
+        assert alone > 0 and first > 0 and float(m[3]) > 0
+        assert ratio == pytest.approx(alone / first, rel=2e-2)
+        ratios.append(ratio)
+    m = re.fullmatch(r"median alone / at once over 2 rounds: ([\d.]+)", lines[2])
+    assert m and float(m[1]) == pytest.approx(sum(ratios) / 2, abs=2e-3)
+    for args, said in ((["0"], "0 < SECONDS <= 600"), (["1", "0"], "1 <= ROUNDS"),
+                       (["1", "1", str(allowed[0])], "two or more different cores"),
+                       (["1", "1", str(allowed[0]), str(allowed[0])], "different cores"),
+                       (["1", "1", str(allowed[0]), str(max(allowed) + 1)], "may use")):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+    # too short for a call after the first (its operands and a warm-up call take longer)
+    bad = subprocess.run([sys.executable, str(tool), "0.001", "1"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stdout == "", bad.stdout
+    assert bad.stderr.startswith("cores_alone.py: no GEMM call ended in 0.001 s"), bad.stderr
+
+
 def test_master_traffic_is_every_links_bytes_through_the_master():
     """The bytes a step moves through the master's own interface (the model takes the links as
     independent): per layer, each link that carries kernels moves the layer's input (and its
