@@ -488,7 +488,8 @@ def human_summary(r: dict) -> str:
 
 def cmd_devices(args, parser) -> int:
     report = describe_devices(args.devices, network_spec(args, parser), args.dataset,
-                              args.batch_size, calibrate_them=not args.no_calibrate)
+                              args.batch_size, calibrate_them=not args.no_calibrate,
+                              log=sys.stderr)
     if args.json:
         print(json.dumps(report))
         return 0

@@ -10,7 +10,7 @@ from .backends.numpy_ref import host_available_memory
 from .calibrate import PLAN_WHOLE_BUDGET_S, _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
-from .errors import DeviceError, DeviceSpecError, PyhetError
+from .errors import DeviceError, DeviceSpecError, PyhetError, say
 from .model import time_head, time_in_step
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
 from .train import (check_memory, host_backend, host_devices, left_out, measure_links,
@@ -27,8 +27,9 @@ def _gpus() -> list[dict]:
 
 
 def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
-                     calibrate_them: bool = True, data_dir=None) -> dict:
-    """The report of `pyhet devices` as a dict (its --json)."""
+                     calibrate_them: bool = True, data_dir=None, log=None) -> dict:
+    """The report of `pyhet devices` as a dict (its --json). log: a stream told when the
+    calibration starts (seconds to minutes), or None."""
     avail = host_available_memory()
     report = {"host": {"cores": ops.default_threads(), "openmp": ops.have_openmp(),
                        "gemm_kernel": ops.gemm_kernel(),
@@ -50,6 +51,10 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
                              for d in devices]
         report["calibration"] = report["partition"] = report["left_out"] = None
         if calibrate_them:
+            if log is not None:
+                say(f"calibrating {len(devices)} device{'s' if len(devices) != 1 else ''} "
+                    f"({', '.join(d.name for d in devices)}) on the network's layer shapes...",
+                    log)
             cal = calibrate(devices, net.blocks, batch)
             report["calibration"] = cal.as_dict(devices)
             counts = {g.name: cal.partition(g.name, g.K) for g in net.blocks}

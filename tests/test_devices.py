@@ -179,7 +179,13 @@ def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypat
     from pyhet.cli import main
     assert main(["devices", "--devices", "cpu:1", "--arch", "4C3-P2-8N", "--dataset",
                  "synthetic", "--batch-size", "2"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    said = capsys.readouterr()
+    lines = said.out.splitlines()
+    # the calibration (seconds to minutes) is said on stderr as it starts; none, none said
+    assert said.err == "calibrating 1 device (d0) on the network's layer shapes...\n"
+    assert main(["devices", "--devices", "cpu:1", "--arch", "4C3-P2-8N", "--dataset",
+                 "synthetic", "--no-calibrate"]) == 0
+    assert capsys.readouterr().err == ""
     for i in (0, 1):
         assert f"GPU {i}: cannot be used (RuntimeError: cudaErrorDevicesUnavailable" in \
             lines[1 + i], lines
