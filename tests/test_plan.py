@@ -1473,22 +1473,29 @@ def test_the_in_step_tool_prints_each_layer_predicted_planned_and_after():
     assert bad.returncode == 2 and "--steps" in bad.stderr
 
 
-def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
-    """tools/core_drift.py (two cores' speeds side by side, BENCHMARKS.md) prints a line per
-    window, the two cores' times over their medians and their ratio, then the range and what
-    a half and half split waits for (at least 0%); and refuses a window it cannot make and a
-    core this process may not use, saying so."""
+def _core_tool(name: str):
+    """(path of tools/NAME, the cores this process may use), skipping where the tool cannot
+    run: it pins a thread to each of two cores."""
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "core_drift.py"
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("needs Linux's core affinity")
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("needs two cores")
+    return Path(__file__).resolve().parents[1] / "tools" / name, allowed
+
+
+def test_the_core_drift_tool_prints_each_window_and_what_a_fixed_split_waits():
+    """tools/core_drift.py (two cores' speeds side by side, BENCHMARKS.md) prints a line per
+    window, the two cores' times over their medians and their ratio, then the range and what
+    a half and half split waits for (at least 0%); and refuses a window it cannot make and a
+    core this process may not use, saying so."""
+    import subprocess
+    import sys
+
+    tool, allowed = _core_tool("core_drift.py")
     res = subprocess.run([sys.executable, str(tool), "1.5", "0.5"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -1526,17 +1533,10 @@ def test_the_cores_alone_tool_prints_each_rounds_rates_and_their_ratio():
     """tools/cores_alone.py (a core's GEMM rate alone against all of them at once, which
     tools/hetero.sh prints each round) prints a line per round, the rates and their ratio,
     then the median ratio; and refuses what it cannot time, saying so."""
-    import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "cores_alone.py"
-    if not hasattr(os, "sched_getaffinity"):
-        pytest.skip("needs Linux's core affinity")
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        pytest.skip("needs two cores")
+    tool, allowed = _core_tool("cores_alone.py")
     res = subprocess.run([sys.executable, str(tool), "0.5", "2"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr

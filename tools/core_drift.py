@@ -26,6 +26,44 @@ import numpy as np
 from pyhet import _core
 
 
+FLOPS = 2 * 500 * 4500 * 1024   # of one call of the GEMM timed (timed_calls)
+
+
+def timed_calls(cpus, seconds: float, prog: str = "core_drift.py", warm: bool = False) -> dict:
+    """{cpu: [(start, seconds) of each call]} of one thread pinned to each core of `cpus`, all
+    at once, each running the same GEMM of pyhet's core (500 x 1024 x 4500) in a loop for
+    `seconds` from now (after one call that is not timed, where `warm`: its packing buffers
+    and pages); the program (`prog`) exits saying why where a core's thread failed or hung."""
+    calls = {c: [] for c in cpus}
+    start = time.perf_counter()
+    failed = []
+
+    def work(cpu):
+        try:
+            os.sched_setaffinity(0, {cpu})
+            rng = np.random.default_rng(cpu)
+            a = rng.random((500, 4500), np.float32)
+            b = rng.random((4500, 1024), np.float32)
+            c = np.empty((500, 1024), np.float32)
+            if warm:
+                _core.sgemm(a, b, c)
+            while time.perf_counter() - start < seconds:
+                t0 = time.perf_counter()
+                _core.sgemm(a, b, c)
+                calls[cpu].append((t0 - start, time.perf_counter() - t0))
+        except BaseException as e:   # said after the join, not lost in a thread
+            failed.append(f"core {cpu}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in cpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
+    if failed or any(t.is_alive() for t in threads):
+        sys.exit(f"{prog}: " + ("; ".join(failed) or "a core's GEMM did not return"))
+    return calls
+
+
 def main(argv):
     ap = argparse.ArgumentParser(prog="core_drift.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("seconds", nargs="?", type=float, default=60.0)
@@ -40,31 +78,7 @@ def main(argv):
     if len(cpus) != 2 or cpus[0] == cpus[1] or not set(cpus) <= set(allowed):
         ap.error(f"needs two different cores of those this process may use, {allowed}; "
                  f"got {cpus}")
-    calls = {c: [] for c in cpus}
-    start = time.perf_counter()
-    failed = []
-
-    def work(cpu):
-        try:
-            os.sched_setaffinity(0, {cpu})
-            rng = np.random.default_rng(cpu)
-            a = rng.random((500, 4500), np.float32)
-            b = rng.random((4500, 1024), np.float32)
-            c = np.empty((500, 1024), np.float32)
-            while time.perf_counter() - start < seconds:
-                t0 = time.perf_counter()
-                _core.sgemm(a, b, c)
-                calls[cpu].append((t0 - start, time.perf_counter() - t0))
-        except BaseException as e:   # said after the join, not lost in a thread
-            failed.append(f"core {cpu}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in cpus]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 60)
-    if failed or any(t.is_alive() for t in threads):
-        sys.exit("core_drift.py: " + ("; ".join(failed) or "a core's GEMM did not return"))
+    calls = timed_calls(cpus, seconds)
     if any(not calls[c] for c in cpus):
         sys.exit(f"core_drift.py: no GEMM call ended in {seconds:g} s on a core; give more "
                  f"SECONDS")

@@ -17,45 +17,16 @@ import math
 import os
 import statistics
 import sys
-import threading
-import time
 
-import numpy as np
-
-from pyhet import _core
+from core_drift import FLOPS, timed_calls   # (this folder is the script's: on sys.path)
 
 
 def rates(cpus, seconds: float) -> list:
     """GFLOP/s of one thread pinned to each core of `cpus`, all at once, for `seconds`: the
     median over its calls; None for a core on which no call ended."""
-    start = time.perf_counter()
-    calls = {c: [] for c in cpus}
-    failed = []
-
-    def work(cpu):
-        try:
-            os.sched_setaffinity(0, {cpu})
-            rng = np.random.default_rng(cpu)
-            a = rng.random((500, 4500), np.float32)
-            b = rng.random((4500, 1024), np.float32)
-            c = np.empty((500, 1024), np.float32)
-            _core.sgemm(a, b, c)      # its packing buffers, its pages
-            while time.perf_counter() - start < seconds:
-                t0 = time.perf_counter()
-                _core.sgemm(a, b, c)
-                calls[cpu].append(time.perf_counter() - t0)
-        except BaseException as e:   # said after the join, not lost in a thread
-            failed.append(f"core {cpu}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=work, args=(c,), daemon=True) for c in cpus]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 60)
-    if failed or any(t.is_alive() for t in threads):
-        sys.exit("cores_alone.py: " + ("; ".join(failed) or "a core's GEMM did not return"))
-    flops = 2 * 500 * 4500 * 1024
-    return [flops / statistics.median(calls[c]) / 1e9 if calls[c] else None for c in cpus]
+    calls = timed_calls(cpus, seconds, "cores_alone.py", warm=True)
+    return [FLOPS / statistics.median(d for _, d in calls[c]) / 1e9 if calls[c] else None
+            for c in cpus]
 
 
 def main(argv):
