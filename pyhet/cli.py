@@ -619,19 +619,17 @@ def cmd_plan(args, parser, comm=None) -> int:
     # given; the layers are taken at their model's time there)
     remote = ranks > 1 and any(for_rank(specs, r) for r in range(1, ranks))
     in_step = args.master_gflops is None or not remote
-    if args.devices is not None:   # seconds to minutes (the paper network: half a minute a core)
-        say(f"calibrating {count} device{'s' if count != 1 else ''} ({', '.join(cal_names)}) on "
-            f"the network's layer shapes" + (", then timing steps of it" if in_step else "") +
-            "...")
     if comm is not None:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
                              "give --devices placing them, e.g. 0/cpu:1,1/cpu:1")
         calibrated, ranked = calibrate_ranks(args.devices, net, args.batch_size, comm,
                                              in_step=in_step,
-                                             links_together=args.master_link is None)
+                                             links_together=args.master_link is None,
+                                             log=sys.stderr)
     elif args.devices is not None:
-        calibrated = calibrate_spec(args.devices, net, args.batch_size, in_step=in_step)
+        calibrated = calibrate_spec(args.devices, net, args.batch_size, in_step=in_step,
+                                    log=sys.stderr)
     if counts is not None:
         rows = plan.sweep(net, args.batch_size, counts, links, calibrated, described,
                           args.master_gflops, args.ddp_speed, ranked, args.master_link)

@@ -10,11 +10,11 @@ from .backends.numpy_ref import host_available_memory
 from .calibrate import PLAN_WHOLE_BUDGET_S, _group_size, calibrate
 from .data import input_shape_of
 from .devices import make_devices
-from .errors import DeviceError, DeviceSpecError, PyhetError, say
+from .errors import DeviceError, DeviceSpecError, PyhetError
 from .model import time_head, time_in_step
 from .specs import check_ranks, check_threads, cuda_device_count, parse_devices
 from .train import (check_memory, host_backend, host_devices, left_out, measure_links,
-                    open_devices)
+                    open_devices, say_calibrating)
 
 
 def _gpus() -> list[dict]:
@@ -51,10 +51,7 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
                              for d in devices]
         report["calibration"] = report["partition"] = report["left_out"] = None
         if calibrate_them:
-            if log is not None:
-                say(f"calibrating {len(devices)} device{'s' if len(devices) != 1 else ''} "
-                    f"({', '.join(d.name for d in devices)}) on the network's layer shapes...",
-                    log)
+            say_calibrating(devices, log)
             cal = calibrate(devices, net.blocks, batch)
             report["calibration"] = cal.as_dict(devices)
             counts = {g.name: cal.partition(g.name, g.K) for g in net.blocks}
@@ -68,13 +65,14 @@ def describe_devices(spec: str, arch_spec: str, dataset: str, batch: int,
     return report
 
 
-def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
+def calibrate_spec(spec: str, net, batch: int, in_step: bool = True, log=None):
     """(device names, Calibration) of the devices of a SPEC on the network `net`
     (a NetGeometry) at this batch size: `pyhet plan`'s devices that are here. The master is
     here too: the Calibration's master_s is its own work of a step, timed, and with it each
     conv layer's time in steps (_with_master; in_step False: no step is run, the master is
     timed on its own only). A single device's whole layers are timed on PLAN_WHOLE_BUDGET_S:
-    three runs where a training run's calibration takes one. (Under mpiexec, calibrate_ranks.)"""
+    three runs where a training run's calibration takes one. log: a stream told when the
+    calibration starts, or None. (Under mpiexec, calibrate_ranks.)"""
     specs = parse_devices(spec, gpu_count=cuda_device_count)
     for s in specs:
         if s.rank not in (None, 0):
@@ -85,6 +83,7 @@ def calibrate_spec(spec: str, net, batch: int, in_step: bool = True):
     check_threads(specs)
     devices = make_devices(specs)
     try:
+        say_calibrating(devices, log, in_step)
         cal = calibrate(devices, net.blocks, batch, whole_budget_s=PLAN_WHOLE_BUDGET_S)
         return [d.name for d in devices], _with_master(cal, net, batch, devices, in_step)
     finally:
@@ -149,7 +148,7 @@ def _whole_in_step(cal, net, batch: int, devices, partition: dict, host):
 
 
 def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = None,
-                    in_step: bool = True, links_together: bool = True):
+                    in_step: bool = True, links_together: bool = True, log=None):
     """((device names, Calibration), {name: (Link, members)}) of the devices of a SPEC placed
     on the ranks of an MPI job, on rank 0: each calibrated on its rank by pyhet train's
     calibration (a device of another rank timed by its rank, computing beside the others, so
@@ -159,9 +158,10 @@ def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = No
     interface, which would otherwise be counted twice). The second item names the devices of
     the other ranks: the link to their rank, and how many devices of that rank share its
     messages (the cpu devices of a rank, which share their im2col and input gradient; else
-    1)."""
+    1). log: a stream told when the calibration starts, or None."""
     devices = open_devices(spec, timeout, comm)
     try:
+        say_calibrating(devices, log, in_step)
         measure_links(devices, net.blocks, batch, together=links_together)
         cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices, in_step)
         ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices

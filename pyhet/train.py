@@ -406,6 +406,18 @@ class Devices(list):
         self.idle_ranks, self.link = list(idle_ranks), link
 
 
+def say_calibrating(devices, log, steps: bool = False) -> None:
+    """Tell `log` (a stream, or None: nothing) that these devices' calibration starts (seconds
+    on small networks; on the paper network at batch 16, 16 s for two cpu:1 devices of a
+    2-core Zen 1 VM, 25-35 s for one with pyhet plan's steps); `steps`: training steps of the
+    network are timed after it."""
+    if log is not None:
+        n = len(devices)
+        say(f"calibrating {n} device{'s' if n != 1 else ''} ({', '.join(d.name for d in devices)})"
+            f" on the network's layer shapes" + (", then timing steps of it" if steps else "") +
+            "...", log)
+
+
 def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: int,
               seed: int = 0, log=None, deterministic: bool = False, planned=None):
     """(Net, Calibration or None): the network on the devices, each conv layer partitioned as
@@ -415,7 +427,7 @@ def build_net(shape: NetGeometry, params: dict, devices, balance: str, batch: in
         partition, cal = planned
     else:
         if log is not None and len(devices) > 1 and balance != "even" and not deterministic:
-            say(f"calibrating {len(devices)} devices on the network's layer shapes...", log)
+            say_calibrating(devices, log)
         partition, cal = plan_partition(shape, devices, balance, batch, seed, deterministic)
     if log is not None and len(devices) > 1:
         say("partition: " + "; ".join(

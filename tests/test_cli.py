@@ -489,6 +489,7 @@ def test_an_error_line_reaches_stderr_in_one_write(monkeypatch, tmp_path):
     lines = [w for w in err.writes if w.startswith(("calibrating", "partition:"))]
     assert len(lines) == 2, err.writes
     assert all(w.endswith("\n") and w.count("\n") == 1 for w in lines), lines
+    assert lines[0] == "calibrating 2 devices (d0, d1) on the network's layer shapes...\n"
 
 
 def test_unusable_gpu_exits_1(cli, npz_dataset):

@@ -6,6 +6,7 @@ small networks on real devices.
 Letters as in pyhet.geometry; N is the batch size.
 """
 
+import importlib.util
 import json
 import math
 import re
@@ -829,7 +830,7 @@ def test_under_mpiexec_master_gflops_runs_no_steps_where_devices_are_on_other_ra
         pass
 
     def calibrate_ranks(spec, net, batch, comm, timeout=None, in_step=True,
-                        links_together=True):
+                        links_together=True, log=None):
         asked.append(in_step)
         together.append(links_together)
         raise Stop
@@ -1097,6 +1098,11 @@ def test_cli_calibrates_a_spec(cli):
                        "steps of it...\n")
     res = cli("plan", "--describe", "a:gflops=50", "--kernels", "4,6", "--dataset", "synthetic")
     assert res.code == 0 and res.err == ""   # nothing to calibrate
+    if importlib.util.find_spec("cupy") is None:
+        # a device that cannot be made: its error alone, no calibration said to start
+        res = cli("plan", "--devices", "gpu:0", "--kernels", "4,6", "--dataset", "synthetic")
+        assert res.code != 0 and len(res.err.splitlines()) == 1, res.err
+        assert res.err.startswith("pyhet") and "calibrating" not in res.err, res.err
 
 
 def test_one_device_on_its_own_when_the_split_would_be_slower():
@@ -1340,7 +1346,7 @@ def test_a_described_name_of_a_calibrated_device_is_refused_before_calibration(c
     from pyhet import cli as cli_module
     from test_cli import assert_one_error_line
 
-    def calibrate(*_):
+    def calibrate(*_, **__):
         raise AssertionError("calibrated")
     monkeypatch.setattr(cli_module, "calibrate_spec", calibrate)
     res = cli("plan", "--devices", "cpu:1,cpu:1", "--describe", "d1:gflops=100", "--kernels",

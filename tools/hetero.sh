@@ -4,14 +4,14 @@
 # per round the efficiency, the ideal step 1 / (1 / t1 + 1 / t0.5) over the pair's; and before
 # each round, a core's GEMM rate alone and beside the other (tools/cores_alone.py, 2 s each): a
 # ratio above 1 is a clock that one busy core gets and two do not, which lowers the efficiency.
-#   OUT=DIR ROUNDS=5 BATCH=16 bash tools/hetero.sh     (each run's JSON summary in DIR)
+#   OUT=DIR ROUNDS=5 BATCH=16 bash tools/hetero.sh     (each run's JSON summary in DIR; python3
+#                                                      and pyhet those of pyhet's environment)
 set -euo pipefail
 OUT=${OUT:-hetero-out}; ROUNDS=${ROUNDS:-5}; BATCH=${BATCH:-16}
 mkdir -p "$OUT"
 here=$(cd "$(dirname "$0")" && pwd)
-py=$(sed -n '1s/^#!//p' "$(command -v pyhet)")   # the Python that runs pyhet
 for r in $(seq 1 "$ROUNDS"); do
-  "${py:-python3}" "$here/cores_alone.py" 2 1 | sed -n "s/^round 1: /round $r, before it: /p" ||
+  python3 "$here/cores_alone.py" 2 1 | sed -n "s/^round 1: /round $r, before it: /p" ||
     echo "round $r, before it: tools/cores_alone.py failed (its message above)"
   for cfg in "cpu:1 6" "cpu:1@0.5 4" "cpu:1,cpu:1@0.5 6"; do
     set -- $cfg
