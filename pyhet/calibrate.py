@@ -13,7 +13,7 @@ import numpy as np
 from .devices import Device
 from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
-from .partition import balanced_phases, phases_time
+from .partition import balanced_phases, local_split, phases_time, split_waits
 from .workers import Worker
 
 
@@ -47,8 +47,11 @@ class Calibration:
     # devices of this process run a layer together, it lasts
     # longer than its busiest device (each phase waits for all: hand-offs, devices out of step);
     # the contention takes that up to WAITS_IN_CONTENTION, and the layer's time split over
-    # several devices (predicted) the rest. A DDP replica, or a device copied elsewhere, takes
-    # the contention alone. Missing: 1
+    # several devices (predicted) the rest. Where devices of other ranks take part, the waits
+    # of a short layer's split that gives them kernels, run as a step runs it
+    # (_linked_split_waits), which a split among this process's devices alone does not take
+    # (pyhet.partition.split_waits). A DDP replica, or a device copied elsewhere, takes the
+    # contention alone. Missing: 1
     waits: dict | None = None
     # the master's own work of a step (the fc layers, the loss, their update) timed on this
     # machine at this batch size, where pyhet plan's master is here (inside training steps
@@ -96,6 +99,12 @@ class Calibration:
         other only while they all compute)."""
         caps = self.caps[layer] if caps is None else caps
         counts = balanced_phases(total, self.phases_of(layer), caps)
+        if (self.waits or {}).get(layer, 1.0) > 1.0:
+            # a split among devices of this process waits on no message (split_waits)
+            local = local_split(total, self.phases_of(layer), caps, self.linked(layer))
+            if local is not None and self.predicted(layer, local) < self.predicted(layer,
+                                                                                   counts):
+                counts = local
         alone = self.alone_seconds(layer, total)
         fits = [i for i, c in enumerate(caps) if c >= total]
         if alone is not None and fits:
@@ -110,8 +119,14 @@ class Calibration:
         busy = [i for i, k in enumerate(counts) if k]
         if alone is not None and len(busy) == 1:
             return alone[busy[0]]   # one device on its own: its typical time alone
-        split = phases_time(counts, self.phases_of(layer))
-        return split * (self.waits or {}).get(layer, 1.0) if len(busy) > 1 else split
+        return phases_time(counts, self.phases_of(layer)) * split_waits(
+            (self.waits or {}).get(layer, 1.0), counts, self.linked(layer))
+
+    def linked(self, layer: str):
+        """Per device, whether it has a link (another rank) on this layer, or None where the
+        calibration does not say (no parts)."""
+        parts = (self.parts or {}).get(layer)
+        return None if parts is None else [p is not None for p in parts]
 
     def alone_seconds(self, layer: str, total: int):
         """Each device's seconds for all `total` kernels of the layer on its own (its fit

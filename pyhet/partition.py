@@ -334,6 +334,39 @@ def phases_time(counts, phases) -> float:
     return sum(predicted_time(counts, speeds, overheads) for speeds, overheads in phases)
 
 
+def split_waits(waits: float, counts, linked=None) -> float:
+    """The factor a layer's split time takes for its waits between phases
+    (pyhet.calibrate.Calibration.waits) with these kernels per device: the waits where several
+    devices hold kernels, else 1. linked: per device, whether it has a link (another rank).
+    Where some device has one, the waits are those of a split that gives devices of other
+    ranks kernels (calibration times that one; its devices of this process then run no trial
+    of their own together), so a split among devices of this process alone does not take them:
+    it waits on no message."""
+    busy = [i for i, k in enumerate(counts) if k]
+    if len(busy) < 2:
+        return 1.0
+    if linked is not None and any(linked) and not any(linked[i] for i in busy):
+        return 1.0
+    return float(waits)
+
+
+def local_split(total: int, phases, caps, linked, every_split: bool = True):
+    """The best split of the layer among the devices without a link (balanced_phases with the
+    others' caps 0), or None: no device has a link, or those without one cannot hold the layer
+    or are fewer than two. Where a split that gives devices of other ranks kernels waits on
+    their messages (split_waits), this one does not, and can be the faster."""
+    if linked is None or not any(linked) or sum(1 for v in linked if not v) < 2:
+        return None
+    cut = [0 if v else c for c, v in zip(caps, linked)]
+    if sum(cut) < total:
+        return None
+    try:
+        counts = balanced_phases(total, phases, cut, every_split=every_split)
+    except ValueError:
+        return None
+    return counts if sum(1 for k in counts if k) > 1 else None
+
+
 # ================================================================================================
 # Dynamic balancing: re-measure each device's speed from its busy time in every step and move
 # kernels when the devices stay out of balance.
@@ -375,14 +408,18 @@ class Balancer:
     (pyhet.calibrate.Calibration.waits), which a split's time takes, as calibration's partition
     does: a short layer over ranks whose split waits on every phase's messages stays on one
     device (split by the devices' busy times alone it went back and forth between splits 1.4
-    times as slow as that device's step).
+    times as slow as that device's step); linked: per device, whether it has a link (another
+    rank), with which a split among devices of this process alone takes no waits where some
+    device has one (split_waits).
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
-                 confirm: int = 3, phases=None, fixed=None, alone=None, waits: float = 1.0):
+                 confirm: int = 3, phases=None, fixed=None, alone=None, waits: float = 1.0,
+                 linked=None):
         self.total = total
         self.waits = float(waits)
+        self.linked = None if linked is None else [bool(v) for v in linked]
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
@@ -411,6 +448,11 @@ class Balancer:
     def partition(self) -> list[int]:
         """The best kernels per device under the current estimates."""
         counts = balanced_phases(self.total, self.model(), self.caps, every_split=False)
+        if self.waits > 1.0:   # a split among devices of this process waits on no message
+            local = local_split(self.total, self.model(), self.caps, self.linked,
+                                every_split=False)
+            if local is not None and self.time(local) < self.time(counts):
+                counts = local
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
             # by more than the threshold: a split that times about the same is kept (both
@@ -444,8 +486,7 @@ class Balancer:
         i = self._alone_device(counts)
         if i is not None:
             return self._alone_now(i)
-        split = phases_time(counts, self.model())
-        return split * self.waits if sum(1 for k in counts if k) > 1 else split
+        return phases_time(counts, self.model()) * split_waits(self.waits, counts, self.linked)
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is

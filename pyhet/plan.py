@@ -27,7 +27,7 @@ from .calibrate import Calibration
 from .errors import DeviceError, UsageError, shown
 from .geometry import GPU_OUTPUTS, NetGeometry
 from .links import Link, link_cost, link_phase_cost
-from .partition import balanced_phases, phases_time
+from .partition import balanced_phases, local_split, phases_time, split_waits
 
 DEFAULT_LATENCY_S = 50e-6     # a link given by its bandwidth alone: one-way latency
 MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as calibrate does)
@@ -766,12 +766,15 @@ def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1
     phases of the slowest device's time, or, where one device has every kernel, its typical
     time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
     then, own_costs, default its cost among the others). A layer split over several devices
-    takes its `waits` between phases beyond their contention (Cluster.waits); either takes the
+    takes its `waits` between phases beyond their contention (Cluster.waits; where a device
+    has a link, only a split that gives one of those kernels: split_waits); either takes the
     layer's `in_step` factor (Cluster.in_step)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
         return _alone_s((own or costs)[busy[0]], counts[busy[0]]) * in_step
-    return phases_time(counts, layer_phases(costs)) * waits * in_step
+    linked = [c.has_link for c in costs]
+    return phases_time(counts, layer_phases(costs)) * split_waits(waits, counts,
+                                                                  linked) * in_step
 
 
 def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
@@ -812,6 +815,11 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
             return max(_model_s(cluster, g, kk, own), interface_s(cluster, net, j, kk))
         if cluster.master_bandwidth:
             counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
+        if (cluster.waits or {}).get(g.name, 1.0) > 1.0:
+            # a split among the devices without a link waits on no message (split_waits)
+            local = local_split(g.K, layer_phases(cs), caps, [c.has_link for c in cs])
+            if local is not None and seconds(local) < seconds(counts):
+                counts = local
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         if fits:
             # each with the factor of time in steps that conv_seconds gives it (the split's

@@ -504,7 +504,8 @@ class DynamicBalance:
                                               phases=cal.phases_of(conv.name),
                                               fixed=link_fixed(cal, conv.name),
                                               alone=cal.alone_seconds(conv.name, conv.K),
-                                              waits=(cal.waits or {}).get(conv.name, 1.0))
+                                              waits=(cal.waits or {}).get(conv.name, 1.0),
+                                              linked=cal.linked(conv.name))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:

@@ -416,6 +416,51 @@ def test_balancer_takes_the_layers_waits_as_calibration_does():
     assert cal.partition("c", 60) == [60, 0]
 
 
+def test_a_split_among_devices_of_this_process_takes_no_waits_of_ranks():
+    """Where devices of other ranks take part, a layer's waits are those of a split that gives
+    them kernels (calibration times that split as a step runs it: its phases wait on their
+    messages); a split among the devices of this process alone does not take them, and
+    calibration's partition and the balancer weigh it beside the full split and one device
+    alone (of two local cpu:1 and one of another rank, a short layer split over all three was
+    slower than over the two, which were not weighed)."""
+    from pyhet.calibrate import Calibration
+    from pyhet.partition import local_split, split_waits
+
+    linked = [False, False, True]
+    assert split_waits(2.0, [3, 3, 0], linked) == 1.0      # the two of this process
+    assert split_waits(2.0, [3, 0, 3], linked) == 2.0      # one of another rank takes part
+    assert split_waits(2.0, [6, 0, 0], linked) == 1.0      # one device: no waits
+    assert split_waits(2.0, [3, 3, 0], None) == 2.0        # not known: as measured
+    assert split_waits(2.0, [3, 3, 0], [False] * 3) == 2.0  # all of this process
+    speeds, overheads = [100.0] * 3, [0.0] * 3
+    assert local_split(60, [(speeds, overheads)], [60] * 3, linked) == [30, 30, 0]
+    assert local_split(60, [(speeds, overheads)], [60, 0, 60], linked) is None   # one left
+    assert local_split(60, [(speeds, overheads)], [20, 20, 60], linked) is None  # too small
+    assert local_split(60, [(speeds, overheads)], [60] * 3, [False] * 3) is None
+    # over all three: 0.2 s and its waits (2): 0.4 s; over the two: 0.3 s; one alone: 0.6 s
+    bal = Balancer(60, speeds, overheads, patience=1, alone=[0.6] * 3, waits=2.0,
+                   linked=linked)
+    assert bal.time([20, 20, 20]) == pytest.approx(0.4)
+    assert bal.time([30, 30, 0]) == pytest.approx(0.3)
+    assert bal.partition() == [30, 30, 0]
+    unknown = Balancer(60, speeds, overheads, patience=1, alone=[0.6] * 3, waits=2.0)
+    assert unknown.partition() == [20, 20, 20] and unknown.time([30, 30, 0]) == 0.6
+    part = {"compute_kernels_per_s": 100.0, "compute_overhead_s": 0.0, "link_fixed_s": 0.0,
+            "link_s_per_kernel": 0.0}
+    cal = Calibration({"c": speeds}, {"c": overheads}, {"c": [60] * 3},
+                      parts={"c": [None, None, part]}, fits={"c": [[0.01, 0.0, 1]] * 3},
+                      waits={"c": 2.0})
+    assert cal.linked("c") == linked and cal.linked("d") is None
+    assert cal.predicted("c", [30, 30, 0]) == pytest.approx(0.3)
+    assert cal.predicted("c", [20, 20, 20]) == pytest.approx(0.4)
+    assert cal.partition("c", 60) == [30, 30, 0]
+    assert replace(cal, parts=None).partition("c", 60) == [20, 20, 20]
+    assert replace(cal, waits=None).partition("c", 60) == [20, 20, 20]
+    net = __import__("types").SimpleNamespace(
+        convs=[__import__("types").SimpleNamespace(name="c", K=60)], devices=[])
+    assert DynamicBalance(net, cal).balancers["c"].linked == linked
+
+
 def test_dynamic_balance_gives_each_layer_its_waits():
     import types
 

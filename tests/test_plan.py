@@ -1713,3 +1713,26 @@ def test_a_sweeps_own_links_column_keeps_one_master_interface():
         "a:gflops=2000,bw=1gbit;b:gflops=2000,bw=100gbit"), master_gflops=2000.0,
                       master_link="links")
     assert [r["master_interface_bytes_per_s"] for r in rows] == [1.25e10, 1.25e10]
+
+
+def test_a_split_among_the_devices_without_a_link_takes_no_waits_of_ranks():
+    """A layer's waits (Cluster.waits, calibration's) were timed on a split that gives devices
+    of other ranks kernels: a split among the devices without a link does not take them, and
+    the plan weighs it (two devices here and one behind a link, a layer whose split over all
+    three waits twice its model's time goes on the two)."""
+    link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+    costs = {}
+    for g in NET.blocks:
+        fixed, per = link_cost(link, g, N, g is not NET.blocks[0])
+        costs[g.name] = [plan.Cost(1000.0, 0.0, g.K), plan.Cost(1000.0, 0.0, g.K),
+                         plan.Cost(1000.0, 0.0, g.K, fixed, per)]
+    cluster = plan.Cluster(["d0", "d1", "r1"], [None, None, link], costs, [1.0] * 3,
+                           waits={"conv2": 2.0})
+    part = plan.partition_of(cluster, NET, N)
+    assert part["conv2"][2] == 0 and min(part["conv2"][:2]) > 0
+    assert min(part["conv1"]) > 0                    # no waits: all three
+    waited = plan.layer_seconds(costs["conv2"], [4, 4, 4], waits=2.0)
+    assert waited == pytest.approx(2 * plan.layer_seconds(costs["conv2"], [4, 4, 4]))
+    assert plan.layer_seconds(costs["conv2"], [6, 6, 0], waits=2.0) == pytest.approx(
+        plan.layer_seconds(costs["conv2"], [6, 6, 0]))
+    assert plan.conv_seconds(cluster, NET, part)["conv2"] == pytest.approx(0.006, rel=0.01)
