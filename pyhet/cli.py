@@ -336,7 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="under mpiexec: how long a rank may take to answer before the run "
                         "ends with an error naming it (default 300)")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress bars, nor the lines on calibration and the partition "
+                        "(warnings and errors stay)")
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="show tracebacks on errors")
 

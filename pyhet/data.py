@@ -826,8 +826,11 @@ def _check_npz_images(a, key, like, path, guess_layout: bool = True):
         if a.dtype != like.dtype:
             raise DataError(f"{path}: {key!r} is {a.dtype}, but 'x' is {like.dtype}; "
                             f"both splits must have the same dtype")
-    if a.dtype == np.float32 and not np.isfinite(a).all():
-        raise DataError(f"{path}: {key!r} holds NaN or infinite values")
+    if a.dtype == np.float32:
+        finite = np.isfinite(a).reshape(len(a), -1).all(axis=1)
+        if not finite.all():
+            raise DataError(f"{path}: {key!r} holds NaN or infinite values (image "
+                            f"{int(np.argmin(finite))} is the first)")
 
 
 def _check_npz_labels(y, key, n, path):

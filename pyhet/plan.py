@@ -200,6 +200,9 @@ def parse_describe(text: str) -> list[Described]:
         for item in (i.strip() for i in body.split(",") if i.strip()):
             key, eq, value = item.partition("=")
             key = key.strip().lower()
+            if not eq and key in DESCRIBE_KEYS:
+                raise UsageError(f"{where}: field {shown(item)} has no value; expected "
+                                 f"{key}=VALUE")
             if not eq or key not in DESCRIBE_KEYS:
                 raise UsageError(f"{where}: unknown field {shown(item)}; expected key=value with "
                                  f"key one of {', '.join(DESCRIBE_KEYS)}")

@@ -171,6 +171,22 @@ def test_progress_goes_to_stderr_only(cli, npz_dataset, as_json):
         assert "trained 4 steps" in res.out
 
 
+
+def test_quiet_leaves_out_the_bars_and_the_set_ups_lines(cli, npz_dataset):
+    """pyhet train says when it calibrates, the partition and why a device gets no kernels;
+    --quiet leaves those out with the bars (the summary keeps the partition)."""
+    data = npz_dataset(n=24)
+    argv = ["train", "--dataset", f"npz:{data}", "--kernels", "5,7", "--kernel-size", "3",
+            "--devices", "cpu:1,numpy", "--batch-size", "8", "--steps", "2", "--json"]
+    loud = cli(*argv)
+    assert loud.code == 0, loud.err
+    assert "calibrating 2 devices (d0, d1)" in loud.err and "partition: conv1" in loud.err
+    quiet = cli(*argv, "--quiet")
+    assert quiet.code == 0, quiet.err
+    assert quiet.err == ""
+    assert set(last_json(quiet.out)["partition"]) == {"conv1", "conv2"}
+
+
 # ================================================================ steps, epochs, order, seed
 
 def test_steps_cross_epoch_boundaries(cli, npz_dataset):

@@ -382,3 +382,24 @@ def test_what_a_cifar_pickle_holds_besides_plain_arrays(tmp_path, batch, words):
         return
     with pytest.raises(DataError, match=words):
         load_dataset("cifar10", folder)
+
+
+def test_a_changed_byte_in_a_whole_file_is_called_damaged_not_truncated(tmp_path, weight_file):
+    """An array whose bytes changed in a file of its full length fails the zip's CRC: the file
+    is said to be damaged; one cut short fails its size check first and is said to be
+    truncated."""
+    data = bytearray(weight_file.read_bytes())
+    with zipfile.ZipFile(weight_file) as z:
+        info = z.getinfo("conv1.weight.npy")
+        at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size - 2
+    data[at] ^= 0xFF                              # the array's last float, its header left
+    bad = tmp_path / "flipped.npz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=r"flipped\.npz: .*conv1\.weight.*CRC.*; damaged "
+                                           r"file\?$") as e:
+        pyhet.load(bad, devices="numpy")
+    one_line(str(e.value))
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(weight_file.read_bytes()[:len(data) // 2])
+    with pytest.raises(WeightsError, match=r"cut\.npz: .*truncated"):
+        pyhet.load(cut, devices="numpy")

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyhet.data import (DATASETS, FASHION_MNIST_CLASSES, Dataset, describe,
-                        iterate_batches, load_dataset)
+                        iterate_batches, load_dataset, read_images)
 import pyhet
 from pyhet.errors import DataError
 
@@ -702,6 +702,26 @@ def test_npz_damage_names_the_file(tmp_path, damage):
     path = _npz(tmp_path, name="broken-set.npz", **NPZ_DAMAGE[damage])
     with raises_naming("broken-set.npz"):
         load_dataset(f"npz:{path}")
+
+
+def test_npz_images_not_finite_name_the_first(tmp_path):
+    """As Network.predict and evaluate name the first image with NaN or infinite values, so
+    does a dataset file (and so pyhet train, evaluate and predict on the command line)."""
+    x = GOOD_X.copy()
+    x[2, 0, 1, 1] = np.inf
+    x[3, 0, 0, 0] = np.nan
+    path = _npz(tmp_path, x=x, y=GOOD_Y)
+    with pytest.raises(DataError, match=r"'x' holds NaN or infinite values \(image 2 is the "
+                                        r"first\)"):
+        load_dataset(f"npz:{path}")
+    test = GOOD_X.copy()
+    test[1, 0, 2, 2] = np.nan
+    path = _npz(tmp_path, name="t.npz", x=GOOD_X, y=GOOD_Y, x_test=test, y_test=GOOD_Y)
+    with pytest.raises(DataError, match=r"'x_test' .*\(image 1 is the first\)"):
+        load_dataset(f"npz:{path}")
+    np.save(tmp_path / "in.npy", x)
+    with pytest.raises(DataError, match=r"image 2 is the first"):
+        read_images(tmp_path / "in.npy")
 
 
 def test_a_stray_label_is_named_not_taken_for_a_huge_number_of_classes(tmp_path):

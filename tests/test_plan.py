@@ -971,6 +971,7 @@ def test_random_plans_are_never_slower_than_their_best_single_device():
 
 @pytest.mark.parametrize("text, words", [
     ("a:gflops=5,speed=3", ["unknown field", "speed=3"]),
+    ("a:gflops", ["field 'gflops' has no value", "gflops=VALUE"]),
     ("a:gflops=5,bw=-1gbit", ["bandwidth", "-1gbit", "is negative"]),
     ("a:gflops=5,bw=-1parsecs", ["bandwidth '-1parsecs': expected a number and a unit"]),
     ("a:gflops=5,bw=1gbit,lat=-0us", ["latency '-0us': expected a number and a unit"]),
