@@ -47,9 +47,9 @@ class Calibration:
     # devices of this process run a layer together, it lasts
     # longer than its busiest device (each phase waits for all: hand-offs, devices out of step);
     # the contention takes that up to WAITS_IN_CONTENTION, and the layer's time split over
-    # several devices (predicted) the rest. Where devices of other ranks take part, the waits
-    # of a short layer's split that gives them kernels, run as a step runs it
-    # (_linked_split_waits), which a split among this process's devices alone does not take
+    # several devices (predicted) the rest. Of a short layer, its split run as a step runs it
+    # over the split's predicted time (_short_split_wall); where devices of other ranks take
+    # part, a split among this process's devices alone does not take those
     # (pyhet.partition.split_waits). A DDP replica, or a device copied elsewhere, takes the
     # contention alone. Missing: 1
     waits: dict | None = None
@@ -518,12 +518,14 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                       whole or None, waits or None)
+    splits = {}   # layer -> (its split, [wall times]) where the split ran as a step runs it
     if together > 0:
         for index, g in enumerate(geometries):
             _linked_wholes(cal, devices, g, batch, index > 0, seed, together)
-            beyond = _linked_split_waits(cal, devices, g, batch, index > 0, seed, together)
-            if beyond is not None:
-                waits[g.name] = beyond
+            timed = _short_split_wall(cal, devices, g, batch, index > 0, seed, together)
+            if timed is not None:
+                splits[g.name] = (timed[0], [timed[1]])
+                _set_waits(waits, g.name, _split_waits_of(cal, g.name, *timed))
         cal = replace(cal, waits=waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
@@ -537,10 +539,15 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                 g.x_shape(batch)).astype(np.float32)   # (any input: a trial of its time)
             again, beyond = _together(devices, g, x, need_dx, fits, memory, seed + 1, together)
             contention[g.name] = [min(a, b) for a, b in zip(contention[g.name], again)]
-            if g.name in waits:
-                waits[g.name] = min(waits[g.name], beyond)
             _layer_model(*models[g.name], contention[g.name], speeds, overheads, caps, parts,
                          phases)
+            if g.name in splits:   # the split again, its waits by the faster of the two
+                counts, walls = splits[g.name]
+                walls.append(_median_wall(devices, g, "split", counts, batch, need_dx,
+                                          seed + 1, together))
+                _set_waits(waits, g.name, _split_waits_of(cal, g.name, counts, min(walls)))
+            elif g.name in waits:
+                waits[g.name] = min(waits[g.name], beyond)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                        whole or None, waits or None)
 
@@ -572,20 +579,23 @@ def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_
         cal.whole[g.name][i] = min(MAX_CONTENTION, max(cal.whole[g.name][i], factor))
 
 
-def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,
-                        need_dx: bool, seed: int, rounds: int) -> float | None:
-    """Where devices of other ranks take part and the calibration splits a short layer (its
-    split predicted at most SMALL_WHOLE_S): the layer's time as a training step runs it with
-    that split (_layer_trial: every phase's messages to the ranks and back, each waiting for
-    all), the median of its runs, over the split's predicted time (at least 1; at most
-    MAX_CONTENTION): its waits (Calibration.waits), which the split's time takes, so that a
-    device alone is preferred where the split is slower. Else None. A short layer's phases
-    each wait on a message's latency there and back, and on the serving rank's hand-offs,
-    which the devices' trials, one at a time and at once, do not time: the four-layer
-    16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N at batch 64 split over two ranks of `cpu:1` on one
-    2-core machine ran 27 ms a step, where its split was predicted 20 ms and one device alone
-    takes 19.6 ms."""
-    if len(devices) < 2 or all(d.link is None for d in devices):
+def _short_split_wall(cal: Calibration, devices, g: ConvGeometry, batch: int,
+                      need_dx: bool, seed: int, rounds: int) -> tuple | None:
+    """Where several devices can take kernels of a short layer (their split predicted at most
+    SMALL_WHOLE_S): (that split, its median wall time run as a step runs it: _layer_trial,
+    every phase waiting for all, and for devices of other ranks every phase's messages there
+    and back). Else None. Its time over the split's predicted time is the layer's waits
+    (_split_waits_of), which the split's time takes, so that a device alone is preferred where
+    the split is slower: a short layer's phases each wait on a message's latency there and
+    back, and on the serving rank's hand-offs, which the devices' trials, one at a time and at
+    once, do not time (the four-layer 16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N at batch 64 split
+    over two ranks of `cpu:1` on one 2-core machine ran 27 ms a step, where its split was
+    predicted 20 ms and one device alone takes 19.6 ms); and where a device's share is a
+    kernel or two, its time is its products' fixed part, each of them reading the layer's
+    whole input (of the default network's conv1 at batch 64, one kernel on a `cpu:1@0.15`
+    beside a `cpu:1` took 13.5 ms a step against the 7 ms its together trial of two kernels
+    gave it, and the split 14.7 ms against 9.6 ms for the `cpu:1` alone)."""
+    if len(devices) < 2:
         return None
     try:
         counts = balanced_phases(g.K, cal.phases_of(g.name), cal.caps[g.name])
@@ -594,8 +604,22 @@ def _linked_split_waits(cal: Calibration, devices, g: ConvGeometry, batch: int,
     model_s = phases_time(counts, cal.phases_of(g.name))
     if sum(1 for c in counts if c) < 2 or not 0 < model_s <= SMALL_WHOLE_S:
         return None
-    wall = _median_wall(devices, g, "split", counts, batch, need_dx, seed, rounds)
-    return min(MAX_CONTENTION, max(1.0, wall / model_s))
+    return counts, _median_wall(devices, g, "split", counts, batch, need_dx, seed, rounds)
+
+
+def _set_waits(waits: dict, layer: str, value: float) -> None:
+    """The layer's waits in `waits` where above 1; else none (1)."""
+    if value > 1.0:
+        waits[layer] = value
+    else:
+        waits.pop(layer, None)
+
+
+def _split_waits_of(cal: Calibration, layer: str, counts, wall: float) -> float:
+    """A split's waits (Calibration.waits): its wall time as a step runs it over its predicted
+    time under the cost model, within [1, MAX_CONTENTION]."""
+    model_s = phases_time(counts, cal.phases_of(layer))
+    return min(MAX_CONTENTION, max(1.0, wall / max(model_s, 1e-12)))
 
 
 def _median_wall(devices, g: ConvGeometry, what: str, counts, batch: int, need_dx: bool,

@@ -392,6 +392,20 @@ def test_balancer_keeps_a_layer_that_is_faster_on_one_device():
     assert sum(1 for k in slowed.partition() if k) == 2
 
 
+def test_a_layer_that_goes_to_one_device_leaves_the_others_none():
+    """From a split, where one device alone beats it, the move puts every kernel on that
+    device: the others keep no kernel to be measured (a kernel each measured nothing of their
+    speed and cost the layer their products' fixed part and its waits). A split that leaves a
+    device one kernel is priced as a split, not as the other device alone."""
+    speeds, overheads = [100.0, 90.0], [0.0, 0.0]
+    bal = Balancer(60, speeds, overheads, patience=1, alone=[0.25, 0.9])
+    counts = [32, 28]                            # 0.32 s split; d0 alone 0.25 s
+    moved = next(m for m in (bal.observe(counts, [0.32, 0.31]) for _ in range(6)) if m)
+    assert moved == [60, 0]
+    assert bal.time([59, 1]) == pytest.approx(0.59)    # d0's 59 kernels at 100/s
+    assert bal.time([60, 0]) == pytest.approx(0.25)
+
+
 def test_balancer_takes_the_layers_waits_as_calibration_does():
     """A split's time takes the layer's waits between phases (Calibration.waits), as
     calibration's partition does: a split predicted faster than one device alone by the
@@ -479,15 +493,15 @@ def test_dynamic_balance_gives_each_layer_its_waits():
 def test_balancer_goes_back_to_the_split_when_alone_runs_slower_than_calibrated():
     """A layer moved to one device alone, which then takes longer than its calibrated time
     alone (and than the split): its measured time alone replaces the calibrated one and the
-    split comes back. The kernel the other device keeps to be measured (mostly fixed cost)
-    does not make that device look slow."""
+    split comes back. The other device, holding none of the layer meanwhile, keeps its
+    estimates."""
     speeds, overheads = [100.0, 90.0], [0.0, 0.0]
     bal = Balancer(60, speeds, overheads, patience=2, alone=[0.25, 0.9])
     assert bal.partition() == [60, 0]
-    counts, moves = [59, 1], []
+    counts, moves = [60, 0], []
     for _ in range(12):
-        # d0 takes 0.45 s for its 59 kernels; d1's one kernel costs 0.05 s of fixed work
-        new = bal.observe(counts, [0.45, 0.05])
+        # d0 takes 0.46 s for the layer
+        new = bal.observe(counts, [0.46, 0.0])
         if new is not None:
             moves.append(new)
             counts = new
@@ -495,7 +509,7 @@ def test_balancer_goes_back_to_the_split_when_alone_runs_slower_than_calibrated(
     assert moves and all(k > 1 for k in moves[0]), moves
     assert bal.speeds == speeds                  # nothing was learnt of their split speeds
     # seen as longer than calibrated (an average from it, towards the 0.46 s measured)
-    assert 0.3 < bal.time([60, 0]) <= 0.45 * 60 / 59
+    assert 0.3 < bal.time([60, 0]) <= 0.46
     assert bal.time([60, 0]) > bal.time(moves[0])
     # in the split it stays: the time alone as seen is the longer
     assert bal.partition() == moves[0]

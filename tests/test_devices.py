@@ -388,8 +388,9 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     its median wall time over the split's predicted time is the layer's waits (at least 1),
     which the split's time takes: where they make it slower than one device alone, the layer
     goes whole on that device (a short network over two ranks of one 2-core machine ran 27 ms
-    a step split, 19.6 ms on one device). A long layer, and devices all of this process, run
-    no such trial."""
+    a step split, 19.6 ms on one device). So does a short layer's split over devices all of
+    this process (a device's share of a kernel or two costs its products' fixed part, which
+    the trials of its share did not see). A long layer runs no such trial."""
     import pyhet.calibrate as calibrate_module
     from pyhet.calibrate import SMALL_WHOLE_S
     from pyhet.partition import balanced_phases, phases_time
@@ -405,7 +406,7 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
         if g.name.endswith("/split"):
             splits.append((g.name, list(counts)))
-            return [([0.0] * len(devices), w) for w in walls[g.name.split("/")[1]]]
+            return [([0.0] * len(devices), w) for w in walls.get(g.name.split("/")[1], [0.0])]
         if "/whole-" in g.name:     # the whole layer on the device of another rank
             wholes.append((g.name, list(counts)))
             return [([0.0] * len(devices), w) for w in whole_walls.get(g.name, [0.0])]
@@ -416,7 +417,17 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
     try:
         here = calibrate(devices, shape.blocks, 4)
-        assert splits == [] and here.waits is None
+        assert [n for n, _ in splits] == [f"calibrate/{g.name}/split" for g in shape.blocks]
+        assert here.waits is None        # run as fast as predicted: no waits
+        # conv1's split three times as long as predicted: alone beats it
+        local = balanced_phases(8, here.phases_of("conv1"), here.caps["conv1"])
+        walls["conv1"] = [3 * phases_time(local, here.phases_of("conv1"))] * 3
+        here = calibrate(devices, shape.blocks, 4)
+        assert here.waits == {"conv1": pytest.approx(3.0, rel=0.05)}
+        assert here.partition("conv1", 8) in ([8, 0], [0, 8])
+        assert min(here.partition("conv2", 24)) > 0
+        walls.clear()
+        splits.clear()
         devices[1].link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
         model = {}
         walls.update({g.name: [1.0] for g in shape.blocks})
@@ -697,9 +708,11 @@ def test_a_single_device_times_the_whole_layer(monkeypatch):
     assert calibrated(1.5, "cpu:1@0.5").whole["conv2"] == pytest.approx([1.65])
     assert ("whole", [200], 3) in seen   # 0.02 s
     # several devices: their shares, and no whole layer where it is long (their factor is the
-    # spread of their times alone, none here)
+    # spread of their times alone, none here); the split of a short layer runs as a step runs
+    # it (conv1's, 0.044 s)
     assert calibrated(0.9, "cpu:1,cpu:1").whole == {"conv1": [1.0, 1.0], "conv2": [1.0, 1.0]}
-    assert [name for name, _, _ in seen] == ["together", "together"]
+    assert seen[2:] == [("split", [4, 4], 3)]
+    assert [name for name, _, _ in seen] == ["together", "together", "split"]
 
 
 def fake_timings(monkeypatch, time_block, busy):
