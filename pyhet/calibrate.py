@@ -48,10 +48,10 @@ class Calibration:
     # longer than its busiest device (each phase waits for all: hand-offs, devices out of step);
     # the contention takes that up to WAITS_IN_CONTENTION, and the layer's time split over
     # several devices (predicted) the rest. Of a short layer, its split run as a step runs it
-    # over the split's predicted time (_short_split_wall); where devices of other ranks take
-    # part, a split among this process's devices alone does not take those
-    # (pyhet.partition.split_waits). A DDP replica, or a device copied elsewhere, takes the
-    # contention alone. Missing: 1
+    # over the split's predicted time (_short_splits); where devices of other ranks take
+    # part, of a split that gives them kernels (a split among this process's devices alone
+    # takes local_waits: pyhet.partition.split_waits). A DDP replica, or a device copied
+    # elsewhere, takes the contention alone. Missing: 1
     waits: dict | None = None
     # the master's own work of a step (the fc layers, the loss, their update) timed on this
     # machine at this batch size, where pyhet plan's master is here (inside training steps
@@ -73,6 +73,11 @@ class Calibration:
     # predicts fastest at it alone (pyhet.report._whole_in_step), which each device alone
     # takes in pyhet plan (pyhet.plan.Cluster.in_step_alone). Else None
     in_step_alone: dict | None = None
+    # layer -> where devices of other ranks take part, the waits of a short layer's split among
+    # this process's devices alone, run as a step runs it (_short_splits), which such a
+    # split takes (pyhet.partition.split_waits); `waits` are then those of a split that gives
+    # devices of other ranks kernels. Missing: 1
+    local_waits: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured
@@ -99,12 +104,10 @@ class Calibration:
         other only while they all compute)."""
         caps = self.caps[layer] if caps is None else caps
         counts = balanced_phases(total, self.phases_of(layer), caps)
-        if (self.waits or {}).get(layer, 1.0) > 1.0:
-            # a split among devices of this process waits on no message (split_waits)
-            local = local_split(total, self.phases_of(layer), caps, self.linked(layer))
-            if local is not None and self.predicted(layer, local) < self.predicted(layer,
-                                                                                   counts):
-                counts = local
+        # a split among devices of this process waits on no message (split_waits)
+        local = local_split(total, self.phases_of(layer), caps, self.linked(layer))
+        if local is not None and self.predicted(layer, local) < self.predicted(layer, counts):
+            counts = local
         alone = self.alone_seconds(layer, total)
         fits = [i for i, c in enumerate(caps) if c >= total]
         if alone is not None and fits:
@@ -120,7 +123,8 @@ class Calibration:
         if alone is not None and len(busy) == 1:
             return alone[busy[0]]   # one device on its own: its typical time alone
         return phases_time(counts, self.phases_of(layer)) * split_waits(
-            (self.waits or {}).get(layer, 1.0), counts, self.linked(layer))
+            (self.waits or {}).get(layer, 1.0), counts, self.linked(layer),
+            (self.local_waits or {}).get(layer))
 
     def linked(self, layer: str):
         """Per device, whether it has a link (another rank) on this layer, or None where the
@@ -154,6 +158,8 @@ class Calibration:
                     row["whole_layer"] = round(self.whole[layer][i], 4)
                 if (self.waits or {}).get(layer) is not None:
                     row["waits"] = round(self.waits[layer], 4)
+                if (self.local_waits or {}).get(layer) is not None:
+                    row["local_waits"] = round(self.local_waits[layer], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -518,15 +524,20 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
                       whole or None, waits or None)
-    splits = {}   # layer -> (its split, [wall times]) where the split ran as a step runs it
+    # layer -> (its split, [wall times]) where the split ran as a step runs it
+    splits = {}
+    local_waits = {}   # layer -> the waits of its split among this process's devices alone
     if together > 0:
         for index, g in enumerate(geometries):
             _linked_wholes(cal, devices, g, batch, index > 0, seed, together)
-            timed = _short_split_wall(cal, devices, g, batch, index > 0, seed, together)
-            if timed is not None:
-                splits[g.name] = (timed[0], [timed[1]])
-                _set_waits(waits, g.name, _split_waits_of(cal, g.name, *timed))
-        cal = replace(cal, waits=waits or None)
+            for counts in _short_splits(cal, g):
+                wall = _median_wall(devices, g, "split", counts, batch, index > 0, seed,
+                                    together)
+                into = local_waits if _among_own(cal, g.name, counts) else waits
+                if into is waits:
+                    splits[g.name] = (counts, [wall])
+                _set_waits(into, g.name, _split_waits_of(cal, g.name, counts, wall))
+        cal = replace(cal, waits=waits or None, local_waits=local_waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
         if together > 0 and _alone_by_one_trial(cal, devices, g, memory):
@@ -549,7 +560,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             elif g.name in waits:
                 waits[g.name] = min(waits[g.name], beyond)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
-                       whole or None, waits or None)
+                       whole or None, waits or None, local_waits=local_waits or None)
 
 
 def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_dx: bool,
@@ -579,32 +590,42 @@ def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_
         cal.whole[g.name][i] = min(MAX_CONTENTION, max(cal.whole[g.name][i], factor))
 
 
-def _short_split_wall(cal: Calibration, devices, g: ConvGeometry, batch: int,
-                      need_dx: bool, seed: int, rounds: int) -> tuple | None:
-    """Where several devices can take kernels of a short layer (their split predicted at most
-    SMALL_WHOLE_S): (that split, its median wall time run as a step runs it: _layer_trial,
-    every phase waiting for all, and for devices of other ranks every phase's messages there
-    and back). Else None. Its time over the split's predicted time is the layer's waits
-    (_split_waits_of), which the split's time takes, so that a device alone is preferred where
-    the split is slower: a short layer's phases each wait on a message's latency there and
-    back, and on the serving rank's hand-offs, which the devices' trials, one at a time and at
-    once, do not time (the four-layer 16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N at batch 64 split
-    over two ranks of `cpu:1` on one 2-core machine ran 27 ms a step, where its split was
-    predicted 20 ms and one device alone takes 19.6 ms); and where a device's share is a
-    kernel or two, its time is its products' fixed part, each of them reading the layer's
-    whole input (of the default network's conv1 at batch 64, one kernel on a `cpu:1@0.15`
-    beside a `cpu:1` took 13.5 ms a step against the 7 ms its together trial of two kernels
-    gave it, and the split 14.7 ms against 9.6 ms for the `cpu:1` alone)."""
-    if len(devices) < 2:
-        return None
+def _short_splits(cal: Calibration, g: ConvGeometry) -> list:
+    """The splits of a short layer (each predicted at most SMALL_WHOLE_S, over at least two
+    devices) that calibration runs as a step runs them (_median_wall): the best split over
+    all devices, and where devices of other ranks take part, the best among this process's
+    devices alone too. The wall time of each over its predicted time is its waits
+    (_split_waits_of: Calibration.waits, or local_waits of a split among this process's devices
+    in a cluster with devices of other ranks), which the split's time takes, so that a device
+    alone, or the other split, is preferred where the split is slower: a short layer's phases
+    each wait on a message's latency there and back, and on the serving rank's hand-offs,
+    which the devices' trials, one at a time and at once, do not time (the four-layer
+    16C3p1-P2-32C3p1s2-32C3p1-48C3p1-P2-64N at batch 64 split over two ranks of `cpu:1` on one
+    2-core machine ran 27 ms a step, where its split was predicted 20 ms and one device alone
+    takes 19.6 ms); and where a device's share is a kernel or two, its time is its products'
+    fixed part, each of them reading the layer's whole input (of the default network's conv1
+    at batch 64, one kernel on a `cpu:1@0.15` beside a `cpu:1` took 13.5 ms a step against the
+    7 ms its together trial of two kernels gave it, and the split 14.7 ms against 9.6 ms for
+    the `cpu:1` alone)."""
     try:
-        counts = balanced_phases(g.K, cal.phases_of(g.name), cal.caps[g.name])
+        full = balanced_phases(g.K, cal.phases_of(g.name), cal.caps[g.name])
     except ValueError:
-        return None
-    model_s = phases_time(counts, cal.phases_of(g.name))
-    if sum(1 for c in counts if c) < 2 or not 0 < model_s <= SMALL_WHOLE_S:
-        return None
-    return counts, _median_wall(devices, g, "split", counts, batch, need_dx, seed, rounds)
+        return []
+    local = local_split(g.K, cal.phases_of(g.name), cal.caps[g.name], cal.linked(g.name))
+    out = []
+    for counts in (full, local):
+        if (counts is not None and counts not in out and sum(1 for c in counts if c) > 1
+                and 0 < phases_time(counts, cal.phases_of(g.name)) <= SMALL_WHOLE_S):
+            out.append(counts)
+    return out
+
+
+def _among_own(cal: Calibration, layer: str, counts) -> bool:
+    """Whether these kernels per device are a split among this process's devices alone in a
+    cluster where devices of other ranks take part (its waits: Calibration.local_waits)."""
+    linked = cal.linked(layer)
+    return (linked is not None and any(linked)
+            and not any(v and k for v, k in zip(linked, counts)))
 
 
 def _set_waits(waits: dict, layer: str, value: float) -> None:

@@ -158,9 +158,10 @@ def _array(load, path, key, error):
                         f"load; save numeric arrays (float32, uint8, integers)") from None
         raise error(f"{path}: {what} cannot be read ({said(e)})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        # a checksum that fails: bytes changed in a file of its full length (one cut short
-        # fails its size check before it is read)
-        guess = "damaged file?" if "CRC" in str(e) else "truncated file?"
+        # a checksum that fails, or a compressed stream that does not decode: bytes changed in
+        # a file of its full length (one cut short fails its size check before it is read)
+        guess = ("damaged file?" if isinstance(e, zlib.error) or "CRC" in str(e)
+                 else "truncated file?")
         raise error(f"{path}: {what} cannot be read ({said(e)}); {guess}") from e
     except MemoryError:
         raise

@@ -334,19 +334,19 @@ def phases_time(counts, phases) -> float:
     return sum(predicted_time(counts, speeds, overheads) for speeds, overheads in phases)
 
 
-def split_waits(waits: float, counts, linked=None) -> float:
+def split_waits(waits: float, counts, linked=None, local_waits: float | None = None) -> float:
     """The factor a layer's split time takes for its waits between phases
-    (pyhet.calibrate.Calibration.waits) with these kernels per device: the waits where several
-    devices hold kernels, else 1. linked: per device, whether it has a link (another rank).
-    Where some device has one, the waits are those of a split that gives devices of other
-    ranks kernels (calibration times that one; its devices of this process then run no trial
-    of their own together), so a split among devices of this process alone does not take them:
-    it waits on no message."""
+    (pyhet.calibrate.Calibration.waits) with these kernels per device: 1 where one device
+    holds every kernel. linked: per device, whether it has a link (another rank). Where some
+    device has one, `waits` are those of a split that gives devices of other ranks kernels, and
+    a split among devices of this process alone takes `local_waits` (its own, timed where the
+    layer is short: it waits on no message, but on its devices' hand-offs and fixed parts;
+    None: not timed, 1)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) < 2:
         return 1.0
     if linked is not None and any(linked) and not any(linked[i] for i in busy):
-        return 1.0
+        return 1.0 if local_waits is None else float(local_waits)
     return float(waits)
 
 
@@ -386,7 +386,9 @@ class Balancer:
     estimate by their median. No move is made while a measurement is held back; a move needs
     its predicted gain, which must also beat the timing noise, in `patience` consecutive steps;
     the step right after a move is not measured (it may carry the move's own cost); a
-    device that has kernels keeps at least one, so that it is still measured; and no device
+    device that has kernels keeps at least one in a split, so that it is still measured (not
+    where the layer goes to one device alone, nor a device of another rank where the split is
+    among devices of this process alone); and no device
     is given more kernels than its memory cap (`caps`), nor any when it has been left out.
 
     The model t(k) = overhead + k / speed keeps the calibrated overhead; where fixed costs per
@@ -409,17 +411,19 @@ class Balancer:
     does: a short layer over ranks whose split waits on every phase's messages stays on one
     device (split by the devices' busy times alone it went back and forth between splits 1.4
     times as slow as that device's step); linked: per device, whether it has a link (another
-    rank), with which a split among devices of this process alone takes no waits where some
-    device has one (split_waits).
+    rank), with which a split among devices of this process alone takes `local_waits`
+    (Calibration.local_waits) where some device has one (split_waits), and is weighed beside
+    the split over all.
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
                  confirm: int = 3, phases=None, fixed=None, alone=None, waits: float = 1.0,
-                 linked=None):
+                 linked=None, local_waits: float | None = None):
         self.total = total
         self.waits = float(waits)
         self.linked = None if linked is None else [bool(v) for v in linked]
+        self.local_waits = None if local_waits is None else float(local_waits)
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
@@ -448,11 +452,10 @@ class Balancer:
     def partition(self) -> list[int]:
         """The best kernels per device under the current estimates."""
         counts = balanced_phases(self.total, self.model(), self.caps, every_split=False)
-        if self.waits > 1.0:   # a split among devices of this process waits on no message
-            local = local_split(self.total, self.model(), self.caps, self.linked,
-                                every_split=False)
-            if local is not None and self.time(local) < self.time(counts):
-                counts = local
+        # a split among devices of this process waits on no message (split_waits)
+        local = local_split(self.total, self.model(), self.caps, self.linked, every_split=False)
+        if local is not None and self.time(local) < self.time(counts):
+            counts = local
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
             # by more than the threshold: a split that times about the same is kept (both
@@ -489,7 +492,8 @@ class Balancer:
         i = self._alone_device(counts)
         if i is not None:
             return self._alone_now(i)
-        return phases_time(counts, self.model()) * split_waits(self.waits, counts, self.linked)
+        return phases_time(counts, self.model()) * split_waits(self.waits, counts, self.linked,
+                                                                self.local_waits)
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is
@@ -572,10 +576,14 @@ class Balancer:
         target = self.partition()
         # keep measuring every device that takes part in a split; a layer that goes to one
         # device alone leaves the others none (a kernel each would measure nothing of their
-        # speed, and cost the layer its fixed part and waits: _alone_device)
-        split = sum(1 for k in target if k) > 1
+        # speed, and cost the layer its fixed part and waits: _alone_device), and a split among
+        # devices of this process alone leaves out the devices of other ranks (a kernel on one
+        # would cost the split their messages' waits)
+        held = [i for i, k in enumerate(target) if k]
+        local = bool(self.linked) and any(self.linked) and not any(self.linked[i] for i in held)
         for i, k in enumerate(counts):
-            if split and k > 0 and target[i] == 0 and self.caps[i] > 0:
+            if (len(held) > 1 and k > 0 and target[i] == 0 and self.caps[i] > 0
+                    and not (local and self.linked[i])):
                 target[max(range(len(target)), key=lambda j: target[j])] -= 1
                 target[i] = 1
         now, best = self.time(counts), self.time(target)

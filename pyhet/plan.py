@@ -355,6 +355,9 @@ class Cluster:
     # several devices (Calibration.waits, of the calibrated devices where nothing else joins
     # them); missing: 1
     waits: dict | None = None
+    # layer -> with waits, those of a split among the devices without a link, where others have
+    # one (Calibration.local_waits); missing: 1
+    local_waits: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, the devices of other ranks behind
     # their measured links, nothing else joining them; within IN_STEP_BOUNDS), which a layer's
@@ -645,12 +648,15 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     head_s = calibrated[1].head_s if master_s is not None else None
     # the calibrated devices' waits between phases, where no other device joins them
     waits = (calibrated[1].waits if calibrated is not None and not described else None)
+    local_waits = (calibrated[1].local_waits if calibrated is not None and not described
+                   else None)
     groups = [("rank", id(ranked[n][0])) if n in (ranked or {}) and n not in moved else i
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                       alone if own else None, shown, head_s, waits or None,
                       link_groups=groups, batch=batch,
-                      master_bandwidth=interface_of(links, master_link))
+                      master_bandwidth=interface_of(links, master_link),
+                      local_waits=local_waits or None)
     # each layer's time in steps (as timed on the calibrated devices, with the calibration's
     # partition, those of other ranks behind their ranks' links) over this model's of it: kept
     # unless a device of another rank is placed behind another link here, or described devices
@@ -661,6 +667,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     if timed:
         zeros = [0] * (len(names) - len(calibrated[0]))   # the others held none as it ran
         timed_waits = calibrated[1].waits or {}
+        timed_local = calibrated[1].local_waits or {}
         # as the steps ran them: the calibrated devices placed behind links ran here
         as_ran = cluster.without_links(i for i, n in enumerate(calibrated[0]) if n in moved)
 
@@ -670,7 +677,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                 if layer in costs and len(counts) + len(zeros) == len(names):
                     model = layer_seconds(as_ran.costs[layer], list(counts) + zeros,
                                           own_costs(as_ran, layer),
-                                          timed_waits.get(layer, 1.0))
+                                          timed_waits.get(layer, 1.0),
+                                          local_waits=timed_local.get(layer))
                     out[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
                                                             seconds / max(model, 1e-12)))
             return out
@@ -764,20 +772,21 @@ def own_costs(cluster: Cluster, layer: str) -> list:
 
 
 def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1.0,
-                  in_step: float = 1.0) -> float:
+                  in_step: float = 1.0, local_waits: float | None = None) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, where one device has every kernel, its typical
     time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
     then, own_costs, default its cost among the others). A layer split over several devices
     takes its `waits` between phases beyond their contention (Cluster.waits; where a device
-    has a link, only a split that gives one of those kernels: split_waits); either takes the
-    layer's `in_step` factor (Cluster.in_step)."""
+    has a link, a split that gives one of those kernels, and a split among the others its
+    `local_waits`, Cluster.local_waits: split_waits); either takes the layer's `in_step`
+    factor (Cluster.in_step)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
         return _alone_s((own or costs)[busy[0]], counts[busy[0]]) * in_step
     linked = [c.has_link for c in costs]
-    return phases_time(counts, layer_phases(costs)) * split_waits(waits, counts,
-                                                                  linked) * in_step
+    return phases_time(counts, layer_phases(costs)) * split_waits(
+        waits, counts, linked, local_waits) * in_step
 
 
 def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
@@ -787,7 +796,8 @@ def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
     return layer_seconds(cluster.costs[g.name], counts,
                          own if own is not None else own_costs(cluster, g.name),
                          (cluster.waits or {}).get(g.name, 1.0),
-                         cluster.in_step_factor(g.name, _whole(counts)))
+                         cluster.in_step_factor(g.name, _whole(counts)),
+                         (cluster.local_waits or {}).get(g.name))
 
 
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
@@ -818,11 +828,10 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
             return max(_model_s(cluster, g, kk, own), interface_s(cluster, net, j, kk))
         if cluster.master_bandwidth:
             counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
-        if (cluster.waits or {}).get(g.name, 1.0) > 1.0:
-            # a split among the devices without a link waits on no message (split_waits)
-            local = local_split(g.K, layer_phases(cs), caps, [c.has_link for c in cs])
-            if local is not None and seconds(local) < seconds(counts):
-                counts = local
+        # a split among the devices without a link waits on no message (split_waits)
+        local = local_split(g.K, layer_phases(cs), caps, [c.has_link for c in cs])
+        if local is not None and seconds(local) < seconds(counts):
+            counts = local
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         if fits:
             # each with the factor of time in steps that conv_seconds gives it (the split's

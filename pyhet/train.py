@@ -505,7 +505,9 @@ class DynamicBalance:
                                               fixed=link_fixed(cal, conv.name),
                                               alone=cal.alone_seconds(conv.name, conv.K),
                                               waits=(cal.waits or {}).get(conv.name, 1.0),
-                                              linked=cal.linked(conv.name))
+                                              linked=cal.linked(conv.name),
+                                              local_waits=(cal.local_waits or {}).get(
+                                                  conv.name))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:
@@ -592,7 +594,24 @@ def reused_plan(plan: dict | None, devices, shape: NetGeometry, cfg: TrainConfig
             "partition afresh", log)
         return None, None
     say("resuming with the checkpoint's partition (the same devices)", log)
-    return ({g.name: list(partition[g.name]) for g in shape.blocks}, cal), plan.get("balancer")
+    return ({g.name: alone_again(list(partition[g.name]), (plan.get("balancer") or {}).get(
+        g.name)) for g in shape.blocks}, cal), plan.get("balancer")
+
+
+def alone_again(counts: list, state: dict | None) -> list:
+    """A checkpoint's kernels per device of a layer, with a layer that an earlier version's
+    dynamic balancer ran on one device (its state's alone_seen for that device) while each
+    other device kept one kernel, put whole on that device, as the balancer now runs it
+    (pyhet.partition.Balancer._alone_device): kept so, the one kernels would be measured as
+    those devices' speeds."""
+    seen = (state or {}).get("alone_seen") or []
+    if len(counts) < 2 or len(seen) != len(counts):
+        return counts
+    i = max(range(len(counts)), key=lambda j: counts[j])
+    others = [k for j, k in enumerate(counts) if j != i]
+    if seen[i] is None or counts[i] < 2 or max(others) != 1:
+        return counts
+    return [sum(counts) if j == i else 0 for j in range(len(counts))]
 
 
 # ================================================================================================

@@ -315,7 +315,7 @@ def test_dynamic_balancing_follows_a_speed_change_in_training():
     moved = next((i for i in range(change - 1, len(history)) if history[i] < 0.36), None)
     assert moved is not None and moved - (change - 1) < 15, report
     assert all(s <= 0.36 for s in history[moved:]), report
-    # d0 alone (d1 keeping one kernel to be measured) may be tried where d0's calibrated time
+    # d0 alone (d1 then holding none) may be tried where d0's calibrated time
     # alone beats the split; it is left again if d0 alone turns out slower: one such visit
     # at most, and few moves in all
     visits = sum(1 for a, b in zip(history[moved:], history[moved + 1:]) if b < 0.05 <= a)
@@ -473,6 +473,41 @@ def test_a_split_among_devices_of_this_process_takes_no_waits_of_ranks():
     net = __import__("types").SimpleNamespace(
         convs=[__import__("types").SimpleNamespace(name="c", K=60)], devices=[])
     assert DynamicBalance(net, cal).balancers["c"].linked == linked
+
+
+def test_the_balancer_moves_to_the_split_among_its_own_devices():
+    """From a split over all three devices to the faster split among the two of this process:
+    the device of another rank keeps no kernel to be measured (one kernel on it would cost the
+    split its waits, and the move would never gain); a split among the two takes their own
+    waits (local_waits) where timed."""
+    linked = [False, False, True]
+    bal = Balancer(60, [100.0] * 3, [0.0] * 3, patience=1, alone=[0.6] * 3, waits=2.0,
+                   linked=linked)
+    counts = [20, 20, 20]                                      # 0.4 s; the two: 0.3 s
+    moved = next(m for m in (bal.observe(counts, [0.2, 0.2, 0.2]) for _ in range(6)) if m)
+    assert moved == [30, 30, 0]
+    timed = Balancer(60, [100.0] * 3, [0.0] * 3, patience=1, alone=[0.6] * 3, waits=2.0,
+                     linked=linked, local_waits=1.5)
+    assert timed.time([30, 30, 0]) == pytest.approx(0.45)
+    assert timed.partition() == [20, 20, 20]                  # 0.4 s against 0.45 s
+    # a split among the two keeps measuring its devices
+    assert bal.observe([30, 30, 0], [0.3, 0.3, 0.0]) is None
+
+
+def test_a_resumed_layer_on_one_device_beside_one_kernel_each_goes_whole_on_it():
+    """An earlier version's balancer ran a layer on one device while the others kept a kernel
+    each ([K-1, 1], its alone_seen set): a resume puts it whole on that device, as the balancer
+    now runs it (else the one kernels would be measured as those devices' speeds). A split
+    that is not so is kept."""
+    from pyhet.train import alone_again
+
+    seen = {"speeds": [100.0, 90.0], "noise": [0.0, 0.0], "alone_seen": [0.26, None]}
+    assert alone_again([59, 1], seen) == [60, 0]
+    assert alone_again([58, 1, 1], dict(seen, alone_seen=[0.26, None, None])) == [60, 0, 0]
+    assert alone_again([59, 1], dict(seen, alone_seen=[None, None])) == [59, 1]
+    assert alone_again([59, 1], None) == [59, 1]
+    assert alone_again([50, 10], seen) == [50, 10]
+    assert alone_again([60, 0], seen) == [60, 0]
 
 
 def test_dynamic_balance_gives_each_layer_its_waits():

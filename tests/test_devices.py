@@ -382,6 +382,54 @@ def test_calibration_scales_the_devices_by_their_time_all_at_once(monkeypatch):
         assert single.speeds[layer][0] == pytest.approx(1 / 0.010)
 
 
+def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks(monkeypatch):
+    """Two devices of this process and one of another rank: a short layer's best split over
+    all three and its best split among the two run as a step runs them; the first one's time
+    over its model is the layer's waits, the second one's its local_waits, each taken by
+    splits of its kind (a split among the two, timed 1.5 times its model, had taken the
+    waits of the split over all, or none at all where that split left the rank out)."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
+    factor = {"linked": 3.0, "local": 1.5}
+    timed = []
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        return 1e-4 * k
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        busy = [1e-4 * k for k in counts]
+        kind = "linked" if len(counts) > 2 and counts[2] else "local"
+        if g.name.endswith("/split"):
+            timed.append((g.name.split("/")[1], kind, list(counts)))
+            return [(busy, factor[kind] * max(busy))] * rounds
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert sorted((layer, kind) for layer, kind, _ in timed) == [
+        ("conv1", "linked"), ("conv1", "local"), ("conv2", "linked"), ("conv2", "local")]
+    assert cal.waits == {"conv1": pytest.approx(3.0, rel=0.1),
+                         "conv2": pytest.approx(3.0, rel=0.1)}
+    assert cal.local_waits == {"conv1": pytest.approx(1.5, rel=0.1),
+                               "conv2": pytest.approx(1.5, rel=0.1)}
+    for layer, kind, counts in timed:
+        assert cal.predicted(layer, counts) == pytest.approx(
+            factor[kind] * 1e-4 * max(counts), rel=0.1)
+    # the split among the two: 12 kernels each, 1.5 x 1.2 ms; over all three 3 x 0.8 ms;
+    # one device alone 2.4 ms
+    assert cal.partition("conv2", 24) == [12, 12, 0]
+    rows = cal.as_dict(devices)
+    assert rows["conv2"]["d0"]["local_waits"] == pytest.approx(1.5, rel=0.1)
+
+
 def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     """Where a device has a link (of another rank) and the calibration splits a short layer,
     that split is run as a step runs it (the phases' messages, each phase waiting for all);
