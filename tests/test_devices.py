@@ -430,6 +430,45 @@ def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks
     assert rows["conv2"]["d0"]["local_waits"] == pytest.approx(1.5, rel=0.1)
 
 
+def test_a_split_slowed_once_is_timed_again_before_a_layer_goes_alone(monkeypatch):
+    """Devices of this process: where a short layer's split, run as a step runs it, was slow
+    enough to put the layer on one device alone, it runs again, and its waits are those of
+    the faster run (a disturbance only slows): a second run at its model's time brings the
+    split back; one as slow keeps the layer alone."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet.partition import balanced_phases, phases_time
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    walls = []   # conv1's split, run after run (a factor on its model)
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        busy = [1e-4 * k for k in counts]
+        if g.name == "calibrate/conv1/split":
+            return [(busy, walls.pop(0) * max(busy))] * rounds
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: 1e-4 * k)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        walls[:] = [3.0, 1.0]
+        cal = calibrate(devices, shape.blocks, 4)
+        assert walls == []                                  # it ran twice
+        assert (cal.waits or {}).get("conv1", 1.0) == 1.0
+        assert min(cal.partition("conv1", 8)) > 0
+        walls[:] = [3.0, 2.5]
+        cal = calibrate(devices, shape.blocks, 4)
+        assert walls == []
+        counts = balanced_phases(8, cal.phases_of("conv1"), cal.caps["conv1"])
+        model = phases_time(counts, cal.phases_of("conv1"))
+        assert cal.waits["conv1"] == pytest.approx(2.5 * 4e-4 / model, rel=0.05)
+        assert cal.partition("conv1", 8) in ([8, 0], [0, 8])
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
     """Where a device has a link (of another rank) and the calibration splits a short layer,
     that split is run as a step runs it (the phases' messages, each phase waiting for all);
