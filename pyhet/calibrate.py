@@ -13,7 +13,8 @@ import numpy as np
 from .devices import Device
 from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
-from .partition import balanced_phases, local_split, phases_time, split_waits
+from .partition import (among_own, balanced_phases, local_split, phases_time,
+                        split_waits, with_local_split)
 from .workers import Worker
 
 
@@ -103,11 +104,9 @@ class Calibration:
         itself, is predicted faster than the split (devices that share a machine slow each
         other only while they all compute)."""
         caps = self.caps[layer] if caps is None else caps
-        counts = balanced_phases(total, self.phases_of(layer), caps)
-        # a split among devices of this process waits on no message (split_waits)
-        local = local_split(total, self.phases_of(layer), caps, self.linked(layer))
-        if local is not None and self.predicted(layer, local) < self.predicted(layer, counts):
-            counts = local
+        counts = with_local_split(balanced_phases(total, self.phases_of(layer), caps), total,
+                                  self.phases_of(layer), caps, self.linked(layer),
+                                  lambda kk: self.predicted(layer, kk))
         alone = self.alone_seconds(layer, total)
         fits = [i for i, c in enumerate(caps) if c >= total]
         if alone is not None and fits:
@@ -533,7 +532,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             for counts in _short_splits(cal, g):
                 wall = _median_wall(devices, g, "split", counts, batch, index > 0, seed,
                                     together)
-                into = local_waits if _among_own(cal, g.name, counts) else waits
+                into = local_waits if among_own(counts, cal.linked(g.name)) else waits
                 if into is waits:
                     splits[g.name] = (counts, [wall])
                 _set_waits(into, g.name, _split_waits_of(cal, g.name, counts, wall))
@@ -618,14 +617,6 @@ def _short_splits(cal: Calibration, g: ConvGeometry) -> list:
                 and 0 < phases_time(counts, cal.phases_of(g.name)) <= SMALL_WHOLE_S):
             out.append(counts)
     return out
-
-
-def _among_own(cal: Calibration, layer: str, counts) -> bool:
-    """Whether these kernels per device are a split among this process's devices alone in a
-    cluster where devices of other ranks take part (its waits: Calibration.local_waits)."""
-    linked = cal.linked(layer)
-    return (linked is not None and any(linked)
-            and not any(v and k for v, k in zip(linked, counts)))
 
 
 def _set_waits(waits: dict, layer: str, value: float) -> None:

@@ -342,12 +342,27 @@ def split_waits(waits: float, counts, linked=None, local_waits: float | None = N
     a split among devices of this process alone takes `local_waits` (its own, timed where the
     layer is short: it waits on no message, but on its devices' hand-offs and fixed parts;
     None: not timed, 1)."""
-    busy = [i for i, k in enumerate(counts) if k]
-    if len(busy) < 2:
+    if sum(1 for k in counts if k) < 2:
         return 1.0
-    if linked is not None and any(linked) and not any(linked[i] for i in busy):
+    if among_own(counts, linked):
         return 1.0 if local_waits is None else float(local_waits)
     return float(waits)
+
+
+def among_own(counts, linked) -> bool:
+    """Whether these kernels per device are a split among the devices without a link (of this
+    process) in a cluster where some device has one (linked: per device, or None)."""
+    return (linked is not None and any(linked)
+            and not any(v and k for v, k in zip(linked, counts)))
+
+
+def with_local_split(counts, total: int, phases, caps, linked, seconds,
+                     every_split: bool = True):
+    """`counts`, or the best split among the devices without a link (local_split) where
+    `seconds` (a function of kernels per device) predicts it faster: a split that gives
+    devices of other ranks kernels waits on their messages (split_waits)."""
+    local = local_split(total, phases, caps, linked, every_split)
+    return local if local is not None and seconds(local) < seconds(counts) else counts
 
 
 def local_split(total: int, phases, caps, linked, every_split: bool = True):
@@ -451,11 +466,10 @@ class Balancer:
 
     def partition(self) -> list[int]:
         """The best kernels per device under the current estimates."""
-        counts = balanced_phases(self.total, self.model(), self.caps, every_split=False)
-        # a split among devices of this process waits on no message (split_waits)
-        local = local_split(self.total, self.model(), self.caps, self.linked, every_split=False)
-        if local is not None and self.time(local) < self.time(counts):
-            counts = local
+        model = self.model()
+        counts = with_local_split(
+            balanced_phases(self.total, model, self.caps, every_split=False),
+            self.total, model, self.caps, self.linked, self.time, every_split=False)
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
             # by more than the threshold: a split that times about the same is kept (both
@@ -579,10 +593,10 @@ class Balancer:
         # speed, and cost the layer its fixed part and waits: _alone_device), and a split among
         # devices of this process alone leaves out the devices of other ranks (a kernel on one
         # would cost the split their messages' waits)
-        held = [i for i, k in enumerate(target) if k]
-        local = bool(self.linked) and any(self.linked) and not any(self.linked[i] for i in held)
+        split = sum(1 for k in target if k) > 1
+        local = among_own(target, self.linked)
         for i, k in enumerate(counts):
-            if (len(held) > 1 and k > 0 and target[i] == 0 and self.caps[i] > 0
+            if (split and k > 0 and target[i] == 0 and self.caps[i] > 0
                     and not (local and self.linked[i])):
                 target[max(range(len(target)), key=lambda j: target[j])] -= 1
                 target[i] = 1

@@ -27,7 +27,7 @@ from .calibrate import Calibration
 from .errors import DeviceError, UsageError, shown
 from .geometry import GPU_OUTPUTS, NetGeometry
 from .links import Link, link_cost, link_phase_cost
-from .partition import balanced_phases, local_split, phases_time, split_waits
+from .partition import balanced_phases, phases_time, split_waits, with_local_split
 
 DEFAULT_LATENCY_S = 50e-6     # a link given by its bandwidth alone: one-way latency
 MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as calibrate does)
@@ -828,10 +828,8 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
             return max(_model_s(cluster, g, kk, own), interface_s(cluster, net, j, kk))
         if cluster.master_bandwidth:
             counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
-        # a split among the devices without a link waits on no message (split_waits)
-        local = local_split(g.K, layer_phases(cs), caps, [c.has_link for c in cs])
-        if local is not None and seconds(local) < seconds(counts):
-            counts = local
+        counts = with_local_split(counts, g.K, layer_phases(cs), caps,
+                                  [c.has_link for c in cs], seconds)
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         if fits:
             # each with the factor of time in steps that conv_seconds gives it (the split's

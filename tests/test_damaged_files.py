@@ -403,3 +403,22 @@ def test_a_changed_byte_in_a_whole_file_is_called_damaged_not_truncated(tmp_path
     cut.write_bytes(weight_file.read_bytes()[:len(data) // 2])
     with pytest.raises(WeightsError, match=r"cut\.npz: .*truncated"):
         pyhet.load(cut, devices="numpy")
+
+
+def test_a_changed_byte_in_a_compressed_array_is_called_damaged(tmp_path):
+    """A compressed npz whose deflate stream no longer decodes (zlib's error, not the CRC's) is
+    a damaged file too."""
+    x = np.tile(np.arange(64, dtype=np.float32), (64, 1)).reshape(64, 1, 8, 8)
+    path = tmp_path / "ok.npz"
+    np.savez_compressed(path, x=x, y=np.arange(64) % 3)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("x.npy")
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra)
+         + info.compress_size // 2] ^= 0xFF
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"bad\.npz: array 'x' cannot be read \(Error -3 while "
+                                        r"decompressing data.*\); damaged file\?$") as e:
+        load_dataset(f"npz:{bad}")
+    one_line(str(e.value))

@@ -741,6 +741,8 @@ PLAN_NOT_REUSED.update({
                           ["has whole [None, None] for conv1"]),
     "waits below one": (lambda plan: _calibration(plan, "waits", "conv1", 0.5),
                         ["has waits 0.5 for conv1"]),
+    "local waits below one": (lambda plan: _calibration(plan, "local_waits", "conv1", 0.5),
+                              ["has local_waits 0.5 for conv1"]),
     "head_s a string": (lambda plan: {**plan, "calibration": {**plan["calibration"],
                                                               "head_s": "x"}},
                         ["calibration has head_s 'x'"]),
