@@ -13,8 +13,8 @@ import numpy as np
 from .devices import Device
 from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
-from .partition import (among_own, balanced_phases, local_split, phases_time,
-                        split_waits, with_local_split)
+from .partition import (among_own, balanced_phases, local_phases, local_split, phases_time,
+                        split_phases, split_waits, with_local_split)
 from .workers import Worker
 
 
@@ -74,11 +74,17 @@ class Calibration:
     # predicts fastest at it alone (pyhet.report._whole_in_step), which each device alone
     # takes in pyhet plan (pyhet.plan.Cluster.in_step_alone). Else None
     in_step_alone: dict | None = None
-    # layer -> where devices of other ranks take part, the waits of a short layer's split among
-    # this process's devices alone, run as a step runs it (_short_splits), which such a
-    # split takes (pyhet.partition.split_waits); `waits` are then those of a split that gives
-    # devices of other ranks kernels. Missing: 1
+    # layer -> where devices of other ranks take part, the waits of a split among this
+    # process's devices alone: beyond their contention in their together trial, or of a short
+    # layer, that split run as a step runs it (_short_splits); which such a split takes
+    # (pyhet.partition.split_waits); `waits` are then those of a split that gives devices of
+    # other ranks kernels. Missing: 1
     local_waits: dict | None = None
+    # layer -> where devices of other ranks take part, per device its contention in a split
+    # among this process's devices alone (the others idle: _together of those alone), which
+    # such a split takes (local_speedup); a device of another rank: its contention. Missing:
+    # contention's
+    local_contention: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
         """Device i's typical time for a layer on its own over its model's: as measured
@@ -106,7 +112,8 @@ class Calibration:
         caps = self.caps[layer] if caps is None else caps
         counts = with_local_split(balanced_phases(total, self.phases_of(layer), caps), total,
                                   self.phases_of(layer), caps, self.linked(layer),
-                                  lambda kk: self.predicted(layer, kk))
+                                  lambda kk: self.predicted(layer, kk),
+                                  speedup=self.local_speedup(layer))
         alone = self.alone_seconds(layer, total)
         fits = [i for i, c in enumerate(caps) if c >= total]
         if alone is not None and fits:
@@ -121,9 +128,26 @@ class Calibration:
         busy = [i for i, k in enumerate(counts) if k]
         if alone is not None and len(busy) == 1:
             return alone[busy[0]]   # one device on its own: its typical time alone
-        return phases_time(counts, self.phases_of(layer)) * split_waits(
+        return phases_time(counts, self.split_phases(layer, counts)) * split_waits(
             (self.waits or {}).get(layer, 1.0), counts, self.linked(layer),
             (self.local_waits or {}).get(layer))
+
+    def split_phases(self, layer: str, counts) -> list:
+        """The phases that price this split of the layer: phases_of, each device's compute
+        local_speedup times faster where the split is among this process's devices alone
+        beside devices of other ranks (pyhet.partition.split_phases)."""
+        return split_phases(self.phases_of(layer), counts, self.linked(layer),
+                            self.local_speedup(layer))
+
+    def local_speedup(self, layer: str):
+        """Per device, how much faster it computes in a split of the layer among this
+        process's devices alone than in one over all (its contention over its local
+        contention), or None where not timed."""
+        local = (self.local_contention or {}).get(layer)
+        slower = (self.contention or {}).get(layer)
+        if local is None or slower is None:
+            return None
+        return [c / lc for c, lc in zip(slower, local)]
 
     def linked(self, layer: str):
         """Per device, whether it has a link (another rank) on this layer, or None where the
@@ -159,6 +183,10 @@ class Calibration:
                     row["waits"] = round(self.waits[layer], 4)
                 if (self.local_waits or {}).get(layer) is not None:
                     row["local_waits"] = round(self.local_waits[layer], 4)
+                local = (self.local_contention or {}).get(layer)
+                linked = self.linked(layer) or [False] * len(devices)
+                if local is not None and not linked[i]:
+                    row["local_contention"] = round(local[i], 4)
                 part = (self.parts or {}).get(layer, [None] * len(devices))[i]
                 if part is not None:
                     row.update({k: round(v, 9 if k == "link_s_per_kernel" else 6)
@@ -197,7 +225,7 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list, seed: int,
-              rounds: int) -> tuple:
+              rounds: int, shared: bool | None = None) -> tuple:
     """(how much slower each device computes when they all run at once on their shares, the
     layer's waits beyond them): over
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
@@ -224,7 +252,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
     while it computes beside them all the time, and its idling, a multiple of its compute,
     grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
-    kernels each device's memory holds."""
+    kernels each device's memory holds; shared: whether the host group's fixed work is shared
+    in proportion to the kernels in the cost model the ratios are of (else an equal part each,
+    as beside devices of other ranks); None: where these devices are all of the host group."""
     if len(devices) == 1:
         kernels = [_trial_kernels(devices[0], g.K, caps[0])]
     else:   # about each device's share: kernels in proportion to its speed alone
@@ -235,7 +265,8 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     if all(d.link is None for d in devices):
         # devices of this process: the trial is the layer as training runs it
         trial = replace(g, name=f"calibrate/{g.name}/together", K=sum(kernels))
-        one_group = len(devices) > 1 and all(d.group == "host" for d in devices)
+        one_group = (len(devices) > 1 and all(d.group == "host" for d in devices)
+                     if shared is None else shared)
         for busy, wall in _layer_trial(devices, trial, kernels, x, need_dx, rounds, seed):
             # the barriers between phases: the layer lasts longer than its busiest device
             # where the devices are out of step phase by phase; all are charged alike
@@ -435,7 +466,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     one link in one message, so each is charged the group's fixed traffic and its per-kernel
     traffic as many times as the group has members (the others' kernels travel with its own:
     exact when their shares are equal). The first layer needs no input gradient (nothing before
-    it learns), so it is timed and its traffic counted without one.
+    it learns), so it is timed and its traffic counted without one. Beside devices of other
+    ranks, the devices of this process also run a together trial of their own (the others
+    idle): the contention and waits of a split among them alone (Calibration.local_contention,
+    local_waits); where the other ranks share this machine's cores, that split computes faster
+    than the together trial over all puts it.
 
     A single device also times each whole layer as a step runs it (_whole_layer), three times
     where three take at most `whole_budget_s` together (default WHOLE_BUDGET_S; pyhet plan's
@@ -445,6 +480,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
     whole = {}   # layer -> [whole-layer factor per device] (_whole_layer, _spreads)
     waits = {}   # layer -> its waits beyond the contention (Calibration.waits)
+    local_waits = {}   # layer -> the waits of its split among this process's devices alone
+    local_contention = {}   # layer -> contention there (Calibration.local_contention)
     models = {}   # layer -> what _layer_model (and a second together trial) needs
     for index, g in enumerate(geometries):
         need_dx = index > 0
@@ -503,6 +540,18 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                           if together > 0 else ([1.0] * len(devices), 1.0))
         if len(devices) > 1 and beyond > 1.0:
             waits[g.name] = beyond
+        own = [i for i, d in enumerate(devices) if d.link is None and memory[i] > 0]
+        if together > 0 and len(own) > 1 and any(d.link is not None for d in devices):
+            # a split among this process's devices alone: their contention with the devices
+            # of other ranks idle (less where those share this machine's cores; the layer's
+            # time as a step runs it there, its waits apart)
+            alone_here, beyond_here = _together(
+                [devices[i] for i in own], g, x, need_dx, [fits[i] for i in own],
+                [memory[i] for i in own], seed, together, shared=False)
+            local_contention[g.name] = list(slower)
+            for j, i in enumerate(own):
+                local_contention[g.name][i] = alone_here[j]
+            _set_waits(local_waits, g.name, beyond_here)
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower
@@ -522,10 +571,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         models[g.name] = (devices, g, batch, need_dx, fits, memory, one_group)
         _layer_model(*models[g.name], slower, speeds, overheads, caps, parts, phases)
     cal = Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
-                      whole or None, waits or None)
+                      whole or None, waits or None, local_waits=local_waits or None,
+                      local_contention=local_contention or None)
     # layer -> (its split, [wall times]) where the split ran as a step runs it
     splits = {}
-    local_waits = {}   # layer -> the waits of its split among this process's devices alone
     if together > 0:
         for index, g in enumerate(geometries):
             _linked_wholes(cal, devices, g, batch, index > 0, seed, together)
@@ -559,7 +608,8 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             elif g.name in waits:
                 waits[g.name] = min(waits[g.name], beyond)
     return Calibration(speeds, overheads, caps, parts, contention, fitted, phases or None,
-                       whole or None, waits or None, local_waits=local_waits or None)
+                       whole or None, waits or None, local_waits=local_waits or None,
+                       local_contention=local_contention or None)
 
 
 def _linked_wholes(cal: Calibration, devices, g: ConvGeometry, batch: int, need_dx: bool,
@@ -610,11 +660,12 @@ def _short_splits(cal: Calibration, g: ConvGeometry) -> list:
         full = balanced_phases(g.K, cal.phases_of(g.name), cal.caps[g.name])
     except ValueError:
         return []
-    local = local_split(g.K, cal.phases_of(g.name), cal.caps[g.name], cal.linked(g.name))
+    local = local_split(g.K, local_phases(cal.phases_of(g.name), cal.local_speedup(g.name)),
+                        cal.caps[g.name], cal.linked(g.name))
     out = []
     for counts in (full, local):
         if (counts is not None and counts not in out and sum(1 for c in counts if c) > 1
-                and 0 < phases_time(counts, cal.phases_of(g.name)) <= SMALL_WHOLE_S):
+                and 0 < phases_time(counts, cal.split_phases(g.name, counts)) <= SMALL_WHOLE_S):
             out.append(counts)
     return out
 
@@ -630,7 +681,7 @@ def _set_waits(waits: dict, layer: str, value: float) -> None:
 def _split_waits_of(cal: Calibration, layer: str, counts, wall: float) -> float:
     """A split's waits (Calibration.waits): its wall time as a step runs it over its predicted
     time under the cost model, within [1, MAX_CONTENTION]."""
-    model_s = phases_time(counts, cal.phases_of(layer))
+    model_s = phases_time(counts, cal.split_phases(layer, counts))
     return min(MAX_CONTENTION, max(1.0, wall / max(model_s, 1e-12)))
 
 

@@ -550,6 +550,7 @@ def calibration_problem(cal: dict, n: int, layers: set) -> "str | None":
               ("whole", lambda v: _numbers(v, n, 0.0, strict=True), True),
               ("waits", lambda v: _numbers([v], 1, 1.0), True),
               ("local_waits", lambda v: _numbers([v], 1, 1.0), True),
+              ("local_contention", lambda v: _numbers(v, n, 0.0, strict=True), True),
               ("fits", lambda v: isinstance(v, list) and len(v) == n
                and all(_numbers(f, 3, 0.0) for f in v), True),
               ("phases", lambda v: isinstance(v, list) and len(v) == 4

@@ -356,12 +356,31 @@ def among_own(counts, linked) -> bool:
             and not any(v and k for v, k in zip(linked, counts)))
 
 
+def local_phases(phases, speedup) -> list:
+    """[(speeds, overheads)] per phase of a split among the devices without a link, where
+    others have one: each device's compute `speedup` times faster (its contention with every
+    device computing over its contention beside those without a link alone,
+    pyhet.calibrate.Calibration.local_speedup; None: the same phases). Devices that share a
+    machine with devices of other ranks slow down less while those idle."""
+    if speedup is None:
+        return phases
+    return [([v * f for v, f in zip(sp, speedup)], [o / f for o, f in zip(ov, speedup)])
+            for sp, ov in phases]
+
+
+def split_phases(phases, counts, linked, speedup) -> list:
+    """The phases that price this split: local_phases where it is among the devices without
+    a link (among_own), else `phases`."""
+    return local_phases(phases, speedup) if among_own(counts, linked) else phases
+
+
 def with_local_split(counts, total: int, phases, caps, linked, seconds,
-                     every_split: bool = True):
-    """`counts`, or the best split among the devices without a link (local_split) where
-    `seconds` (a function of kernels per device) predicts it faster: a split that gives
-    devices of other ranks kernels waits on their messages (split_waits)."""
-    local = local_split(total, phases, caps, linked, every_split)
+                     every_split: bool = True, speedup=None):
+    """`counts`, or the best split among the devices without a link (local_split, on their
+    local_phases by `speedup`) where `seconds` (a function of kernels per device) predicts it
+    faster: a split that gives devices of other ranks kernels waits on their messages
+    (split_waits), and where they share this machine, keeps its cores busier."""
+    local = local_split(total, local_phases(phases, speedup), caps, linked, every_split)
     return local if local is not None and seconds(local) < seconds(counts) else counts
 
 
@@ -428,17 +447,21 @@ class Balancer:
     times as slow as that device's step); linked: per device, whether it has a link (another
     rank), with which a split among devices of this process alone takes `local_waits`
     (Calibration.local_waits) where some device has one (split_waits), and is weighed beside
-    the split over all.
+    the split over all; local_speedup: per device, how much faster it computes in such a split
+    (Calibration.local_speedup, local_phases: devices of other ranks on this machine idle
+    there), by which its speed measured in one is taken back to a split over all.
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
                  smoothing: float = 0.3, patience: int = 2, jump: float = 0.15,
                  confirm: int = 3, phases=None, fixed=None, alone=None, waits: float = 1.0,
-                 linked=None, local_waits: float | None = None):
+                 linked=None, local_waits: float | None = None, local_speedup=None):
         self.total = total
         self.waits = float(waits)
         self.linked = None if linked is None else [bool(v) for v in linked]
         self.local_waits = None if local_waits is None else float(local_waits)
+        self.local_speedup = (None if local_speedup is None or self.linked is None else
+                              [float(v) for v in local_speedup])
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
@@ -469,7 +492,8 @@ class Balancer:
         model = self.model()
         counts = with_local_split(
             balanced_phases(self.total, model, self.caps, every_split=False),
-            self.total, model, self.caps, self.linked, self.time, every_split=False)
+            self.total, model, self.caps, self.linked, self.time, every_split=False,
+            speedup=self.local_speedup)
         fits = [i for i, c in enumerate(self.caps) if c >= self.total and self.speeds[i] > 0]
         if self._alone is not None and fits and sum(1 for k in counts if k) > 1:
             # by more than the threshold: a split that times about the same is kept (both
@@ -506,8 +530,9 @@ class Balancer:
         i = self._alone_device(counts)
         if i is not None:
             return self._alone_now(i)
-        return phases_time(counts, self.model()) * split_waits(self.waits, counts, self.linked,
-                                                                self.local_waits)
+        phases = split_phases(self.model(), counts, self.linked, self.local_speedup)
+        return phases_time(counts, phases) * split_waits(self.waits, counts, self.linked,
+                                                         self.local_waits)
 
     def leave_out(self, devices) -> None:
         """Never give these devices (indices) kernels again (they failed); the next step is
@@ -561,11 +586,16 @@ class Balancer:
         # after the link's fixed time (unless the link was far faster than measured)
         measured = {}
         alone = self._alone_device(counts)
+        # in a split among this process's devices alone, a device computes local_speedup
+        # times faster than in one over all, whose figures the estimates are
+        faster = ([1.0] * len(counts) if self.local_speedup is None
+                  or not among_own(counts, self.linked) else self.local_speedup)
         if alone is None:
             for i, (k, t) in enumerate(zip(counts, busy)):
                 if k > 0 and t > 0:
                     own = max(t - self.fixed[i], 0.1 * t)
-                    measured[i] = k / max(own - (self.overheads[i] - self.fixed[i]), 0.5 * own)
+                    overhead = (self.overheads[i] - self.fixed[i]) / faster[i]
+                    measured[i] = k / max(own - overhead, 0.5 * own) / faster[i]
         else:
             # a device that runs the layer on its own gives its time alone, not its speed in a
             # split (which contention sets); the others' estimates stay

@@ -27,7 +27,7 @@ from .calibrate import Calibration
 from .errors import DeviceError, UsageError, shown
 from .geometry import GPU_OUTPUTS, NetGeometry
 from .links import Link, link_cost, link_phase_cost
-from .partition import balanced_phases, phases_time, split_waits, with_local_split
+from .partition import among_own, balanced_phases, phases_time, split_waits, with_local_split
 
 DEFAULT_LATENCY_S = 50e-6     # a link given by its bandwidth alone: one-way latency
 MEMORY_SHARE = 0.8            # of a device's memory that kernels may take (as calibrate does)
@@ -358,6 +358,9 @@ class Cluster:
     # layer -> with waits, those of a split among the devices without a link, where others have
     # one (Calibration.local_waits); missing: 1
     local_waits: dict | None = None
+    # layer -> with local_waits, per device how much faster it computes in such a split
+    # (Calibration.local_speedup: the devices of other ranks idle); missing: 1
+    local_speedup: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, the devices of other ranks behind
     # their measured links, nothing else joining them; within IN_STEP_BOUNDS), which a layer's
@@ -650,13 +653,16 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     waits = (calibrated[1].waits if calibrated is not None and not described else None)
     local_waits = (calibrated[1].local_waits if calibrated is not None and not described
                    else None)
+    local_speedup = {g.name: calibrated[1].local_speedup(g.name) for g in net.blocks} if (
+        calibrated is not None and not described) else {}
+    local_speedup = {k: v for k, v in local_speedup.items() if v is not None}
     groups = [("rank", id(ranked[n][0])) if n in (ranked or {}) and n not in moved else i
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
                       alone if own else None, shown, head_s, waits or None,
                       link_groups=groups, batch=batch,
                       master_bandwidth=interface_of(links, master_link),
-                      local_waits=local_waits or None)
+                      local_waits=local_waits or None, local_speedup=local_speedup or None)
     # each layer's time in steps (as timed on the calibrated devices, with the calibration's
     # partition, those of other ranks behind their ranks' links) over this model's of it: kept
     # unless a device of another rank is placed behind another link here, or described devices
@@ -678,7 +684,8 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
                     model = layer_seconds(as_ran.costs[layer], list(counts) + zeros,
                                           own_costs(as_ran, layer),
                                           timed_waits.get(layer, 1.0),
-                                          local_waits=timed_local.get(layer))
+                                          local_waits=timed_local.get(layer),
+                                          local_speedup=local_speedup.get(layer))
                     out[layer] = min(IN_STEP_BOUNDS[1], max(IN_STEP_BOUNDS[0],
                                                             seconds / max(model, 1e-12)))
             return out
@@ -772,21 +779,34 @@ def own_costs(cluster: Cluster, layer: str) -> list:
 
 
 def layer_seconds(costs: list, counts, own: list | None = None, waits: float = 1.0,
-                  in_step: float = 1.0, local_waits: float | None = None) -> float:
+                  in_step: float = 1.0, local_waits: float | None = None,
+                  local_speedup=None) -> float:
     """The predicted seconds of a layer with these kernels per device: the sum over its
     phases of the slowest device's time, or, where one device has every kernel, its typical
     time on its own (_alone_s: its model alone times its whole-layer factor; own: its cost
     then, own_costs, default its cost among the others). A layer split over several devices
     takes its `waits` between phases beyond their contention (Cluster.waits; where a device
     has a link, a split that gives one of those kernels, and a split among the others its
-    `local_waits`, Cluster.local_waits: split_waits); either takes the layer's `in_step`
-    factor (Cluster.in_step)."""
+    `local_waits`, Cluster.local_waits: split_waits, and its devices compute `local_speedup`
+    times faster, Cluster.local_speedup); either takes the layer's `in_step` factor
+    (Cluster.in_step)."""
     busy = [i for i, k in enumerate(counts) if k]
     if len(busy) == 1:
         return _alone_s((own or costs)[busy[0]], counts[busy[0]]) * in_step
     linked = [c.has_link for c in costs]
+    costs = split_costs(costs, counts, local_speedup)
     return phases_time(counts, layer_phases(costs)) * split_waits(
         waits, counts, linked, local_waits) * in_step
+
+
+def split_costs(costs: list, counts, local_speedup=None) -> list:
+    """The costs of a layer's devices in this split: each device's compute `local_speedup`
+    times faster (its contention that much lower) where the split is among the devices
+    without a link beside devices with one (Cluster.local_speedup; None: as they are)."""
+    if local_speedup is None or not among_own(counts, [c.has_link for c in costs]):
+        return costs
+    return [replace(c, speed=c.speed * f, overhead=c.overhead / f, contention=c.contention / f)
+            for c, f in zip(costs, local_speedup)]
 
 
 def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
@@ -797,7 +817,8 @@ def _model_s(cluster: Cluster, g, counts, own: list | None = None) -> float:
                          own if own is not None else own_costs(cluster, g.name),
                          (cluster.waits or {}).get(g.name, 1.0),
                          cluster.in_step_factor(g.name, _whole(counts)),
-                         (cluster.local_waits or {}).get(g.name))
+                         (cluster.local_waits or {}).get(g.name),
+                         (cluster.local_speedup or {}).get(g.name))
 
 
 def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -> dict:
@@ -829,7 +850,8 @@ def partition_of(cluster: Cluster, net: NetGeometry, batch: int | None = None) -
         if cluster.master_bandwidth:
             counts = _fewer_links(cluster, g, cs, caps, counts, seconds)
         counts = with_local_split(counts, g.K, layer_phases(cs), caps,
-                                  [c.has_link for c in cs], seconds)
+                                  [c.has_link for c in cs], seconds,
+                                  speedup=(cluster.local_speedup or {}).get(g.name))
         fits = [i for i, c in enumerate(cs) if c.cap >= g.K]
         if fits:
             # each with the factor of time in steps that conv_seconds gives it (the split's
@@ -1138,7 +1160,9 @@ def plan(cluster: Cluster, net: NetGeometry, batch: int, master_gflops: float | 
         rows = {}
         # its compute in steps, as conv_s
         factor = cluster.in_step_factor(g.name, _whole(partition[g.name]))
-        for i, (name, c) in enumerate(zip(cluster.names, cluster.costs[g.name])):
+        costs = split_costs(cluster.costs[g.name], partition[g.name],
+                            (cluster.local_speedup or {}).get(g.name))
+        for i, (name, c) in enumerate(zip(cluster.names, costs)):
             k = partition[g.name][i]
             if k == g.K:     # the whole layer on its own, as layer_seconds counts it
                 c = own[g.name][i]

@@ -507,7 +507,8 @@ class DynamicBalance:
                                               waits=(cal.waits or {}).get(conv.name, 1.0),
                                               linked=cal.linked(conv.name),
                                               local_waits=(cal.local_waits or {}).get(
-                                                  conv.name))
+                                                  conv.name),
+                                              local_speedup=cal.local_speedup(conv.name))
                           for conv in net.convs}
         for layer, st in (state or {}).items():
             if layer in self.balancers:

@@ -473,6 +473,15 @@ def test_a_split_among_devices_of_this_process_takes_no_waits_of_ranks():
     net = __import__("types").SimpleNamespace(
         convs=[__import__("types").SimpleNamespace(name="c", K=60)], devices=[])
     assert DynamicBalance(net, cal).balancers["c"].linked == linked
+    assert DynamicBalance(net, cal).balancers["c"].local_speedup is None
+    # the two compute 1.5 times as fast with the rank's device idle: 0.2 s for the split
+    timed = replace(cal, contention={"c": [1.5, 1.5, 1.2]},
+                    local_contention={"c": [1.0, 1.0, 1.2]})
+    assert timed.local_speedup("c") == pytest.approx([1.5, 1.5, 1.0])
+    assert timed.predicted("c", [30, 30, 0]) == pytest.approx(0.2)
+    assert timed.predicted("c", [20, 20, 20]) == pytest.approx(0.4)
+    assert DynamicBalance(net, timed).balancers["c"].local_speedup == pytest.approx(
+        [1.5, 1.5, 1.0])
 
 
 def test_the_balancer_moves_to_the_split_among_its_own_devices():
@@ -492,6 +501,29 @@ def test_the_balancer_moves_to_the_split_among_its_own_devices():
     assert timed.partition() == [20, 20, 20]                  # 0.4 s against 0.45 s
     # a split among the two keeps measuring its devices
     assert bal.observe([30, 30, 0], [0.3, 0.3, 0.0]) is None
+
+
+def test_the_balancer_prices_a_split_among_its_own_devices_at_their_local_speed():
+    """Devices that compute twice as fast with the rank's device idle (local_speedup 2): a
+    split among them is priced at that speed, and their busy times in it are taken back to
+    their speeds in a split over all (the estimates stay where the split runs as predicted,
+    and a split over all is not predicted faster than it is)."""
+    linked = [False, False, True]
+    bal = Balancer(60, [50.0] * 3, [0.0] * 3, patience=1, alone=[2.0] * 3, waits=1.0,
+                   linked=linked, local_speedup=[2.0, 2.0, 1.0])
+    assert bal.time([30, 30, 0]) == pytest.approx(0.3)         # 30 / (2 x 50)
+    assert bal.time([20, 20, 20]) == pytest.approx(0.4)        # 20 / 50
+    assert bal.partition() == [30, 30, 0]
+    for _ in range(8):
+        assert bal.observe([30, 30, 0], [0.3, 0.3, 0.0]) is None
+    assert bal.speeds[:2] == [pytest.approx(50.0)] * 2
+    # without the speedup the same busy times read as twice the speed over all
+    plain = Balancer(60, [50.0] * 3, [0.0] * 3, patience=1, alone=[2.0] * 3, linked=linked)
+    for _ in range(8):
+        plain.observe([30, 30, 0], [0.3, 0.3, 0.0])
+    assert plain.speeds[0] > 60.0
+    # none without a device of another rank
+    assert Balancer(60, [50.0] * 2, local_speedup=[2.0, 2.0]).local_speedup is None
 
 
 def test_a_resumed_layer_on_one_device_beside_one_kernel_each_goes_whole_on_it():

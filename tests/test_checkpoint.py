@@ -402,7 +402,7 @@ def test_resume_on_the_same_devices_keeps_the_partition(cli, npz_dataset, tmp_pa
                                  json.loads(res.out.splitlines()[-1])["partition"].items()}
     assert set(plan["calibration"]) == {"speeds", "overheads", "caps", "parts", "contention",
                                         "fits", "phases", "whole", "waits", "master_s", "head_s",
-                                        "cpu_like", "local_waits"}
+                                        "cpu_like", "local_waits", "local_contention"}
     assert set(plan["balancer"]) == {"conv1", "conv2"}
 
     res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume", "--json",

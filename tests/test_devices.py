@@ -430,6 +430,80 @@ def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks
     assert rows["conv2"]["d0"]["local_waits"] == pytest.approx(1.5, rel=0.1)
 
 
+def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(monkeypatch):
+    """Two devices of this process and one of another rank, all on one machine's cores: the
+    two run a together trial of their own, and a split among them alone takes their
+    contention there (local_contention), not the one timed with the rank's device computing
+    too (twice as slow here), so that it is predicted at its time and chosen where faster."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
+    together = []
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        # in the trial over all three (a worker thread each), twice as slow as alone
+        slow = 2.0 if threading.current_thread().name.startswith("pyhet-trial-") else 1.0
+        return slow * 1e-4 * k
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        if g.name.endswith("/together"):
+            together.append((g.name.split("/")[1], len(devices), list(counts)))
+        busy = [1e-4 * k for k in counts]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert [(layer, n) for layer, n, _ in together] == [("conv1", 2), ("conv2", 2)]
+    assert [counts for _, _, counts in together] == [[4, 4], [12, 12]]
+    for layer in ("conv1", "conv2"):
+        assert cal.contention[layer][:2] == [pytest.approx(2.0, rel=0.05)] * 2
+        assert cal.local_contention[layer][:2] == [pytest.approx(1.0, rel=0.05)] * 2
+        assert cal.local_contention[layer][2] == cal.contention[layer][2]
+        assert cal.local_speedup(layer) == pytest.approx([2.0, 2.0, 1.0], rel=0.05)
+    # the split among the two: 12 kernels each at their time alone, 1.2 ms (2.4 ms by the
+    # contention over all three); the split over all three: 8 kernels each at twice that
+    assert cal.predicted("conv2", [12, 12, 0]) == pytest.approx(1.2e-3, rel=0.1)
+    assert cal.predicted("conv2", [8, 8, 8]) == pytest.approx(1.6e-3, rel=0.1)
+    assert cal.partition("conv2", 24) == [12, 12, 0]
+    rows = cal.as_dict(devices)
+    assert rows["conv2"]["d0"]["local_contention"] == pytest.approx(1.0, rel=0.05)
+    assert "local_contention" not in rows["conv2"]["d2"]
+
+
+def test_devices_of_one_process_run_no_trial_of_their_own(monkeypatch):
+    """Without a device of another rank there is no split among this process's devices to
+    time apart: one together trial a layer, no local_contention."""
+    import pyhet.calibrate as calibrate_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    together = []
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        if g.name.endswith("/together"):
+            together.append(g.name)
+        busy = [1e-4 * k for k in counts]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: 1e-4 * k)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert together == ["calibrate/conv1/together", "calibrate/conv2/together"]
+    assert cal.local_contention is None and cal.local_speedup("conv1") is None
+
+
 def test_a_split_slowed_once_is_timed_again_before_a_layer_goes_alone(monkeypatch):
     """Devices of this process: where a short layer's split, run as a step runs it, was slow
     enough to put the layer on one device alone, it runs again, and its waits are those of

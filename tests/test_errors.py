@@ -743,6 +743,9 @@ PLAN_NOT_REUSED.update({
                         ["has waits 0.5 for conv1"]),
     "local waits below one": (lambda plan: _calibration(plan, "local_waits", "conv1", 0.5),
                               ["has local_waits 0.5 for conv1"]),
+    "local contention not positive": (
+        lambda plan: _calibration(plan, "local_contention", "conv1", [0.0, 1.0]),
+        ["has local_contention [0.0, 1.0] for conv1"]),
     "head_s a string": (lambda plan: {**plan, "calibration": {**plan["calibration"],
                                                               "head_s": "x"}},
                         ["calibration has head_s 'x'"]),

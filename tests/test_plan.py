@@ -1737,3 +1737,34 @@ def test_a_split_among_the_devices_without_a_link_takes_no_waits_of_ranks():
     assert plan.layer_seconds(costs["conv2"], [6, 6, 0], waits=2.0) == pytest.approx(
         plan.layer_seconds(costs["conv2"], [6, 6, 0]))
     assert plan.conv_seconds(cluster, NET, part)["conv2"] == pytest.approx(0.006, rel=0.01)
+
+
+def test_a_split_among_the_devices_without_a_link_computes_at_their_local_speed():
+    """Devices that compute twice as fast with the linked device idle (Cluster.local_speedup,
+    calibration's local contention): a split among them is predicted at that speed, shown so
+    in the plan's rows, and chosen where it beats the split over all; a split that gives the
+    linked device kernels keeps its figures."""
+    link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+    costs = {}
+    for g in NET.blocks:
+        fixed, per = link_cost(link, g, N, g is not NET.blocks[0])
+        costs[g.name] = [plan.Cost(500.0, 0.0, g.K, contention=2.0),
+                         plan.Cost(500.0, 0.0, g.K, contention=2.0),
+                         plan.Cost(1000.0, 0.0, g.K, fixed, per)]
+    speedup = {g.name: [2.0, 2.0, 1.0] for g in NET.blocks}
+    cluster = plan.Cluster(["d0", "d1", "r1"], [None, None, link], costs, [1.0] * 3,
+                           local_speedup=speedup)
+    k = NET.blocks[1].K
+    half = [k // 2, k - k // 2, 0]
+    assert plan.layer_seconds(costs["conv2"], half, local_speedup=speedup["conv2"]) == \
+        pytest.approx(plan.layer_seconds(costs["conv2"], half) / 2)
+    spread = [k // 4, k // 4, k - 2 * (k // 4)]
+    assert plan.layer_seconds(costs["conv2"], spread, local_speedup=speedup["conv2"]) == \
+        pytest.approx(plan.layer_seconds(costs["conv2"], spread))
+    part = plan.partition_of(cluster, NET, N)
+    assert part["conv2"] == half
+    assert plan.partition_of(replace(cluster, local_speedup=None), NET, N)["conv2"][2] > 0
+    out = plan.plan(cluster, NET, N, master_gflops=10.0)
+    row = out["layers"]["conv2"]["devices"]["d0"]
+    assert row["kernels_per_s"] == pytest.approx(1000.0)
+    assert row["contention"] == pytest.approx(1.0)
