@@ -74,16 +74,15 @@ class Calibration:
     # predicts fastest at it alone (pyhet.report._whole_in_step), which each device alone
     # takes in pyhet plan (pyhet.plan.Cluster.in_step_alone). Else None
     in_step_alone: dict | None = None
-    # layer -> where devices of other ranks take part, the waits of a split among this
-    # process's devices alone: beyond their contention in their together trial, or of a short
-    # layer, that split run as a step runs it (_short_splits); which such a split takes
-    # (pyhet.partition.split_waits); `waits` are then those of a split that gives devices of
-    # other ranks kernels. Missing: 1
+    # layer -> where devices of other ranks take part, the waits of a short layer's split among
+    # this process's devices alone, run as a step runs it (_short_splits), which such a
+    # split takes (pyhet.partition.split_waits); `waits` are then those of a split that gives
+    # devices of other ranks kernels. Missing: 1
     local_waits: dict | None = None
     # layer -> where devices of other ranks take part, per device its contention in a split
-    # among this process's devices alone (the others idle: _together of those alone), which
-    # such a split takes (local_speedup); a device of another rank: its contention. Missing:
-    # contention's
+    # among this process's devices alone (the others idle: _together of those alone, timed as
+    # the trial over all times them; at most their contention), which such a split takes
+    # (local_speedup); a device of another rank: its contention. Missing: contention's
     local_contention: dict | None = None
 
     def whole_factor(self, layer: str, i: int) -> float:
@@ -225,7 +224,7 @@ def _time_block(device: Device, g: ConvGeometry, k: int, x, rng, need_dx: bool) 
 
 
 def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list, seed: int,
-              rounds: int, shared: bool | None = None) -> tuple:
+              rounds: int, apart: bool = False) -> tuple:
     """(how much slower each device computes when they all run at once on their shares, the
     layer's waits beyond them): over
     `rounds` rounds in which every device runs, at the same time, a trial of about the kernels
@@ -252,9 +251,9 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
     half speed (@0.5) idles half of its time, so the others are slowed only while it computes,
     while it computes beside them all the time, and its idling, a multiple of its compute,
     grows with it. fits: (seconds per kernel, fixed seconds) of each device alone; caps: the
-    kernels each device's memory holds; shared: whether the host group's fixed work is shared
-    in proportion to the kernels in the cost model the ratios are of (else an equal part each,
-    as beside devices of other ranks); None: where these devices are all of the host group."""
+    kernels each device's memory holds; apart: devices of this process timed as those beside
+    devices of other ranks are, a trial each at once (the ratios then of the same kind as
+    theirs: Calibration.local_contention)."""
     if len(devices) == 1:
         kernels = [_trial_kernels(devices[0], g.K, caps[0])]
     else:   # about each device's share: kernels in proportion to its speed alone
@@ -262,11 +261,10 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
         kernels = [max(1, min(g.K, cap, round(g.K * r / sum(rates))))
                    for r, cap in zip(rates, caps)]
     ratios, beyond = [[] for _ in devices], []
-    if all(d.link is None for d in devices):
+    if all(d.link is None for d in devices) and not apart:
         # devices of this process: the trial is the layer as training runs it
         trial = replace(g, name=f"calibrate/{g.name}/together", K=sum(kernels))
-        one_group = (len(devices) > 1 and all(d.group == "host" for d in devices)
-                     if shared is None else shared)
+        one_group = len(devices) > 1 and all(d.group == "host" for d in devices)
         for busy, wall in _layer_trial(devices, trial, kernels, x, need_dx, rounds, seed):
             # the barriers between phases: the layer lasts longer than its busiest device
             # where the devices are out of step phase by phase; all are charged alike
@@ -468,9 +466,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     exact when their shares are equal). The first layer needs no input gradient (nothing before
     it learns), so it is timed and its traffic counted without one. Beside devices of other
     ranks, the devices of this process also run a together trial of their own (the others
-    idle): the contention and waits of a split among them alone (Calibration.local_contention,
-    local_waits); where the other ranks share this machine's cores, that split computes faster
-    than the together trial over all puts it.
+    idle): their contention in a split among them alone (Calibration.local_contention); where
+    the other ranks share this machine's cores, that split computes faster than the together
+    trial over all puts it.
 
     A single device also times each whole layer as a step runs it (_whole_layer), three times
     where three take at most `whole_budget_s` together (default WHOLE_BUDGET_S; pyhet plan's
@@ -543,15 +541,15 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         own = [i for i, d in enumerate(devices) if d.link is None and memory[i] > 0]
         if together > 0 and len(own) > 1 and any(d.link is not None for d in devices):
             # a split among this process's devices alone: their contention with the devices
-            # of other ranks idle (less where those share this machine's cores; the layer's
-            # time as a step runs it there, its waits apart)
-            alone_here, beyond_here = _together(
-                [devices[i] for i in own], g, x, need_dx, [fits[i] for i in own],
-                [memory[i] for i in own], seed, together, shared=False)
+            # of other ranks idle (less where those share this machine's cores), timed as
+            # the trial over all timed them (a trial each, at once), so that the two differ
+            # by the others' idling alone; not above it (idle devices slow no one)
+            here, _ = _together([devices[i] for i in own], g, x, need_dx,
+                                [fits[i] for i in own], [memory[i] for i in own], seed,
+                                together, apart=True)
             local_contention[g.name] = list(slower)
             for j, i in enumerate(own):
-                local_contention[g.name][i] = alone_here[j]
-            _set_waits(local_waits, g.name, beyond_here)
+                local_contention[g.name][i] = min(slower[i], here[j])
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower

@@ -110,6 +110,9 @@ def _fill(counts, total: int, caps, phases, among=None, weighed: bool = True) ->
 
 FILL_WEIGHED_LIMIT = 1 << 20   # kernels to give times devices weighed, where all are weighed
 
+# the dynamic balancer's local speedup (Balancer.local_speedup) stays within these as it moves
+LOCAL_SPEEDUP_BOUNDS = (0.25, 4.0)
+
 
 def _fill_weighed(counts, short: int, caps, phases, groups) -> list[int]:
     """_fill over two phases, each kernel to the device that lengthens sum_p max_i t_pi the
@@ -449,7 +452,9 @@ class Balancer:
     (Calibration.local_waits) where some device has one (split_waits), and is weighed beside
     the split over all; local_speedup: per device, how much faster it computes in such a split
     (Calibration.local_speedup, local_phases: devices of other ranks on this machine idle
-    there), by which its speed measured in one is taken back to a split over all.
+    there), by which its speed measured in one is taken back to a split over all; what moves
+    all their estimates alike there moves that speedup instead (the devices of other ranks are
+    not measured there).
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
@@ -563,10 +568,12 @@ class Balancer:
             self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
     def state(self) -> dict:
-        """The estimates worth keeping across a restart (a checkpoint's): speeds, noise and
-        the times alone seen in training."""
+        """The estimates worth keeping across a restart (a checkpoint's): speeds, noise, the
+        times alone seen in training and the local speedup (None where there is none)."""
         return {"speeds": list(self.speeds), "noise": list(self._noise),
-                "alone_seen": list(self._alone_seen)}
+                "alone_seen": list(self._alone_seen),
+                "local_speedup": None if self.local_speedup is None else list(
+                    self.local_speedup)}
 
     def restore(self, state: dict) -> None:
         """Take up estimates of state() again (those of another device count are ignored)."""
@@ -576,6 +583,10 @@ class Balancer:
             seen = state.get("alone_seen")
             if seen is not None and len(seen) == len(self.speeds):
                 self._alone_seen = [None if v is None else float(v) for v in seen]
+            local = state.get("local_speedup")
+            if (local is not None and self.local_speedup is not None
+                    and len(local) == len(self.speeds)):
+                self.local_speedup = [float(v) for v in local]
 
     def observe(self, counts, busy) -> list[int] | None:
         if self._skip:
@@ -588,8 +599,8 @@ class Balancer:
         alone = self._alone_device(counts)
         # in a split among this process's devices alone, a device computes local_speedup
         # times faster than in one over all, whose figures the estimates are
-        faster = ([1.0] * len(counts) if self.local_speedup is None
-                  or not among_own(counts, self.linked) else self.local_speedup)
+        local_now = self.local_speedup is not None and among_own(counts, self.linked)
+        faster = self.local_speedup if local_now else [1.0] * len(counts)
         if alone is None:
             for i, (k, t) in enumerate(zip(counts, busy)):
                 if k > 0 and t > 0:
@@ -616,7 +627,17 @@ class Balancer:
             self._measure(i, m / drift)
         if len(known) >= 2:
             scale = 1 - self.smoothing + self.smoothing * drift
-            self.speeds = [v * scale for v in self.speeds]
+            if local_now:
+                # in a split among this process's devices alone the devices of other ranks
+                # are not measured, and a common factor there may as well be the speedup's as
+                # the machine's: it moves the speedup, not every estimate (else a speedup
+                # timed too high would slow the others' estimates with it, and a split over
+                # all would be priced slower than it runs)
+                low, high = LOCAL_SPEEDUP_BOUNDS
+                self.local_speedup = [f if v else min(high, max(low, f * scale))
+                                      for f, v in zip(self.local_speedup, self.linked)]
+            else:
+                self.speeds = [v * scale for v in self.speeds]
         target = self.partition()
         # keep measuring every device that takes part in a split; a layer that goes to one
         # device alone leaves the others none (a kernel each would measure nothing of their

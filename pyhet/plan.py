@@ -358,8 +358,9 @@ class Cluster:
     # layer -> with waits, those of a split among the devices without a link, where others have
     # one (Calibration.local_waits); missing: 1
     local_waits: dict | None = None
-    # layer -> with local_waits, per device how much faster it computes in such a split
-    # (Calibration.local_speedup: the devices of other ranks idle); missing: 1
+    # layer -> per device, how much faster it computes in a split among the devices without a
+    # link, where others have one (Calibration.local_speedup, the others idle; _local_factor);
+    # missing: 1
     local_speedup: dict | None = None
     # layer -> the calibrated devices' time for it inside training steps over this model's
     # prediction of it (Calibration.in_step: short steps, the devices of other ranks behind
@@ -653,9 +654,19 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     waits = (calibrated[1].waits if calibrated is not None and not described else None)
     local_waits = (calibrated[1].local_waits if calibrated is not None and not described
                    else None)
-    local_speedup = {g.name: calibrated[1].local_speedup(g.name) for g in net.blocks} if (
-        calibrated is not None and not described) else {}
-    local_speedup = {k: v for k, v in local_speedup.items() if v is not None}
+    # a split among the devices without a link: each computes as with the others idle, its
+    # contention c there lc (calibration's), taken as modelled() takes c
+    local_speedup = {}
+    if calibrated is not None and not described and not single:
+        cal_names, cal = calibrated
+        for g in net.blocks:
+            lcs = (cal.local_contention or {}).get(g.name)
+            if lcs is not None and (cal.contention or {}).get(g.name) is not None:
+                local_speedup[g.name] = [
+                    _local_factor(c, lc, cal.whole_factor(g.name, i),
+                                  (g.name, n) in measured)
+                    for i, (n, c, lc) in enumerate(zip(cal_names, cal.contention[g.name],
+                                                       lcs))]
     groups = [("rank", id(ranked[n][0])) if n in (ranked or {}) and n not in moved else i
               for i, n in enumerate(names)]
     cluster = Cluster(names, links, costs, gflops, master_s, cpu_like, cpu_gflops,
@@ -700,6 +711,17 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
             cluster = _carrying(cluster, [True] * len(calibrated[0]) + copies, split, whole,
                                 timed_waits)
     return cluster
+
+
+def _local_factor(c: float, lc: float, w: float, as_measured: bool) -> float:
+    """How much faster a device computes in a split among the devices without a link than
+    in its cluster cost (Cluster.local_speedup): its contention c over lc there, where its
+    figures carry c as measured; else as build_cluster's modelled() folds c with its
+    whole-layer factor w (max(c, w) over max(lc, w): a share no faster than its typical time
+    alone)."""
+    if as_measured or w < 1:
+        return c / lc
+    return max(c, w) / max(lc, w)
 
 
 def _carrying(cluster: Cluster, here: list, split: dict, whole: dict, waits: dict) -> Cluster:

@@ -441,15 +441,17 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
     devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
     devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
     together = []
+    slow = {0: 1.0, 2: 1.25, 3: 2.0}
 
     def fake_time_block(device, g, k, x, rng, need_dx):
-        # in the trial over all three (a worker thread each), twice as slow as alone
-        slow = 2.0 if threading.current_thread().name.startswith("pyhet-trial-") else 1.0
-        return slow * 1e-4 * k
+        # a trial at once (a worker thread each): over all three, twice as slow as alone;
+        # the two of this process alone, 1.25 times
+        trials = [t.name for t in threading.enumerate() if t.name.startswith("pyhet-trial-")]
+        if threading.current_thread().name == "pyhet-trial-0":
+            together.append((g.name, len(trials), k))
+        return slow[len(trials)] * 1e-4 * k
 
     def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
-        if g.name.endswith("/together"):
-            together.append((g.name.split("/")[1], len(devices), list(counts)))
         busy = [1e-4 * k for k in counts]
         return [(busy, max(busy))] * rounds
 
@@ -460,21 +462,33 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
     finally:
         for d in devices:
             d.close()
-    assert [(layer, n) for layer, n, _ in together] == [("conv1", 2), ("conv2", 2)]
-    assert [counts for _, _, counts in together] == [[4, 4], [12, 12]]
+    # a trial over all three and one of the two alone, of about their shares, each layer
+    assert sorted({(layer, n, k) for layer, n, k in together}) == [
+        ("conv1", 2, 4), ("conv1", 3, 3), ("conv2", 2, 12), ("conv2", 3, 8)]
     for layer in ("conv1", "conv2"):
         assert cal.contention[layer][:2] == [pytest.approx(2.0, rel=0.05)] * 2
-        assert cal.local_contention[layer][:2] == [pytest.approx(1.0, rel=0.05)] * 2
+        assert cal.local_contention[layer][:2] == [pytest.approx(1.25, rel=0.05)] * 2
         assert cal.local_contention[layer][2] == cal.contention[layer][2]
-        assert cal.local_speedup(layer) == pytest.approx([2.0, 2.0, 1.0], rel=0.05)
-    # the split among the two: 12 kernels each at their time alone, 1.2 ms (2.4 ms by the
-    # contention over all three); the split over all three: 8 kernels each at twice that
-    assert cal.predicted("conv2", [12, 12, 0]) == pytest.approx(1.2e-3, rel=0.1)
+        assert cal.local_speedup(layer) == pytest.approx([1.6, 1.6, 1.0], rel=0.05)
+    # the split among the two: 12 kernels each at 1.25 times their time alone, 1.5 ms (2.4 ms
+    # by the contention over all three); the split over all three: 8 kernels each at twice it
+    assert cal.predicted("conv2", [12, 12, 0]) == pytest.approx(1.5e-3, rel=0.1)
     assert cal.predicted("conv2", [8, 8, 8]) == pytest.approx(1.6e-3, rel=0.1)
     assert cal.partition("conv2", 24) == [12, 12, 0]
     rows = cal.as_dict(devices)
-    assert rows["conv2"]["d0"]["local_contention"] == pytest.approx(1.0, rel=0.05)
+    assert rows["conv2"]["d0"]["local_contention"] == pytest.approx(1.25, rel=0.05)
     assert "local_contention" not in rows["conv2"]["d2"]
+    # timed slower with the rank's device idle (a disturbance): no slower than over all
+    slow.update({2: 1.5, 3: 1.25})
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert cal.local_contention["conv2"] == cal.contention["conv2"]
+    assert cal.local_speedup("conv2") == [1.0, 1.0, 1.0]
 
 
 def test_devices_of_one_process_run_no_trial_of_their_own(monkeypatch):

@@ -1768,3 +1768,40 @@ def test_a_split_among_the_devices_without_a_link_computes_at_their_local_speed(
     row = out["layers"]["conv2"]["devices"]["d0"]
     assert row["kernels_per_s"] == pytest.approx(1000.0)
     assert row["contention"] == pytest.approx(1.0)
+
+
+def test_the_local_speedup_of_a_modelled_device_keeps_its_share_no_faster_than_alone():
+    """Calibrated devices of the master beside one of another rank: the plan's local speedup
+    is their contention over their local contention, folded as their cost folds their
+    contention with their whole-layer factor (contention 2, local 1, whole 1.3: 2 / 1.3, not
+    2, so that a share is never faster than the device's typical time alone); a device whose
+    figures were measured as a step runs them takes the ratio itself."""
+    from pyhet.calibrate import Calibration
+
+    names = ["d0", "d1", "d2"]
+    part = {"compute_kernels_per_s": 800.0, "compute_overhead_s": 0.0, "link_fixed_s": 1e-4,
+            "link_s_per_kernel": 1e-6}
+    layers = [g.name for g in NET.blocks]
+    cal = Calibration({n: [500.0, 500.0, 800.0] for n in layers},
+                      {n: [0.0] * 3 for n in layers},
+                      {g.name: [g.K] * 3 for g in NET.blocks},
+                      parts={n: [None, None, part] for n in layers},
+                      contention={n: [2.0, 2.0, 1.0] for n in layers},
+                      fits={n: [[1e-3, 0.0, 1], [1e-3, 0.0, 1], [1e-3, 0.0, 0]] for n in layers},
+                      whole={n: [1.3, 1.3, 1.0] for n in layers},
+                      local_contention={n: [1.0, 1.0, 1.0] for n in layers})
+    link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+    cluster = plan.build_cluster(NET, N, (names, cal), ranked={"d2": (link, 1)})
+    for n in layers:
+        assert cluster.local_speedup[n] == pytest.approx([2 / 1.3, 2 / 1.3, 1.0])
+    alone = plan.own_costs(cluster, "conv2")[0]
+    k = NET.blocks[1].K
+    local = plan.split_costs(cluster.costs["conv2"], [k // 2, k - k // 2, 0],
+                             cluster.local_speedup["conv2"])[0]
+    assert local.speed == pytest.approx(alone.speed * alone.contention / alone.whole)
+    # described devices joining: not timed for them, none
+    joined = plan.build_cluster(NET, N, (names, cal), plan.parse_describe("cpu:gflops=10"),
+                                ranked={"d2": (link, 1)})
+    assert joined.local_speedup is None
+    assert plan._local_factor(2.0, 1.0, 1.3, True) == 2.0
+    assert plan._local_factor(2.0, 1.0, 0.9, False) == 2.0
