@@ -465,10 +465,10 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
     traffic as many times as the group has members (the others' kernels travel with its own:
     exact when their shares are equal). The first layer needs no input gradient (nothing before
     it learns), so it is timed and its traffic counted without one. Beside devices of other
-    ranks, the devices of this process also run a together trial of their own (the others
-    idle): their contention in a split among them alone (Calibration.local_contention); where
-    the other ranks share this machine's cores, that split computes faster than the together
-    trial over all puts it.
+    ranks on this machine, the devices of this process also run a together trial of their own
+    (the others idle): their contention in a split among them alone
+    (Calibration.local_contention), which computes faster than the together trial over all
+    puts it where the other ranks share this machine's cores.
 
     A single device also times each whole layer as a step runs it (_whole_layer), three times
     where three take at most `whole_budget_s` together (default WHOLE_BUDGET_S; pyhet plan's
@@ -539,11 +539,14 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         if len(devices) > 1 and beyond > 1.0:
             waits[g.name] = beyond
         own = [i for i, d in enumerate(devices) if d.link is None and memory[i] > 0]
-        if together > 0 and len(own) > 1 and any(d.link is not None for d in devices):
+        if together > 0 and len(own) > 1 and any(d.link is not None and d.on_master_machine
+                                                 for d in devices):
             # a split among this process's devices alone: their contention with the devices
-            # of other ranks idle (less where those share this machine's cores), timed as
+            # of other ranks idle, where some of those share this machine's cores, timed as
             # the trial over all timed them (a trial each, at once), so that the two differ
-            # by the others' idling alone; not above it (idle devices slow no one)
+            # by the others' idling alone; not above it (idle devices slow no one). Ranks on
+            # other machines slow these devices no more while they compute (the master
+            # sleeps while it waits for their replies): no trial, their contention
             here, _ = _together([devices[i] for i in own], g, x, need_dx,
                                 [fits[i] for i in own], [memory[i] for i in own], seed,
                                 together, apart=True)

@@ -119,6 +119,11 @@ class Device:
     def kind(self):
         return self.spec.kind
 
+    # whether the device computes on the master's machine (a device of this process does; one
+    # of another rank where that rank said so: pyhet.transport.mpi), so that it competes with
+    # the master's devices for its cores and memory
+    on_master_machine = True
+
     @property
     def shares_host_memory(self) -> bool:
         """Whether this device computes on host arrays with the C++ core, so that devices of

@@ -489,6 +489,18 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
             d.close()
     assert cal.local_contention["conv2"] == cal.contention["conv2"]
     assert cal.local_speedup("conv2") == [1.0, 1.0, 1.0]
+    # the rank's device on another machine: no trial of the two alone
+    together.clear()
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
+    devices[2].on_master_machine = False
+    try:
+        cal = calibrate(devices, shape.blocks, 4)
+    finally:
+        for d in devices:
+            d.close()
+    assert {n for _, n, _ in together} == {3}
+    assert cal.local_contention is None
 
 
 def test_devices_of_one_process_run_no_trial_of_their_own(monkeypatch):

@@ -116,6 +116,27 @@ def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
     assert summary["predicted_step_time_s"] > 0
 
 
+def test_the_masters_devices_beside_a_rank_on_its_machine_keep_the_result(tmp_path, data):
+    """Two devices of the master and one of a rank on the same machine, --balance dynamic:
+    the master's devices time their contention with the rank's device idle too
+    (local_contention in their calibration rows, not in the rank's), and whichever split the
+    balancer takes, the weights are the one-process ones."""
+    code, out, err = run(train_argv(data, "cpu:1,cpu:1,cpu:1", tmp_path / "one.npz"), None,
+                         tmp_path)
+    assert code == 0, err
+    argv = train_argv(data, "0/cpu:1,0/cpu:1,1/cpu:1", tmp_path / "mpi.npz")
+    argv[argv.index("even")] = "dynamic"
+    code, out, err = run(argv, 2, tmp_path)
+    assert code == 0, err
+    want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
+    for k in want:
+        assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
+    summary = json.loads(out.strip().splitlines()[-1])
+    for layer, rows in summary["calibration"].items():
+        assert 0 < rows["d0"]["local_contention"] <= rows["d0"]["contention"], layer
+        assert "local_contention" not in rows["d2"], layer
+
+
 def test_the_cpu_devices_of_a_rank_share_one_message(tmp_path, data):
     """Two cpu devices on rank 1 share their im2col and input gradient there: the layer input
     travels once for both, so the master sends less than to a cpu and a numpy device (each its
@@ -265,6 +286,17 @@ def test_ranks_on_one_machine_are_counted_on_the_cores_they_may_run_on():
     assert line == ("ranks 0, 2 on a ask for 4 cpu threads in all but run on 3 cores there: "
                     "they will compete for them")
     assert shared_host_warnings({0: "a\t4\t0,1"}) == []   # one rank: its own check says it
+
+
+def test_a_rank_on_the_masters_machine_is_told_by_its_name():
+    """Ranks on the master's machine (the name host_of() gives) have devices on it, whose
+    idling the master's devices' own together trial times (pyhet.calibrate); a rank that did
+    not say where it runs is taken as on it."""
+    from pyhet.transport.mpi import same_machine
+
+    hosts = {0: "a\t2\t0,1", 1: "a\t1\t0,1", 2: "b\t4\t0,1,2,3"}
+    assert same_machine(hosts, 1) and not same_machine(hosts, 2)
+    assert same_machine(hosts, 3)
 
 
 def test_plan_under_mpiexec_calibrates_each_rank_behind_its_measured_link(tmp_path, data):

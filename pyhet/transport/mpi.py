@@ -438,6 +438,7 @@ class MasterLink:
                                  f"pyhet ...)")
         for line in shared_host_warnings(hosts):
             warn(line)
+        self.hosts = hosts
         # ... and learns the index of its first device in the job (devices follow rank order)
         first = len(self.ranks_devices[0])
         for r, peer in self.peers.items():
@@ -600,6 +601,7 @@ class MasterLink:
                 for spec_text in self.ranks_devices[r]:
                     spec = _spec_of(spec_text, r)
                     out.append(RemoteDevice(f"d{index}", spec, index, self.peers[r]))
+                    out[-1].on_master_machine = same_machine(self.hosts, r)
                     siblings[index] = out[-1]
                     out[-1].siblings = siblings
                     index += 1
@@ -625,6 +627,15 @@ def host_of(specs: list[DeviceSpec]) -> str:
         cores = list(range(os.cpu_count() or 1))
     threads = sum(s.threads for s in specs if s.kind == "cpu")
     return f"{MPI.Get_processor_name()}\t{threads}\t{','.join(map(str, cores))}"
+
+
+def same_machine(hosts: dict[int, str], rank: int) -> bool:
+    """Whether rank `rank` runs on the master's machine, by the names of host_of(); where a
+    rank did not say (a rank of another version), taken as yes."""
+    try:
+        return hosts[rank].split("\t")[0] == hosts[0].split("\t")[0]
+    except (KeyError, IndexError, AttributeError):
+        return True
 
 
 def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
