@@ -429,6 +429,9 @@ MAX_CONTENTION = 4.0   # a ratio beyond this is a disturbance of the machine, no
 # step runs it can take Strassen's scheme where the trials are too small for it (a host
 # group's shares, from 256 kernels, 7-9% faster on their products). Below this: noise.
 MIN_CONTENTION = 0.9
+# a device's contention with the devices of other ranks idle counts where it is at least this
+# factor below its contention with them computing (Calibration.local_contention)
+LOCAL_SPEEDUP_NOISE = 1.05
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
@@ -544,15 +547,19 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             # a split among this process's devices alone: their contention with the devices
             # of other ranks idle, where some of those share this machine's cores, timed as
             # the trial over all timed them (a trial each, at once), so that the two differ
-            # by the others' idling alone; not above it (idle devices slow no one). Ranks on
-            # other machines slow these devices no more while they compute (the master
-            # sleeps while it waits for their replies): no trial, their contention
+            # by the others' idling alone; not above it (idle devices slow no one), nor
+            # below it by less than LOCAL_SPEEDUP_NOISE. Ranks on other machines slow these
+            # devices no more while they compute (the master sleeps while it waits for their
+            # replies): no trial, their contention
             here, _ = _together([devices[i] for i in own], g, x, need_dx,
                                 [fits[i] for i in own], [memory[i] for i in own], seed,
                                 together, apart=True)
             local_contention[g.name] = list(slower)
             for j, i in enumerate(own):
-                local_contention[g.name][i] = min(slower[i], here[j])
+                # a ratio within the trials' noise is none (the lower of two noisy medians
+                # would lean every split towards the master's devices)
+                if here[j] * LOCAL_SPEEDUP_NOISE < slower[i]:
+                    local_contention[g.name][i] = here[j]
         for d in devices:   # the trial layer, and the work arrays it kept
             d.call("calibration", d.drop_shard, f"calibrate/{g.name}")
         contention[g.name] = slower

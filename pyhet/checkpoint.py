@@ -501,17 +501,14 @@ def plan_problem(plan, shape: "NetGeometry | None" = None) -> "str | None":
 
 
 def balancer_state_fits(state) -> bool:
-    """A Balancer.state() of some number of devices: speeds > 0, noise >= 0, the times
-    alone seen (> 0, or null) and the local speedup (> 0; or null), one of each per
-    device."""
+    """A Balancer.state() of some number of devices: speeds > 0, noise >= 0 and the times
+    alone seen (> 0, or null), one of each per device."""
     if not isinstance(state, dict) or not isinstance(state.get("speeds"), list):
         return False
     n = len(state["speeds"])
     seen = state.get("alone_seen")
-    local = state.get("local_speedup")
     return (_numbers(state["speeds"], n, 0.0, strict=True)
             and _numbers(state.get("noise"), n, 0.0)
-            and (local is None or _numbers(local, n, 0.0, strict=True))
             and (seen is None or isinstance(seen, list) and len(seen) == n and all(
                 v is None or _numbers([v], 1, 0.0, strict=True) for v in seen)))
 

@@ -110,8 +110,10 @@ def _fill(counts, total: int, caps, phases, among=None, weighed: bool = True) ->
 
 FILL_WEIGHED_LIMIT = 1 << 20   # kernels to give times devices weighed, where all are weighed
 
-# the dynamic balancer's local speedup (Balancer.local_speedup) stays within these as it moves
-LOCAL_SPEEDUP_BOUNDS = (0.25, 4.0)
+# the dynamic balancer takes a local speedup (Balancer.local_speedup) within these: at least 1
+# (devices that idle slow no one), at most above the most calibration gives (its contention's
+# bounds, 4 over 0.9)
+LOCAL_SPEEDUP_BOUNDS = (1.0, 5.0)
 
 
 def _fill_weighed(counts, short: int, caps, phases, groups) -> list[int]:
@@ -404,6 +406,12 @@ def local_split(total: int, phases, caps, linked, every_split: bool = True):
     return counts if sum(1 for k in counts if k) > 1 else None
 
 
+def _bounded_speedup(values) -> list:
+    """A local speedup per device within LOCAL_SPEEDUP_BOUNDS."""
+    low, high = LOCAL_SPEEDUP_BOUNDS
+    return [min(high, max(low, float(v))) for v in values]
+
+
 # ================================================================================================
 # Dynamic balancing: re-measure each device's speed from its busy time in every step and move
 # kernels when the devices stay out of balance.
@@ -452,9 +460,7 @@ class Balancer:
     (Calibration.local_waits) where some device has one (split_waits), and is weighed beside
     the split over all; local_speedup: per device, how much faster it computes in such a split
     (Calibration.local_speedup, local_phases: devices of other ranks on this machine idle
-    there), by which its speed measured in one is taken back to a split over all; what moves
-    all their estimates alike there moves that speedup instead (the devices of other ranks are
-    not measured there).
+    there), by which its speed measured in one is taken back to a split over all.
     """
 
     def __init__(self, total: int, speeds, overheads=None, caps=None, threshold: float = 0.04,
@@ -466,7 +472,7 @@ class Balancer:
         self.linked = None if linked is None else [bool(v) for v in linked]
         self.local_waits = None if local_waits is None else float(local_waits)
         self.local_speedup = (None if local_speedup is None or self.linked is None else
-                              [float(v) for v in local_speedup])
+                              _bounded_speedup(local_speedup))
         self.speeds = [float(s) for s in speeds]
         self.overheads = list(overheads) if overheads else [0.0] * len(speeds)
         self._calibrated = list(self.speeds)
@@ -568,12 +574,10 @@ class Balancer:
             self.speeds[i] = (1 - self.smoothing) * est + self.smoothing * m
 
     def state(self) -> dict:
-        """The estimates worth keeping across a restart (a checkpoint's): speeds, noise, the
-        times alone seen in training and the local speedup (None where there is none)."""
+        """The estimates worth keeping across a restart (a checkpoint's): speeds, noise and
+        the times alone seen in training."""
         return {"speeds": list(self.speeds), "noise": list(self._noise),
-                "alone_seen": list(self._alone_seen),
-                "local_speedup": None if self.local_speedup is None else list(
-                    self.local_speedup)}
+                "alone_seen": list(self._alone_seen)}
 
     def restore(self, state: dict) -> None:
         """Take up estimates of state() again (those of another device count are ignored)."""
@@ -583,10 +587,6 @@ class Balancer:
             seen = state.get("alone_seen")
             if seen is not None and len(seen) == len(self.speeds):
                 self._alone_seen = [None if v is None else float(v) for v in seen]
-            local = state.get("local_speedup")
-            if (local is not None and self.local_speedup is not None
-                    and len(local) == len(self.speeds)):
-                self.local_speedup = [float(v) for v in local]
 
     def observe(self, counts, busy) -> list[int] | None:
         if self._skip:
@@ -627,17 +627,13 @@ class Balancer:
             self._measure(i, m / drift)
         if len(known) >= 2:
             scale = 1 - self.smoothing + self.smoothing * drift
-            if local_now:
-                # in a split among this process's devices alone the devices of other ranks
-                # are not measured, and a common factor there may as well be the speedup's as
-                # the machine's: it moves the speedup, not every estimate (else a speedup
-                # timed too high would slow the others' estimates with it, and a split over
-                # all would be priced slower than it runs)
-                low, high = LOCAL_SPEEDUP_BOUNDS
-                self.local_speedup = [f if v else min(high, max(low, f * scale))
-                                      for f, v in zip(self.local_speedup, self.linked)]
-            else:
-                self.speeds = [v * scale for v in self.speeds]
+            # the same in a split among this process's devices alone, where the devices of
+            # other ranks are not measured: a machine that slows slows them too (moving the
+            # measured devices' alone priced a split over all faster than it ran, and the
+            # balancer moved to it; moving the speedup instead took it below 1, and the split
+            # was then priced with the slowdown twice once the split over all had measured
+            # it). The speedup stays as calibrated (timed as the contention over all is).
+            self.speeds = [v * scale for v in self.speeds]
         target = self.partition()
         # keep measuring every device that takes part in a split; a layer that goes to one
         # device alone leaves the others none (a kernel each would measure nothing of their

@@ -430,6 +430,18 @@ def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks
     assert rows["conv2"]["d0"]["local_waits"] == pytest.approx(1.5, rel=0.1)
 
 
+def _three_beside_a_rank(shape, on_master_machine: bool = True):
+    """cpu:1 x 3, the third as of another rank (a link), calibrated; its devices closed."""
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
+    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
+    devices[2].on_master_machine = on_master_machine
+    try:
+        return calibrate(devices, shape.blocks, 4), devices
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(monkeypatch):
     """Two devices of this process and one of another rank, all on one machine's cores: the
     two run a together trial of their own, and a split among them alone takes their
@@ -438,8 +450,6 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
     import pyhet.calibrate as calibrate_module
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
-    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
     together = []
     slow = {0: 1.0, 2: 1.25, 3: 2.0}
 
@@ -457,11 +467,7 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
 
     monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
     monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal, devices = _three_beside_a_rank(shape)
     # a trial over all three and one of the two alone, of about their shares, each layer
     assert sorted({(layer, n, k) for layer, n, k in together}) == [
         ("conv1", 2, 4), ("conv1", 3, 3), ("conv2", 2, 12), ("conv2", 3, 8)]
@@ -480,25 +486,12 @@ def test_a_split_among_own_devices_takes_their_contention_with_the_ranks_idle(mo
     assert "local_contention" not in rows["conv2"]["d2"]
     # timed slower with the rank's device idle (a disturbance): no slower than over all
     slow.update({2: 1.5, 3: 1.25})
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
-    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal, _ = _three_beside_a_rank(shape)
     assert cal.local_contention["conv2"] == cal.contention["conv2"]
     assert cal.local_speedup("conv2") == [1.0, 1.0, 1.0]
     # the rank's device on another machine: no trial of the two alone
     together.clear()
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
-    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
-    devices[2].on_master_machine = False
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal, _ = _three_beside_a_rank(shape, on_master_machine=False)
     assert {n for _, n, _ in together} == {3}
     assert cal.local_contention is None
 

@@ -94,20 +94,26 @@ def test_mpi_run_gives_the_one_process_weights(tmp_path, data, ranks, placement,
     assert summary["idle_ranks"] == ([1] if placement == "0/cpu:1,2/cpu:1" else [])
 
 
-def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
-    """--balance dynamic with a slow device on rank 1 (kernels may move between the ranks, with
-    their weights and momentum): the one-process weights all the same."""
+def _dynamic_as_one_process(tmp_path, data, placement: str) -> dict:
+    """The summary of --balance dynamic over two ranks on `placement` (three cpu:1 devices, or
+    slowed ones), after checking its weights against the one-process run's on cpu:1 x 3."""
     code, out, err = run(train_argv(data, "cpu:1,cpu:1,cpu:1", tmp_path / "one.npz"), None,
                          tmp_path)
     assert code == 0, err
-    argv = train_argv(data, "0/cpu:1,1/cpu:1@0.3,1/cpu:1", tmp_path / "mpi.npz")
+    argv = train_argv(data, placement, tmp_path / "mpi.npz")
     argv[argv.index("even")] = "dynamic"
     code, out, err = run(argv, 2, tmp_path)
     assert code == 0, err
     want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
     for k in want:
         assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
-    summary = json.loads(out.strip().splitlines()[-1])
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_dynamic_balancing_across_ranks_keeps_the_result(tmp_path, data):
+    """--balance dynamic with a slow device on rank 1 (kernels may move between the ranks, with
+    their weights and momentum): the one-process weights all the same."""
+    summary = _dynamic_as_one_process(tmp_path, data, "0/cpu:1,1/cpu:1@0.3,1/cpu:1")
     for d in summary["devices"]:                          # compute and link apart
         row = summary["calibration"]["conv2"][d["name"]]
         assert ("link_fixed_s" in row) == (d["rank"] != 0)
@@ -121,17 +127,7 @@ def test_the_masters_devices_beside_a_rank_on_its_machine_keep_the_result(tmp_pa
     the master's devices time their contention with the rank's device idle too
     (local_contention in their calibration rows, not in the rank's), and whichever split the
     balancer takes, the weights are the one-process ones."""
-    code, out, err = run(train_argv(data, "cpu:1,cpu:1,cpu:1", tmp_path / "one.npz"), None,
-                         tmp_path)
-    assert code == 0, err
-    argv = train_argv(data, "0/cpu:1,0/cpu:1,1/cpu:1", tmp_path / "mpi.npz")
-    argv[argv.index("even")] = "dynamic"
-    code, out, err = run(argv, 2, tmp_path)
-    assert code == 0, err
-    want, got = weights(tmp_path / "one.npz"), weights(tmp_path / "mpi.npz")
-    for k in want:
-        assert np.abs(got[k] - want[k]).max() / np.abs(want[k]).max() < 1e-4, k
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = _dynamic_as_one_process(tmp_path, data, "0/cpu:1,0/cpu:1,1/cpu:1")
     for layer, rows in summary["calibration"].items():
         assert 0 < rows["d0"]["local_contention"] <= rows["d0"]["contention"], layer
         assert "local_contention" not in rows["d2"], layer
