@@ -391,8 +391,6 @@ def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks
     import pyhet.calibrate as calibrate_module
 
     shape = net_shape((3, 16, 16), (8, 24), 3, 10)
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1"))
-    devices[2].link = Link(latency_s=1e-7, bandwidth_bytes_per_s=1e13)
     factor = {"linked": 3.0, "local": 1.5}
     timed = []
 
@@ -409,11 +407,7 @@ def test_a_short_layers_split_among_own_devices_takes_its_own_waits_beside_ranks
 
     monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
     monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
-    try:
-        cal = calibrate(devices, shape.blocks, 4)
-    finally:
-        for d in devices:
-            d.close()
+    cal, devices = _three_beside_a_rank(shape)
     assert sorted((layer, kind) for layer, kind, _ in timed) == [
         ("conv1", "linked"), ("conv1", "local"), ("conv2", "linked"), ("conv2", "local")]
     assert cal.waits == {"conv1": pytest.approx(3.0, rel=0.1),
