@@ -38,7 +38,7 @@ from pyhet.devices import make_devices
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
 from pyhet.partition import proportional
-from pyhet.specs import cuda_device_count, parse_devices
+from pyhet.specs import check_threads, cuda_device_count, parse_devices
 from pyhet.cli import Parser, kernel_counts, positive
 from pyhet.train import DynamicBalance, plan_partition
 
@@ -58,11 +58,16 @@ class Config:
     def __init__(self, spec, balance, shape, params, batch):
         self.spec, self.balance = spec, balance
         self.devices = make_devices(parse_devices(spec))
-        t0 = time.perf_counter()
-        partition, cal = plan_partition(shape, self.devices, balance, batch)
-        self.calibration_s = time.perf_counter() - t0
-        self.net = Net(shape, params, self.devices, partition, CpuBackend(ops.default_threads()))
-        self.dynamic = DynamicBalance(self.net, cal) if balance == "dynamic" and cal else None
+        try:   # (its devices closed where it cannot be made: calibration interrupted, say)
+            t0 = time.perf_counter()
+            partition, cal = plan_partition(shape, self.devices, balance, batch)
+            self.calibration_s = time.perf_counter() - t0
+            self.net = Net(shape, params, self.devices, partition,
+                           CpuBackend(ops.default_threads()))
+            self.dynamic = DynamicBalance(self.net, cal) if balance == "dynamic" and cal else None
+        except BaseException:
+            self.close()
+            raise
         self.times = []
         self.steps = 0
         # the last step's repartitions (dynamic balancing's moves), seconds; None: no move
@@ -188,9 +193,14 @@ def part1(args, shape, params, x, y):
     cores, gpus = ops.default_threads(), cuda_device_count()
     counts = args.cpu_devices or cpu_counts(cores)
     solo, mixes = configurations(cores, gpus, counts)
-    configs = [Config(s, "static", shape, params, args.batch_size) for s in solo]
-    configs += [Config(s, m, shape, params, args.batch_size) for s, m in mixes]
-    try:
+    # the largest mix, as pyhet train checks its devices: a warning where its threads are more
+    # than the cores (its row then measures them competing), an error where they cannot start
+    check_threads(max((parse_devices(s) for s, _ in mixes),
+                      key=lambda specs: sum(d.threads for d in specs if d.kind == "cpu")))
+    configs = []
+    try:   # (the configurations made so far closed, also where a later one is interrupted)
+        for s, m in [(s, "static") for s in solo] + mixes:
+            configs.append(Config(s, m, shape, params, args.batch_size))
         settle = {}
         for c in configs:  # warm-up (the first two updates allocate the staged state; and
             for _ in range(WARMUP):   # the first dynamic measurements)
@@ -306,28 +316,42 @@ def moves_summary(moves_s) -> str:
 
 
 def settling_summary(dyn: dict, steps: int) -> str:
-    """Part 2's findings in words (dyn: part2's result; steps: those after the change)."""
+    """Part 2's findings in words, in the table's step numbers (dyn: part2's result, whose
+    figures count the steps after the change; steps: those after the change)."""
+    first = dyn.get("change_at_step", 1)     # the table's step of the first after the change
+    last = first + steps - 1
+
+    def at(k):   # the table's step of the k-th step after the change
+        return first + k - 1
+
     best = (f"the best static partition for the new speeds "
             f"({'/'.join(str(v) for v in dyn['best_static_partition']['conv2'].values())} for "
             f"conv2, proportional to 1 : 0.5) {_util.secs(dyn['best_static_step_s'])} s")
     conv2, both = dyn["conv2_settled_after_steps"], dyn["partition_settled_after_steps"]
     if conv2 is None:
-        return (f"after the change: conv2's partition still moved at the last of the {steps} "
-                f"steps after it, so it has not been seen to settle (give more "
-                f"--dynamic-steps); {best}")
-    moved = (f"conv2's partition settled in {conv2} steps" if conv2 else
-             f"conv2's partition did not move in the {steps} steps")
+        return (f"after the change: conv2's partition still moved after the last step "
+                f"({last}), so it has not been seen to settle (give more --dynamic-steps); "
+                f"{best}")
+    on_final = steps - conv2     # the steps that ran on conv2's final partition
+    moved = (f"conv2's partition last moved after step {at(conv2)} ({conv2} steps after the "
+             f"change), steps {at(conv2) + 1}-{last} ran on it" if conv2 else
+             f"conv2's partition did not move in the {steps} steps after it")
     if both is None:
-        moved += " (conv1's still moved at the last step)"
+        moved += " (conv1's still moved after the last step)"
     elif both > conv2:
-        moved += f" (conv1's in {both})"
+        moved += f" (conv1's last moved after step {at(both)})"
     close = dyn["within_5pct_of_best_static_after_steps"]
-    return (f"after the change: {moved}; the step time is "
-            + (f"within 5% of the best static partition's from step {close} on"
-               if close is not None else
-               f"not within 5% of the best static partition's in the {steps} steps")
-            + f".\nsettled step time {_util.secs(dyn['settled_step_s'])} s; {best}: ratio "
-              f"{dyn['settled_over_best_static']:.3f}")
+    if close is None:
+        near = f"not within 5% of the best static partition's in the {steps} steps after it"
+    else:
+        held = steps - close + 1
+        near = (f"within 5% of the best static partition's from step {at(close)} on" +
+                (f" (the last {held} step{'s' if held > 1 else ''} only: more --dynamic-steps "
+                 f"would show whether it holds)" if held < 3 else ""))
+    return (f"after the change (before step {first}): {moved}; the step time is {near}.\n"
+            f"settled step time {_util.secs(dyn['settled_step_s'])} s (the median of the "
+            f"{on_final} step{'s' if on_final > 1 else ''} on conv2's final partition); {best}: "
+            f"ratio {dyn['settled_over_best_static']:.3f}")
 
 
 def main(argv=None) -> int:

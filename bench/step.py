@@ -65,21 +65,23 @@ def worker_pyhet(kernels, batch, threads, steps):
 
     shape = arch.build(arch.shorthand(kernels, 5), INPUT, CLASSES)
     devices = make_devices(parse_devices(f"cpu:{threads}"))
-    net = Net(shape, init_params(shape, 0), devices,
-              {"conv1": [kernels[0]], "conv2": [kernels[1]]}, CpuBackend(threads))
-    x, y = _batch(batch)
-    cfg = SGDConfig(0.01, 0.9, 0.0)
-    times, parts = [], {}
-    for i in range(steps + 1):
-        timer = PartTimer()
-        t0 = time.perf_counter()
-        net.train_step(x, y, cfg, timer)
-        if i:
-            times.append(time.perf_counter() - t0)
-            for k, v in timer.parts.items():
-                parts[k] = parts.get(k, 0.0) + v / steps
-    for d in devices:
-        d.close()
+    try:
+        net = Net(shape, init_params(shape, 0), devices,
+                  {"conv1": [kernels[0]], "conv2": [kernels[1]]}, CpuBackend(threads))
+        x, y = _batch(batch)
+        cfg = SGDConfig(0.01, 0.9, 0.0)
+        times, parts = [], {}
+        for i in range(steps + 1):
+            timer = PartTimer()
+            t0 = time.perf_counter()
+            net.train_step(x, y, cfg, timer)
+            if i:
+                times.append(time.perf_counter() - t0)
+                for k, v in timer.parts.items():
+                    parts[k] = parts.get(k, 0.0) + v / steps
+    finally:
+        for d in devices:
+            d.close()
     return {"times": times, "parts": parts}
 
 

@@ -140,7 +140,9 @@ def prepare_batch(xb, normalization=None, what="x", first: int = 0):
 
 
 def prepare_labels(y, n, num_classes, what="y"):
-    """Labels (n,) of integers in [0, num_classes) as int64; anything else raises DataError."""
+    """Labels (n,) of integers in [0, num_classes) as int64, a copy (a fit's labels changed
+    by its program meanwhile, from its callback say, are not read: they were checked once);
+    anything else raises DataError."""
     if not isinstance(y, np.ndarray):
         try:
             y = np.asarray(y)
@@ -156,4 +158,4 @@ def prepare_labels(y, n, num_classes, what="y"):
     if n and (y.min() < 0 or y.max() >= num_classes):
         raise DataError(f"{what}: labels must be in 0..{num_classes - 1}, got "
                         f"{int(y.min())}..{int(y.max())}")
-    return np.ascontiguousarray(y, dtype=np.int64)
+    return np.array(y, dtype=np.int64, order="C")

@@ -10,15 +10,19 @@ which a signal interrupts whole (the lock left as it was), and reads the outcome
 worker stores before it releases that lock. The worker threads are daemons, so that the
 interpreter's exit never waits on one (concurrent.futures' exit hook also stopped every
 executor before Python joined the program's own threads: a thread still training then
-failed); their owners stop and join them (Device.close, a Network's finalizer).
+failed); their owners stop and join them (Device.close, a Network's finalizer). A program that
+exits without that (an exception or Ctrl-C past its clean-up, a device never closed) has them
+stopped at its exit: _stop_at_exit.
 """
 
 from __future__ import annotations
 
 import _thread
+import atexit
 import queue
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import Callable
@@ -26,6 +30,8 @@ from typing import Callable
 from .interrupt import HeldSignals
 
 _PENDING = object()
+# how long the interpreter's exit waits, in all, for the workers' work under way to end
+EXIT_WAIT_S = 30.0
 
 
 class Work:
@@ -114,6 +120,7 @@ class Worker:
                                         name=name, daemon=True)
         with HeldSignals():   # Thread.start waits on a Condition, which an interrupt can break
             self._thread.start()
+        _LIVE.add(self)
 
     def submit(self, fn: Callable, *args) -> Work:
         work = Work(fn, args)
@@ -132,11 +139,47 @@ class Worker:
         if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
+    def _abandon(self) -> None:
+        """No more work, and the work handed over but not started is dropped: the thread ends
+        after the piece under way (the interpreter's exit: _stop_at_exit)."""
+        with self._closing:
+            self._closed = True
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._queue.put(None)
+
     def __enter__(self) -> "Worker":
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown(wait=True)
+
+
+_LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """At the interpreter's exit (after the program's own threads were joined, before Python
+    finalizes): every worker still running drops the work not started and ends after the piece
+    under way, waited for up to EXIT_WAIT_S in all. A worker thread that came back from the
+    core's C++ code into a finalizing interpreter was ended there by pthread_exit, whose
+    unwinding through the core's frames aborted the process ("terminate called without an
+    active exception", status 134): a program that exited while a device computed, as one
+    interrupted before it closed its devices. A second Ctrl-C here stops the waiting."""
+    workers = [w for w in list(_LIVE) if w._thread.is_alive()]
+    try:
+        for w in workers:
+            w._abandon()
+        deadline = time.monotonic() + EXIT_WAIT_S
+        for w in workers:
+            if w._thread is not threading.current_thread():
+                w._thread.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
 
 
 def _serve(work_queue: queue.SimpleQueue, initializer, name: str, end) -> None:

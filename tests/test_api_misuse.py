@@ -476,3 +476,25 @@ def test_an_os_error_behind_a_file_error_is_its_cause(tmp_path):
             resource.setrlimit(resource.RLIMIT_FSIZE, old[0])
             signal.signal(signal.SIGXFSZ, old[1])
     assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.EFBIG
+
+
+def test_labels_changed_by_the_program_during_a_fit_are_not_read():
+    """fit checks the labels once and trains on a copy: a label the callback (or another
+    thread) sets to -1 or M afterwards trained as the last class, or raised a bare
+    IndexError."""
+    x, y = arrays(12)
+    with network(seed=1) as net:
+        net.fit(x, y.copy(), steps=4, batch_size=4, lr=0.05, shuffle=False)
+        want = net.params()
+    for bad in (-1, M):
+        labels = y.copy()
+
+        def spoil(info, labels=labels, bad=bad):
+            labels[:] = bad
+
+        with network(seed=1) as net:
+            net.fit(x, labels, steps=4, batch_size=4, lr=0.05, shuffle=False, callback=spoil)
+            got = net.params()
+        assert (labels == bad).all()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -1,6 +1,7 @@
 """The benchmarks run, as `pyhet bench NAME` runs them, and write the JSON they promise (on
 tiny problems: these are smoke tests, the figures come from the real runs)."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -140,6 +141,25 @@ def test_bench_scaling(tmp_path, capsys):
     assert "move ms" in out
 
 
+def test_scaling_warns_where_its_largest_mix_has_more_threads_than_cores(monkeypatch):
+    """As pyhet train warns of its devices: once, before any configuration is made."""
+    scaling = bench_module("scaling")
+
+    class Made(Exception):
+        pass
+
+    def config(*_):
+        raise Made
+
+    monkeypatch.setattr(scaling, "Config", config)
+    n = ops.default_threads() + 1
+    args = argparse.Namespace(cpu_devices=[1, n], batch_size=4)
+    with pytest.warns(RuntimeWarning, match=f"the cpu devices use {n} threads in all but this "
+                                            f"process may run on {n - 1} cores"):
+        with pytest.raises(Made):
+            scaling.part1(args, None, None, None, None)
+
+
 def test_scaling_says_how_long_its_moves_took():
     scaling = bench_module("scaling")
     assert scaling.moves_summary([]) == "no repartition in these steps"
@@ -174,10 +194,23 @@ def test_scaling_says_when_the_partition_was_not_seen_to_settle():
                 "within_5pct_of_best_static_after_steps": 3, "settled_step_s": 1.02,
                 "settled_over_best_static": 1.02})
     text = scaling.settling_summary(dyn, 3)
-    assert "settled in 2 steps (conv1's still moved at the last step)" in text
-    assert "from step 3 on" in text and "ratio 1.020" in text
+    # without change_at_step: the steps after the change are the table's 1, 2, 3
+    assert "last moved after step 2 (2 steps after the change), steps 3-3 ran on it" in text
+    assert "(conv1's still moved after the last step)" in text
+    assert "from step 3 on (the last 1 step only" in text and "ratio 1.020" in text
+    assert "(the median of the 1 step on conv2's final partition)" in text
+    # in the table's numbers: the change before step 5, twelve steps after it (5-16)
+    dyn.update({"change_at_step": 5, "conv2_settled_after_steps": 4,
+                "partition_settled_after_steps": 6,
+                "within_5pct_of_best_static_after_steps": 5})
+    text = scaling.settling_summary(dyn, 12)
+    assert text.startswith("after the change (before step 5): conv2's partition last moved "
+                           "after step 8 (4 steps after the change), steps 9-16 ran on it "
+                           "(conv1's last moved after step 10); the step time is within 5% "
+                           "of the best static partition's from step 9 on.")
+    assert "(the median of the 8 steps on conv2's final partition)" in text
     dyn.update({"conv2_settled_after_steps": 0, "partition_settled_after_steps": 0})
-    assert "did not move in the 3 steps;" in scaling.settling_summary(dyn, 3)
+    assert "did not move in the 12 steps after it;" in scaling.settling_summary(dyn, 12)
 
 
 def test_bench_bandwidth(tmp_path, capsys):

@@ -231,3 +231,39 @@ def test_a_failing_callback_or_set_up_is_said_and_the_work_goes_on(capsys):
     err = capsys.readouterr().err
     assert "pyhet: pyhet-test-bad's set-up failed:" in err and "OSError: no such thing" in err
     assert "pyhet: an error in a callback of" in err and "ZeroDivisionError" in err
+
+
+def test_an_exit_while_a_worker_computes_in_the_core_waits_for_it_and_drops_the_rest():
+    # a worker that came back from the core's C++ code into a finalizing interpreter aborted the
+    # process ("terminate called without an active exception"): a program that ended (an
+    # exception, Ctrl-C past its clean-up) with a device never closed. Its finalization made
+    # long here (an object whose __del__ sleeps, as a big program's teardown takes time), so
+    # that the product ends inside it; the work queued behind it is dropped, not run
+    r = run("""
+        import sys, time
+        import numpy as np
+        from pyhet import ops
+        from pyhet.workers import Worker
+
+        class SlowTeardown:
+            def __del__(self):
+                time.sleep(1.5)
+
+        teardown = SlowTeardown()
+        a = np.ones((1200, 2400), np.float32)
+        b = np.ones((2400, 1600), np.float32)
+        w = Worker("pyhet-test-exit")
+        started = time.perf_counter()
+        w.submit(ops.gemm, a, b, 1).result()
+        once = time.perf_counter() - started
+        w.submit(ops.gemm, a, b, 1)
+        w.submit(lambda: print("queued work ran", flush=True))
+        for _ in range(20):
+            w.submit(ops.gemm, a, b, 1)
+        time.sleep(0.02)
+        print(f"exiting {once:.3f}", flush=True)
+        sys.exit(3)
+    """)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "queued work ran" not in r.stdout
+    assert r.stdout.startswith("exiting")
