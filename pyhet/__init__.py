@@ -13,6 +13,36 @@ See README.md for the network notation, the device SPEC and the weight files.
 
 
 
+def _is_command() -> bool:
+    """Whether this process is the `pyhet` command (its console script, or python -m pyhet),
+    not a program of its own that imports pyhet."""
+    import os
+    import sys
+
+    argv = getattr(sys, "orig_argv", [])       # `python -m pyhet`: argv[0] is "-m" by now
+    return os.path.basename(sys.argv[0] or "") == "pyhet" or (
+        "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "pyhet")
+
+
+def _loading_failed(e: ImportError) -> None:
+    """The `pyhet` command run in its source folder, whose pyhet/ has no built core (an
+    ImportError that says so whole: said_whole): one line (rank 0's, under mpiexec) and status
+    1, as its other errors, not a traceback. Any other failed import (a broken install) keeps
+    its traceback, which shows where; and where pyhet is imported by a program of its own,
+    nothing: it re-raises."""
+    import sys
+
+    if getattr(e, "said_whole", False) and _is_command():
+        from .transport import launched_rank
+        if launched_rank() == 0:
+            try:
+                sys.stderr.write(f"pyhet: error: {e}\n")
+                sys.stderr.flush()
+            except (AttributeError, OSError, ValueError):
+                pass
+        raise SystemExit(1)
+
+
 def _loading_interrupted() -> None:
     """Ctrl-C while the `pyhet` command loads its modules (NumPy, the core: up to a second on
     a busy machine): its status and one line (rank 0's, under mpiexec), as later on, not a
@@ -20,10 +50,7 @@ def _loading_interrupted() -> None:
     import os
     import sys
 
-    argv = getattr(sys, "orig_argv", [])       # `python -m pyhet`: argv[0] is "-m" by now
-    command = os.path.basename(sys.argv[0] or "") == "pyhet" or (
-        "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "pyhet")
-    if command:
+    if _is_command():
         from .transport import launched_rank, launched_size
         if launched_rank() == 0:
             try:     # one write: ranks share stderr (None where fd 2 was closed)
@@ -61,6 +88,8 @@ try:
 except (KeyboardInterrupt, ImportError) as e:
     if _is_interrupt(e):
         _loading_interrupted()
+    if isinstance(e, ImportError):
+        _loading_failed(e)
     raise
 
 __version__ = "0.1.0"

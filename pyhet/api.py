@@ -31,7 +31,7 @@ import numpy as np
 
 from . import arch as arch_notation
 from . import evaluation, files
-from .data import Dataset, load_dataset
+from .data import MAX_SEED, Dataset, load_dataset, load_test_split
 from .images import (Normalization, check_images, prepare_batch, prepare_images,
                      prepare_labels)
 from .checkpoint import CheckpointDir
@@ -146,7 +146,7 @@ class Network:
         if balance not in BALANCE_MODES:
             raise UsageError(f"balance must be one of {', '.join(BALANCE_MODES)}, "
                              f"got {balance!r}")
-        seed = _whole(seed, "seed", 0)
+        seed = _seed(seed)
         shape = _input_shape(input_shape)
         self.geometry: NetGeometry = arch_notation.build(arch, shape,
                                                          _whole(num_classes, "num_classes", 2),
@@ -586,7 +586,10 @@ class Network:
         if dataset is not None:
             if x is not None or y is not None:
                 raise UsageError("evaluate: give either arrays (x, y) or dataset=, not both")
-            ds = load_dataset(dataset, data_dir, seed=self.seed)
+            # the test files alone, but where an earlier version's file takes the
+            # dataset's images normalised by the training split's statistics
+            ds = load_test_split(dataset, data_dir, seed=self.seed,
+                                 train_statistics=not self._records_normalization)
             if ds.x_test is None:
                 raise DataError(f"dataset {dataset} has no test split to evaluate on")
             if ds.input_shape != self.input_shape:
@@ -752,8 +755,16 @@ def _is_whole(v) -> bool:
 
 def _whole(v, name, minimum: int) -> int:
     if not _is_whole(v) or v < minimum:
-        raise UsageError(f"{name} must be a whole number >= {minimum}, got {v!r}")
+        raise UsageError(f"{name} must be a whole number >= {minimum}, got {shown(v)}")
     return int(v)
+
+
+def _seed(v) -> int:
+    """A seed: a whole number in 0 .. MAX_SEED (a checkpoint records it)."""
+    v = _whole(v, "seed", 0)
+    if v > MAX_SEED:
+        raise UsageError(f"seed must be at most 2**64 - 1, got {shown(v)}")
+    return v
 
 
 def _flag(v, name) -> bool:

@@ -57,9 +57,10 @@ def parse(spec: str, option: str = "--arch") -> tuple[list[ConvSpec], list[int]]
                                 f"{PAPER_ARCH!r}, got {type(spec).__name__}")
     if not spec.strip():
         raise ArchitectureError(f"empty {option}: expected blocks such as {PAPER_ARCH!r}")
-    if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*[ps]-[0-9]", spec):
-        raise ArchitectureError(f"{option} {shown(spec)}: {shown(m[0])}: padding and stride must "
-                                f"be whole numbers >= 0 and >= 1")
+    if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*([ps])-([0-9]+)", spec):
+        what = "padding must be a whole number >= 0" if m[1] == "p" else \
+            "stride must be a whole number >= 1"
+        raise ArchitectureError(f"{option} {shown(spec)}: {shown(m[0])}: {what}, got -{m[2]}")
     convs: list[ConvSpec] = []
     hidden: list[int] = []
     previous = None  # the kind of the block before: "conv", "pool" or "fc"

@@ -28,12 +28,12 @@ import time
 
 import numpy as np
 
-from . import errors, files
+from . import errors, files, npzfile
 from .calibrate import Calibration
 from .errors import PyhetError, UsageError, WeightsError, say, shown
 from .geometry import NetGeometry
-from .model import (arch_entry, check_finite, checked_params, divergence_advice, load_weights,
-                    read_weight_file, write_npz)
+from .model import (arch_entry, check_finite, checked_params, divergence_advice, json_int,
+                    load_weights, read_weight_file, write_npz)
 
 NAME = re.compile(r"^checkpoint-([0-9]{9,})\.npz$")
 LOCK = files.LOCK_NAME
@@ -282,7 +282,9 @@ class CheckpointDir:
                 arrays = read[0]
                 if "meta" not in arrays:
                     raise ValueError("it has no 'meta' entry: a weight file, not a checkpoint")
-                meta = checked_meta(json.loads(str(arrays["meta"])), self.settings)
+                meta = checked_meta(json.loads(str(arrays["meta"]), parse_int=json_int),
+                                    self.settings)
+                check_named_step(meta, path)
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
             except (PyhetError, KeyError, ValueError, RecursionError) as e:
@@ -333,9 +335,9 @@ class CheckpointDir:
     # --- writing ------------------------------------------------------------------------------
 
     def save(self, net, position: dict, plan: dict, classes=None, normalization=None) -> str:
-        """Write the checkpoint after step position["step"]; then delete all but the `keep`
-        newest. position: {"step", "epoch", "batch"} (the next batch to train); plan: see
-        Plan.record."""
+        """Write the checkpoint after step position["step"]; then delete those older than the
+        `keep` newest that hold their own step. position: {"step", "epoch", "batch"} (the next
+        batch to train); plan: see Plan.record."""
         arrays, moms = net.state(copy=False)   # written before the next step changes them
         # never a checkpoint of weights that diverged (the loss, computed before the update,
         # may still have been finite)
@@ -361,9 +363,14 @@ class CheckpointDir:
         self._mine.add(_identity(path))
         if self.keep:
             # the newest `keep` of those up to this one: never this one itself, whatever lies
-            # past it (a damaged checkpoint a resume skipped, which the next resume skips too)
+            # past it (a damaged checkpoint a resume skipped, which the next resume skips too).
+            # Only those that hold their own step count: one renamed or damaged is no
+            # checkpoint to resume from, and deletes none that is (it goes once older than
+            # the kept ones)
             upto = [p for p in complete(self.folder) if step_of(p) <= position["step"]]
-            for old in upto[:-self.keep]:
+            kept = [p for p in upto if p == path or holds_its_step(p)][-self.keep:]
+            oldest = step_of(kept[0]) if kept else position["step"]
+            for old in [p for p in upto if step_of(p) < oldest]:
                 try:
                     os.remove(old)
                 except OSError as e:
@@ -383,6 +390,25 @@ def _identity(path) -> "tuple | None":
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def check_named_step(meta: dict, path) -> None:
+    """The step of a checkpoint's meta entry (checked_meta's) is the one its name gives; else
+    ValueError (a renamed file: resumed from, it would start each run at its own step)."""
+    if meta["step"] != step_of(path):
+        raise ValueError(f"it is named step {step_of(path)} but holds step {meta['step']}")
+
+
+def holds_its_step(path) -> bool:
+    """Whether a checkpoint's meta entry can be read, has save()'s form and records the step
+    its name gives (its weights and momentum are not read: newest() checks those)."""
+    try:
+        arrays = npzfile.read(path, WeightsError, "a checkpoint", keys=("meta",))
+        meta = checked_meta(json.loads(str(arrays["meta"]), parse_int=json_int))
+        check_named_step(meta, path)
+    except (PyhetError, KeyError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def checked_meta(meta, settings: "dict | None" = None) -> dict:

@@ -33,6 +33,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
                          OutputError, PyhetError, UsageError, brief, say, shown)
     from .images import channel_last_message, looks_channel_last
     from .model import read_weight_file, write_npz
+    from .optim import SGDConfig
     from .report import calibrate_ranks, calibrate_spec, describe_devices
     from .specs import check_ranks, cuda_device_count, for_rank, parse_devices
     from .train import TrainConfig, check_file_destination, train
@@ -187,6 +188,16 @@ def _non_negative_int(text):
     return v
 
 
+def _lr(text):
+    """A learning rate: > 0, and so in float32, the weights' type (optim.SGDConfig)."""
+    v = positive(float)(text)
+    try:
+        SGDConfig(lr=v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("lr must be ")) from None
+    return v
+
+
 def _non_negative_float(text):
     v = _float(text)
     if not v >= 0:
@@ -257,8 +268,12 @@ DATA_DIR_HELP = ("the folder of the fashion-mnist, mnist or cifar10 files (defau
 
 def _network_options(p):
     p.add_argument("--arch", type=arch_spec, metavar="SPEC", default=None,
-                   help="the network in CNN-paper notation, e.g. 32C5-P2-64C3p1s2-P2-256N "
-                        "(default: the --kernels shorthand)")
+                   help="the network in CNN-paper notation, blocks joined by '-' from the "
+                        "input: 32C5 (conv of 32 kernels 5x5, then ReLU), 32C3p1s2 (zero "
+                        "padding 1, stride 2), P2 (max-pool 2x2, stride 2), P3s2 (3x3, stride "
+                        "2), 256N (fc layer of 256 units, then ReLU); the classifier is "
+                        "implicit. E.g. 32C5-P2-64C3p1s2-P2-256N (default: the --kernels "
+                        "shorthand)")
     p.add_argument("--kernels", type=kernel_counts, default=None, metavar="A,B",
                    help="shorthand for --arch AC{k}-P2-BC{k}-P2 (default 32,64; 500,1500 is "
                         "the paper's network)")
@@ -305,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="passes over the training split (default 2)")
     t.add_argument("--steps", type=positive(int), default=None, metavar="S",
                    help="stop after S optimizer steps (overrides --epochs)")
-    t.add_argument("--lr", type=positive(float), default=0.01,
+    t.add_argument("--lr", type=_lr, default=0.01,
                    help="SGD's learning rate (default 0.01)")
     t.add_argument("--momentum", type=_momentum, default=0.9, metavar="M",
                    help="in [0, 1) (default 0.9)")
@@ -362,8 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--devices", type=_device_spec, default=None, metavar="SPEC",
                     help="devices of this machine, calibrated here (default: none)")
     pl.add_argument("--describe", action="append", default=[], metavar="DEVICES",
-                    help="devices that are not here: 'NAME:gflops=G,mem=80G,overhead=1ms,"
-                         "bw=10gbit,lat=50us,count=N;NAME:like=d0,factor=2' (see README)")
+                    help="devices that are not here, 'NAME:key=value,...;NAME:...', keys: "
+                         "gflops=G (its rate, GFLOP/s) or like=D,factor=F (F times calibrated "
+                         "device D's speed); mem=80G (memory); overhead=1ms (fixed time a "
+                         "layer and step); bw=10gbit, lat=50us (its link to the master; "
+                         "without bw, on the master's machine); count=N (N such devices). "
+                         "E.g. 'gpu:gflops=20000,mem=80G,bw=100gbit;c:like=d0,count=3' "
+                         "(README, 'Planning a cluster', has the details)")
     pl.add_argument("--link", default=None, metavar="BW[@LAT],...",
                     help="the link of described devices that give no bw= (e.g. 10gbit@50us); "
                          "with --sweep, several: one column each, for every described device")
@@ -669,11 +689,19 @@ def _gflops(rate: float) -> str:
     return f"{rate:.1f}" if rate >= 1 or rate == 0 else f"{rate:.3g}"
 
 
+def _link_text(d: dict) -> str:
+    """A plan device's link for the table: as given (10gbit), or a measured one's rate rounded
+    (26.0 Gbit/s measured, not 25.9536gbit)."""
+    if not d.get("link_measured"):
+        return d["link"]
+    rate = d.get("bandwidth_bytes_per_s")      # None: too fast to time ("untimed bandwidth")
+    return f"{d['link'] if rate is None else _rate(rate * 8 / 1e9)} measured"
+
+
 def plan_table(r: dict) -> str:
     names = [d["name"] for d in r["devices"]]
     lines = [f"plan of {r['network']}, batch {r['batch_size']}, on "
-             + ", ".join(f"{d['name']} ({_gflops(d['gflops'])} GFLOP/s, {d['link']}"
-                         f"{' measured' if d.get('link_measured') else ''})"
+             + ", ".join(f"{d['name']} ({_gflops(d['gflops'])} GFLOP/s, {_link_text(d)})"
                          for d in r["devices"]),
              f"{'layer':<8}{'conv s':>11}  " + "".join(f"{n:>12}" for n in names)]
     for layer, row in r["layers"].items():

@@ -2,6 +2,7 @@
 
     ds = load_dataset("fashion-mnist", data_dir=None, seed=0)
     for xb, yb in iterate_batches(ds.x_train, ds.y_train, 64, shuffle=True, rng=rng): ...
+    ds = load_test_split("mnist", data_dir="DIR")     # for evaluation: the test files alone
 
 Names (`DATASETS`, plus `npz:FILE`):
 
@@ -17,6 +18,7 @@ The named datasets are scaled to [0, 1] and then normalised per channel with the
 training split's mean and standard deviation (both splits with the same numbers);
 an npz dataset is used as it comes (uint8 only scaled to [0, 1]).
 
+Nothing is ever downloaded: a missing file's error says where the published files come from.
 Every file is checked against what its format promises, and a file that is
 missing, truncated or malformed raises `DataError` with a message that names the
 file, what was expected and what came.
@@ -53,6 +55,21 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 MNIST_CLASSES = [str(d) for d in range(10)]
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
+
+# the largest seed (a checkpoint's settings record a run's: a whole number of JSON)
+MAX_SEED = 2**64 - 1
+
+# Where the files of mnist and cifar10 come from, for the errors of a missing one
+MNIST_SOURCE = ("the four IDX files, train-images-idx3-ubyte.gz etc., as published at "
+                "http://yann.lecun.com/exdb/mnist/; pyhet downloads none")
+CIFAR10_SOURCE = ("CIFAR-10's python version, cifar-10-python.tar.gz, or its binary version, "
+                  "cifar-10-binary.tar.gz, from https://www.cs.toronto.edu/~kriz/cifar.html, "
+                  "extracted with tar xzf; pyhet downloads neither")
+GIVE_FOLDER = "give its folder: --data-dir DIR, data_dir= in Python"
+# What the errors of the training files add where only the test split's images are wanted
+TRAIN_STATISTICS_WHY = ("; the training split is read for its per-channel mean and std, which "
+                        "normalise the test images for a network whose weight file records no "
+                        "normalisation (one of an earlier version)")
 
 
 def _cache_dir(name):
@@ -156,6 +173,26 @@ def load_dataset(name, data_dir=None, seed=0):
     the wrong name, or none, trained on other data without a word). seed only changes
     synthetic.
     """
+    return _load(name, data_dir, seed, test_only=False)
+
+
+def load_test_split(name, data_dir=None, seed=0, *, train_statistics=False):
+    """The Dataset called `name` for evaluating a network on its test split: of fashion-mnist,
+    mnist and cifar10 only the test files are read. Its x_test_raw holds their pixels, x_test
+    the same scaled to [0, 1] (normalization None), and its training split is empty (no images,
+    of the test images' shape).
+
+    train_statistics=True is for a network whose weight file records no normalisation (one of
+    an earlier version), which takes x_test as load_dataset normalises it, with the training
+    split's statistics: the training files are read too, and their errors say why. The other
+    names are read as load_dataset reads them."""
+    return _load(name, data_dir, seed, test_only=not train_statistics,
+                 why=TRAIN_STATISTICS_WHY if train_statistics else "")
+
+
+def _load(name, data_dir, seed, test_only: bool, why: str = ""):
+    """load_dataset; with test_only, the folder datasets' test split alone (load_test_split).
+    why: what the errors of the training split's files add."""
     if not isinstance(name, str):
         raise UsageError(f"dataset name must be a string, got {shown(name)}")
     if data_dir is not None:
@@ -167,8 +204,8 @@ def load_dataset(name, data_dir=None, seed=0):
             raise UsageError(f"data_dir must be a folder's path (a non-empty str or "
                             f"os.PathLike, without NUL), got {shown(data_dir)}")
     if (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
-            or seed < 0):
-        raise UsageError(f"seed must be a whole number >= 0, got {shown(seed)}")
+            or not 0 <= seed <= MAX_SEED):
+        raise UsageError(f"seed must be a whole number in 0 .. 2**64 - 1, got {shown(seed)}")
     if name_problem(name) is not None:   # a bad argument, as the command line's exit 2
         raise UsageError(name_problem(name))
     if data_dir_problem(name, data_dir) is not None:
@@ -180,16 +217,16 @@ def load_dataset(name, data_dir=None, seed=0):
                                  hint=" (pyhet's bundled dataset is missing: reinstall pyhet)")
     if name == "fashion-mnist":
         where = Path(files.user_path(data_dir)) if data_dir else FASHION_MNIST_DIR
-        hint = "" if data_dir else (" (Debian/Ubuntu: apt install dataset-fashion-mnist;"
-                                    " or give its folder: --data-dir DIR, data_dir= in Python)")
-        return _load_idx_dataset("fashion-mnist", where, FASHION_MNIST_CLASSES, hint)
+        hint = "" if data_dir else (f" (Debian/Ubuntu: apt install dataset-fashion-mnist;"
+                                    f" or {GIVE_FOLDER})")
+        return _load_idx_dataset("fashion-mnist", where, FASHION_MNIST_CLASSES, hint,
+                                 test_only, why)
     if name == "mnist":
         where = Path(files.user_path(data_dir)) if data_dir else _cache_dir("mnist")
-        hint = "" if data_dir else (" (give the folder that holds the MNIST files: "
-                                    "--data-dir DIR, data_dir= in Python)")
-        return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint)
+        hint = f" ({MNIST_SOURCE})" if data_dir else f" ({MNIST_SOURCE}: {GIVE_FOLDER})"
+        return _load_idx_dataset("mnist", where, MNIST_CLASSES, hint, test_only, why)
     if name == "cifar10":
-        return load_cifar10(data_dir)
+        return load_cifar10(data_dir, test_only, why)
     assert name == "synthetic", name       # name_problem let no other name through
     return make_synthetic(seed)
 
@@ -353,9 +390,22 @@ def read_idx_split(folder, split, hint="", num_classes=10):
     return x, y, image_path, label_path
 
 
-def _load_idx_dataset(name, folder, classes, hint):
-    x_train, y_train, path, _ = read_idx_split(folder, "train", hint)
-    x_test, y_test, test_path, _ = read_idx_split(folder, "test", hint)
+def _load_idx_dataset(name, folder, classes, hint, test_only=False, why=""):
+    """The Dataset of the four IDX files in `folder` (the test split's alone where test_only).
+    hint ends the errors of a missing file or folder; why, those of the training files."""
+    if test_only:
+        x_test, y_test, _, _ = read_idx_split(folder, "test", hint)
+        return _test_only(name, x_test[:, None], y_test, classes, folder)   # (M, 1, H, W)
+    if why:      # the test files first: a training file's error is then the one to say why
+        x_test, y_test, test_path, _ = read_idx_split(folder, "test", hint)
+    try:
+        x_train, y_train, path, _ = read_idx_split(folder, "train", hint)
+    except DataError as e:
+        if not why:
+            raise
+        raise DataError(f"{e}{why}") from e
+    if not why:
+        x_test, y_test, test_path, _ = read_idx_split(folder, "test", hint)
     if x_test.shape[1:] != x_train.shape[1:]:
         raise DataError(f"{test_path}: images of {x_test.shape[1]}x{x_test.shape[2]}, "
                         f"but the training images are {x_train.shape[1]}x{x_train.shape[2]}")
@@ -365,12 +415,25 @@ def _load_idx_dataset(name, folder, classes, hint):
                    normalization=norm, x_test_raw=x_test[:, None])
 
 
+def _test_only(name, x_test, y_test, classes, folder) -> Dataset:
+    """The Dataset of a test split alone: raw uint8 x_test (M, C, H, W) kept as x_test_raw and
+    scaled to [0, 1] (no training split's statistics to normalise it with); no training
+    images."""
+    empty = np.empty((0, *x_test.shape[1:]), np.float32)              # (0, C, H, W)
+    scaled = np.ascontiguousarray(x_test, np.float32) / np.float32(255.0)
+    return Dataset(name, empty, np.empty(0, np.int64), scaled, _labels(y_test),
+                   num_classes=len(classes), classes=list(classes), source=str(folder),
+                   normalization=None, x_test_raw=x_test)
+
+
 def _not_a_folder(path) -> str:
     """Why a data folder is none, in words: "no such folder", or what is there instead."""
     try:
         return f"{files.kind(os.stat(path).st_mode)}, not a folder"
-    except OSError:
+    except FileNotFoundError:
         return "no such folder"
+    except OSError as e:    # a loop of symbolic links, a folder above it not readable
+        return f"cannot be read ({e.strerror})"
 
 
 def _check_label_range(y, num_classes, path):
@@ -394,7 +457,7 @@ def _find_cifar_folder(data_dir):
     """(folder, layout) where layout is "bin" or "py". data_dir may be either
     cifar-10-batches-* folder itself, or the folder that holds one."""
     root = Path(files.user_path(data_dir)) if data_dir else _cache_dir("cifar10")
-    hint = "" if data_dir else " (give its folder: --data-dir DIR, data_dir= in Python)"
+    hint = _cifar_hint(data_dir)
     candidates = [root, root / "cifar-10-batches-bin", root / "cifar-10-batches-py"]
     for folder in candidates:
         if (_is(Path.is_file, folder / "data_batch_1.bin")
@@ -411,6 +474,11 @@ def _find_cifar_folder(data_dir):
                     f"test_batch (python layout) or the same with .bin (binary layout), "
                     f"in it or in cifar-10-batches-py/ or cifar-10-batches-bin/ "
                     f"under it{extract}{hint}")
+
+
+def _cifar_hint(data_dir) -> str:
+    """What ends the error of a missing CIFAR-10 folder or file: where it comes from."""
+    return f" ({CIFAR10_SOURCE})" if data_dir else f" ({CIFAR10_SOURCE}: {GIVE_FOLDER})"
 
 
 def _gzipped(data: bytes) -> str:
@@ -653,16 +721,31 @@ def _cifar_class_names(folder):
     return names
 
 
-def load_cifar10(data_dir=None):
-    """CIFAR-10 from the python or binary layout, x (N, 3, 32, 32) normalised."""
+def load_cifar10(data_dir=None, test_only=False, why=""):
+    """CIFAR-10 from the python or binary layout, x (N, 3, 32, 32) normalised; with test_only,
+    test_batch alone (see load_test_split). why ends the errors of the training batches."""
     folder, layout = _find_cifar_folder(data_dir)
-    read = read_cifar_bin if layout == "bin" else read_cifar_py
     suffix = ".bin" if layout == "bin" else ""
-    parts = [read(folder / (name + suffix)) for name in CIFAR_TRAIN]
+
+    def read(name, why=""):
+        path = folder / (name + suffix)
+        if not os.path.lexists(path):
+            raise DataError(f"{path}: no such file; a CIFAR-10 folder holds {CIFAR_TEST}{suffix} "
+                            f"and data_batch_1..5{suffix}{_cifar_hint(data_dir)}{why}")
+        try:
+            return (read_cifar_bin if layout == "bin" else read_cifar_py)(path)
+        except DataError as e:
+            if not why:
+                raise
+            raise DataError(f"{e}{why}") from e
+
+    x_test, y_test = read(CIFAR_TEST)                          # (10000, 3, 32, 32)
+    classes = _cifar_class_names(folder)
+    if test_only:
+        return _test_only("cifar10", x_test, y_test, classes, folder)
+    parts = [read(name, why) for name in CIFAR_TRAIN]
     x_train = np.concatenate([x for x, _ in parts])            # (50000, 3, 32, 32)
     y_train = np.concatenate([y for _, y in parts])
-    x_test, y_test = read(folder / (CIFAR_TEST + suffix))      # (10000, 3, 32, 32)
-    classes = _cifar_class_names(folder)
     xtr, xte, norm = _normalise(x_train, x_test)
     return Dataset("cifar10", xtr, _labels(y_train), xte, _labels(y_test),
                    num_classes=10, classes=classes, source=str(folder), normalization=norm,

@@ -21,12 +21,13 @@ import time
 import numpy as np
 
 from . import ops
-from .errors import DeviceError
-from .faults import Fault, from_environment
+from .errors import DeviceError, UsageError, shown
+from .faults import ENV as FAULT_ENV
+from .faults import PHASES, Fault, from_environment
 from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .partition import proportional
-from .specs import DeviceSpec
+from .specs import DeviceSpec, parse_devices
 from .workers import Work, Worker
 
 
@@ -144,8 +145,19 @@ class Device:
 
     def inject_fault(self, phase: str, step: int) -> None:
         """For testing: fail at the first work of `phase` at training step `step` or after,
-        and in all step work from then on (pyhet.faults)."""
-        self.fault = Fault(phase, step)
+        and in all step work from then on (pyhet.faults). A phase this device does not have
+        as work of its own (fault_refusal), which would never fire, is refused."""
+        if not isinstance(phase, str) or phase not in PHASES:
+            raise UsageError(f"inject_fault: phase must be one of {', '.join(PHASES)}, got "
+                             f"{shown(phase)}")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
+            raise UsageError(f"inject_fault: step must be a whole number >= 1, got "
+                             f"{shown(step)}")
+        # a device on another rank knows the devices of its rank (siblings), in the run's order
+        refusal = fault_refusal(self, phase, list(getattr(self, "siblings", {}).values()))
+        if refusal:
+            raise UsageError(f"inject_fault: phase {phase!r}: {refusal}")
+        self.fault = Fault(phase, int(step))
 
     def close(self):
         """Stop the worker thread, first dropping the shards and the backend's cached memory
@@ -642,36 +654,73 @@ def join_states(parts):
     return w, b, vw, vb
 
 
+def fault_refusal(device, phase: str, devices) -> "str | None":
+    """Why a fault in `phase` would never fire on `device`, as a sentence that names it and
+    says which phases to give; None where it would. devices: the run's devices in order (those
+    of its rank will do for a device on another rank)."""
+    remote = getattr(device, "peer", None) is not None    # (mpi.RemoteDevice)
+    if phase in ("im2col", "input_gradient") and not device.shares_host_memory:
+        # only the cpu devices of a process share one im2col and split the input
+        # gradient, as phases of their own; the others (a device on another rank
+        # included) do both inside their forward and backward: it would never fire
+        where = (f"is on rank {device.spec.rank}, where {phase} is part of the forward or "
+                 f"backward request" if remote else
+                 f"({device.spec}) does its {phase} inside its forward and backward")
+        return f"{device.name} {where}: give forward, backward or update"
+    if remote and device.group is not None and phase in ("forward", "backward"):
+        # a rank's cpu devices go as one request, through its first device's worker,
+        # where alone a fault is checked
+        first = next((d for d in devices if d.group == device.group), device)
+        if first is not device:
+            return (f"{device.name} is on rank {device.spec.rank} with {first.name}, whose "
+                    f"request carries the {phase} of the rank's cpu devices: give update, or "
+                    f"the fault to {first.name}")
+    return None
+
+
 def arm_faults(devices) -> None:
     """Give the devices of a run the faults that PYHET_FAULT asks for (pyhet.faults; testing
     only). Called once the run's devices are all made, those on other ranks included."""
     for name, fault in from_environment([d.name for d in devices]).items():
         device = next(d for d in devices if d.name == name)
-        remote = getattr(device, "peer", None) is not None    # (mpi.RemoteDevice)
-        if fault.phase in ("im2col", "input_gradient") and not device.shares_host_memory:
-            # only the cpu devices of a process share one im2col and split the input
-            # gradient, as phases of their own; the others (a device on another rank
-            # included) do both inside their forward and backward: it would never fire
-            where = (f"is on rank {device.spec.rank}, where {fault.phase} is part of the "
-                     f"forward or backward request" if remote else
-                     f"({device.spec}) does its {fault.phase} inside its forward and backward")
-            raise DeviceError(f"PYHET_FAULT: {name} {where}: give forward, backward or update")
-        if remote and device.group is not None and fault.phase in ("forward", "backward"):
-            # a rank's cpu devices go as one request, through its first device's worker,
-            # where alone a fault is checked
-            first = next(d for d in devices if d.group == device.group)
-            if first is not device:
-                raise DeviceError(f"PYHET_FAULT: {name} is on rank {device.spec.rank} with "
-                                  f"{first.name}, whose request carries the {fault.phase} of "
-                                  f"the rank's cpu devices: give update, or the fault to "
-                                  f"{first.name}")
+        refusal = fault_refusal(device, fault.phase, devices)
+        if refusal:
+            raise DeviceError(f"{FAULT_ENV}: {refusal}")
         device.fault = fault
 
 
-def make_devices(specs: list[DeviceSpec], names=None) -> list[Device]:
-    """Device objects for the specs, all in this process, named d0, d1, ... or `names`. If one
-    cannot be made, those made before it are closed (no worker thread is left behind)."""
-    names = names if names is not None else [f"d{i}" for i in range(len(specs))]
+def _not_a_list_of(value, kind) -> "str | None":
+    """What `value` is where it is not a list (or tuple) of `kind` items, for a message; None
+    where it is one."""
+    if not isinstance(value, (list, tuple)):
+        return type(value).__name__
+    wrong = next((v for v in value if not isinstance(v, kind)), None)
+    return None if wrong is None else f"a {type(value).__name__} holding {type(wrong).__name__}"
+
+
+def make_devices(specs, names=None) -> list[Device]:
+    """Device objects for the specs (a device SPEC string such as 'cpu:1,numpy', or a list of
+    DeviceSpec: pyhet.specs.parse_devices), all in this process, named d0, d1, ... or `names`
+    (one distinct str a spec). If one cannot be made, those made before it are closed (no
+    worker thread is left behind)."""
+    if isinstance(specs, str):
+        specs = parse_devices(specs)
+    elif _not_a_list_of(specs, DeviceSpec):
+        raise TypeError(f"make_devices: specs must be a device SPEC string such as "
+                        f"'cpu:1,numpy' or a list of DeviceSpec (pyhet.specs.parse_devices), "
+                        f"got {_not_a_list_of(specs, DeviceSpec)}")
+    if names is None:
+        names = [f"d{i}" for i in range(len(specs))]
+    elif _not_a_list_of(names, str):
+        raise TypeError(f"make_devices: names must be None or a list of str, one a device, got "
+                        f"{_not_a_list_of(names, str)}")
+    if len(names) != len(specs):
+        raise UsageError(f"make_devices: expected one name a device ({len(specs)}), got "
+                         f"{len(names)} name{'' if len(names) == 1 else 's'}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"make_devices: names must differ, got {', '.join(map(shown, twice))} "
+                         f"more than once")
     ops.warn_about_environment()
     devices: list[Device] = []
     try:

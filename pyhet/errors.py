@@ -34,7 +34,12 @@ def shown(value, most: int = 60) -> str:
     if isinstance(value, str):
         return (repr(value) if len(value) <= most
                 else repr(value[:most]) + f"... ({len(value)} chars)")
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:   # an int of over 4,300 digits, which Python does not write
+        if not isinstance(value, int):
+            raise
+        return f"a whole number of about {value.bit_length() * 0.30103:,.0f} digits"
     return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
 
 

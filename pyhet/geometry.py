@@ -15,17 +15,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import ArchitectureError
 
 
-def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
-    """Output length of a convolution along one axis (Caffe's and PyTorch's formula)."""
+def int_arg(v, name: str, what: str, minimum: int = 0) -> int:
+    """An int argument (a size, kernel, stride, padding or window) >= minimum, as an int: a
+    TypeError for another type (a bool too; NumPy's integers are ints), a ValueError below
+    minimum."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{what}: {name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _conv_out(size: int, k: int, stride: int, pad: int) -> int:
     return (size + 2 * pad - k) // stride + 1
 
 
-def pool_out_size(size: int, k: int, stride: int) -> int:
-    """Output length of a max-pool along one axis, floor mode (windows that do not fit drop)."""
+def _pool_out(size: int, k: int, stride: int) -> int:
     return (size - k) // stride + 1
+
+
+def conv_out_size(size: int, k: int, stride: int = 1, pad: int = 0) -> int:
+    """Output length of a convolution along one axis (Caffe's and PyTorch's formula): >= 1,
+    since the kernel must fit the padded input (a ValueError where it does not)."""
+    what = "conv_out_size"
+    size, k = int_arg(size, "size", what), int_arg(k, "k", what, 1)
+    stride, pad = int_arg(stride, "stride", what, 1), int_arg(pad, "pad", what)
+    if size + 2 * pad < k:
+        raise ValueError(f"{what}: a kernel of {k} does not fit a size {size} input with "
+                         f"padding {pad}")
+    return _conv_out(size, k, stride, pad)
+
+
+def pool_out_size(size: int, k: int, stride: int) -> int:
+    """Output length of a max-pool along one axis, floor mode (windows that do not fit drop):
+    >= 1, since the window must fit the input (a ValueError where it does not)."""
+    what = "pool_out_size"
+    size, k, stride = int_arg(size, "size", what), int_arg(k, "k", what, 1), int_arg(
+        stride, "stride", what, 1)
+    if size < k:
+        raise ValueError(f"{what}: window {k} is larger than the size {size} input")
+    return _pool_out(size, k, stride)
 
 
 # Arrays of a conv output's size per kernel that a GPU holds at the peak of a step
@@ -71,20 +105,20 @@ class ConvGeometry:
     # --- shapes -------------------------------------------------------------------------------
 
     @property
-    def OH(self) -> int:
-        return conv_out_size(self.H, self.R, self.stride, self.pad)
+    def OH(self) -> int:   # (the fields are checked: see __post_init__)
+        return _conv_out(self.H, self.R, self.stride, self.pad)
 
     @property
     def OW(self) -> int:
-        return conv_out_size(self.W, self.S, self.stride, self.pad)
+        return _conv_out(self.W, self.S, self.stride, self.pad)
 
     @property
     def PH(self) -> int:
-        return pool_out_size(self.OH, self.pool, self.pool_stride)
+        return _pool_out(self.OH, self.pool, self.pool_stride)
 
     @property
     def PW(self) -> int:
-        return pool_out_size(self.OW, self.pool, self.pool_stride)
+        return _pool_out(self.OW, self.pool, self.pool_stride)
 
     @property
     def has_pool(self) -> bool:

@@ -48,14 +48,21 @@ class Normalization:
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d[k]):
                 raise ValueError(f"the normalization's {k} must be numbers, got {d[k]!r}")
             try:
-                values[k] = tuple(float(np.float32(v)) for v in d[k])
+                with np.errstate(over="ignore"):      # (said below)
+                    values[k] = tuple(float(np.float32(v)) for v in d[k])
             except OverflowError:       # an integer past float's range
                 raise ValueError(f"the normalization's {k} must be finite numbers, got "
                                  f"{shown(d[k])}") from None
             if not np.isfinite(values[k]).all():
-                raise ValueError(f"the normalization's {k} must be finite, got {d[k]!r}")
+                finite = all(np.isfinite(v) for v in d[k])
+                raise ValueError(f"the normalization's {k} must be finite"
+                                 + (" in float32 (at most 3.4e38 in size)" if finite else "")
+                                 + f", got {d[k]!r}")
         if any(v <= 0 for v in values["scale"]):   # 1 / (255 std): a pixel's scale is > 0
-            raise ValueError(f"the normalization's scale must be > 0, got {d['scale']!r}")
+            tiny = all(v > 0 for v in d["scale"])
+            raise ValueError("the normalization's scale must be > 0"
+                             + (" in float32 (at least 1.4e-45)" if tiny else "")
+                             + f", got {d['scale']!r}")
         return cls(values["scale"], values["shift"])
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import arch as arch_notation
 from . import files, npzfile
-from .images import Normalization
+from .images import Normalization, native_float32
 from .interrupt import HeldSignals
 from .errors import TrainingError, WeightsError, option, shown
 from .geometry import NetGeometry
@@ -248,14 +248,16 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
                 raise ValueError(f"an array of {what} of shape {entry.shape}, not one JSON "
                                  f"string")
             try:
-                meta = json.loads(str(entry))
+                meta = json.loads(str(entry), parse_int=json_int)
             except json.JSONDecodeError as e:
                 raise ValueError(f"not JSON: {e}") from None
             if not isinstance(meta, dict) or not isinstance(meta.get("arch"), str):
                 raise ValueError("no 'arch' string")
             if meta.get("format", 1) != FORMAT:
-                raise ValueError(f"its format is {meta.get('format')!r}, this version reads "
-                                 f"{FORMAT}")
+                got = meta.get("format")
+                kind = "" if isinstance(got, int) else f" (a {type(got).__name__})"
+                raise ValueError(f"its format is {shown(got)}{kind}, this version reads the "
+                                 f"number {FORMAT}")
             meta["input_shape"] = tuple(_whole_entry(v, "input_shape")
                                         for v in meta["input_shape"])
             if len(meta["input_shape"]) != 3:
@@ -274,6 +276,21 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
             raise WeightsError(f"weight file {path}: its {ARCH_KEY!r} entry is not a network "
                                f"description ({why})") from None
     return arrays, meta
+
+
+# the longest whole number a JSON entry of pyhet's may hold: more than any size or step takes
+# (Python refuses to read one of over 4,300 digits, with advice on its own limits)
+JSON_INT_DIGITS = 30
+
+
+def json_int(text: str) -> int:
+    """json.loads' parse_int: a whole number of at most JSON_INT_DIGITS digits; else
+    ValueError saying how long it is."""
+    digits = len(text.lstrip("-"))
+    if digits > JSON_INT_DIGITS:
+        raise ValueError(f"a number of {digits:,} digits, where a whole number of at most "
+                         f"{JSON_INT_DIGITS} is expected")
+    return int(text)
 
 
 def _whole_entry(v, what: str) -> int:
@@ -324,7 +341,8 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
     odd = sorted(k for k in names if arrays[k].ndim != rank(k))
     if len(names) != 6 or odd:
         has = (", ".join(f"{k} of {arrays[k].ndim} dimensions, not {rank(k)}" for k in odd)
-               if len(names) == 6 else ", ".join(sorted(arrays)) or "nothing")
+               if len(names) == 6 else ", ".join(shown(k) for k in sorted(arrays))
+               or "nothing")
         raise WeightsError(f"weight file {path}: it carries no network description and is not "
                            f"a two-block network (conv1, conv2, fc) either; it has {has}")
     if input_shape is None:
@@ -341,12 +359,17 @@ def network_of_file(path, input_shape=None, read=None) -> tuple[NetGeometry, dic
     return net, None
 
 
+def _float32(dtype) -> bool:
+    """float32 of either byte order (a big-endian machine's arrays are read as native)."""
+    return dtype.kind == "f" and dtype.itemsize == 4
+
+
 def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
                    copy: bool = True) -> dict:
     """C-ordered copies (or, copy=False, the arrays themselves where they are C-ordered) of the
-    network's parameters from {name: array}: every name present, float32, the network's
-    shapes, finite; else WeightsError, which calls them `what` (weights, a checkpoint's
-    momentum)."""
+    network's parameters from {name: array}: every name present, float32 (of either byte
+    order: the other is converted, a copy), the network's shapes, finite; else WeightsError,
+    which calls them `what` (weights, a checkpoint's momentum)."""
     if not isinstance(weights, dict):
         raise WeightsError(f"{what} must be a dict of arrays, got {type(weights).__name__}")
     want = net.param_shapes()
@@ -358,20 +381,22 @@ def checked_params(weights: dict, net: NetGeometry, what: str = "weights",
     out = {}
     for k, shape in want.items():
         a = weights[k]
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
+        if not isinstance(a, np.ndarray) or not _float32(a.dtype) or a.shape != shape:
             raise WeightsError(f"{what} for {net.arch}: {k} must be a float32 array of shape "
                                f"{shape}, got {getattr(a, 'dtype', type(a).__name__)} "
                                f"{getattr(a, 'shape', '')}")
         if not np.isfinite(a).all():
             raise WeightsError(f"{what} for {net.arch}: {k} holds NaN or infinite values")
-        # (C order: the updates work on flat views of the arrays)
-        out[k] = (np.array(a, np.float32, order="C") if copy or not a.flags.c_contiguous
-                  else a)
+        # (C order: the updates work on flat views of the arrays; native float32 of either
+        # byte order, a big-endian machine's arrays: a copy converts them)
+        out[k] = (np.array(a, np.float32, order="C")
+                  if copy or not a.flags.c_contiguous or not a.dtype.isnative else a)
     return out
 
 
 def load_weights(path, net: NetGeometry, read=None) -> dict:
-    """Read a weight file (or checkpoint) and check it against the network it must fit. read:
+    """Read a weight file (or checkpoint) and check it against the network it must fit; float32
+    of the other byte order (a big-endian machine's file) comes back as native float32. read:
     the file's read_weight_file(), where the caller has it (a file is read once)."""
     path = os.fspath(path)
     arrays, meta = read if read is not None else read_weight_file(path)
@@ -396,7 +421,7 @@ def load_weights(path, net: NetGeometry, read=None) -> dict:
     params = {}
     for k in want:
         a = arrays[k]
-        if a.dtype != np.float32:
+        if not _float32(a.dtype):
             raise WeightsError(f"weight file {path}: {k} must be float32, got {a.dtype}")
         if a.shape != want[k]:
             raise WeightsError(f"weight file {path}: {k} has shape {a.shape}, but the network "
@@ -404,7 +429,7 @@ def load_weights(path, net: NetGeometry, read=None) -> dict:
                                f"{net.num_classes} classes needs {want[k]}")
         if not np.isfinite(a).all():
             raise WeightsError(f"weight file {path}: {k} holds NaN or infinite values")
-        params[k] = np.ascontiguousarray(a)
+        params[k] = np.ascontiguousarray(native_float32(a))
     return params
 
 
@@ -652,7 +677,9 @@ class Net:
         return self.state()[1]
 
     def set_momentum(self, moms: dict) -> None:
-        """Install momentum buffers {"conv1.weight": array, ...} (from a checkpoint)."""
+        """Install momentum buffers {"conv1.weight": array, ...} (from a checkpoint; float32 of
+        the other byte order, a big-endian machine's, as native float32)."""
+        moms = {k: native_float32(v) for k, v in moms.items()}
         for conv in self.convs:
             if f"{conv.name}.weight" in moms:
                 w, b, _, _ = conv.gather_state(momentum=False)

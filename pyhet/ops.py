@@ -1,11 +1,12 @@
 """The Python face of the C++ core, with readable errors.
 
 Every function takes float32 NumPy arrays and returns new arrays (or writes into ``out=``).
-An array of another dtype, or something that is not an array, raises ``TypeError``: nothing is
-converted behind your back. Wrong ndim or shapes, sizes out of range, or ``threads`` outside
-1..MAX_THREADS, raise ``ValueError``. Non-contiguous inputs are copied to contiguous ones (the
-result is still exact); outputs must be C-contiguous. Every message is one short line: it says
-what was expected and what came, never the arrays' contents.
+An array of another dtype (float32 of the other byte order too), or something that is not an
+array, raises ``TypeError``: nothing is converted behind your back. Wrong ndim or shapes, sizes
+out of range, or ``threads`` outside 1..MAX_THREADS, raise ``ValueError``. Non-contiguous
+inputs are copied to contiguous ones (the result is still exact); outputs must be
+C-contiguous. Every message is one short line: it says what was expected and what came, never
+the arrays' contents.
 
 Letters: x (N, C, H, W) images in NCHW; col (C*KH*KW, N*OH*OW) the im2col matrix.
 """
@@ -16,11 +17,12 @@ import math
 import numbers
 import os
 import re
+import sys
 import threading
 
 import numpy as np
 
-from .geometry import conv_out_size, pool_out_size
+from .geometry import conv_out_size, int_arg, pool_out_size
 
 # OpenMP threads that finish a parallel region wait for the next one. By default they spin for a
 # while (libgomp: about a millisecond or more), on a core that another device's thread, or another
@@ -36,10 +38,12 @@ try:
 except ImportError as e:  # a source tree without the built extension, usually
     _here = os.path.dirname(os.path.abspath(__file__))
     if os.path.exists(os.path.join(_here, "..", "CMakeLists.txt")):   # the source folder
-        raise ImportError(
+        _error = ImportError(
             f"pyhet was imported from its source folder ({os.path.dirname(_here)}), whose "
             f"pyhet/ has no built core: run Python from another folder (pip install . first, "
-            f"if it is not installed)") from None
+            f"if it is not installed)")
+        _error.said_whole = True     # (the pyhet command says it in one line: pyhet/__init__)
+        raise _error from None
     raise ImportError(
         f"pyhet's compiled core (pyhet._core) cannot be imported ({e}). Install the package "
         f"with `pip install .`, and run it from outside the source folder, whose pyhet/ has "
@@ -197,13 +201,10 @@ def _check_startable(threads: int) -> None:
 
 def _size(v, name: str, what: str, minimum: int = 0) -> int:
     """An int argument of the core (a kernel size, stride, padding, window) in minimum..2**31-1."""
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
-    if v < minimum:
-        raise ValueError(f"{what}: {name} must be >= {minimum}, got {v}")
+    v = int_arg(v, name, what, minimum)
     if v > _INT_MAX:
         raise ValueError(f"{what}: {name} must be at most 2**31 - 1, got {v}")
-    return int(v)
+    return v
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -270,6 +271,18 @@ def _core_call(what: str, expected: str, fn, *args, **kwargs):
         raise TypeError(f"{what}: arguments of the wrong types; expected {expected}") from None
 
 
+def _byte_order_problem(got: np.dtype, dtype, name: str) -> "str | None":
+    """Where `got` is `dtype` of the other byte order (a big-endian machine's file): what to
+    say after the array's name ("expected ..."); else None."""
+    want = np.dtype(dtype)
+    if got.isnative or got.newbyteorder("=") != want:
+        return None
+    native = sys.byteorder
+    other = "big" if native == "little" else "little"
+    return (f"expected native ({native}-endian) {want.name}, got {other}-endian {got.str}: "
+            f"convert with {name}.astype(np.{want.name})")
+
+
 def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, "
@@ -278,7 +291,8 @@ def _array(a, name: str, ndim: int, dtype=np.float32) -> np.ndarray:
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got a masked "
                         f"array (fill its masked values first: a.filled(value))")
     if a.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+        raise TypeError(f"{name}: " + (_byte_order_problem(a.dtype, dtype, name) or
+                                       f"expected dtype {np.dtype(dtype).name}, got {a.dtype}"))
     if a.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-d array, got shape {a.shape}")
     return np.ascontiguousarray(a)
@@ -311,6 +325,10 @@ def _out(out, shape, name: str, dtype=np.float32, what: str | None = None) -> np
                              f"large)") from failure
         raise MemoryError(f"{what or name}: cannot allocate the result, shape {tuple(shape)} "
                           f"({size / 2**30:.3g} GiB)") from failure
+    if isinstance(out, np.ndarray) and _byte_order_problem(out.dtype, dtype, name):
+        # written in place: no conversion can serve
+        raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array of native "
+                        f"({sys.byteorder}-endian) byte order, got dtype {out.dtype.str}")
     if not isinstance(out, np.ndarray) or out.dtype != dtype:
         raise TypeError(f"{name}: expected a numpy {np.dtype(dtype).name} array, got " + (
             f"dtype {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__))
@@ -358,7 +376,8 @@ def sgemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, th
         if beta != 0:
             raise ValueError("sgemm: beta != 0 needs an existing c")
         c = np.empty((m, n), np.float32)
-    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4
+              and c.dtype == np.float32):
         c = _out(c, (m, n), "c")  # raises the right error
     _core_call("sgemm", _GEMM_ARGS, _core.sgemm, a, b, c, trans_a=trans_a, trans_b=trans_b,
                alpha=alpha, beta=beta, threads=_threads(threads))
@@ -440,7 +459,8 @@ def sgemm_packed(a, packed, c=None, *, trans_a=False, alpha=1.0, beta=0.0, stras
         if beta != 0:
             raise ValueError("sgemm_packed: beta != 0 needs an existing c")
         c = np.empty((a.shape[1] if trans_a else a.shape[0], packed.n), np.float32)
-    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4
+              and c.dtype == np.float32):
         c = _out(c, (a.shape[1] if trans_a else a.shape[0], packed.n), "c")  # the right error
     if quads:
         _core_call("sgemm_packed", "float32 matrices a and c, a PackedQuadrants, a bool "
@@ -491,7 +511,8 @@ def sgemm_packed_t(a, packed, c=None, *, rows=None, trans_a=False, alpha=1.0, be
             raise ValueError(f"sgemm_packed_t: rows={rows!r} of a PackedQuadrants make only "
                              f"those columns of c, so they need an existing c")
         c = np.empty((m, width), np.float32)
-    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4):
+    elif not (type(c) is np.ndarray and c.ndim == 2 and c.strides[1] == 4
+              and c.dtype == np.float32):
         c = _out(c, (m, width), "c")  # the right error
     if quads:
         _core_call("sgemm_packed_t", "float32 matrices a and c, a PackedQuadrants, a pair of "
@@ -633,6 +654,11 @@ def quadrant_units(batch: int, *, fwd: bool = True, t: bool = True) -> int:
     """The (image, sum) units of im2col_pack_quadrants for a batch (even) into fwd and/or t:
     each image of a half of the batch makes 11 distinct sums of the input's blocks for both,
     7 for one."""
+    what = "quadrant_units"
+    batch = int_arg(batch, "batch", what)
+    if batch % 2:     # as im2col_pack_quadrants, which splits the batch in halves
+        raise ValueError(f"{what}: expected an even batch, got {batch}")
+    fwd, t = _flag(fwd, "fwd", what), _flag(t, "t", what)
     return batch // 2 * (11 if fwd and t else 7 if fwd or t else 0)
 
 
@@ -714,6 +740,16 @@ def maxpool_backward(dout, arg, x_shape, *, threads=None) -> np.ndarray:
     if x_shape[:2] != dout.shape[:2]:      # the core's check, before the result is made
         raise ValueError(f"dx: expected {dout.shape[0]} x {dout.shape[1]} planes, got shape "
                          f"{x_shape}")
+    # No window is known here, so only what every max-pool keeps: a pooled plane is no larger
+    # than its input, and not empty unless that is (the core checks that arg's indices land in
+    # dx's planes).
+    (ph, pw), (h, w) = dout.shape[2:], x_shape[2:]
+    if not (0 < ph <= h or ph == h == 0) or not (0 < pw <= w or pw == w == 0):
+        def span(n):
+            return "0" if n == 0 else "1" if n == 1 else f"1..{n}"
+        raise ValueError(f"maxpool_backward: dout: expected planes of {span(h)} x {span(w)} "
+                         f"(a max-pool of x_shape {x_shape}'s {h}x{w} planes), got shape "
+                         f"{dout.shape}")
     dx = _out(None, x_shape, "dx", what="maxpool_backward")
     _core_call("maxpool_backward", "float32 dout, int32 arg and an int threads",
                _core.maxpool_backward, dout, arg, dx, threads=_threads(threads))

@@ -17,6 +17,10 @@ import math
 from dataclasses import dataclass
 
 
+# the smallest float32 > 0 (a subnormal): a rate of less than half of it is 0 in float32
+FLOAT32_TINY = 1.401298464324817e-45
+
+
 @dataclass(frozen=True)
 class SGDConfig:
     lr: float = 0.01
@@ -27,6 +31,9 @@ class SGDConfig:
         # an infinite lr or weight decay makes every weight it touches infinite or NaN at once
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if self.lr <= FLOAT32_TINY / 2:   # float32, the weights' type, holds it as 0
+            raise ValueError(f"lr must be a number that float32, the weights' type, holds as > 0 "
+                             f"(at least {FLOAT32_TINY:.2g}), got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):

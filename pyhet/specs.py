@@ -84,6 +84,12 @@ def parse_devices(spec: str, gpu_count=None) -> list[DeviceSpec]:
                 raise DeviceSpecError(f"{shown(entry)}: the {what} has {len(digits)} digits; "
                                       f"expected at most 18")
         rank = int(rank_s) if rank_s is not None else None
+        if rank is not None and rank > MAX_DEVICES:
+            # (a rank that holds no device serves nothing: past MAX_DEVICES, one a rank, none
+            # can hold one)
+            raise DeviceSpecError(f"{shown(entry)}: rank {rank:,} is past any job of these "
+                                  f"devices: at most {MAX_DEVICES} devices are run, so ranks "
+                                  f"go up to {MAX_DEVICES}")
         n = None
         if arg is not None:
             if kind in ("numpy", "auto"):
@@ -152,9 +158,19 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     worker, and where this process is the master, the team of the master's own work (the fc
     layers, on every core). The threads are tried at the stack size each will have (an OpenMP
     thread's is OMP_STACKSIZE's where set); a limit used up later (by another process of the
-    user, say) is not foreseen."""
-    total = sum(s.threads for s in specs if s.kind == "cpu")
+    user, say) is not foreseen. A core built without OpenMP runs every cpu device on one
+    thread: a cpu:N of N > 1 is said so."""
     cores = ops.default_threads()
+    if not ops.have_openmp():
+        # (those whose threads are given: the default cpu device, all cores, says nothing)
+        wide = list(dict.fromkeys(str(s) for s in specs
+                                  if s.kind == "cpu" and s.arg is not None and s.arg > 1))
+        if wide:
+            warn(f"this build of pyhet's core has no OpenMP: {', '.join(wide)} "
+                 f"run{'s' if len(wide) == 1 else ''} on one thread (every kernel is "
+                 f"single-threaded); give cpu:1 devices, or install a build with OpenMP")
+        specs = [replace(s, arg=1) if s.kind == "cpu" else s for s in specs]
+    total = sum(s.threads for s in specs if s.kind == "cpu")
     if total > cores:
         warn(f"the cpu devices use {total} threads in all but this process may run on "
              f"{cores} cores: they will compete for them")

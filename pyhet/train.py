@@ -44,6 +44,10 @@ from .specs import check_ranks, check_threads, cuda_device_count, for_rank, pars
 from .timing import PartTimer
 
 BALANCE_MODES = ("dynamic", "static", "even")
+# an image value beyond this is far from the order 1 of images prepared as networks expect
+# them (normalised: a few units; raw pixel values as floats: up to 255): a run that diverged on
+# such images says to scale them first
+HUGE_IMAGE_VALUE = 1e3
 
 
 @dataclass
@@ -828,7 +832,12 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
                     at.update(position)
                 if not math.isfinite(loss):
                     bar.close()
-                    where = f"at step {step} (epoch {epoch + 1}, batch {b + 1})"
+                    # a later fit of a network counts its steps from 0 and its epochs on
+                    # from the network's earlier fits (pyhet.api: the next epoch's data order)
+                    where = (f"at step {step} of this fit (epoch {epoch + 1} of the network's "
+                             f"fits, batch {b + 1})"
+                             if start["step"] == 0 and start["epoch"] > 0 else
+                             f"at step {step} (epoch {epoch + 1}, batch {b + 1})")
                     if step == start["step"] + 1:   # before this run's first update
                         peak = float(np.abs(xb).max()) if xb.size else 0.0
                         raise TrainingError(
@@ -837,7 +846,7 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
                             f"magnitude is {peak:.3g}; images as the network expects them are "
                             f"of order 1) or weights it started from")
                     raise TrainingError(f"the loss became {loss} {where}: training diverged; "
-                                        + _advice(cfg))
+                                        + _advice(cfg, xb))
                 if balance is not None:
                     balance.after_step(step)
                 step_times.append(dt)
@@ -900,7 +909,7 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
         raise TrainingError(f"the test loss is {test['loss']} after step {step}: the network's "
                             f"outputs overflow, training diverged"
                             + ("; the weights were not saved" if cfg.save else "")
-                            + "; " + _advice(cfg))
+                            + "; " + _advice(cfg, ds.x_test[:largest_batch(cfg, ds)]))
     if test is None and step > 0:
         # no test split to tell: the same check on a batch of training images (weights that
         # give NaN on every input are not a run that ended well, saved or not; fit() puts back
@@ -911,7 +920,8 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
             raise TrainingError(f"the loss on the first {n} training images is {probe} after "
                                 f"step {step}: the network's outputs overflow, training "
                                 f"diverged" + ("; the weights were not saved" if cfg.save
-                                               else "") + "; " + _advice(cfg))
+                                               else "") + "; "
+                                 + _advice(cfg, ds.x_train[:n]))
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,
@@ -928,8 +938,17 @@ def _next(step: int, epoch: int, b: int, per_epoch: int) -> dict:
             else {"step": step, "epoch": epoch + 1, "batch": 0})
 
 
-def _advice(cfg: TrainConfig) -> str:
-    return divergence_advice(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.python)
+def _advice(cfg: TrainConfig, x=None) -> str:
+    """What to change after a run diverged; x: the images it diverged on, whose scale goes
+    first where they are far from what networks expect (no lr helps with images of 1e30)."""
+    advice = divergence_advice(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.python)
+    if x is None or not x.size or x.dtype == np.uint8:   # (raw pixels are scaled to [0, 1])
+        return advice
+    peak = float(np.max(np.abs(x)))
+    if math.isfinite(peak) and peak <= HUGE_IMAGE_VALUE:
+        return advice
+    return (f"the images are far from order 1, as networks expect them (their largest "
+            f"magnitude is {peak:.3g}): scale them; then, if it still diverges, {advice}")
 
 
 def _stop(stop, step: int, position, saved: dict, save_checkpoint):

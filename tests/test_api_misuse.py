@@ -7,6 +7,7 @@ x (N, C, H, W) images, y (N,) labels, M classes.
 """
 
 import os
+import re
 import warnings
 
 import numpy as np
@@ -151,6 +152,20 @@ def test_hyperparameters_past_floats_range_are_usage_errors(name, value):
         with pytest.raises(UsageError) as e:
             net.fit(x, y, steps=1, **{name: value})
     assert str(e.value).startswith(f"{name} must be a ") and "got 1" in str(e.value)
+
+
+def test_an_lr_that_float32_holds_as_0_is_a_usage_error(cli):
+    """An lr float32 (the weights' type) rounds to 0 trained nothing and said nothing; the
+    smallest one it holds is taken."""
+    x, y = arrays()
+    with network() as net:
+        with pytest.raises(UsageError, match=r"lr must be a number that float32, the weights' "
+                                             r"type, holds as > 0 \(at least 1.4e-45\), got "
+                                             r"1e-320"):
+            net.fit(x, y, steps=1, lr=1e-320)
+        net.fit(x, y, steps=1, lr=1e-45)       # float32's 1.4e-45
+    r = cli("train", "--lr", "1e-320", "--steps", "1")
+    assert r.code == 2 and "argument --lr: a number that float32" in r.err, r.err
 
 
 # ================================================================ paths
@@ -498,3 +513,52 @@ def test_labels_changed_by_the_program_during_a_fit_are_not_read():
         assert (labels == bad).all()
         for k in want:
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_a_later_fit_that_diverges_counts_its_steps_and_the_networks_epochs_apart():
+    """A later fit's steps count from its start, its epochs from the network's earlier fits
+    (the next epoch's data order): the message said "step 3 (epoch 4, ...)" in a one-epoch
+    fit."""
+    x, y = arrays(12)
+    with network(seed=2) as net:
+        net.fit(x, y, epochs=1, batch_size=4)
+        with pytest.raises(TrainingError) as e:
+            net.fit(x, y, steps=12, batch_size=4, lr=1e20)
+    m = re.search(r"at step (\d+) of this fit \(epoch (\d+) of the network's fits, batch "
+                  r"(\d+)\)", str(e.value))
+    assert m, str(e.value)
+    step, epoch, batch = (int(v) for v in m.groups())
+    assert epoch == 2 + (step - 1) // 3 and batch == 1 + (step - 1) % 3, str(e.value)
+
+
+@pytest.mark.parametrize("steps", [1, 6])
+def test_a_fit_that_diverges_on_huge_images_says_to_scale_them_first(steps):
+    """Finite images of 1e30 overflow the outputs whatever the lr: the message said only "try
+    a smaller lr". Images of order 1 that diverge at a huge lr keep that advice alone."""
+    x, y = arrays(12)
+    x = np.clip(x, -3, 3)
+    x[0, 0, 0, 0] = 3.0
+    with network(seed=2) as net:
+        with pytest.raises(TrainingError) as e:
+            net.fit(x * np.float32(1e30), y, steps=steps, batch_size=4)
+    assert ("the images are far from order 1, as networks expect them (their largest "
+            "magnitude is 3e+30): scale them; then, if it still diverges, try a smaller lr "
+            "(now 0.01)") in str(e.value), str(e.value)
+    with network(seed=2) as net:
+        with pytest.raises(TrainingError) as e:
+            net.fit(x, y, steps=12, batch_size=4, lr=1e20)
+    assert "try a smaller lr (now 1e+20)" in str(e.value) and "scale" not in str(e.value)
+
+
+@pytest.mark.parametrize("seed,words", [
+    (2**64, "2**64 - 1, got 18446744073709551616"),
+    (10**5000, "got a whole number of about 5,000 digits"),     # Python writes no such int
+], ids=["2**64", "10**5000"])
+def test_a_seed_past_what_a_checkpoint_records_is_a_usage_error(seed, words):
+    """A seed is recorded in a checkpoint's settings: one beyond 2**64 - 1 is refused (one of
+    5,000 digits was a bare ValueError with Python's advice on its own limits)."""
+    with pytest.raises(UsageError, match=re.escape(words)):
+        pyhet.load_dataset("synthetic", seed=seed)
+    with pytest.raises(UsageError, match=re.escape(words)):
+        network(seed=seed)
+    pyhet.load_dataset("synthetic", seed=2**64 - 1)

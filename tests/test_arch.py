@@ -13,6 +13,8 @@ Letters as in pyhet.geometry: x (N, C, H, W) images, y (N,) labels, w (K, C, R, 
 col (C*R*S, N*OH*OW), out (N, K, PH, PW) a block's output, F the fc inputs, M classes.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -202,6 +204,17 @@ def test_the_largest_number_is_taken():
     assert arch.parse("2C" + "0" * 5000 + "3")[0][0].size == 3
     with pytest.raises(ArchitectureError, match=r"\(5012 chars\) is past the largest"):
         arch.parse("2C" + "0" * 5000 + "9" * 12)
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("4C3p-1", "'4C3p-1': padding must be a whole number >= 0, got -1"),
+    ("4C3p1s-2", "'4C3p1s-2': stride must be a whole number >= 1, got -2"),
+])
+def test_a_negative_padding_or_stride_names_which(spec, words):
+    """One message per number ("padding and stride must be whole numbers >= 0 and >= 1" paired
+    the two bounds with the two names)."""
+    with pytest.raises(ArchitectureError, match=re.escape(words)):
+        arch.parse(spec)
 
 
 def partition_of(shape, spec, counts=None):

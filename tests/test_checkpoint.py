@@ -645,6 +645,76 @@ def test_a_damaged_checkpoint_past_the_run_never_costs_a_new_one(cli, npz_datase
     assert res.code == 0 and "resuming from" in res.err and "(step 4)" in res.err, res.err
 
 
+def test_a_checkpoint_renamed_to_a_later_step_is_damaged(cli, npz_dataset, tmp_path):
+    """A checkpoint of step 4 renamed as step 9 used to be resumed from by every --resume, each
+    starting again at step 4: a name whose step is not the one the file holds is damage."""
+    data = npz_dataset(n=40)
+    res = cli(*train_argv(data, "--steps", "6", "--save", tmp_path / "whole.npz"))
+    assert res.code == 0, res.err
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                          "1", "--keep", "0"))
+    assert res.code == 0, res.err
+    renamed = ck / "checkpoint-000000009.npz"
+    (ck / "checkpoint-000000004.npz").rename(renamed)
+    res = cli(*train_argv(data, "--steps", "6", "--checkpoint-dir", ck, "--resume", "--save",
+                          tmp_path / "resumed.npz", "--checkpoint-every", "1", "--keep", "2"))
+    assert res.code == 0, res.err
+    warning = [line for line in res.err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and str(renamed) in warning[0], res.err
+    assert "damaged (it is named step 9 but holds step 4)" in warning[0]
+    assert "resuming from" in warning[0] and "checkpoint-000000003.npz" in warning[0]
+    assert "(step 3)" in res.err
+    assert_bit_identical(load_npz(tmp_path / "resumed.npz"), load_npz(tmp_path / "whole.npz"))
+    # --keep 2 keeps the run's two newest; the renamed file past the run is left as it is
+    assert checkpoints(ck) == ["checkpoint-000000005.npz", "checkpoint-000000006.npz",
+                               renamed.name]
+    assert meta_of(renamed)["step"] == 4
+    res = cli(*train_argv(data, "--steps", "7", "--checkpoint-dir", ck, "--resume"))
+    assert res.code == 0 and "(step 6)" in res.err and "named step 9" in res.err, res.err
+
+
+def test_a_checkpoint_renamed_to_the_newest_step_is_damaged(cli, npz_dataset, tmp_path):
+    """Step 2's checkpoint named as step 4, beside the checkpoint of step 3: resumed from step
+    3, with a warning, not silently from step 2."""
+    data = npz_dataset(n=40)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                          "1", "--keep", "0"))
+    assert res.code == 0, res.err
+    named = ck / "checkpoint-000000004.npz"
+    named.write_bytes((ck / "checkpoint-000000002.npz").read_bytes())
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume",
+                          "--checkpoint-every", "1"))
+    assert res.code == 0, res.err
+    warning = [line for line in res.err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and str(named) in warning[0], res.err
+    assert "damaged (it is named step 4 but holds step 2)" in warning[0]
+    assert "checkpoint-000000003.npz" in warning[0] and "(step 3)" in res.err
+    assert meta_of(named)["step"] == 4           # written again by the resumed run
+
+
+def test_keep_counts_only_the_checkpoints_that_hold_their_own_step(cli, npz_dataset, tmp_path):
+    """A file named step 3 that holds step 1 used to count as one of the --keep newest: it was
+    kept, and the checkpoint of step 2 deleted. It is no checkpoint to resume from: the valid
+    ones are kept, and the renamed one goes once it is older than all of them."""
+    data = npz_dataset(n=40)
+    ck = tmp_path / "ck"
+    res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--checkpoint-every",
+                          "1", "--keep", "0"))
+    assert res.code == 0, res.err
+    (ck / "checkpoint-000000003.npz").write_bytes((ck / "checkpoint-000000001.npz").read_bytes())
+    res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume", "--keep",
+                          "3"))
+    assert res.code == 0 and "(step 4)" in res.err, res.err
+    assert checkpoints(ck) == [f"checkpoint-{s:09d}.npz" for s in (2, 3, 4, 5)]
+    assert [meta_of(ck / f"checkpoint-{s:09d}.npz")["step"] for s in (2, 4, 5)] == [2, 4, 5]
+    res = cli(*train_argv(data, "--steps", "7", "--checkpoint-dir", ck, "--resume", "--keep",
+                          "3", "--checkpoint-every", "1"))
+    assert res.code == 0 and "(step 5)" in res.err, res.err
+    assert checkpoints(ck) == [f"checkpoint-{s:09d}.npz" for s in (5, 6, 7)]
+
+
 def test_a_weight_file_in_the_folder_is_named_as_one(cli, npz_dataset, tmp_path):
     data = npz_dataset(n=40)
     ck = tmp_path / "ck"

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyhet.data import (DATASETS, FASHION_MNIST_CLASSES, Dataset, describe,
-                        iterate_batches, load_dataset, read_images)
+                        iterate_batches, load_dataset, load_test_split, read_images)
 import pyhet
 from pyhet.errors import DataError
 
@@ -295,7 +295,8 @@ def test_data_dir_and_name_must_be_usable():
 def test_load_dataset_checks_its_seed():
     from pyhet.errors import UsageError
     for bad in (-1, 1.5, "1", None, True):
-        with pytest.raises(UsageError, match=f"seed must be a whole number >= 0, got {bad!r}"):
+        with pytest.raises(UsageError, match=re.escape(f"seed must be a whole number in 0 .. "
+                                                       f"2**64 - 1, got {bad!r}")):
             load_dataset("synthetic", seed=bad)
     assert load_dataset("synthetic", seed=np.int64(3)).x_train.shape[0] > 0
 
@@ -341,6 +342,104 @@ def test_mnist_default_place_says_pass_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", "relative")
     write_idx_dir(tmp_path / "home" / ".cache" / "pyhet" / "mnist", gz=True)
     assert load_dataset("mnist").source == str(tmp_path / "home" / ".cache" / "pyhet" / "mnist")
+
+
+@pytest.mark.parametrize("data_dir", [True, False], ids=["data-dir", "default-place"])
+def test_mnist_missing_files_name_where_they_are_published(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "pyhet" / "mnist").mkdir(parents=True)
+    with pytest.raises(DataError) as e:
+        load_dataset("mnist", data_dir=str(tmp_path) if data_dir else None)
+    said = str(e.value)
+    assert "train-images-idx3-ubyte[.gz]: no such file" in said
+    assert "train-images-idx3-ubyte.gz etc., as published at http://yann.lecun.com/exdb/mnist/" \
+        in said and "pyhet downloads none" in said and "\n" not in said
+    assert ("--data-dir DIR" in said) == (not data_dir)
+
+
+# ================================================================ the test split alone
+
+def _without_training_files(name, folder):
+    """Remove the training split's files of a dataset written by write_idx_dir or
+    write_cifar_bin/py into `folder`."""
+    stems = IDX_NAMES["train"] if name != "cifar10" else CIFAR_TRAIN
+    for p in list(folder.iterdir()):
+        if p.name.split(".")[0] in stems:
+            p.unlink()
+
+
+def _write_test_dataset(name, layout, folder):
+    """Write `name` (layout: gz or raw IDX; bin or py CIFAR-10) into folder; return the test
+    split's raw x (M, C, H, W) uint8 and y (M,)."""
+    if name == "cifar10":
+        batches = cifar_arrays()
+        (write_cifar_bin if layout == "bin" else write_cifar_py)(folder, batches)
+        x, y = batches["test_batch"]
+        return x.reshape(-1, 3, 32, 32), np.array(y)
+    x, y = write_idx_dir(folder, gz=layout == "gz")["test"]
+    return x[:, None], y
+
+
+SPLIT_CASES = [("mnist", "gz"), ("mnist", "raw"), ("fashion-mnist", "gz"), ("cifar10", "bin"),
+               ("cifar10", "py")]
+
+
+@pytest.mark.parametrize("name,layout", SPLIT_CASES)
+def test_the_test_split_loads_without_the_training_files(tmp_path, name, layout):
+    """Evaluating a network whose weight file records its normalisation reads the test split
+    alone: it used to need the training files too (load_dataset reads both)."""
+    x, y = _write_test_dataset(name, layout, tmp_path)
+    whole = load_dataset(name, data_dir=str(tmp_path))
+    _without_training_files(name, tmp_path)
+    with pytest.raises(DataError, match="no such file"):
+        load_dataset(name, data_dir=str(tmp_path))
+    ds = load_test_split(name, data_dir=str(tmp_path))
+    np.testing.assert_array_equal(ds.x_test_raw, x)
+    np.testing.assert_array_equal(ds.x_test_raw, whole.x_test_raw)
+    np.testing.assert_array_equal(ds.y_test, y)
+    assert ds.y_test.dtype == np.int64
+    assert ds.x_test.dtype == np.float32 and ds.x_test.flags.c_contiguous
+    np.testing.assert_array_equal(ds.x_test, x.astype(np.float32) / np.float32(255))
+    assert ds.normalization is None          # x_test is only scaled: no training statistics
+    assert ds.x_train.shape == (0, *x.shape[1:]) and ds.y_train.shape == (0,)
+    assert ds.input_shape == whole.input_shape and ds.num_classes == 10
+    assert ds.classes == whole.classes and ds.source == whole.source
+
+
+@pytest.mark.parametrize("name,layout", SPLIT_CASES)
+def test_the_training_statistics_need_the_training_files_and_say_why(tmp_path, name, layout):
+    """A weight file of an earlier version records no normalisation: its test images are
+    normalised with the training split's statistics, as load_dataset does, and a missing
+    training file says why it is read."""
+    _write_test_dataset(name, layout, tmp_path)
+    whole = load_dataset(name, data_dir=str(tmp_path))
+    ds = load_test_split(name, data_dir=str(tmp_path), train_statistics=True)
+    np.testing.assert_array_equal(ds.x_test, whole.x_test)
+    np.testing.assert_array_equal(ds.x_train, whole.x_train)
+    assert ds.normalization == whole.normalization
+    _without_training_files(name, tmp_path)
+    with pytest.raises(DataError) as e:
+        load_test_split(name, data_dir=str(tmp_path), train_statistics=True)
+    said = str(e.value)
+    first = "data_batch_1" if name == "cifar10" else IDX_NAMES["train"][0]
+    assert first in said and "no such file" in said and "\n" not in said
+    assert ("the training split is read for its per-channel mean and std, which normalise the "
+            "test images for a network whose weight file records no normalisation") in said
+
+
+def test_the_test_split_alone_still_needs_the_test_files(tmp_path):
+    write_idx_dir(tmp_path, gz=True)
+    (tmp_path / (IDX_NAMES["test"][1] + ".gz")).unlink()
+    with raises_naming(IDX_NAMES["test"][1]):
+        load_test_split("mnist", data_dir=str(tmp_path))
+    with pytest.raises(pyhet.errors.UsageError, match="reads no data folder"):
+        load_test_split("synthetic", data_dir=str(tmp_path))
+
+
+def test_other_datasets_load_for_evaluation_as_they_do_for_training(tmp_path):
+    a, b = load_test_split("synthetic", seed=3), load_dataset("synthetic", seed=3)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    assert a.x_test is None
 
 
 # ================================================================ CIFAR-10
@@ -421,6 +520,31 @@ def test_cifar_missing_everything(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with pytest.raises(DataError, match="--data-dir"):
         load_dataset("cifar10")
+
+
+CIFAR_SOURCE = ("CIFAR-10's python version, cifar-10-python.tar.gz, or its binary version, "
+                "cifar-10-binary.tar.gz, from https://www.cs.toronto.edu/~kriz/cifar.html, "
+                "extracted with tar xzf; pyhet downloads neither")
+
+
+@pytest.mark.parametrize("what", ["folder", "batches", "one batch"])
+def test_cifar_missing_files_name_where_they_are_published(tmp_path, monkeypatch, what):
+    folder = tmp_path / "cifar-10-batches-py"
+    if what == "folder":
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    elif what == "batches":
+        folder.mkdir()
+    else:
+        write_cifar_py(folder, cifar_arrays())
+        (folder / "data_batch_3").unlink()
+    with pytest.raises(DataError) as e:
+        load_dataset("cifar10", data_dir=None if what == "folder" else str(tmp_path))
+    said = str(e.value)
+    assert CIFAR_SOURCE in said and "\n" not in said
+    assert ("--data-dir DIR" in said) == (what == "folder")
+    if what == "one batch":
+        assert f"{folder / 'data_batch_3'}: no such file; a CIFAR-10 folder holds test_batch " \
+               f"and data_batch_1..5" in said
 
 
 @pytest.mark.parametrize("layout", ["bin", "py"])
@@ -839,3 +963,12 @@ def test_a_missing_file_keeps_its_os_error_as_the_cause(tmp_path):
     with pytest.raises(DataError, match="no such file") as e:
         pyhet.load_dataset(f"npz:{tmp_path / 'missing.npz'}")
     assert isinstance(e.value.__cause__, FileNotFoundError)
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "fashion-mnist"])
+def test_a_data_folder_that_is_a_loop_of_links_says_so(tmp_path, name):
+    """It was "no such folder", where the name is there."""
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'a'}: cannot be read (")):
+        load_dataset(name, data_dir=tmp_path / "a")

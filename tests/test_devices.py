@@ -16,8 +16,8 @@ from conftest import assert_trains_like_one_device, net_shape
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import MIN_CONTENTION, Calibration, calibrate
-from pyhet.devices import make_backend, make_devices
-from pyhet.errors import DeviceError, DeviceSpecError
+from pyhet.devices import arm_faults, fault_refusal, make_backend, make_devices
+from pyhet.errors import DeviceError, DeviceSpecError, UsageError
 from pyhet.geometry import GPU_OUTPUTS
 from pyhet.links import Link
 from pyhet.model import Net, init_params
@@ -83,6 +83,8 @@ def test_auto_is_every_gpu_and_the_remaining_cores():
     ("gpu:0,0/gpu:0", "gpu:0 on rank 0 is named more than once"),
     ("gpu:0,1/gpu:0", "gpu:0 on rank 1 is named more than once"),   # gpu:0 is on every rank
     ("9" * 5000 + "/cpu:1", "the rank has 5000 digits; expected at most 18"),   # int() refuses
+    ("1025/cpu:1", "rank 1,025 is past any job of these devices: at most 1024 devices are run, "
+                   "so ranks go up to 1024"),
     ("cpu:" + "9" * 5000, "the argument has 5000 digits"),
     ("gpu:" + "0" * 4999 + "1", "the argument has 5000 digits"),
 ])
@@ -99,6 +101,22 @@ def test_more_threads_than_cores_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_threads(parse_devices("cpu:1"))
+
+
+def test_a_core_without_openmp_says_its_cpu_devices_of_several_threads_run_on_one(
+        monkeypatch):
+    """A build without OpenMP took cpu:2 without a word and ran it on one thread; its devices
+    are counted as one thread each against the cores."""
+    monkeypatch.setattr(ops, "have_openmp", lambda: False)
+    with pytest.warns(RuntimeWarning) as seen:
+        check_threads(parse_devices(f"cpu:{CORES + 1}"))    # one thread: within the cores
+    assert [str(w.message) for w in seen] == [
+        f"this build of pyhet's core has no OpenMP: cpu:{CORES + 1} runs on one thread (every "
+        f"kernel is single-threaded); give cpu:1 devices, or install a build with OpenMP"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_threads(parse_devices("cpu"))             # all cores by default: nothing to say
+        check_threads(parse_devices("cpu:1,numpy"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1369,3 +1387,114 @@ def test_a_numpy_device_keeps_the_memory_its_temporaries_free(make, own, tmp_pat
     else:
         assert kept == "False"
         assert min(per_step) > 200, per_step   # (2,000-2,500 with glibc 2.36 here)
+
+
+# ------------------------------------------------------------------------------------------------
+# make_devices and inject_fault: their arguments
+
+
+def test_make_devices_takes_a_spec_string_or_specs_and_one_distinct_name_each():
+    """Fewer names than specs dropped the devices past them, more were ignored, a name twice
+    was taken; a SPEC string (or a list of them) failed on 'str' has no 'kind', and None on
+    len()."""
+    devices = make_devices("cpu:1,numpy", names=["a", "b"])
+    try:
+        assert [(d.name, str(d.spec)) for d in devices] == [("a", "cpu:1"), ("b", "numpy")]
+    finally:
+        for d in devices:
+            d.close()
+    (d,) = make_devices("numpy")
+    d.close()
+    assert d.name == "d0"
+    assert make_devices([]) == []
+    specs = parse_devices("cpu:1,numpy")
+    for names, words in ((["a"], "expected one name a device (2), got 1 name"),
+                         (["a", "b", "c"], "expected one name a device (2), got 3 names"),
+                         (["a", "a"], "names must differ, got 'a' more than once")):
+        with pytest.raises(UsageError, match=re.escape(f"make_devices: {words}")):
+            make_devices(specs, names=names)
+    for specs_, names, words in (
+            (["cpu:1"], None, "specs must be a device SPEC string such as 'cpu:1,numpy' or a "
+                              "list of DeviceSpec (pyhet.specs.parse_devices), got a list "
+                              "holding str"),
+            (None, None, "specs must be a device SPEC string"),
+            (parse_devices("numpy")[0], None, "got DeviceSpec"),
+            ("numpy", "a", "names must be None or a list of str, one a device, got str"),
+            ("numpy", [0], "got a list holding int")):
+        with pytest.raises(TypeError, match=re.escape(words)):
+            make_devices(specs_, names=names)
+    with pytest.raises(DeviceSpecError, match="unknown device kind 'tpu'"):
+        make_devices("tpu")
+
+
+def test_inject_fault_refuses_what_pyhet_fault_refuses_naming_the_argument():
+    """A numpy device does its im2col inside its forward and backward, so a fault there would
+    never fire: PYHET_FAULT refused it, inject_fault took it. A bad argument is a usage error
+    that names it (PYHET_FAULT's own words name the variable)."""
+    devices = make_devices("cpu:1,numpy")
+    try:
+        cpu, numpy_ = devices
+        for phase in ("im2col", "input_gradient"):
+            with pytest.raises(UsageError, match=re.escape(
+                    f"inject_fault: phase {phase!r}: d1 (numpy) does its {phase} inside its "
+                    f"forward and backward: give forward, backward or update")):
+                numpy_.inject_fault(phase, 2)
+            assert numpy_.fault is None
+            cpu.inject_fault(phase, 2)
+            assert cpu.fault.phase == phase
+        for phase, step, words in (
+                ("fwd", 2, "phase must be one of im2col, forward, backward, input_gradient, "
+                           "update, got 'fwd'"),
+                (None, 2, "phase must be one of"),
+                ("forward", 0, "step must be a whole number >= 1, got 0"),
+                ("forward", True, "step must be a whole number >= 1, got True"),
+                ("forward", 2.0, "step must be a whole number >= 1, got 2.0"),
+                ("forward", "2", "step must be a whole number >= 1, got '2'")):
+            with pytest.raises(UsageError, match=re.escape(f"inject_fault: {words}")):
+                numpy_.inject_fault(phase, step)
+        numpy_.inject_fault("update", np.int64(3))
+        assert (numpy_.fault.phase, numpy_.fault.step) == ("update", 3)
+        assert type(numpy_.fault.step) is int
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_pyhet_fault_keeps_its_words(monkeypatch):
+    devices = make_devices("cpu:1,numpy")
+    try:
+        for value, words in (
+                ("d1:im2col:2", "PYHET_FAULT: d1 (numpy) does its im2col inside its forward "
+                                "and backward: give forward, backward or update"),
+                ("d0:forward:0", "PYHET_FAULT: step must be a whole number >= 1, got 0")):
+            monkeypatch.setenv("PYHET_FAULT", value)
+            with pytest.raises(DeviceError, match=re.escape(words)) as e:
+                arm_faults(devices)
+            assert not isinstance(e.value, UsageError)
+        monkeypatch.setenv("PYHET_FAULT", "d0:im2col:2,d1:update:3")
+        arm_faults(devices)
+        assert devices[0].fault.phase == "im2col" and devices[1].fault.step == 3
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_a_fault_on_another_ranks_device_is_refused_where_it_never_fires():
+    """The check both routes share, for devices on another rank (their link stands for a
+    peer): their im2col and input gradient run inside the requests, and the forward and
+    backward of a rank's cpu devices go in its first one's request."""
+    def remote(name, kind):
+        return types.SimpleNamespace(name=name, peer=object(), shares_host_memory=False,
+                                     group="rank 1" if kind == "cpu" else None,
+                                     spec=types.SimpleNamespace(rank=1))
+    d1, d2, d3 = remote("d1", "cpu"), remote("d2", "cpu"), remote("d3", "gpu")
+    devices = [d1, d2, d3]
+    assert fault_refusal(d1, "im2col", devices) == (
+        "d1 is on rank 1, where im2col is part of the forward or backward request: give "
+        "forward, backward or update")
+    assert fault_refusal(d2, "backward", devices) == (
+        "d2 is on rank 1 with d1, whose request carries the backward of the rank's cpu "
+        "devices: give update, or the fault to d1")
+    assert fault_refusal(d1, "forward", devices) is None
+    assert fault_refusal(d2, "update", devices) is None
+    assert fault_refusal(d3, "forward", devices) is None

@@ -153,7 +153,12 @@ BAD = [
      ["data.npz: a regular file, not a folder, expected the IDX files"]),
     (TRAIN + ["--dataset", "cifar10", "--data-dir", "/nonexistent/pyhet-data"], 1,
      ["no such folder, expected CIFAR-10 in it"]),
-    (TRAIN + ["--dataset", "cifar10", "--data-dir", "DIR"], 1, ["no CIFAR-10 batches"]),
+    (TRAIN + ["--dataset", "cifar10", "--data-dir", "DIR"], 1,
+     ["no CIFAR-10 batches", "cifar-10-python.tar.gz",
+      "https://www.cs.toronto.edu/~kriz/cifar.html", "pyhet downloads neither"]),
+    (TRAIN + ["--dataset", "mnist", "--data-dir", "DIR"], 1,
+     ["train-images-idx3-ubyte[.gz]: no such file", "http://yann.lecun.com/exdb/mnist/",
+      "pyhet downloads none"]),
     # --- devices
     (["devices", "--devices", "tpu"], 2, ["--devices", "tpu"]),
     (["devices", "--devices", "0/cpu:1,1/cpu:1", "--no-calibrate"], 2,
@@ -529,17 +534,24 @@ def test_importing_from_the_source_folder_says_so(tmp_path):
     shutil.copytree(src / "pyhet", tmp_path / "pyhet",
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    p = subprocess.run([sys.executable, "-c", "import pyhet; print(pyhet.__file__)"],
+    python = [sys.executable]
+    p = subprocess.run([*python, "-c", "import pyhet; print(pyhet.__file__)"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     if p.returncode == 0 and not p.stdout.strip().startswith(str(tmp_path)):
-        pytest.skip("an editable install's import hook comes before the current folder")
+        # an editable install's import hook (a .pth file's) comes before the current folder:
+        # without the site module's .pth files, NumPy found where it is installed
+        python = [sys.executable, "-S"]
+        env["PYTHONPATH"] = str(Path(np.__file__).resolve().parent.parent)
     for argv in (["-c", "import pyhet"], ["-m", "pyhet", "train", "--steps", "1"]):
-        p = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True,
+        p = subprocess.run([*python, *argv], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=120)
         assert p.returncode != 0, p.stderr
         assert f"pyhet was imported from its source folder ({tmp_path})" in p.stderr, p.stderr
         assert "run Python from another folder" in p.stderr, p.stderr
         assert "circular import" not in p.stderr and "partially initialized" not in p.stderr
+    # the command says it in one line, as its other errors (a program's import: a traceback)
+    assert p.returncode == 1 and p.stderr.startswith("pyhet: error: pyhet was imported from")
+    assert len(p.stderr.splitlines()) == 1, p.stderr
 
 
 def test_a_weight_file_that_cannot_be_read_is_a_public_weights_error(tmp_path):
@@ -859,6 +871,55 @@ def test_big_endian_images_are_the_same_images(cli, tmp_path):
         assert res.code == 0, res.err
         outs.append(res.out)
     assert outs[0] == outs[2] and outs[1] == outs[3]
+
+
+
+def _big_endian(arrays: dict) -> dict:
+    """The float32 arrays as a big-endian machine writes them (the rest as they are)."""
+    return {k: v.astype(v.dtype.newbyteorder(">")) if v.dtype == np.float32 else v
+            for k, v in arrays.items()}
+
+
+def test_big_endian_weights_are_the_same_weights(files, tmp_path):
+    """float32 weights of the other byte order, given to a Network or in a weight file, are
+    taken as native float32, as images are: they were refused as 'must be a float32 array
+    ..., got >f4' and 'must be float32, got >f4'."""
+    x = np.random.default_rng(1).standard_normal((4, 1, 12, 12)).astype(np.float32)
+    with pyhet.load(files["WEIGHTS"], devices="cpu:1") as net:
+        w, p = net.params(), net.predict(x)
+    be = _big_endian(w)
+    assert all(v.dtype.str == ">f4" for v in be.values())
+    with pyhet.Network(ARCH, (1, 12, 12), 3, devices="cpu:1", weights=be) as net:
+        np.testing.assert_array_equal(net.predict(x), p)
+        assert all(v.dtype == np.float32 and v.dtype.isnative for v in net.params().values())
+    np.savez(tmp_path / "wbe.npz", **_big_endian(dict(np.load(files["WEIGHTS"]))))
+    with pyhet.load(tmp_path / "wbe.npz", devices="cpu:1") as net:
+        np.testing.assert_array_equal(net.predict(x), p)
+    from pyhet.model import checked_params
+    checked = checked_params(be, pyhet.load(files["WEIGHTS"], devices="numpy").geometry,
+                             copy=False)
+    assert all(v.dtype.isnative and v.dtype == np.float32 for v in checked.values())
+
+
+def test_a_big_endian_checkpoint_resumes_as_the_native_one(cli, files, tmp_path):
+    """Its weights and momentum are converted: the run goes on exactly as from the native one
+    (the momentum passed the check and reached the devices in the other byte order)."""
+    argv, path, arrays = _one_checkpoint(cli, files, tmp_path)
+    assert arrays["momentum/conv1.weight"].any()
+    saved = []
+    for name, stored in (("le", arrays), ("be", _big_endian(arrays))):
+        ckpt = tmp_path / name
+        ckpt.mkdir()
+        np.savez(ckpt / path.name, **stored)
+        at = argv.index("--checkpoint-dir") + 1
+        res = cli(*argv[:at], ckpt, *argv[at + 1:], "--steps", "3", "--resume", "--save",
+                  tmp_path / f"w-{name}.npz")
+        assert res.code == 0 and res.err.strip().splitlines() == [
+            f"resuming from {ckpt / path.name} (step 1)"], res.err      # not passed over
+        saved.append(dict(np.load(tmp_path / f"w-{name}.npz")))
+    for k, v in saved[0].items():
+        if v.dtype == np.float32:
+            np.testing.assert_array_equal(saved[1][k], v, err_msg=k)
 
 
 def test_an_error_line_escapes_only_what_breaks_it():

@@ -10,6 +10,7 @@ examples of the profile in conftest.py.
 import contextlib
 import os
 import re
+import sys
 import tempfile
 
 import numpy as np
@@ -1139,3 +1140,120 @@ def test_a_kernel_wider_than_its_input_does_not_corrupt_the_heap():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=tempfile.gettempdir())
     assert (p.returncode, p.stdout) == (0, "done\n"), (p.returncode, p.stderr[-2000:])
+
+
+# ================================================================================================
+# Output sizes and units: checked arguments
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: ops.conv_out_size(4, 3, 0), ValueError, "conv_out_size: stride must be >= 1, got 0"),
+    (lambda: ops.conv_out_size(4, 3, 1, -2), ValueError, "conv_out_size: pad must be >= 0, got -2"),
+    (lambda: ops.conv_out_size(-4, 3), ValueError, "conv_out_size: size must be >= 0, got -4"),
+    (lambda: ops.conv_out_size(4, -3), ValueError, "conv_out_size: k must be >= 1, got -3"),
+    (lambda: ops.conv_out_size(4, 0), ValueError, "conv_out_size: k must be >= 1, got 0"),
+    (lambda: ops.conv_out_size(4.5, 3), TypeError, "conv_out_size: size must be an int, got float"),
+    (lambda: ops.conv_out_size(4, True), TypeError, "conv_out_size: k must be an int, got bool"),
+    (lambda: ops.conv_out_size(4, 3, "1"), TypeError, "conv_out_size: stride must be an int"),
+    (lambda: ops.conv_out_size(2, 3), ValueError,
+     "conv_out_size: a kernel of 3 does not fit a size 2 input with padding 0"),
+    (lambda: ops.conv_out_size(0, 1), ValueError, "a kernel of 1 does not fit a size 0 input"),
+    (lambda: ops.pool_out_size(4, 0, 1), ValueError, "pool_out_size: k must be >= 1, got 0"),
+    (lambda: ops.pool_out_size(4, -2, 1), ValueError, "pool_out_size: k must be >= 1, got -2"),
+    (lambda: ops.pool_out_size(4, 2, 0), ValueError, "pool_out_size: stride must be >= 1, got 0"),
+    (lambda: ops.pool_out_size(-1, 1, 1), ValueError, "pool_out_size: size must be >= 0, got -1"),
+    (lambda: ops.pool_out_size(4, 2.0, 2), TypeError, "pool_out_size: k must be an int, got float"),
+    (lambda: ops.pool_out_size(1, 2, 1), ValueError,
+     "pool_out_size: window 2 is larger than the size 1 input"),
+    (lambda: ops.quadrant_units(-2), ValueError, "quadrant_units: batch must be >= 0, got -2"),
+    (lambda: ops.quadrant_units(3), ValueError, "quadrant_units: expected an even batch, got 3"),
+    (lambda: ops.quadrant_units(4.0), TypeError, "quadrant_units: batch must be an int, got float"),
+    (lambda: ops.quadrant_units(4, fwd=None), TypeError, "quadrant_units: fwd must be a bool"),
+])
+def test_output_sizes_and_units_refuse_bad_arguments(call, error, words):
+    """They returned nonsense (conv_out_size(4, 3, 1, -2) == -2, pool_out_size(4, 0, 1) == 5,
+    quadrant_units(3) == 11) or raised ZeroDivisionError, where the rest of ops refuses."""
+    with pytest.raises(error, match=re.escape(words)):
+        call()
+
+
+def test_output_sizes_take_numpy_ints_and_give_the_formula():
+    assert ops.conv_out_size(np.int64(28), np.int32(5)) == 24
+    assert type(ops.conv_out_size(np.int64(28), 5)) is int
+    assert ops.conv_out_size(7, 3, 2, 1) == 4 and ops.conv_out_size(2, 3, 1, 1) == 2
+    assert ops.conv_out_size(3, 3) == 1 and ops.conv_out_size(0, 1, 1, 1) == 2
+    assert ops.pool_out_size(5, 2, 2) == 2 and ops.pool_out_size(5, 3, 1) == 3
+    assert ops.pool_out_size(2, 2, 5) == 1
+    assert ops.quadrant_units(0) == 0 and ops.quadrant_units(np.int64(30)) == 165
+    assert ops.quadrant_units(30, t=False) == ops.quadrant_units(30, fwd=False) == 105
+    assert ops.quadrant_units(30, fwd=False, t=False) == 0
+
+
+def test_a_network_that_cannot_work_is_still_an_architecture_error():
+    """The geometry checks its blocks before it asks the sizes, with its own words."""
+    with pytest.raises(ArchitectureError, match="a 5x5 kernel is larger than its 3x3 input"):
+        ConvGeometry("conv1", 1, 3, 3, 4, 5, 5)
+    with pytest.raises(ArchitectureError, match="a 3x3 pool is larger than the 2x2 conv output"):
+        ConvGeometry("conv1", 1, 4, 4, 4, 3, 3, pool=3, pool_stride=3)
+    with pytest.raises(ArchitectureError, match="stride must be >= 1, got 0"):
+        ConvGeometry("conv1", 1, 4, 4, 4, 3, 3, stride=0)
+    g = ConvGeometry("conv1", 1, 7, 7, 4, 3, 3, stride=2, pad=1, pool=2, pool_stride=1)
+    assert (g.OH, g.OW, g.PH, g.PW) == (4, 4, 3, 3)
+
+
+def test_maxpool_backward_refuses_a_pooled_shape_no_pool_of_x_gives():
+    """A 2x2 dout cannot be a max-pool of 1x1 planes: it was summed into the one pixel."""
+    dout, arg = np.ones((1, 1, 2, 2), np.float32), np.zeros((1, 1, 2, 2), np.int32)
+    with pytest.raises(ValueError, match=re.escape(
+            "maxpool_backward: dout: expected planes of 1 x 1 (a max-pool of x_shape "
+            "(1, 1, 1, 1)'s 1x1 planes), got shape (1, 1, 2, 2)")):
+        ops.maxpool_backward(dout, arg, (1, 1, 1, 1))
+    with pytest.raises(ValueError, match=r"expected planes of 1\.\.3 x 1\.\.2 .* got shape "
+                                         r"\(1, 1, 2, 3\)"):
+        ops.maxpool_backward(np.ones((1, 1, 2, 3), np.float32), np.zeros((1, 1, 2, 3), np.int32),
+                             (1, 1, 3, 2))
+    with pytest.raises(ValueError, match=r"expected planes of 1\.\.2 x 1\.\.2 .* got shape "
+                                         r"\(1, 1, 0, 1\)"):
+        ops.maxpool_backward(np.ones((1, 1, 0, 1), np.float32), np.zeros((1, 1, 0, 1), np.int32),
+                             (1, 1, 2, 2))
+    # what a max-pool gives is taken: a whole-plane window, a 1x1 one, an empty batch
+    x = np.arange(12, dtype=np.float32).reshape(1, 1, 3, 4)
+    for k, s in ((3, 1), (1, 1), (2, 2)):
+        out, arg = ops.maxpool(x, k, s)
+        dx = ops.maxpool_backward(np.ones_like(out), arg, x.shape)
+        assert dx.shape == x.shape and dx.sum() == out.size
+    empty = np.zeros((0, 1, 1, 2), np.float32)
+    assert ops.maxpool_backward(empty, empty.astype(np.int32), (0, 1, 3, 4)).shape == (0, 1, 3, 4)
+
+
+# ================================================================================================
+# The other byte order
+
+
+def test_big_endian_float32_is_refused_saying_how_to_convert():
+    """float32 of the other byte order was refused as 'expected dtype float32, got >f4', which
+    reads as a contradiction: ops convert nothing, so the message says what to do."""
+    native = sys.byteorder
+    other, code = ("big", ">") if native == "little" else ("little", "<")
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 2), np.float32)
+    with pytest.raises(TypeError, match=re.escape(
+            f"a: expected native ({native}-endian) float32, got {other}-endian {code}f4: "
+            f"convert with a.astype(np.float32)")):
+        ops.gemm(a.astype(f"{code}f4"), b)
+    with pytest.raises(TypeError, match=re.escape(f"b: expected native ({native}-endian) "
+                                                  f"float32")):
+        ops.sgemm(a, b.astype(f"{code}f4"))
+    with pytest.raises(TypeError, match=re.escape(
+            f"c: expected a numpy float32 array of native ({native}-endian) byte order, got "
+            f"dtype {code}f4")):
+        ops.sgemm(a, b, c=np.zeros((2, 2), f"{code}f4"))
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(TypeError, match=re.escape("x: expected native")):
+        ops.im2col(x.astype(f"{code}f4"), 3, 3)
+    out, arg = ops.maxpool(x, 2)
+    with pytest.raises(TypeError, match=re.escape(
+            f"arg: expected native ({native}-endian) int32, got {other}-endian {code}i4: "
+            f"convert with arg.astype(np.int32)")):
+        ops.maxpool_backward(out, arg.astype(f"{code}i4"), x.shape)
+    with pytest.raises(TypeError, match="a: expected dtype float32, got float64"):
+        ops.gemm(a.astype(np.float64), b)

@@ -34,7 +34,7 @@ from pyhet.train import host_backend
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--devices", default="cpu:1,cpu:1")
     p.add_argument("--kernels", default=None, metavar="A,B", help="default 32,64")
     p.add_argument("--arch", default=None, help="the network in --arch notation")
