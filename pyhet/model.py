@@ -278,9 +278,11 @@ def read_weight_file(path) -> tuple[dict, dict | None]:
     return arrays, meta
 
 
-# the longest whole number a JSON entry of pyhet's may hold: more than any size or step takes
-# (Python refuses to read one of over 4,300 digits, with advice on its own limits)
-JSON_INT_DIGITS = 30
+# the longest whole number a JSON entry is read with: Python's own limit, past which it refuses
+# with advice on that limit (sys.set_int_max_str_digits), no word on the file. Shorter ones are
+# read, and each entry's checks say what is wrong with them (a calibration's figure past
+# float's range makes a checkpoint's plan one to make afresh, not a damaged checkpoint)
+JSON_INT_DIGITS = 4300
 
 
 def json_int(text: str) -> int:
@@ -289,7 +291,7 @@ def json_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > JSON_INT_DIGITS:
         raise ValueError(f"a number of {digits:,} digits, where a whole number of at most "
-                         f"{JSON_INT_DIGITS} is expected")
+                         f"{JSON_INT_DIGITS:,} digits is read")
     return int(text)
 
 

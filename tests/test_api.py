@@ -696,8 +696,8 @@ def test_load_refuses_bad_files(tmp_path):
                            r"its format is '1' \(a str\), this version reads the number 1"),
                           # (Python's own error, with advice on its limits, told of it before)
                           ({"num_classes": 10**5000},
-                           r"\(a number of 5,001 digits, where a whole number of at most 30 is "
-                           r"expected\)$")):
+                           r"\(a number of 5,001 digits, where a whole number of at most 4,300 "
+                           r"digits is read\)$")):
         with localcontext_int_digits():
             text = json.dumps({**meta, **change})
         np.savez(tmp_path / "edited.npz", **{**w, "arch": np.array(text)})
