@@ -96,8 +96,15 @@ class Config:
         return dt
 
     def close(self):
+        """Every device closed, also where one of them fails to (the first error raised)."""
+        error = None
         for d in self.devices:
-            d.close()
+            try:
+                d.close()
+            except BaseException as e:     # noqa: BLE001 (the others are closed first)
+                error = error or e
+        if error is not None:
+            raise error
 
 
 WARMUP = 2   # untimed steps per configuration: the two-phase update allocates in its first two
@@ -194,7 +201,7 @@ def part1(args, shape, params, x, y):
     counts = args.cpu_devices or cpu_counts(cores)
     solo, mixes = configurations(cores, gpus, counts)
     # the largest mix, as pyhet train checks its devices: a warning where its threads are more
-    # than the cores (its row then measures them competing), an error where they cannot start
+    # than the cores (its row then measures them competing); the mixes are timed one at a time
     check_threads(max((parse_devices(s) for s, _ in mixes),
                       key=lambda specs: sum(d.threads for d in specs if d.kind == "cpu")))
     configs = []

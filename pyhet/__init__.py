@@ -19,9 +19,20 @@ def _is_command() -> bool:
     import os
     import sys
 
-    argv = getattr(sys, "orig_argv", [])       # `python -m pyhet`: argv[0] is "-m" by now
-    return os.path.basename(sys.argv[0] or "") == "pyhet" or (
-        "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "pyhet")
+    if os.path.basename(sys.argv[0] or "") == "pyhet":
+        return True
+    # `python [OPTIONS] -m pyhet`: argv[0] is "-m" by now; the interpreter's options come
+    # before it (a program's own "-m pyhet", after its script's name, is not it)
+    argv = getattr(sys, "orig_argv", [])
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return argv[i + 1:i + 2] == ["pyhet"]
+        if a == "-c" or not a.startswith("-"):
+            return False
+        i += 2 if a in ("-X", "-W") else 1     # (their value is the next word)
+    return False
 
 
 def _loading_failed(e: ImportError) -> None:

@@ -57,7 +57,8 @@ def parse(spec: str, option: str = "--arch") -> tuple[list[ConvSpec], list[int]]
                                 f"{PAPER_ARCH!r}, got {type(spec).__name__}")
     if not spec.strip():
         raise ArchitectureError(f"empty {option}: expected blocks such as {PAPER_ARCH!r}")
-    if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*([ps])-([0-9]+)", spec):
+    # (the digits end the block: "32C5s-64C3" is a stride left out, then a block)
+    if m := re.search(r"[0-9]+C[0-9]+(?:[ps][0-9]+)*([ps])-([0-9]+)(?=[ps]|-|$)", spec):
         what = "padding must be a whole number >= 0" if m[1] == "p" else \
             "stride must be a whole number >= 1"
         raise ArchitectureError(f"{option} {shown(spec)}: {shown(m[0])}: {what}, got -{m[2]}")

@@ -420,7 +420,8 @@ def _test_only(name, x_test, y_test, classes, folder) -> Dataset:
     scaled to [0, 1] (no training split's statistics to normalise it with); no training
     images."""
     empty = np.empty((0, *x_test.shape[1:]), np.float32)              # (0, C, H, W)
-    scaled = np.ascontiguousarray(x_test, np.float32) / np.float32(255.0)
+    scaled = x_test.astype(np.float32)                                # one copy, scaled
+    scaled /= np.float32(255.0)
     return Dataset(name, empty, np.empty(0, np.int64), scaled, _labels(y_test),
                    num_classes=len(classes), classes=list(classes), source=str(folder),
                    normalization=None, x_test_raw=x_test)

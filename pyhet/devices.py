@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -27,7 +29,8 @@ from .faults import PHASES, Fault, from_environment
 from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .partition import proportional
-from .specs import DeviceSpec, parse_devices
+from .specs import (DeviceSpec, check_ranks, check_threads, cuda_device_count,
+                    parse_devices)
 from .workers import Work, Worker
 
 
@@ -72,6 +75,17 @@ class _Shard:
     @property
     def k(self) -> int:
         return int(self.w.shape[0])
+
+
+def _waker(device) -> Callable[[], None]:
+    """device.wake, without holding the device (its worker ends with it: pyhet.workers)."""
+    ref = weakref.ref(device)
+
+    def wake():
+        d = ref()
+        if d is not None:
+            d.wake()
+    return wake
 
 
 def _quiet_float_errors():
@@ -192,7 +206,8 @@ class Device:
 
     def _new_pool(self) -> Worker:
         try:
-            return Worker(f"pyhet-{self.name}", initializer=_quiet_float_errors)
+            return Worker(f"pyhet-{self.name}", initializer=_quiet_float_errors,
+                          wake=_waker(self))
         except RuntimeError as e:
             if "start new thread" not in str(e):
                 raise
@@ -704,7 +719,11 @@ def make_devices(specs, names=None) -> list[Device]:
     (one distinct str a spec). If one cannot be made, those made before it are closed (no
     worker thread is left behind)."""
     if isinstance(specs, str):
-        specs = parse_devices(specs)
+        # as the command line reads a SPEC: `auto` counts the GPUs, every device in this
+        # process (no rank but 0), its threads checked (a warning past the cores)
+        specs = parse_devices(specs, gpu_count=cuda_device_count)
+        check_ranks(specs, 1, "make_devices")
+        check_threads(specs, master=False)
     elif _not_a_list_of(specs, DeviceSpec):
         raise TypeError(f"make_devices: specs must be a device SPEC string such as "
                         f"'cpu:1,numpy' or a list of DeviceSpec (pyhet.specs.parse_devices), "

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ArchitectureError
+from .errors import ArchitectureError, shown
 
 
 def int_arg(v, name: str, what: str, minimum: int = 0) -> int:
@@ -27,7 +27,7 @@ def int_arg(v, name: str, what: str, minimum: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{what}: {name} must be an int, got {type(v).__name__}")
     if v < minimum:
-        raise ValueError(f"{what}: {name} must be >= {minimum}, got {v}")
+        raise ValueError(f"{what}: {name} must be >= {minimum}, got {shown(v)}")
     return int(v)
 
 

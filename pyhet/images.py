@@ -61,7 +61,7 @@ class Normalization:
         if any(v <= 0 for v in values["scale"]):   # 1 / (255 std): a pixel's scale is > 0
             tiny = all(v > 0 for v in d["scale"])
             raise ValueError("the normalization's scale must be > 0"
-                             + (" in float32 (at least 1.4e-45)" if tiny else "")
+                             + (" in float32 (which holds less than 7e-46 as 0)" if tiny else "")
                              + f", got {d['scale']!r}")
         return cls(values["scale"], values["shift"])
 

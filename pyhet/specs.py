@@ -175,7 +175,8 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
         warn(f"the cpu devices use {total} threads in all but this process may run on "
              f"{cores} cores: they will compete for them")
     others = sum(1 for s in specs if s.kind != "cpu")   # their workers
-    own = cores - 1 if master else 0                     # the master's team, past this thread
+    # the master's team, past this thread (none without OpenMP)
+    own = cores - 1 if master and ops.have_openmp() else 0
     need = total + others + own
     # every device's worker at the default stack; the rest are OpenMP threads
     started = startable_threads(len(specs), openmp=need - len(specs))
@@ -215,12 +216,13 @@ def startable_threads(n: int, openmp: int = 0) -> int:
 def check_ranks(specs: list[DeviceSpec], world_size: int, command: str = "train") -> None:
     """Every R/ entry must name a rank of the job (0 .. world_size - 1). command: the pyhet
     command that checks (only `train` and `plan` run under mpiexec), or "Network" (the Python
-    API, in one process)."""
+    API, in one process), or "make_devices"."""
     for s in specs:
         if s.rank is None or s.rank < world_size:
             continue
         if command not in ("train", "plan"):
-            who = "a pyhet.Network" if command == "Network" else f"pyhet {command}"
+            who = {"Network": "a pyhet.Network", "make_devices": "pyhet.devices.make_devices"
+                   }.get(command, f"pyhet {command}")
             raise DeviceSpecError(f"device {s} is placed on MPI rank {s.rank}, but {who} "
                                   f"runs in one process: give it this machine's "
                                   f"devices without R/ (only pyhet train and pyhet plan run under "

@@ -61,6 +61,19 @@ class Work:
         for callback in callbacks:
             _call_back(callback, self)
 
+    def _cancel(self, error: BaseException) -> None:
+        """Done with `error`, never run (dropped at the interpreter's exit): whoever waits on
+        it wakes (another worker, say, whose own piece then ends)."""
+        self._fn = self._args = None
+        with self._guard:
+            if self._outcome is not _PENDING:
+                return
+            self._outcome = (False, error)
+            callbacks, self._callbacks = self._callbacks, None
+        self._done.release()
+        for callback in callbacks:
+            _call_back(callback, self)
+
     def done(self) -> bool:
         return self._outcome is not _PENDING
 
@@ -109,7 +122,11 @@ class Worker:
     the work already handed over, and so does the Worker's end as an object (the thread holds
     only its queue, as concurrent.futures' threads do)."""
 
-    def __init__(self, name: str, initializer: Callable[[], None] | None = None):
+    def __init__(self, name: str, initializer: Callable[[], None] | None = None,
+                 wake: Callable[[], None] | None = None):
+        # wake: cuts short what the work under way waits for (an emulated device's idling),
+        # called at the interpreter's exit
+        self._wake = wake
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._closing = _thread.allocate_lock()    # a submit and a shutdown, one at a time
@@ -120,6 +137,7 @@ class Worker:
                                         name=name, daemon=True)
         with HeldSignals():   # Thread.start waits on a Condition, which an interrupt can break
             self._thread.start()
+        _register_exit()
         _LIVE.add(self)
 
     def submit(self, fn: Callable, *args) -> Work:
@@ -137,19 +155,39 @@ class Worker:
                 self._closed = True
                 self._queue.put(None)
         if wait and self._thread is not threading.current_thread():
-            self._thread.join()
+            # after the interpreter's exit stopped the workers, no wait past its deadline
+            self._thread.join(None if _exit_deadline is None else
+                              max(0.0, _exit_deadline - time.monotonic()))
 
-    def _abandon(self) -> None:
-        """No more work, and the work handed over but not started is dropped: the thread ends
-        after the piece under way (the interpreter's exit: _stop_at_exit)."""
+    def _settle(self) -> "Work | None":
+        """The interpreter's exit (_stop_at_exit): the work handed over but not started is
+        dropped (done with an error), the work under way is woken (an emulated device's
+        idling cut short), and a marker is handed over that is done once the worker is idle;
+        the worker keeps taking work (a Network's finalizer closes its devices after this).
+        None where the thread has ended."""
+        if not self._thread.is_alive():
+            return None
         with self._closing:
-            self._closed = True
+            dropped = []
             while True:
                 try:
-                    self._queue.get_nowait()
+                    dropped.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            self._queue.put(None)
+            marker = Work(lambda: None, ())
+            self._queue.put(marker)
+            if None in dropped:        # a shutdown under way: the thread still ends after
+                self._queue.put(None)
+        for work in dropped:
+            if work is not None:
+                work._cancel(RuntimeError(f"{self._thread.name}: work dropped at the "
+                                          f"interpreter's exit"))
+        if self._wake is not None:
+            try:
+                self._wake()
+            except Exception:    # (what is left of the program at its exit)
+                pass
+        return marker
 
     def __enter__(self) -> "Worker":
         return self
@@ -159,27 +197,61 @@ class Worker:
 
 
 _LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()
+# set by _stop_at_exit: a shutdown after it (a Network's finalizer, whichever of the two
+# atexit runs first) waits no longer than the exit's own wait
+_exit_deadline: float | None = None
 
 
-@atexit.register
 def _stop_at_exit() -> None:
     """At the interpreter's exit (after the program's own threads were joined, before Python
-    finalizes): every worker still running drops the work not started and ends after the piece
-    under way, waited for up to EXIT_WAIT_S in all. A worker thread that came back from the
-    core's C++ code into a finalizing interpreter was ended there by pthread_exit, whose
-    unwinding through the core's frames aborted the process ("terminate called without an
-    active exception", status 134): a program that exited while a device computed, as one
-    interrupted before it closed its devices. A second Ctrl-C here stops the waiting."""
-    workers = [w for w in list(_LIVE) if w._thread.is_alive()]
+    finalizes): the work not started on any worker is dropped, and the work under way waited
+    for, up to EXIT_WAIT_S in all. A worker thread that came back from the core's C++ code
+    into a finalizing interpreter was ended there by pthread_exit, whose unwinding through the
+    core's frames aborted the process ("terminate called without an active exception",
+    status 134): a program that exited while a device computed, as one interrupted before it
+    closed its devices. The work dropped ends with an error, so that a worker waiting on
+    another's (a rank's group of devices, calibration's trials) ends too; an emulated
+    device's idling is cut short (the Worker's wake). This runs before the Networks'
+    finalizers (registered after weakref.finalize's own hook: _register_exit), which then
+    close their devices on idle workers, each shutdown waiting no longer than this did. A
+    second Ctrl-C here stops the waiting."""
+    global _exit_deadline
+    _exit_deadline = time.monotonic() + EXIT_WAIT_S
     try:
-        for w in workers:
-            w._abandon()
-        deadline = time.monotonic() + EXIT_WAIT_S
-        for w in workers:
-            if w._thread is not threading.current_thread():
-                w._thread.join(max(0.0, deadline - time.monotonic()))
+        waits = [(w, w._settle()) for w in list(_LIVE)]
+        for w, marker in waits:
+            if marker is not None and w._thread is not threading.current_thread():
+                left = max(0.0, _exit_deadline - time.monotonic())
+                if marker._done.acquire(timeout=left):
+                    marker._done.release()
+        late = [w._thread.name for w, marker in waits
+                if marker is not None and not marker.done() and w._thread.is_alive()]
+        if late:
+            sys.stderr.write(f"pyhet: warning: at the interpreter's exit, {', '.join(late)} "
+                             f"still computing after {EXIT_WAIT_S:g} s; the process may end "
+                             f"abruptly\n")
     except KeyboardInterrupt:
         pass
+
+
+class _Anchor:
+    """An object that lives as long as the module (a weakref.finalize needs one)."""
+
+
+_ANCHOR = _Anchor()
+_registered = False
+
+
+def _register_exit() -> None:
+    """_stop_at_exit as an atexit hook, once, after weakref.finalize's own (made here where
+    no finalizer made it yet), so that it runs before every Network's finalizer (atexit runs
+    the last registered first)."""
+    global _registered
+    if _registered:
+        return
+    weakref.finalize(_ANCHOR, int).atexit = False
+    atexit.register(_stop_at_exit)
+    _registered = True
 
 
 def _serve(work_queue: queue.SimpleQueue, initializer, name: str, end) -> None:

@@ -163,7 +163,7 @@ def test_an_lr_that_float32_holds_as_0_is_a_usage_error(cli):
                                              r"type, holds as > 0 \(at least 1.4e-45\), got "
                                              r"1e-320"):
             net.fit(x, y, steps=1, lr=1e-320)
-        net.fit(x, y, steps=1, lr=1e-45)       # float32's 1.4e-45
+        net.fit(x, y, steps=1, lr=1.5e-45)     # float32's 1.4e-45
     r = cli("train", "--lr", "1e-320", "--steps", "1")
     assert r.code == 2 and "argument --lr: a number that float32" in r.err, r.err
 

@@ -209,6 +209,10 @@ def test_the_largest_number_is_taken():
 @pytest.mark.parametrize("spec,words", [
     ("4C3p-1", "'4C3p-1': padding must be a whole number >= 0, got -1"),
     ("4C3p1s-2", "'4C3p1s-2': stride must be a whole number >= 1, got -2"),
+    ("4C3s-2p1-P2", "'4C3s-2': stride must be a whole number >= 1, got -2"),
+    # a number left out, then the next block: no negative number to name
+    ("32C5s-64C3-P2", "block 1 ('32C5s'): not a block"),
+    ("32C5p-256N", "block 1 ('32C5p'): not a block"),
 ])
 def test_a_negative_padding_or_stride_names_which(spec, words):
     """One message per number ("padding and stride must be whole numbers >= 0 and >= 1" paired

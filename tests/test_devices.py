@@ -1425,6 +1425,14 @@ def test_make_devices_takes_a_spec_string_or_specs_and_one_distinct_name_each():
             make_devices(specs_, names=names)
     with pytest.raises(DeviceSpecError, match="unknown device kind 'tpu'"):
         make_devices("tpu")
+    # a SPEC as the command line reads it: no device of another rank (it was made here)
+    with pytest.raises(DeviceSpecError, match=re.escape(
+            "device 1/cpu:1 is placed on MPI rank 1, but pyhet.devices.make_devices runs in "
+            "one process")):
+        make_devices("1/cpu:1")
+    with pytest.warns(RuntimeWarning, match="threads in all but this process may run on"):
+        for d in make_devices(f"cpu:{CORES},cpu:1"):
+            d.close()
 
 
 def test_inject_fault_refuses_what_pyhet_fault_refuses_naming_the_argument():

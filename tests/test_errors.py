@@ -896,8 +896,8 @@ def test_big_endian_weights_are_the_same_weights(files, tmp_path):
     with pyhet.load(tmp_path / "wbe.npz", devices="cpu:1") as net:
         np.testing.assert_array_equal(net.predict(x), p)
     from pyhet.model import checked_params
-    checked = checked_params(be, pyhet.load(files["WEIGHTS"], devices="numpy").geometry,
-                             copy=False)
+    with pyhet.load(files["WEIGHTS"], devices="numpy") as net:
+        checked = checked_params(be, net.geometry, copy=False)
     assert all(v.dtype.isnative and v.dtype == np.float32 for v in checked.values())
 
 

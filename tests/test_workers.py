@@ -14,15 +14,19 @@ import time
 
 import pytest
 
-from pyhet.workers import Worker
+from pyhet.workers import EXIT_WAIT_S, Worker
 
 
 def run(code: str, *argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The code run in a Python process of its own; its wall time is the result's seconds."""
     try:
+        started = time.monotonic()
         # (from a folder outside the source tree, whose pyhet/ has no built core)
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv],
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=tempfile.gettempdir())
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *argv],
+                           capture_output=True, text=True, timeout=timeout,
+                           cwd=tempfile.gettempdir())
+        r.seconds = time.monotonic() - started
+        return r
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"hung: {(e.stdout or b'')[-2000:]!r} {(e.stderr or b'')[-3000:]!r}")
 
@@ -267,3 +271,51 @@ def test_an_exit_while_a_worker_computes_in_the_core_waits_for_it_and_drops_the_
     assert r.returncode == 3, r.stderr[-2000:]
     assert "terminate called" not in r.stderr and "queued work ran" not in r.stdout
     assert r.stdout.startswith("exiting")
+
+
+def test_an_exit_ends_a_worker_that_waits_on_work_another_dropped():
+    """A worker waiting on another's work (a rank's group of devices, calibration's trials):
+    the work dropped at the exit ends with an error, so that the waiting one ends too, at
+    once, not after the exit's whole wait (EXIT_WAIT_S)."""
+    r = run("""
+        import sys, time
+        from pyhet.workers import Worker
+        a, b = Worker("pyhet-test-a"), Worker("pyhet-test-b")
+        b.submit(time.sleep, 1.0)
+        def waits():
+            try:
+                b.submit(print, "dropped work ran").result()
+            except RuntimeError as e:
+                print("woke:", e, flush=True)
+        a.submit(waits)
+        time.sleep(0.1)
+        sys.exit(0)
+    """, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "dropped work ran" not in r.stdout
+    assert "woke: pyhet-test-b: work dropped at the interpreter's exit" in r.stdout, r.stdout
+    assert r.seconds < EXIT_WAIT_S / 2, r.seconds
+
+
+def test_an_exit_with_a_network_finalizer_before_or_after_stops_its_devices_cleanly():
+    """Whichever of the two atexit hooks runs first (a program that used weakref.finalize
+    before importing pyhet has the Network's run after pyhet's), its devices stop without a
+    traceback, and an emulated device's idling is cut short."""
+    for first in ("", "import weakref\nclass O: pass\no = O()\nweakref.finalize(o, print)\n"):
+        r = run(first + textwrap.dedent("""
+            import sys, time
+            import numpy as np
+            import pyhet
+            net = pyhet.Network("4C3-P2", (1, 8, 8), 3, devices="cpu:1,cpu:1@0.01")
+            x = np.zeros((64, 1, 8, 8), np.float32)
+            net.predict(x)                      # the devices started (and held by the net)
+            d = net._devices[1]
+            for _ in range(3):                  # each idles 99 times its work
+                d.submit("sleep", time.sleep, 0.3)
+            time.sleep(0.1)
+            print("exiting", flush=True)
+        """), timeout=120)
+        assert r.returncode == 0 and r.stdout.startswith("exiting"), (first, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+        # the whole process: each piece's idling alone would be 30 s
+        assert r.seconds < EXIT_WAIT_S / 2, (first, r.seconds)
