@@ -282,8 +282,7 @@ class CheckpointDir:
                 arrays = read[0]
                 if "meta" not in arrays:
                     raise ValueError("it has no 'meta' entry: a weight file, not a checkpoint")
-                meta = checked_meta(json.loads(str(arrays["meta"]), parse_int=json_int),
-                                    self.settings)
+                meta = _meta(arrays, self.settings)
                 check_named_step(meta, path)
                 moms = {k[len("momentum/"):]: v for k, v in arrays.items()
                         if k.startswith("momentum/")}
@@ -392,6 +391,12 @@ def _identity(path) -> "tuple | None":
     return st.st_dev, st.st_ino
 
 
+def _meta(arrays: dict, settings: "dict | None" = None) -> dict:
+    """A checkpoint's meta entry read and checked (checked_meta); KeyError where it has none,
+    ValueError where it is not of save()'s form."""
+    return checked_meta(json.loads(str(arrays["meta"]), parse_int=json_int), settings)
+
+
 def check_named_step(meta: dict, path) -> None:
     """The step of a checkpoint's meta entry (checked_meta's) is the one its name gives; else
     ValueError (a renamed file: resumed from, it would start each run at its own step)."""
@@ -403,9 +408,8 @@ def holds_its_step(path) -> bool:
     """Whether a checkpoint's meta entry can be read, has save()'s form and records the step
     its name gives (its weights and momentum are not read: newest() checks those)."""
     try:
-        arrays = npzfile.read(path, WeightsError, "a checkpoint", keys=("meta",))
-        meta = checked_meta(json.loads(str(arrays["meta"]), parse_int=json_int))
-        check_named_step(meta, path)
+        check_named_step(_meta(npzfile.read(path, WeightsError, "a checkpoint",
+                                            keys=("meta",))), path)
     except (PyhetError, KeyError, ValueError, RecursionError):
         return False
     return True

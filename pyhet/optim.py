@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 
 
-# the smallest float32 > 0 (a subnormal): a rate below it is 0 in float32, or it
+# the smallest float32 > 0 (a subnormal): float32, the weights' type, holds a smaller rate as
+# 0 or as this one (which is then not the rate asked for)
 FLOAT32_TINY = 1.401298464324817e-45
 
 
@@ -31,7 +32,7 @@ class SGDConfig:
         # an infinite lr or weight decay makes every weight it touches infinite or NaN at once
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if self.lr < FLOAT32_TINY:   # float32, the weights' type, holds less as 0 or as it
+        if self.lr < FLOAT32_TINY:
             raise ValueError(f"lr must be a number that float32, the weights' type, holds as > 0 "
                              f"(at least {FLOAT32_TINY:.2g}), got {self.lr}")
         if not 0 <= self.momentum < 1:

@@ -54,7 +54,10 @@ def test_a_normalization_load_would_refuse_is_refused_at_construction(tmp_path):
            (Normalization((0.0,), (0.0,)), ["scale must be > 0"]),
            (Normalization((float("nan"),), (0.0,)), ["scale must be finite", "nan"]),
            (Normalization((float("inf"),), (0.0,)), ["scale must be finite"]),
-           (Normalization((1e39,), (0.0,)), ["scale must be finite"]),      # past float32
+           (Normalization((1e39,), (0.0,)),                                 # past float32
+            ["scale must be finite in float32 (at most 3.4e38 in size), got [1e+39]"]),
+           (Normalization((1e-300,), (0.0,)),                               # 0 in float32
+            ["scale must be > 0 in float32 (which holds less than 7e-46 as 0), got [1e-300]"]),
            (Normalization((0.5,), (float("nan"),)), ["shift must be finite"]),
            (Normalization((2**1024,), (0.0,)), ["scale must be finite numbers"]),
            (Normalization(("a",), (0.0,)), ["scale must be numbers", "'a'"]),

@@ -319,3 +319,21 @@ def test_an_exit_with_a_network_finalizer_before_or_after_stops_its_devices_clea
         assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
         # the whole process: each piece's idling alone would be 30 s
         assert r.seconds < EXIT_WAIT_S / 2, (first, r.seconds)
+
+
+def test_an_exit_that_waits_in_vain_says_so_and_ends():
+    """Work under way past the exit's wait (EXIT_WAIT_S, here made short): a warning line,
+    and the process ends all the same."""
+    r = run("""
+        import sys, time
+        import pyhet.workers as W
+        W.EXIT_WAIT_S = 0.5
+        w = W.Worker("pyhet-test-long")
+        w.submit(time.sleep, 3.0)
+        time.sleep(0.1)
+        sys.exit(0)
+    """, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stderr == ("pyhet: warning: at the interpreter's exit, pyhet-test-long still "
+                        "computing after 0.5 s; the process may end abruptly\n"), r.stderr
+    assert r.seconds < 2.5, r.seconds

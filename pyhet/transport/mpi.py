@@ -401,10 +401,8 @@ class RemoteDevice(Device):
         timeout, self.peer.timeout = self.peer.timeout, min(self.peer.timeout or 30.0, 30.0)
         try:
             self.submit("close", self._call, "close").result()
-        except (DeviceError, RuntimeError):
-            # the rank is gone or silent: the job is ended by the caller; or its worker was
-            # stopped already, at the interpreter's exit (pyhet.workers)
-            pass
+        except DeviceError:
+            pass   # the rank is gone or silent: the job is ended by the caller
         finally:
             self.peer.timeout = timeout
             super().close()
