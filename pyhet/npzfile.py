@@ -99,7 +99,8 @@ def read_names(path, error) -> list:
 def _check_size(fp, size: int, path, key, error) -> None:
     """An .npy array at the start of fp (of `size` bytes in all) whose header promises more
     data than there is: a truncated or damaged file, said so before NumPy allocates what the
-    header promises (which ends in MemoryError, or in the machine's memory taken). Anything
+    header promises (which ends in MemoryError, or in the machine's memory taken). One with
+    bytes past its data (which np.load ignores) is refused too: np.save writes none. Anything
     that is not an .npy header is left to np.load."""
     what = f"array {key!r}" if key is not None else "the array"
     try:
@@ -110,8 +111,8 @@ def _check_size(fp, size: int, path, key, error) -> None:
         have = size - fp.tell()
     except Exception:        # any failure here, np.load reports in its own words
         return
-    if dtype.hasobject:
-        return               # refused by np.load(allow_pickle=False)
+    if dtype.hasobject or not all(type(d) is int for d in shape):
+        return               # refused by np.load(allow_pickle=False), or by its reshape
     if any(d < 0 for d in shape):
         raise error(f"{path}: the header of {what} gives the shape {shape}; truncated or "
                     f"damaged file?")
@@ -119,6 +120,11 @@ def _check_size(fp, size: int, path, key, error) -> None:
     if need > have:
         raise error(f"{path}: the header of {what} promises {dtype} of shape {shape} "
                     f"({need:,} bytes), the file holds {max(have, 0):,}; truncated file?")
+    if need < have:          # np.save writes the data and nothing after it
+        more = ("more than one array saved into it" if key is None
+                else "a member changed by hand")
+        raise error(f"{path}: {what} holds {have - need:,} bytes past the {need:,} its header "
+                    f"gives ({dtype} of shape {shape}); a damaged file, or {more}?")
 
 
 def _check_member_size(zf, key, path, error) -> None:

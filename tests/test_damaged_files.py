@@ -305,6 +305,20 @@ def test_randomly_damaged_files_are_refused_or_read_whole(tmp_path, dataset, wei
     assert refused > 300   # most damage is seen
 
 
+def test_a_weight_array_with_bytes_past_its_data_is_refused(tmp_path, weight_file):
+    """A member longer than its header's array (np.load reads the array and ignores the rest)
+    is damage, not a weight file read whole."""
+    members = members_of(weight_file)
+    name = next(n for n in members if n.endswith(".npy") and n != "meta.npy")
+    members[name] += bytes(8)
+    bad = tmp_path / "long.npz"
+    bad.write_bytes(zipped(members))
+    with pytest.raises(WeightsError, match=rf"long.npz: array '{name[:-4]}' holds 8 bytes past "
+                                           r"the [\d,]+ its header gives .*a damaged file") as e:
+        pyhet.load(bad, devices="numpy")
+    one_line(str(e.value))
+
+
 # ================================================================ what the messages name
 
 def test_a_network_description_of_sizes_past_the_cores_is_not_one(tmp_path, weight_file):

@@ -848,6 +848,19 @@ def test_npz_images_not_finite_name_the_first(tmp_path):
         read_images(tmp_path / "in.npy")
 
 
+def test_images_of_two_arrays_saved_into_one_npy_file_are_refused(tmp_path):
+    """np.save twice into one open file: np.load would read the first array alone."""
+    path = tmp_path / "two.npy"
+    with open(path, "wb") as f:
+        np.save(f, GOOD_X)
+        np.save(f, GOOD_X[:1])
+    with pytest.raises(DataError, match=r"two.npy: the array holds \d[\d,]* bytes past the "
+                                        r"[\d,]+ its header gives .*more than one array saved "
+                                        r"into it\?"):
+        read_images(path)
+    np.save(path, GOOD_X)
+    np.testing.assert_array_equal(read_images(path), GOOD_X)
+
 def test_a_stray_label_is_named_not_taken_for_a_huge_number_of_classes(tmp_path):
     """Without 'num_classes' the classes are 0 to the largest label: a label of 2**62 made a
     network of 4.6e18 classes, refused as too large for memory; now the label is named. Below
@@ -905,6 +918,20 @@ def test_npz_header_promising_more_than_the_file_holds(tmp_path, compression):
     with pytest.raises(DataError, match=r"lies.npz: the header of array 'x' promises float32 "
                                         r"of shape \(1000000000000, 1, 12, 12\) "
                                         r"\(576,000,000,000,000 bytes\), the file holds 64"):
+        load_dataset(f"npz:{path}")
+
+
+def test_an_npz_array_with_bytes_past_its_data_is_refused(tmp_path):
+    """np.load reads what the header gives and ignores the rest: an array whose member holds
+    more (np.save writes nothing after the data) is damaged, not read as if whole."""
+    path = tmp_path / "long.npz"
+    np.savez(path, y=GOOD_Y)
+    x = np.zeros((2, 1, 12, 12), np.float32)
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr("x.npy", _npy_header_only(x.shape, x.tobytes() + bytes(20)))
+    with pytest.raises(DataError, match=r"long.npz: array 'x' holds 20 bytes past the 1,152 "
+                                        r"its header gives \(float32 of shape \(2, 1, 12, 12\)\); "
+                                        r"a damaged file"):
         load_dataset(f"npz:{path}")
 
 
