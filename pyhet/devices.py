@@ -25,7 +25,7 @@ import numpy as np
 from . import ops
 from .errors import DeviceError, UsageError, shown
 from .faults import ENV as FAULT_ENV
-from .faults import PHASES, Fault, from_environment
+from .faults import Fault, from_environment
 from .geometry import ConvGeometry
 from .optim import SGDConfig
 from .partition import proportional
@@ -161,17 +161,12 @@ class Device:
         """For testing: fail at the first work of `phase` at training step `step` or after,
         and in all step work from then on (pyhet.faults). A phase this device does not have
         as work of its own (fault_refusal), which would never fire, is refused."""
-        if not isinstance(phase, str) or phase not in PHASES:
-            raise UsageError(f"inject_fault: phase must be one of {', '.join(PHASES)}, got "
-                             f"{shown(phase)}")
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
-            raise UsageError(f"inject_fault: step must be a whole number >= 1, got "
-                             f"{shown(step)}")
+        fault = Fault(phase, step, "inject_fault", UsageError)
         # a device on another rank knows the devices of its rank (siblings), in the run's order
         refusal = fault_refusal(self, phase, list(getattr(self, "siblings", {}).values()))
         if refusal:
             raise UsageError(f"inject_fault: phase {phase!r}: {refusal}")
-        self.fault = Fault(phase, int(step))
+        self.fault = fault
 
     def close(self):
         """Stop the worker thread, first dropping the shards and the backend's cached memory

@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import DeviceError
+import numpy as np
+
+from .errors import DeviceError, shown
 
 ENV = "PYHET_FAULT"
 PHASES = ("im2col", "forward", "backward", "input_gradient", "update")
@@ -35,12 +37,13 @@ class InjectedFault(RuntimeError):
 class Fault:
     """Fail at the first work of `phase` at training step `step` or after; then keep failing."""
 
-    def __init__(self, phase: str, step: int):
-        if phase not in PHASES:
-            raise DeviceError(f"{ENV}: phase must be one of {', '.join(PHASES)}, got {phase!r}")
-        if not isinstance(step, int) or step < 1:
-            raise DeviceError(f"{ENV}: step must be a whole number >= 1, got {step!r}")
-        self.phase, self.step, self.fired = phase, step, False
+    def __init__(self, phase: str, step: int, where: str = ENV, error=DeviceError):
+        """A wrong phase or step raises error("WHERE: what was expected, got what came")."""
+        if not isinstance(phase, str) or phase not in PHASES:
+            raise error(f"{where}: phase must be one of {', '.join(PHASES)}, got {shown(phase)}")
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
+            raise error(f"{where}: step must be a whole number >= 1, got {shown(step)}")
+        self.phase, self.step, self.fired = phase, int(step), False
 
     def check(self, phase: str | None, step: int | None) -> None:
         """Raise InjectedFault if the device must fail now. phase: the phase of the work (None
