@@ -154,8 +154,15 @@ class Device:
         return "host" if self.shares_host_memory else None
 
     def free_memory(self):
-        """Bytes this device can still allocate, or None if unknown."""
-        return self.backend.free_memory()
+        """Bytes this device can still allocate, or None if unknown. Read by the calling
+        thread; a failure (a GPU's driver error) is a DeviceError naming the device."""
+        try:
+            return self.backend.free_memory()
+        except Exception as e:
+            err = DeviceError(f"device {self.name} ({self.spec}) failed reading its free "
+                              f"memory: {type(e).__name__}: {e}")
+            err.device, err.what = self, "reading its free memory"
+            raise err from e
 
     def inject_fault(self, phase: str, step: int) -> None:
         """For testing: fail at the first work of `phase` at training step `step` or after,

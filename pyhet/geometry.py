@@ -167,7 +167,9 @@ class ConvGeometry:
         of its conv output's size: 2 on the host (the output and its gradient: the C++ core
         fuses the block), GPU_OUTPUTS on a GPU (the reference's array expressions keep the
         conv output, ReLU's, and in the backward max-pool's and ReLU's gradients beside the
-        output's gradient)."""
+        output's gradient). A GPU's update also takes one temporary of its weights' size
+        (pyhet.optim.sgd_update_into), at most a fifth of this: calibration's cap of 0.8 of the
+        free memory leaves room for it."""
         return 4 * (5 * self.col_rows + outputs * self.positions(N))
 
     def fixed_bytes(self, N: int) -> int:

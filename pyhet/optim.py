@@ -64,14 +64,25 @@ def sgd_update_into(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
     apart, as the staged state's always is), None where there is none. (v_out was None: a
     later step with momentum started afresh on the conv layers alone, and a checkpoint held
     the fc layers' buffers without theirs, which resuming took for a damaged file.)"""
-    d = g + cfg.weight_decay * p if cfg.weight_decay else g
+    # the rule's terms computed in place, in its order of operations (the same numbers as its
+    # expressions): one temporary of p's size at a time beside the five arrays (a GPU's memory
+    # holds no more, where `momentum * v + d` and `p - lr * d` took two at once, three with
+    # weight decay)
+    if cfg.weight_decay:
+        d = p * cfg.weight_decay
+        d += g
+    else:
+        d = g
     if cfg.momentum:
-        new_v = d if v is None else cfg.momentum * v + d
-        v_out = _into(v_out, new_v)
-        d = v_out
+        v_out = _into(v_out, d if v is None else v)
+        if v is not None:
+            v_out *= cfg.momentum
+            v_out += d
+        d = v_out          # (the weight decay's temporary goes here)
     else:
         v_out = None if v is None else _into(v_out, v)
-    p_out = _into(p_out, p - cfg.lr * d)
+    p_out = _into(p_out, p)
+    p_out -= cfg.lr * d
     return p_out, v_out
 
 

@@ -115,6 +115,38 @@ def assert_trains_like_one_device(shape, spec, partition, seed=1, n=6, steps=3):
     assert_same_weights(got, want)
 
 
+def assert_repartitions_like_one_device(spec):
+    """Two devices (`spec`) whose kernels move both ways between steps, a device left with
+    none of a layer and then with all of it: three steps end with one numpy device's weights
+    (each move reshards on the device: its kept kernels joined on it with those that come)."""
+    from pyhet.backends.cpu import CpuBackend
+    from pyhet.devices import make_devices
+    from pyhet.model import Net, init_params
+    from pyhet.optim import SGDConfig
+
+    shape = net_shape((2, 13, 12), (7, 9), 3, 5)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, *shape.input_shape)).astype(np.float32)
+    y = rng.integers(0, shape.num_classes, 6)
+    cfg = SGDConfig(0.05, 0.9, 1e-3)
+    want, _ = train_weights(shape, "numpy", {"conv1": [7], "conv2": [9]}, [(x, y)] * 3, cfg)
+    devices = make_devices(spec)
+    try:
+        net = Net(shape, init_params(shape, 0), devices, {"conv1": [4, 3], "conv2": [2, 7]},
+                  CpuBackend(1))
+        net.train_step(x, y, cfg)
+        net.convs[0].repartition([1, 6])
+        net.convs[1].repartition([9, 0])
+        net.train_step(x, y, cfg)
+        net.convs[1].repartition([0, 9])
+        net.convs[0].repartition([7, 0])
+        net.train_step(x, y, cfg)
+        assert_same_weights(net.params(), want)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def assert_same_weights(got, want, rtol=1e-4):
     """Every parameter within rtol of the reference, relative to its largest entry."""
     for k in want:

@@ -4,7 +4,8 @@ same code is exercised on a stand-in CuPy in test_devices.py)."""
 import numpy as np
 import pytest
 
-from conftest import assert_trains_like_one_device, net_shape
+from conftest import (assert_repartitions_like_one_device, assert_trains_like_one_device,
+                      net_shape)
 from pyhet.backends import numpy_ref as ref
 from pyhet import arch
 from pyhet.geometry import ConvGeometry
@@ -52,6 +53,10 @@ def test_conv_block_on_the_gpu_matches_the_reference(g):
 ])
 def test_training_on_the_gpu_gives_the_single_device_weights(spec, part):
     assert_trains_like_one_device(net_shape((2, 13, 12), (7, 9), 3, 5), spec, part)
+
+
+def test_kernels_moved_onto_and_off_the_gpu_keep_the_result():
+    assert_repartitions_like_one_device("gpu:0,cpu:1")
 
 
 # 2x17x15: conv1 p1 s2 9x8 -> P2 4x4 -> conv2 p1 4x4 (no pool) -> conv3 2x2 -> P2 1x1 -> 6 -> 5

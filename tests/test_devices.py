@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import assert_trains_like_one_device, net_shape
+from conftest import (assert_repartitions_like_one_device, assert_trains_like_one_device,
+                      net_shape)
 from pyhet import ops
 from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import MIN_CONTENTION, Calibration, calibrate
@@ -127,6 +128,7 @@ def fake_cupy(count=1, driver=True):
     """A stand-in for CuPy over NumPy arrays: enough of its API for the GPU backend."""
     cp = types.ModuleType("cupy")
     cp.asarray, cp.ascontiguousarray, cp.asnumpy = np.asarray, np.ascontiguousarray, np.asarray
+    cp.concatenate = np.concatenate
     cp.float32 = np.float32
 
     class Device:
@@ -158,6 +160,9 @@ def fake_cupy(count=1, driver=True):
                                  get_limit=lambda: cp.pool_limit, released=[])
     pool.free_all_blocks = lambda: pool.released.append(True)
     cp.get_default_memory_pool = lambda: pool
+    pinned = types.SimpleNamespace(released=[])
+    pinned.free_all_blocks = lambda: pinned.released.append(True)
+    cp.get_default_pinned_memory_pool = lambda: pinned
     cp.pool_limit = 0      # CuPy's pool limit in bytes (0: none)
     cp.synchronized = []   # the GPUs Device.synchronize was called on, in order
     cp.sync_s = 0.0        # how long each synchronize waits
@@ -211,8 +216,8 @@ def test_a_gpu_that_cannot_be_used_fails_at_once_and_is_listed_as_such(monkeypat
 
 def test_a_gpus_free_memory_counts_the_pools_free_blocks_and_its_limit(monkeypatch):
     """Free: the driver's 8 GiB and the pool's 1 GiB of free blocks; a pool limit of 5 GiB
-    with 3 GiB in use leaves 2; one below what is in use, nothing. close() gives the pool's
-    free blocks back."""
+    with 3 GiB in use leaves 2; one below what is in use, nothing; a driver's error, the
+    device's. close() gives the pool's free blocks back, and the pinned host buffers."""
     cp = fake_cupy(count=1)
     monkeypatch.setitem(sys.modules, "cupy", cp)
     gpu, = make_devices(parse_devices("gpu:0"))
@@ -223,9 +228,17 @@ def test_a_gpus_free_memory_counts_the_pools_free_blocks_and_its_limit(monkeypat
         cp.pool_limit = 2 << 30
         assert gpu.free_memory() == 0
         assert cp.get_default_memory_pool().released == []
+
+        def failed():
+            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access")
+        cp.cuda.runtime.memGetInfo = failed      # a GPU failed since it was made
+        with pytest.raises(DeviceError, match=r"^device d0 \(gpu:0\) failed reading its free "
+                                              r"memory: RuntimeError: cudaErrorIllegalAddress"):
+            gpu.free_memory()
     finally:
         gpu.close()
     assert cp.get_default_memory_pool().released == [True]
+    assert cp.get_default_pinned_memory_pool().released == [True]
 
 
 def test_gpu_backend_code_trains_like_one_device(monkeypatch):
@@ -235,6 +248,12 @@ def test_gpu_backend_code_trains_like_one_device(monkeypatch):
     assert_trains_like_one_device(net_shape((2, 12, 11), (5, 6), 3, 4), "gpu:0,cpu:1",
                                   {"conv1": [2, 3], "conv2": [4, 2]}, seed=0, n=5)
 
+
+def test_kernels_moved_onto_and_off_a_gpu_keep_the_result(monkeypatch):
+    """A repartition reshards on the device, joining its kept kernels with those that come
+    (the GPU's own arrays, concatenated there), on the stand-in CuPy."""
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(count=1))
+    assert_repartitions_like_one_device("gpu:0,cpu:1")
 
 def test_a_gpu_call_ends_when_the_gpu_has_done_its_work(monkeypatch):
     """CuPy queues work on the GPU and returns: the device waits for the GPU at the end of

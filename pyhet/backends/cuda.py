@@ -86,9 +86,11 @@ class CudaBackend:
         return free if limit <= 0 else max(0, min(free, limit - int(pool.used_bytes())))
 
     def free_cache(self):
-        """Give the pool's free blocks back to the GPU (Device.close, after the shards went)."""
+        """Give the pool's free blocks back to the GPU, and the pinned host buffers that
+        copies to it went through back to the host (Device.close, after the shards went)."""
         self._use()
         self.cp.get_default_memory_pool().free_all_blocks()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # --- the conv block, on the reference code over CuPy arrays; g: the layer's ConvGeometry --
 
