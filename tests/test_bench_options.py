@@ -458,7 +458,7 @@ def test_an_interrupted_benchmark_asks_its_child_to_stop_and_reaps_it(tmp_path):
     def interrupt(*_):
         raise KeyboardInterrupt
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    signal.setitimer(signal.ITIMER_REAL, 3.0)   # (the child's handler in place: about 50 ms)
     try:
         with pytest.raises(KeyboardInterrupt):
             util.run_json([sys.executable, "-c", child], 60, None)

@@ -470,10 +470,16 @@ def test_a_signal_writes_a_checkpoint_and_exits(cli, npz_dataset, tmp_path, pyhe
 def test_a_signal_without_a_checkpoint_dir_exits_with_one_line(npz_dataset, pyhet_process,
                                                                signame, code):
     data = npz_dataset(n=24)
-    p = pyhet_process(*train_argv(data, "--steps", "1000", "--json", devices="cpu:1@0.005"))
-    time.sleep(2)
-    p.send_signal(getattr(signal, signame))
-    out, err = p.communicate(timeout=60)
+    for wait in (2, 5, 10):
+        p = pyhet_process(*train_argv(data, "--steps", "1000", "--json", devices="cpu:1@0.005"))
+        time.sleep(wait)
+        p.send_signal(getattr(signal, signame))
+        out, err = p.communicate(timeout=60)
+        # a signal before training began (a loaded machine still loading the modules): the
+        # command's line of that moment, or SIGTERM's default action before the command's
+        # handler: tried again, waiting longer (training's line never comes where it is wrong)
+        if err.strip() != "pyhet: interrupted" and p.returncode != -signal.SIGTERM:
+            break
     assert p.returncode == code, err
     assert one_line(err).startswith(f"pyhet: interrupted by {signame}") and out == ""
 

@@ -352,17 +352,22 @@ def test_a_device_failing_mid_step_is_named_and_nothing_hangs():
 def test_calibration_sees_the_emulated_speeds():
     # big enough that each timing is milliseconds, not the cost of handing work to a thread
     shape = net_shape((3, 32, 32), (32, 96), 5, 10)
-    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
-    try:
-        # the speeds alone (three devices at once on two cores slow each other unlike)
-        cal = calibrate(devices, shape.blocks, 16, together=0)
-    finally:
-        for d in devices:
-            d.close()
+    for attempt in range(3):
+        devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
+        try:
+            # the speeds alone (three devices at once on two cores slow each other unlike)
+            cal = calibrate(devices, shape.blocks, 16, together=0)
+        finally:
+            for d in devices:
+                d.close()
+        # one at half speed: its idling after each piece of work overshoots on these small
+        # layers (2.04-2.86 in nine runs on a 2-core VM, where 2 is exact); a loaded machine
+        # may stretch one timing past that: tried again (a slowness not seen gives about 1,
+        # every time)
+        if all(1.4 < s[0] / s[2] < 3.2 for s in cal.speeds.values()):
+            break
     for layer, s in cal.speeds.items():
         assert 0.6 < s[0] / s[1] < 1.6, (layer, s)       # the same device twice
-        # one at half speed: its idling after each piece of work overshoots on these small
-        # layers (2.04-2.86 in nine runs on a 2-core VM, where 2 is exact)
         assert 1.4 < s[0] / s[2] < 3.2, (layer, s)
         assert cal.overheads[layer] == [0.0, 0.0, 0.0]   # host devices: no fixed cost
         assert cal.caps[layer] == [32 if layer == "conv1" else 96] * 3

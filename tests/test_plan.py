@@ -641,7 +641,8 @@ def test_the_masters_work_is_timed_inside_steps(monkeypatch):
     partition = {g.name: [g.K // 2, g.K - g.K // 2] for g in NET.blocks}
     try:
         host = host_backend(devices)
-        base, layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3,
+        # (medians of 7: a stall of a loaded machine in a step moves none of them)
+        base, layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=7,
                                     budget_s=0.0)
         assert 0 < base < 0.05 and set(layers) == {"conv1", "conv2"}
         assert all(0 < t < 0.05 for t in layers.values())
@@ -650,11 +651,11 @@ def test_the_masters_work_is_timed_inside_steps(monkeypatch):
                                                                     train(self, h, labels))[1])
         monkeypatch.setattr(PartitionedConv, "forward", lambda self, x: (time.sleep(0.05),
                                                                          forward(self, x))[1])
-        slow, slow_layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=3,
+        slow, slow_layers = time_in_step(NET, N, devices, partition, host, 0.01, rounds=7,
                                          budget_s=0.0)
-        assert 0.005 <= slow < base + 0.03
+        assert 0.005 <= slow < base + 0.045      # (a forward's 50 ms counted there: 0.1)
         # each conv layer's calls are its own: its forward's 50 ms, not the master's 5
-        assert all(0.05 <= slow_layers[k] < layers[k] + 0.05 + 0.03 for k in layers)
+        assert all(0.05 <= slow_layers[k] < layers[k] + 0.05 + 0.045 for k in layers)
         assert time_in_step(NET, N, devices, partition, host, IN_STEP_MAX_S * 1.01) is None
         assert all(not d._shards for d in devices)
     finally:
@@ -1544,7 +1545,7 @@ def test_the_cores_alone_tool_prints_each_rounds_rates_and_their_ratio():
     import sys
 
     tool, allowed = _core_tool("cores_alone.py")
-    res = subprocess.run([sys.executable, str(tool), "0.5", "2"], capture_output=True,
+    res = subprocess.run([sys.executable, str(tool), "1", "2"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -1557,7 +1558,8 @@ def test_the_cores_alone_tool_prints_each_rounds_rates_and_their_ratio():
         assert m, line
         alone, first, ratio = float(m[1]), float(m[2]), float(m[4])
         assert alone > 0 and first > 0 and float(m[3]) > 0
-        assert ratio == pytest.approx(alone / first, rel=2e-2)
+        # (from rates printed to 0.1 GFLOP/s, a ratio to 0.001: however slow the machine)
+        assert abs(ratio - alone / first) <= ratio * (0.06 / alone + 0.06 / first) + 1e-3, line
         ratios.append(ratio)
     m = re.fullmatch(r"median alone / at once over 2 rounds: ([\d.]+)", lines[2])
     assert m and float(m[1]) == pytest.approx(sum(ratios) / 2, abs=2e-3)
