@@ -161,7 +161,7 @@ class Device:
         except Exception as e:
             err = DeviceError(f"device {self.name} ({self.spec}) failed reading its free "
                               f"memory: {type(e).__name__}: {e}")
-            err.device, err.what = self, "reading its free memory"
+            err.device, err.what = self, "free_memory"   # (no layer's: pyhet.failover)
             raise err from e
 
     def inject_fault(self, phase: str, step: int) -> None:
@@ -177,8 +177,8 @@ class Device:
 
     def close(self):
         """Stop the worker thread, first dropping the shards and the backend's cached memory
-        (a GPU's pool blocks) on it; a device that failed may fail this too, and is stopped all
-        the same."""
+        (a GPU's pool blocks, and the pinned host buffers of its copies) on it; a device that
+        failed may fail this too, and is stopped all the same."""
         if self._pid != os.getpid():    # forked: the worker is not here (nor its shards')
             return
         try:

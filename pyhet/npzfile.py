@@ -10,6 +10,7 @@ reads every array on its own, so the error can name the array.
 
 from __future__ import annotations
 
+import ast
 import math
 import os
 import re
@@ -105,9 +106,16 @@ def _check_size(fp, size: int, path, key, error) -> None:
     what = f"array {key!r}" if key is not None else "the array"
     try:
         version = np.lib.format.read_magic(fp)
-        header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-        shape, _, dtype = header(fp)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+        else:                # 3.0: a UTF-8 header, read by NumPy's public parts
+            length = int.from_bytes(fp.read(4), "little")
+            fields = ast.literal_eval(fp.read(length).decode("utf-8"))
+            shape, dtype = fields["shape"], np.lib.format.descr_to_dtype(fields["descr"])
+            if not isinstance(shape, tuple):
+                return
         have = size - fp.tell()
     except Exception:        # any failure here, np.load reports in its own words
         return
@@ -117,14 +125,20 @@ def _check_size(fp, size: int, path, key, error) -> None:
         raise error(f"{path}: the header of {what} gives the shape {shape}; truncated or "
                     f"damaged file?")
     need = math.prod(shape) * dtype.itemsize
+    kind = _cut(str(dtype))  # (a structured dtype's text may run to kilobytes)
     if need > have:
-        raise error(f"{path}: the header of {what} promises {dtype} of shape {shape} "
+        raise error(f"{path}: the header of {what} promises {kind} of shape {shape} "
                     f"({need:,} bytes), the file holds {max(have, 0):,}; truncated file?")
     if need < have:          # np.save writes the data and nothing after it
         more = ("more than one array saved into it" if key is None
                 else "a member changed by hand")
         raise error(f"{path}: {what} holds {have - need:,} bytes past the {need:,} its header "
-                    f"gives ({dtype} of shape {shape}); a damaged file, or {more}?")
+                    f"gives ({kind} of shape {shape}); a damaged file, or {more}?")
+
+
+def _cut(text: str, most: int = 60) -> str:
+    """text as a message quotes it, cut short past `most` characters."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} chars)"
 
 
 def _check_member_size(zf, key, path, error) -> None:

@@ -59,11 +59,14 @@ def sgd_update(p, g, v, cfg: SGDConfig):
 
 def sgd_update_into(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
     """The update of sgd_update written to p_out and v_out (arrays of p's shape, or None: new
-    ones), leaving p and v as they were. Returns (p_out, v_out). With momentum 0 the buffer is
-    kept as it was, as sgd_update (and torch.optim.SGD) keep it: v_out a copy of v (a buffer
-    apart, as the staged state's always is), None where there is none. (v_out was None: a
-    later step with momentum started afresh on the conv layers alone, and a checkpoint held
-    the fc layers' buffers without theirs, which resuming took for a damaged file.)"""
+    ones; given, they share no memory with p, g or v), leaving p and v as they were. Returns
+    (p_out, v_out). With momentum 0 the buffer is kept as it was, as sgd_update (and
+    torch.optim.SGD) keep it: v_out a copy of v (a buffer apart, as the staged state's always
+    is), None where there is none. (v_out was None: a later step with momentum started afresh
+    on the conv layers alone, and a checkpoint held the fc layers' buffers without theirs,
+    which resuming took for a damaged file.)"""
+    if any(a is not None and a.dtype != p.dtype for a in (g, v, p_out, v_out)):
+        return _by_expressions(p, g, v, cfg, p_out, v_out)
     # the rule's terms computed in place, in its order of operations (the same numbers as its
     # expressions): one temporary of p's size at a time beside the five arrays (a GPU's memory
     # holds no more, where `momentum * v + d` and `p - lr * d` took two at once, three with
@@ -82,8 +85,24 @@ def sgd_update_into(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
     else:
         v_out = None if v is None else _into(v_out, v)
     p_out = _into(p_out, p)
-    p_out -= cfg.lr * d
+    if d is g or d is v_out:
+        p_out -= cfg.lr * d
+    else:                  # the weight decay's temporary, scaled where it is
+        d *= cfg.lr
+        p_out -= d
     return p_out, v_out
+
+
+def _by_expressions(p, g, v, cfg: SGDConfig, p_out=None, v_out=None):
+    """sgd_update_into on arrays of several dtypes: the rule's expressions as written (NumPy's
+    promotions, each output rounded once to its own dtype)."""
+    d = g + cfg.weight_decay * p if cfg.weight_decay else g
+    if cfg.momentum:
+        v_out = _into(v_out, d if v is None else cfg.momentum * v + d)
+        d = v_out
+    else:
+        v_out = None if v is None else _into(v_out, v)
+    return _into(p_out, p - cfg.lr * d), v_out
 
 
 def _into(dst, value):

@@ -319,6 +319,26 @@ def test_a_weight_array_with_bytes_past_its_data_is_refused(tmp_path, weight_fil
     one_line(str(e.value))
 
 
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_an_npy_file_of_any_version_with_bytes_past_its_data_is_refused_in_one_line(
+        tmp_path, version):
+    """np.save's three header versions (3.0's header is UTF-8), one of them of a structured
+    dtype whose text runs to kilobytes: the message quotes a short part of it."""
+    wide = np.dtype([(f"é{i}", "<f4") for i in range(300)])
+    for name, a in (("x", np.zeros((2, 1, 3, 3), np.float32)), ("wide", np.zeros(2, wide))):
+        path = tmp_path / f"{name}.npy"
+        with open(path, "wb") as f:
+            np.lib.format.write_array(f, a, version=version)
+            f.write(b"\0" * 3)
+        with pytest.raises(DataError, match=r"the array holds 3 bytes past the [\d,]+ its "
+                                            r"header gives") as e:
+            read_images(path)
+        one_line(str(e.value))
+        path.write_bytes(path.read_bytes()[:-3])
+        if name == "x":
+            np.testing.assert_array_equal(read_images(path), a)
+
+
 # ================================================================ what the messages name
 
 def test_a_network_description_of_sizes_past_the_cores_is_not_one(tmp_path, weight_file):

@@ -861,6 +861,7 @@ def test_images_of_two_arrays_saved_into_one_npy_file_are_refused(tmp_path):
     np.save(path, GOOD_X)
     np.testing.assert_array_equal(read_images(path), GOOD_X)
 
+
 def test_a_stray_label_is_named_not_taken_for_a_huge_number_of_classes(tmp_path):
     """Without 'num_classes' the classes are 0 to the largest label: a label of 2**62 made a
     network of 4.6e18 classes, refused as too large for memory; now the label is named. Below

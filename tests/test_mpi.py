@@ -619,6 +619,10 @@ def start_long_run(tmp_path, devices):
     while time.monotonic() < deadline and p.poll() is None and not all(
             catches_sigterm(rank_pid(str(data), r)) for r in (0, 1)):
         time.sleep(0.2)
+    if not all(catches_sigterm(rank_pid(str(data), r)) for r in (0, 1)):
+        p.kill()
+        _, err = p.communicate(timeout=30)
+        pytest.fail(f"the two ranks did not both start MPI within 90 s: {err[-2000:]!r}")
     time.sleep(1)
     return p, str(data)
 

@@ -70,19 +70,19 @@ def test_a_wait_cut_short_by_an_interrupt_can_be_waited_again():
     gate = threading.Event()
     with Worker("t") as w:
         work = w.submit(lambda: gate.wait(10) and "done")
-        import _thread
+        import signal
 
-        def interrupt_then_open():   # in this order, however late the thread runs
+        def interrupt():     # a real SIGINT: it cuts the main thread's blocked wait short
             time.sleep(0.05)
-            _thread.interrupt_main()
-            time.sleep(0.15)
-            gate.set()
-        opener = threading.Thread(target=interrupt_then_open)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        interrupter = threading.Thread(target=interrupt)
         with pytest.raises(KeyboardInterrupt):
-            opener.start()
+            interrupter.start()
             work.result()
+        interrupter.join()
+        assert not work.done()           # the wait was cut short, not the work
+        gate.set()
         assert work.result() == "done"
-        opener.join()
 
 
 def test_a_worker_no_longer_held_ends_its_thread():

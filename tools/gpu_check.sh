@@ -58,8 +58,11 @@ for r in json.load(open('$1'))['rows']:
   limited 30 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm,power.draw \
     --format=csv 2>&1 | head -5
   step "install"
-  # what the build (--no-build-isolation: nothing is downloaded) needs, said before it runs
-  limited 30 python3 -c "
+  if [ -n "${GPU_CHECK_NO_INSTALL:-}" ]; then     # pyhet as installed already (a dry run)
+    echo "gpu_check: using the pyhet installed: $(cd /tmp && python3 -c 'import pyhet; print(pyhet.__file__)')"
+  else
+    # what the build (--no-build-isolation: nothing is downloaded) needs, said before it runs
+    limited 30 python3 -c "
 import importlib.metadata as m, shutil, sys
 have = []
 for name in ('scikit-build-core', 'pybind11', 'cmake', 'ninja'):
@@ -69,11 +72,10 @@ for name in ('scikit-build-core', 'pybind11', 'cmake', 'ninja'):
         tool = shutil.which(name)
         have.append(f'{name} ' + (f'at {tool}' if tool else 'MISSING'))
 print('python', sys.version.split()[0] + ';', ', '.join(have))"
-  if [ -n "${GPU_CHECK_NO_INSTALL:-}" ]; then     # pyhet as installed already (a dry run)
-    echo "gpu_check: using the pyhet installed: $(cd /tmp && python3 -c 'import pyhet; print(pyhet.__file__)')"
-  elif ! limited 300 python3 -m pip install -q --no-build-isolation --no-index . 2>&1; then
-    echo "gpu_check: pyhet did not install; nothing else can run"
-    exit 1
+    if ! limited 300 python3 -m pip install -q --no-build-isolation --no-index . 2>&1; then
+      echo "gpu_check: pyhet did not install; nothing else can run"
+      exit 1
+    fi
   fi
   cd /tmp
   limited 30 python3 -c "import pyhet; from pyhet import ops; print('pyhet', pyhet.__version__, 'OpenMP', 'on' if ops.have_openmp() else 'OFF', 'threads', ops.default_threads(), 'GEMM kernel', ops.gemm_kernel())"
