@@ -625,6 +625,35 @@ def test_sgd_update_into_other_arrays_leaves_the_old_state(n, momentum, weight_d
 
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_sgd_update_into_takes_one_temporary_and_keeps_mixed_dtypes_exact(momentum,
+                                                                          weight_decay):
+    """The update a GPU runs (pyhet.optim.sgd_update_into, on CuPy there) holds one
+    temporary of p's size at most beside its five arrays (NumPy's allocations, traced); given
+    outputs of another dtype, it writes the rule's expressions as NumPy promotes them."""
+    import tracemalloc
+    rng = np.random.default_rng(5)
+    p, g, v = (rng.standard_normal(1 << 18).astype(np.float32) for _ in range(3))
+    cfg = SGDConfig(0.05, momentum, weight_decay)
+    p_out, v_out = np.empty_like(p), np.empty_like(p)
+    tracemalloc.start()
+    try:
+        sgd_update_into(p, g, v, cfg, p_out, v_out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 1.1 * p.nbytes, peak / p.nbytes
+    wide_p, wide_v = np.empty(p.shape), np.empty(p.shape)        # float64
+    got_p, got_v = sgd_update_into(p, g, v, cfg, wide_p, wide_v)
+    d = g + weight_decay * p if weight_decay else g
+    want_v = (momentum * v + d).astype(np.float64) if momentum else v.astype(np.float64)
+    want_p = p - 0.05 * (want_v if momentum else d)
+    assert got_p is wide_p and got_v is wide_v
+    np.testing.assert_array_equal(got_v, want_v)
+    np.testing.assert_array_equal(got_p, want_p)
+
+
 # ------------------------------------------------------------------------------------------------
 # Bad input to the bindings: a clear exception, never a crash or a silent copy. (Every binding
 # is also fuzzed with bad arguments in test_bindings.py.)
