@@ -84,12 +84,13 @@ print('python', sys.version.split()[0] + ';', ', '.join(have))"
   limited 120 python3 -m pytest -q -p no:cacheprovider "$src/tests/test_cuda.py" 2>&1 |
     grep -v "^SKIPPED"
   step "pyhet plan against measured steps: gpu:0"
+  # 30 steps a run (a GPU's step is milliseconds; its runs moved by 20% at the default 6)
   limited 150 python3 -m pyhet bench plan --configs "gpu:0" --batch-sizes 16,64 --rounds 1 \
-    --timeout 60 --json "$out/plan-gpu.json" 2>&1
+    --steps 30 --timeout 60 --json "$out/plan-gpu.json" 2>&1
   plan_split "$out/plan-gpu.json"
   step "pyhet plan against measured steps: gpu:0,cpu:$rest"
   limited 200 python3 -m pyhet bench plan --configs "gpu:0,cpu:$rest" --batch-sizes 16,64 \
-    --rounds 1 --timeout 90 --json "$out/plan-mixed.json" 2>&1
+    --steps 30 --rounds 1 --timeout 90 --json "$out/plan-mixed.json" 2>&1
   plan_split "$out/plan-mixed.json"
   step "the other GPU tests"
   limited 150 python3 -m pytest -q -p no:cacheprovider "$src/tests/test_devices.py" \
