@@ -448,11 +448,16 @@ def test_work_a_callback_runs_on_the_devices_is_no_steps():
         return (summary["devices"][0]["busy_s"],
                 sum(sum(p.values()) for p in summary["phase_time_s"].values()))
 
-    alone, with_evaluations = run(None), run(True)
     # counted, they would add about their own time; the steps alone take a millisecond or so,
     # so the bound is taken from the evaluations (a 3x bound on the steps' times failed on a
-    # scheduler's hiccup of a few ms)
-    extra = 0.5 * sum(spent)
+    # scheduler's hiccup of a few ms); a stall of half the evaluations' time in one run's
+    # steps is tried again (counted, they would be past the bound every time)
+    for _ in range(3):
+        spent.clear()
+        alone, with_evaluations = run(None), run(True)
+        extra = 0.5 * sum(spent)
+        if with_evaluations[0] < alone[0] + extra and with_evaluations[1] < alone[1] + extra:
+            break
     assert with_evaluations[0] < alone[0] + extra and with_evaluations[1] < alone[1] + extra, (
         alone, with_evaluations, sum(spent))
 
