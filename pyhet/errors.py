@@ -40,6 +40,11 @@ def shown(value, most: int = 60) -> str:
         if not isinstance(value, int):
             raise
         return f"a whole number of about {value.bit_length() * 0.30103:,.0f} digits"
+    return cut(text, most)
+
+
+def cut(text: str, most: int = 60) -> str:
+    """Text as a message quotes it, as it is (no quotes), cut short past `most` characters."""
     return text if len(text) <= most else text[:most] + f"... ({len(text)} chars)"
 
 

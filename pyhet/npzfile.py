@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 
 from . import files
-from .errors import said
+from .errors import cut, said
 
 NPY_MAGIC = b"\x93NUMPY"                          # an .npy file (np.save)
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")       # a zip archive (np.savez), or an empty one
@@ -125,7 +125,7 @@ def _check_size(fp, size: int, path, key, error) -> None:
         raise error(f"{path}: the header of {what} gives the shape {shape}; truncated or "
                     f"damaged file?")
     need = math.prod(shape) * dtype.itemsize
-    kind = _cut(str(dtype))  # (a structured dtype's text may run to kilobytes)
+    kind = cut(str(dtype))   # (a structured dtype's text may run to kilobytes)
     if need > have:
         raise error(f"{path}: the header of {what} promises {kind} of shape {shape} "
                     f"({need:,} bytes), the file holds {max(have, 0):,}; truncated file?")
@@ -134,11 +134,6 @@ def _check_size(fp, size: int, path, key, error) -> None:
                 else "a member changed by hand")
         raise error(f"{path}: {what} holds {have - need:,} bytes past the {need:,} its header "
                     f"gives ({kind} of shape {shape}); a damaged file, or {more}?")
-
-
-def _cut(text: str, most: int = 60) -> str:
-    """text as a message quotes it, cut short past `most` characters."""
-    return text if len(text) <= most else f"{text[:most]}... ({len(text)} chars)"
 
 
 def _check_member_size(zf, key, path, error) -> None:
