@@ -516,20 +516,29 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
     if count is not None:
         entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     # (layer, device) whose compute figures were measured as a step runs a share (calibration's
-    # parts): its typical time. The others' are a model of its best time alone (times its
-    # contention c), so a whole-layer factor w above 1 (its typical time over that best) is
-    # folded into them: a share takes m times the model's best, as the layer on its own takes
-    # w (_alone_s): m = w for a single calibrated device (whose c is its typical time over its
-    # best at a short trial, a noisier figure of the same thing), else max(c, w) (c: the
-    # devices slowing each other). So a device split with copies of itself is never predicted
-    # faster than its share of the whole. (A w below 1 is the whole layer's own: a GEMM that
-    # takes Strassen's scheme at its size.)
+    # parts): its typical time. So were those of the host group's devices calibrated together
+    # with no device of another rank: their contention c is their share's time in a trial of
+    # the layer as training runs it over their fit's (a share can take Strassen's scheme where
+    # the fit's short trials did not: c below 1). The others' are a model of its best time
+    # alone (times its contention c), so a whole-layer factor w above 1 (its typical time over
+    # that best) is folded into them: a share takes m times the model's best, as the layer on
+    # its own takes w (_alone_s): m = w for a single calibrated device (whose c is its typical
+    # time over its best at a short trial, a noisier figure of the same thing), else max(c, w)
+    # (c: the devices slowing each other, in a trial each at once). So a device split with
+    # copies of itself is never predicted faster than its share of the whole. (A w below 1 is
+    # the whole layer's own: a GEMM that takes Strassen's scheme at its size.)
     measured = set()
     single = calibrated is not None and len(calibrated[0]) == 1
     if calibrated is not None:
-        for layer, ps in (calibrated[1].parts or {}).items():
-            measured.update((layer, n) for n, p in zip(calibrated[0], ps)
+        cal_names, cal = calibrated
+        for layer, ps in (cal.parts or {}).items():
+            measured.update((layer, n) for n, p in zip(cal_names, ps)
                             if p is not None and n not in moved)
+        if not single and cal.contention:
+            for layer, rows in (cal.fits or {}).items():
+                if layer in cal.contention and not any((cal.parts or {}).get(layer) or []):
+                    measured.update((layer, n) for n, row in zip(cal_names, rows)
+                                    if row[2] and n not in moved)
 
     def modelled(layer, name, speed, overhead, cap, c, w) -> Cost:
         """speed, overhead: with contention c; w: the whole-layer factor."""

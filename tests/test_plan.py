@@ -483,6 +483,33 @@ def test_a_device_slower_typically_than_at_its_best_is_so_in_a_share_too(link):
     assert speedups[0] == pytest.approx(speedups[1], rel=1e-6)
 
 
+def test_devices_calibrated_together_take_their_shares_as_their_trial_timed_them():
+    """The host group's devices calibrated together (no device of another rank) ran their
+    shares in a trial of the layer as a step runs it: their contention is their shares' time
+    there, and the plan prices a split at it, as training's prediction does, even where it is
+    below their whole-layer factor (a share taking Strassen's scheme that the fit's trials did
+    not: the plan of a calibrated pair was 9-10% slow on max(c, w)). A device outside the
+    host group (a GPU) keeps the share no faster than its typical time alone."""
+    from pyhet.calibrate import Calibration
+
+    names = ["d0", "d1"]
+    layers = [g.name for g in NET.blocks]
+    for group, factor in ((1, 1.0), (0, 1.03 / 0.94)):
+        c = Calibration({n: [500.0, 250.0] for n in layers}, {n: [0.0, 0.0] for n in layers},
+                        {g.name: [g.K] * 2 for g in NET.blocks},
+                        contention={n: [0.94, 0.94] for n in layers},
+                        fits={n: [[1.9e-3, 0.0, group], [3.8e-3, 0.0, group]] for n in layers},
+                        whole={n: [1.03, 1.03] for n in layers})
+        r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
+        for g in NET.blocks:
+            counts = [r["partition"][g.name][n] for n in names]
+            assert all(counts)
+            assert r["layers"][g.name]["conv_s"] == pytest.approx(
+                c.predicted(g.name, counts) * factor, rel=1e-6)
+            if group:
+                assert counts == c.partition(g.name, g.K)
+
+
 def test_a_device_with_the_whole_layer_shows_the_time_the_layer_takes():
     """Per device, `compute_s` (with its link's seconds) is what the layer takes where it has
     the whole layer, alone or among several: its typical time alone, not its shared rate."""
