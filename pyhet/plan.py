@@ -517,16 +517,17 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         entries = [replace(entries[j % len(entries)], count=1) for j in range(count)]
     # (layer, device) whose compute figures were measured as a step runs a share (calibration's
     # parts): its typical time. So were those of the host group's devices calibrated together
-    # with no device of another rank: their contention c is their share's time in a trial of
-    # the layer as training runs it over their fit's (a share can take Strassen's scheme where
-    # the fit's short trials did not: c below 1). The others' are a model of its best time
-    # alone (times its contention c), so a whole-layer factor w above 1 (its typical time over
-    # that best) is folded into them: a share takes m times the model's best, as the layer on
-    # its own takes w (_alone_s): m = w for a single calibrated device (whose c is its typical
-    # time over its best at a short trial, a noisier figure of the same thing), else max(c, w)
-    # (c: the devices slowing each other, in a trial each at once). So a device split with
-    # copies of itself is never predicted faster than its share of the whole. (A w below 1 is
-    # the whole layer's own: a GEMM that takes Strassen's scheme at its size.)
+    # with no device of another rank, where no described device joins them (their shares are
+    # then calibration's): their contention c is their share's time in a trial of the layer as
+    # training runs it over their fit's (a share can take Strassen's scheme where the fit's
+    # short trials did not: c below 1, as training's prediction takes it). The others' are a
+    # model of its best time alone (times its contention c), so a whole-layer factor w above 1
+    # (its typical time over that best) is folded into them: a share takes m times the model's
+    # best, as the layer on its own takes w (_alone_s): m = w for a single calibrated device
+    # (whose c is its typical time over its best at a short trial, a noisier figure of the
+    # same thing), else max(c, w) (a GPU's trial, or a share other than the one timed). So a
+    # device split with copies of itself is never predicted faster than its share of the
+    # whole. (A w below 1 is the whole layer's own: a GEMM that takes Strassen's scheme.)
     measured = set()
     single = calibrated is not None and len(calibrated[0]) == 1
     if calibrated is not None:
@@ -534,7 +535,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         for layer, ps in (cal.parts or {}).items():
             measured.update((layer, n) for n, p in zip(cal_names, ps)
                             if p is not None and n not in moved)
-        if not single and cal.contention:
+        if not single and not described and cal.contention:
             for layer, rows in (cal.fits or {}).items():
                 if layer in cal.contention and not any((cal.parts or {}).get(layer) or []):
                     measured.update((layer, n) for n, row in zip(cal_names, rows)

@@ -489,7 +489,8 @@ def test_devices_calibrated_together_take_their_shares_as_their_trial_timed_them
     there, and the plan prices a split at it, as training's prediction does, even where it is
     below their whole-layer factor (a share taking Strassen's scheme that the fit's trials did
     not: the plan of a calibrated pair was 9-10% slow on max(c, w)). A device outside the
-    host group (a GPU) keeps the share no faster than its typical time alone."""
+    host group (a GPU), or beside described devices, keeps the share no faster than its
+    typical time alone."""
     from pyhet.calibrate import Calibration
 
     names = ["d0", "d1"]
@@ -498,7 +499,8 @@ def test_devices_calibrated_together_take_their_shares_as_their_trial_timed_them
         c = Calibration({n: [500.0, 250.0] for n in layers}, {n: [0.0, 0.0] for n in layers},
                         {g.name: [g.K] * 2 for g in NET.blocks},
                         contention={n: [0.94, 0.94] for n in layers},
-                        fits={n: [[1.9e-3, 0.0, group], [3.8e-3, 0.0, group]] for n in layers},
+                        fits={n: [[1 / (500 * 0.94), 0.0, group], [1 / (250 * 0.94), 0.0, group]]
+                              for n in layers},
                         whole={n: [1.03, 1.03] for n in layers})
         r = plan.plan(plan.build_cluster(NET, N, (names, c)), NET, N, master_gflops=1e6)
         for g in NET.blocks:
@@ -508,6 +510,16 @@ def test_devices_calibrated_together_take_their_shares_as_their_trial_timed_them
                 c.predicted(g.name, counts) * factor, rel=1e-6)
             if group:
                 assert counts == c.partition(g.name, g.K)
+        # a described device joining (here too slow for a kernel): the shares are no longer
+        # those timed, and take the larger factor
+        joined = plan.plan(plan.build_cluster(NET, N, (names, c),
+                                              plan.parse_describe("x:gflops=0.000001")),
+                           NET, N, master_gflops=1e6)
+        for g in NET.blocks:
+            counts = [joined["partition"][g.name][n] for n in names]
+            assert joined["partition"][g.name]["x"] == 0
+            assert joined["layers"][g.name]["conv_s"] == pytest.approx(
+                c.predicted(g.name, counts) * 1.03 / 0.94, rel=1e-6)
 
 
 def test_a_device_with_the_whole_layer_shows_the_time_the_layer_takes():
