@@ -6,7 +6,9 @@
 # default 0/cpu:1,1/cpu:1@0.5,2/cpu:1@0.5: two cores of compute in all) against one process
 # of cpu:1 (the master's device alone), each link's bandwidth alone and shared (measured with
 # every rank's trip at once), the partition of conv2 and the cost model's step beside the
-# measured one. Run as root, with mpiexec beside the Python that has pyhet:
+# measured one, and `pyhet plan`'s step (run under the same mpiexec, its own calibration and
+# link timing, right before the training run). Run as root, with mpiexec beside the Python
+# that has pyhet:
 #   bash tools/shared_interface.sh [OUTDIR]      (RATES="1gbit 300mbit" ROUNDS=2 STEPS=6)
 # OUTDIR (default ./shared-interface) gets a JSON summary per run and table.txt. What it made
 # (namespaces, veth pairs, bridge) is removed when it ends, also when interrupted; every run
@@ -52,24 +54,31 @@ shape() {   # the master's interface at $1 both ways (none: unshaped)
 }
 train=("$py" -m pyhet train --dataset synthetic --kernels 500,1500 --batch-size 16
        --steps "$steps" --balance static --quiet --json)
+plan=("$py" -m pyhet plan --dataset synthetic --kernels 500,1500 --batch-size 16 --json)
+ranks() {   # mpiexec of $@ on the master and the two ranks, each in its namespace
+  env -u PYTHONPATH MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp \
+    timeout --foreground -k 10 900 ip netns exec "$tag-m" "$mpiexec" \
+    -n 1 -env FI_TCP_IFACE "${tag}a0" ip netns exec "$tag-m" "$@" --devices "$devices" : \
+    -n 1 -env FI_TCP_IFACE "${tag}a1" ip netns exec "$tag-r1" "$@" --devices "$devices" : \
+    -n 1 -env FI_TCP_IFACE "${tag}a2" ip netns exec "$tag-r2" "$@" --devices "$devices"
+}
 cd /tmp
-printf "%-8s %5s %8s %8s %9s %8s %8s %18s\n" rate round "step s" "model s" model/meas \
-  "alone s" speedup "link/shared MB/s" | tee "$out/table.txt"
+printf "%-8s %5s %8s %8s %9s %8s %8s %18s %19s %8s %9s\n" rate round "step s" "model s" \
+  model/meas "alone s" speedup "link/shared MB/s" "conv2" "plan s" plan/meas | tee "$out/table.txt"
 for round in $(seq "$rounds"); do
   for rate in $rates; do
     shape "$rate"
-    json="$out/mpi-$rate-$round.json"
-    env -u PYTHONPATH MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp \
-      timeout --foreground -k 10 900 ip netns exec "$tag-m" "$mpiexec" \
-      -n 1 -env FI_TCP_IFACE "${tag}a0" ip netns exec "$tag-m" "${train[@]}" --devices "$devices" : \
-      -n 1 -env FI_TCP_IFACE "${tag}a1" ip netns exec "$tag-r1" "${train[@]}" --devices "$devices" : \
-      -n 1 -env FI_TCP_IFACE "${tag}a2" ip netns exec "$tag-r2" "${train[@]}" --devices "$devices" \
-      2> "$out/mpi-$rate-$round.err" | tail -1 > "$json"
+    planned="$out/plan-$rate-$round.json"
+    ranks "${plan[@]}" 2> "$out/plan-$rate-$round.err" | tail -1 > "$planned"
     status=${PIPESTATUS[0]}    # a signal's (Ctrl-C) ends the loop; 124: the time limit
+    if [ "$status" -gt 128 ]; then cleanup; exit 130; fi
+    json="$out/mpi-$rate-$round.json"
+    ranks "${train[@]}" 2> "$out/mpi-$rate-$round.err" | tail -1 > "$json"
+    status=${PIPESTATUS[0]}
     if [ "$status" -gt 128 ]; then cleanup; exit 130; fi
     alone="$out/alone-$rate-$round.json"
     timeout --foreground -k 10 600 env -u PYTHONPATH "${train[@]}" --devices cpu:1 2>/dev/null | tail -1 > "$alone"
-    "$py" - "$json" "$alone" "$rate" "$round" <<'EOF' | tee -a "$out/table.txt"
+    "$py" - "$json" "$alone" "$rate" "$round" "$planned" <<'EOF' | tee -a "$out/table.txt"
 import json, sys
 try:
     d, a = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
@@ -77,12 +86,20 @@ except ValueError:
     print(f"{sys.argv[3]:<8} {sys.argv[4]:>5} failed: see {sys.argv[1][:-5]}.err")
     sys.exit(0)
 step, alone = d["step_time_s"]["median"], a["step_time_s"]["median"]
+try:
+    p = json.load(open(sys.argv[5]))
+    planned = (f"{p['predicted_step_s']:8.3f} {p['predicted_step_s'] / step:9.2f}  plan conv2 "
+               + "/".join(str(v) for v in p["partition"]["conv2"].values()))
+except (ValueError, KeyError):
+    planned = f"plan failed: see {sys.argv[5][:-5]}.err"
+
 links = " ".join(f"{(l['bandwidth_bytes_per_s'] or 0) / 1e6:.0f}/"
                  f"{(l.get('shared_bandwidth_bytes_per_s') or 0) / 1e6:.0f}"
                  for l in d["links"].values())
 print(f"{sys.argv[3]:<8} {sys.argv[4]:>5} {step:8.3f} {d['predicted_step_time_s']:8.3f} "
       f"{d['predicted_step_time_s'] / step:9.2f} {alone:8.3f} {alone / step:7.2f}x "
-      f"{links:>18}  conv2 " + "/".join(str(v) for v in d["partition"]["conv2"].values()))
+      f"{links:>18}  conv2 " + "/".join(str(v) for v in d["partition"]["conv2"].values())
+      + f"  {planned}")
 EOF
   done
 done
