@@ -538,8 +538,7 @@ def build_cluster(net: NetGeometry, batch: int, calibrated=None, described=(),
         if not single and not described and cal.contention:
             for layer, rows in (cal.fits or {}).items():
                 if layer in cal.contention and not any((cal.parts or {}).get(layer) or []):
-                    measured.update((layer, n) for n, row in zip(cal_names, rows)
-                                    if row[2] and n not in moved)
+                    measured.update((layer, n) for n, row in zip(cal_names, rows) if row[2])
 
     def modelled(layer, name, speed, overhead, cap, c, w) -> Cost:
         """speed, overhead: with contention c; w: the whole-layer factor."""
