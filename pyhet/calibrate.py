@@ -366,7 +366,8 @@ def _group_size(devices, d) -> int:
 def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int, seed: int,
                  budget_s: float | None = None):
     """[(busy seconds of each device, wall seconds)] of `rounds` runs of layer g with
-    `counts` kernels per device, as a training step runs it (pyhet.parallel.PartitionedConv:
+    `counts` kernels per device (a device of another rank: its rank's compute, without the
+    messages), as a training step runs it (pyhet.parallel.PartitionedConv:
     the shared im2col, the forward, the backward with its input gradient, the update staged;
     each phase waits for every device), after WARM_UPS runs that warm it up (the page faults
     of its buffers, and of those that take turns with them); and of more runs, up to
@@ -386,7 +387,7 @@ def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int
         for r in range(5 * rounds + WARM_UPS):
             if r >= rounds + WARM_UPS and sum(wall for _, wall in out) >= budget_s:
                 break
-            before = [d.busy_by_tag.get(g.name, 0.0) for d in devices]
+            before = [d.compute_by_tag.get(g.name, 0.0) for d in devices]
             t0 = time.perf_counter()
             layer.forward(x)
             layer.backward(dout)
@@ -394,7 +395,7 @@ def _layer_trial(devices, g: ConvGeometry, counts, x, need_dx: bool, rounds: int
             layer.commit()
             wall = time.perf_counter() - t0
             if r >= WARM_UPS:
-                out.append(([d.busy_by_tag.get(g.name, 0.0) - b
+                out.append(([d.compute_by_tag.get(g.name, 0.0) - b
                              for d, b in zip(devices, before)], wall))
     finally:
         for d in devices:
@@ -594,6 +595,11 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                     splits[g.name] = (counts, [wall])
                 _set_waits(into, g.name, _split_waits_of(cal, g.name, counts, wall))
         cal = replace(cal, waits=waits or None, local_waits=local_waits or None)
+        if _crowds(devices):
+            for g in geometries:
+                _crowded_split(cal, models[g.name], contention, speeds, overheads, caps, parts,
+                               phases, waits, seed, together)
+            cal = replace(cal, waits=waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
         if together > 0 and _alone_by_one_trial(cal, devices, g, memory):
@@ -676,6 +682,60 @@ def _short_splits(cal: Calibration, g: ConvGeometry) -> list:
                 and 0 < phases_time(counts, cal.split_phases(g.name, counts)) <= SMALL_WHOLE_S):
             out.append(counts)
     return out
+
+
+def _crowds(devices) -> bool:
+    """Whether devices of other ranks share the master's machine and the job's cpu threads
+    there outnumber its cores (Device.crowded), so that its devices take turns on the cores."""
+    return any(d.link is not None and d.on_master_machine for d in devices) and any(
+        d.crowded for d in devices)
+
+
+def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dict,
+                   overheads: dict, caps: dict, parts: dict, phases: dict, waits: dict,
+                   seed: int, rounds: int) -> None:
+    """On a crowded machine (_crowds), the layer's split under the cost model, where it gives
+    kernels to a device of another rank on the master's machine and is longer than
+    SMALL_WHOLE_S (a shorter one is timed by _short_splits), run as a step runs it
+    (_layer_trial): each device's contention there (its compute time over its fit's, the
+    median of the runs, alike devices pooled) replaces the one of its trial at once, the
+    layer's cost model is made again (into the dicts, in place), and the split's wall time over
+    that model is the layer's waits (in `waits`). Where the job's threads there outnumber the
+    cores, which device runs when is the scheduler's, and follows the step's pattern: the
+    master's messages, each phase waiting for all, a device emulated at half speed idling
+    between its calls. Its trials at once, a trial each, knew none of it: three processes of
+    `0/cpu:1,1/cpu:1@0.5,2/cpu:1@0.5` on 2 cores were 1.5 times their fits there and 1.8-2.0
+    in steps, whose devices of the ranks were then busy 89-97% of the step and the master's
+    waited for them 0.5-0.7 s of 4.7 (the paper network at batch 16)."""
+    devices, g, batch, need_dx, fits, memory, one_group = model
+    try:
+        counts = cal.partition(g.name, g.K)
+    except ValueError:
+        return
+    if (sum(1 for c in counts if c) < 2
+            or not any(c and d.link is not None and d.on_master_machine
+                       for c, d in zip(counts, devices))
+            or phases_time(counts, cal.split_phases(g.name, counts)) <= SMALL_WHOLE_S):
+        return
+    x = np.random.default_rng((seed, g.K, 1)).standard_normal(
+        g.x_shape(batch)).astype(np.float32)
+    trial = replace(g, name=f"calibrate/{g.name}/crowded")
+    runs = _layer_trial(devices, trial, counts, x, need_dx, rounds, seed)
+    pooled = {}
+    for i, d in enumerate(devices):
+        if counts[i]:
+            slope, intercept = fits[i]
+            fitted = counts[i] * slope + intercept / _group_size(devices, d)
+            pooled.setdefault(_alike(d), []).extend(busy[i] / fitted for busy, _ in runs)
+    slower = list(contention[g.name])
+    for i, d in enumerate(devices):
+        if counts[i]:
+            slower[i] = min(MAX_CONTENTION, max(MIN_CONTENTION,
+                                                float(np.median(pooled[_alike(d)]))))
+    contention[g.name] = slower
+    _layer_model(*model, slower, speeds, overheads, caps, parts, phases)
+    _set_waits(waits, g.name, _split_waits_of(cal, g.name, counts,
+                                              float(np.median([wall for _, wall in runs]))))
 
 
 def _set_waits(waits: dict, layer: str, value: float) -> None:

@@ -114,6 +114,7 @@ class Device:
         self.compute_s = 0.0               # of which computing (the rest: its link's messages)
         self.last_busy_s = 0.0             # the busy time of the newest finished piece of work
         self.busy_by_tag: dict[str, float] = {}
+        self.compute_by_tag: dict[str, float] = {}   # of which computing, per tag
         self._shards: dict[str, _Shard] = {}
         self._pid = os.getpid()
         self._pool = self._new_pool()
@@ -138,6 +139,9 @@ class Device:
     # of another rank where that rank said so: pyhet.transport.mpi), so that it competes with
     # the master's devices for its cores and memory
     on_master_machine = True
+    # whether the master's machine runs more cpu threads of the job than it has cores (ranks
+    # sharing it: pyhet.transport.mpi), so that its devices take turns on the cores
+    crowded = False
 
     @property
     def shares_host_memory(self) -> bool:
@@ -272,6 +276,7 @@ class Device:
             self.compute_s += compute
             if tag is not None:
                 self.busy_by_tag[tag] = self.busy_by_tag.get(tag, 0.0) + busy
+                self.compute_by_tag[tag] = self.compute_by_tag.get(tag, 0.0) + compute
         return result
 
     def _account(self, busy: float) -> tuple:
@@ -287,6 +292,7 @@ class Device:
             self.compute_s += compute
             if tag is not None:
                 self.busy_by_tag[tag] = self.busy_by_tag.get(tag, 0.0) + busy
+                self.compute_by_tag[tag] = self.compute_by_tag.get(tag, 0.0) + compute
 
     # --- shard messages (run on the worker) ---------------------------------------------------
 

@@ -688,6 +688,66 @@ def test_a_short_layer_split_over_ranks_is_timed_as_a_step_runs_it(monkeypatch):
             d.close()
 
 
+def test_a_crowded_machines_long_split_over_ranks_takes_its_contention_in_a_step(monkeypatch):
+    """A device of another rank on the master's machine, whose cores the job's threads
+    outnumber (crowded): each long layer's split is run as a step runs it, each device's
+    compute time there over its fit is its contention (not its trial's at once), the model is
+    made again from it, and the split's wall time over that model is the layer's waits. Not
+    crowded, the rank's device on another machine, or a short layer: no such trial."""
+    import pyhet.calibrate as calibrate_module
+    from pyhet.partition import phases_time
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    devices = make_devices(parse_devices("cpu:1,cpu:1"))
+    devices[1].link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+    per_kernel = 1.0           # long layers
+    in_step = [1.2, 2.0]       # each device's compute in a step over its fit
+    crowded = []
+
+    def fake_time_block(device, g, k, x, rng, need_dx):
+        return per_kernel * k * (1.5 if threading.current_thread().name.startswith(
+            "pyhet-trial-") else 1.0)   # at once, a trial each: 1.5 times alone
+
+    def fake_layer_trial(devices, g, counts, x, need_dx, rounds, seed):
+        busy = [f * per_kernel * k for f, k in zip(in_step, counts)]
+        if g.name.endswith("/crowded"):
+            crowded.append((g.name, list(counts)))
+            return [(busy, 1.25 * max(busy))] * rounds
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(calibrate_module, "_time_block", fake_time_block)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", fake_layer_trial)
+    try:
+        plain = calibrate(devices, shape.blocks, 4)      # not crowded: no trial
+        assert crowded == []
+        assert plain.contention["conv2"] == [pytest.approx(1.5)] * 2
+        assert plain.partition("conv2", 24) == [12, 12]
+        for d in devices:
+            d.crowded = True
+        cal = calibrate(devices, shape.blocks, 4)
+        assert crowded == [("calibrate/conv1/crowded", [4, 4]),
+                           ("calibrate/conv2/crowded", [12, 12])]
+        for g in shape.blocks:
+            assert cal.contention[g.name] == [pytest.approx(1.2), pytest.approx(2.0)]
+            counts = [g.K // 2] * 2
+            model = phases_time(counts, cal.split_phases(g.name, counts))
+            assert model == pytest.approx(2.0 * per_kernel * g.K // 2, rel=0.01)
+            assert cal.waits[g.name] == pytest.approx(1.25 * 2.0 * per_kernel * g.K // 2 / model)
+        # the rank's device slower in steps: it gets fewer kernels (2.0 against 1.2: 9 of 24)
+        assert cal.partition("conv2", 24) == [15, 9]
+        crowded.clear()
+        devices[1].on_master_machine = False      # the rank elsewhere: its cores its own
+        calibrate(devices, shape.blocks, 4)
+        assert crowded == []
+        devices[1].on_master_machine = True
+        per_kernel = 1e-4                         # short layers: their splits' own trials
+        calibrate(devices, shape.blocks, 4)
+        assert crowded == []
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_a_link_adds_its_fixed_and_per_kernel_time_to_the_cost_model():
     """A device with a link (as on another rank) costs its compute plus its link: the layer
     input (and input gradient) once, each kernel's output slice and its gradient per kernel, and

@@ -285,6 +285,19 @@ def test_ranks_on_one_machine_are_counted_on_the_cores_they_may_run_on():
     assert shared_host_warnings({0: "a\t4\t0,1"}) == []   # one rank: its own check says it
 
 
+def test_the_masters_machine_is_crowded_where_its_ranks_threads_outnumber_its_cores():
+    """The ranks on the master's machine ask for more cpu threads than the cores they may run
+    on: its devices take turns (pyhet.calibrate times their splits as a step runs them); a
+    crowded machine of other ranks, or the master alone, is not the master's."""
+    from pyhet.transport.mpi import master_crowded
+
+    assert master_crowded({0: "a\t1\t0,1", 1: "a\t1\t0,1", 2: "a\t1\t0,1"})
+    assert not master_crowded({0: "a\t1\t0,1", 1: "a\t1\t0,1", 2: "b\t1\t0,1"})
+    assert not master_crowded({0: "a\t1\t0,1", 1: "b\t2\t0", 2: "b\t1\t0"})
+    assert not master_crowded({0: "a\t4\t0,1"})
+    assert not master_crowded({0: "x", 1: "a\t3\t0,1"})
+
+
 def test_a_rank_on_the_masters_machine_is_told_by_its_name():
     """Ranks on the master's machine (the name host_of() gives) have devices on it, whose
     idling the master's devices' own together trial times (pyhet.calibrate); a rank that did

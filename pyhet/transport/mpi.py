@@ -594,6 +594,9 @@ class MasterLink:
         """Every device of the job in rank order, named d0, d1, ..."""
         local = for_rank(specs, 0)
         out = make_devices(local, [f"d{i}" for i in range(len(local))])
+        crowded = master_crowded(self.hosts)
+        for d in out:
+            d.crowded = crowded
         index = len(local)
         try:
             for r in range(1, self.size):
@@ -602,6 +605,7 @@ class MasterLink:
                     spec = _spec_of(spec_text, r)
                     out.append(RemoteDevice(f"d{index}", spec, index, self.peers[r]))
                     out[-1].on_master_machine = same_machine(self.hosts, r)
+                    out[-1].crowded = out[-1].on_master_machine and crowded
                     siblings[index] = out[-1]
                     out[-1].siblings = siblings
                     index += 1
@@ -638,9 +642,9 @@ def same_machine(hosts: dict[int, str], rank: int) -> bool:
         return True
 
 
-def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
-    """A line for each machine whose ranks' cpu devices together ask for more threads than the
-    cores those ranks may run on (each rank checks its own alone). hosts: {rank: host_of()}."""
+def _machines(hosts: dict[int, str]) -> dict[str, list]:
+    """{machine name: [(rank, cpu threads, {cores})]} of host_of()'s lines (a rank of another
+    version, whose line does not parse, left out: its machine is not known)."""
     by_name: dict[str, list] = {}
     for rank, said in sorted(hosts.items()):
         try:
@@ -648,12 +652,32 @@ def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
             by_name.setdefault(name, []).append((rank, int(threads),
                                                  {int(c) for c in cores.split(",") if c}))
         except ValueError:
-            continue   # a rank of another version: its machine is not known
+            continue
+    return by_name
+
+
+def _crowded(ranks: list) -> bool:
+    """Whether ranks of one machine ((rank, threads, cores) of _machines) ask for more cpu
+    threads than the cores they may run on, together."""
+    total = sum(t for _, t, _ in ranks)
+    return len(ranks) > 1 and total > len(set().union(*(c for _, _, c in ranks)))
+
+
+def master_crowded(hosts: dict[int, str]) -> bool:
+    """Whether the master's machine is crowded (_crowded): the devices there take turns on
+    its cores (pyhet.calibrate times their splits as a step runs them)."""
+    ranks = next((r for r in _machines(hosts).values() if any(k == 0 for k, _, _ in r)), [])
+    return _crowded(ranks)
+
+
+def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
+    """A line for each machine whose ranks' cpu devices together ask for more threads than the
+    cores those ranks may run on (each rank checks its own alone). hosts: {rank: host_of()}."""
     out = []
-    for name, ranks in by_name.items():
+    for name, ranks in _machines(hosts).items():
         total = sum(t for _, t, _ in ranks)
         cores = len(set().union(*(c for _, _, c in ranks)))
-        if len(ranks) > 1 and total > cores:
+        if _crowded(ranks):
             who = ", ".join(str(r) for r, _, _ in ranks)
             out.append(f"ranks {who} on {name} ask for {total} cpu threads in all but run on "
                        f"{cores} cores there: they will compete for them")
