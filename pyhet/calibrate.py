@@ -358,6 +358,30 @@ def _small_wholes(factors: list, devices, g: ConvGeometry, x, need_dx: bool, fit
         factors[i] = done[_alike(d)]
 
 
+def _fastest_whole(factors: list, devices, g: ConvGeometry, x, need_dx: bool, fits, memory,
+                   seed: int, budget_s: float | None) -> None:
+    """Of several devices, the one of this process whose memory holds the layer g and that is
+    predicted fastest at it alone (its model times its factor in `factors`) runs it whole as a
+    step runs it (_whole_layer), where that layer is longer than _small_wholes times: that is
+    its whole-layer factor (in `factors`, in place; alike devices share it), and the time
+    pyhet plan gives the best single device. Its model is fitted on trials of a few kernels,
+    which miss what the whole layer runs: the paper network's conv2 at batch 16 on a `cpu:1`
+    of a pair was 5.16 s a step by its fit and trials' spread, 4.84 s alone (a GEMM whose every
+    dimension is at least 768 takes Strassen's scheme, and larger products run faster), which
+    made the pair 2.17 times as fast as one of them by the plan."""
+    own = [i for i, d in enumerate(devices) if d.link is None and memory[i] >= g.K]
+    if not own:
+        return
+    model = {i: fits[i][1] + g.K * fits[i][0] for i in own}
+    best = min(own, key=lambda i: model[i] * factors[i])
+    if model[best] <= SMALL_WHOLE_S:   # timed whole already
+        return
+    factor = _whole_layer(devices[best], g, x, need_dx, model[best], seed, budget_s)
+    for i in own:
+        if _alike(devices[i]) == _alike(devices[best]):
+            factors[i] = factor
+
+
 def _group_size(devices, d) -> int:
     """The devices that share d's im2col and input gradient (d's group of this process)."""
     return 1 if d.group is None else sum(e.group == d.group for e in devices)
@@ -436,7 +460,8 @@ LOCAL_SPEEDUP_NOISE = 1.05
 
 
 def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
-              together: int = 3, whole_budget_s: float | None = None) -> Calibration:
+              together: int = 3, whole_budget_s: float | None = None,
+              fastest_whole: bool = False) -> Calibration:
     """Each device's speed on each conv layer (ConvGeometry) at this batch size, from a warm,
     short run on the real shapes.
 
@@ -476,7 +501,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
 
     A single device also times each whole layer as a step runs it (_whole_layer), three times
     where three take at most `whole_budget_s` together (default WHOLE_BUDGET_S; pyhet plan's
-    is PLAN_WHOLE_BUDGET_S), else once.
+    is PLAN_WHOLE_BUDGET_S), else once. With `fastest_whole` (pyhet plan's), of several devices,
+    the one of this process predicted fastest at a layer alone times it whole so too
+    (_fastest_whole): the best single device's time.
     """
     rng = np.random.default_rng(seed)
     speeds, overheads, caps, parts, contention, fitted, phases = {}, {}, {}, {}, {}, {}, {}
@@ -575,6 +602,9 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             whole[g.name] = _spreads(devices, times, list(enumerate(larger)))
             if together > 0:
                 _small_wholes(whole[g.name], devices, g, x, need_dx, fits, memory, seed)
+            if fastest_whole:
+                _fastest_whole(whole[g.name], devices, g, x, need_dx, fits, memory, seed,
+                               whole_budget_s)
         fitted[g.name] = [[slope, intercept, int(d.group == "host")]
                           for (slope, intercept), d in zip(fits, devices)]
         models[g.name] = (devices, g, batch, need_dx, fits, memory, one_group)

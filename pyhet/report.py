@@ -84,7 +84,8 @@ def calibrate_spec(spec: str, net, batch: int, in_step: bool = True, log=None):
     devices = make_devices(specs)
     try:
         say_calibrating(devices, log, in_step)
-        cal = calibrate(devices, net.blocks, batch, whole_budget_s=PLAN_WHOLE_BUDGET_S)
+        cal = calibrate(devices, net.blocks, batch, whole_budget_s=PLAN_WHOLE_BUDGET_S,
+                        fastest_whole=True)
         return [d.name for d in devices], _with_master(cal, net, batch, devices, in_step)
     finally:
         for d in devices:
@@ -163,7 +164,8 @@ def calibrate_ranks(spec: str, net, batch: int, comm, timeout: float | None = No
     try:
         say_calibrating(devices, log, in_step)
         measure_links(devices, net.blocks, batch, together=links_together)
-        cal = _with_master(calibrate(devices, net.blocks, batch), net, batch, devices, in_step)
+        cal = _with_master(calibrate(devices, net.blocks, batch, fastest_whole=True), net, batch,
+                           devices, in_step)
         ranked = {d.name: (d.link, _group_size(devices, d)) for d in devices
                   if d.link is not None}
         return ([d.name for d in devices], cal), ranked

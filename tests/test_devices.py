@@ -932,6 +932,65 @@ def test_pyhet_plan_times_a_single_devices_whole_layer_on_a_larger_budget(monkey
     assert budgets == [None]
 
 
+def test_pyhet_plan_times_a_long_layer_whole_on_the_device_fastest_alone(monkeypatch):
+    """Of several devices, pyhet plan's calibration runs each layer longer than SMALL_WHOLE_S
+    whole on the device of this process predicted fastest at it alone (alike devices share the
+    factor), so that the best single device is predicted at that time, not at its fit's; a
+    device slower alone, a device of another rank, a short layer and pyhet train's
+    calibration run none."""
+    import pyhet.calibrate as calibrate_module
+    import pyhet.report as report_module
+
+    shape = net_shape((3, 16, 16), (8, 24), 3, 10)
+    per_kernel = {"d0": 1.0, "d1": 1.0, "d2": 2.0}
+    wholes = []
+
+    def fake_whole(device, g, x, need_dx, model_s, seed, budget_s=None):
+        wholes.append((device.name, g.name, budget_s))
+        return 0.9
+
+    monkeypatch.setattr(calibrate_module, "_whole_layer", fake_whole)
+    monkeypatch.setattr(calibrate_module, "_time_block",
+                        lambda device, g, k, x, rng, need_dx: per_kernel[device.name] * k)
+    monkeypatch.setattr(calibrate_module, "_layer_trial", lambda devices, g, counts, x, need_dx,
+                        rounds, seed: [([per_kernel[d.name] * k for d, k in zip(devices, counts)],
+                                        max(per_kernel[d.name] * k for d, k in zip(devices,
+                                                                                   counts)))])
+    devices = make_devices(parse_devices("cpu:1,cpu:1,cpu:1@0.5"))
+    try:
+        cal = calibrate_module.calibrate(devices, shape.blocks, 4)          # pyhet train's
+        assert wholes == []
+        per_kernel["d2"] = 0.5           # d2 fastest alone: a device of its own kind
+        cal = calibrate_module.calibrate(devices, shape.blocks, 4, fastest_whole=True,
+                                         whole_budget_s=30.0)
+        assert wholes == [("d2", "conv1", 30.0), ("d2", "conv2", 30.0)]
+        assert [cal.whole[layer][2] for layer in ("conv1", "conv2")] == [0.9, 0.9]
+        assert cal.whole["conv2"][:2] == [1.0, 1.0]
+        assert cal.alone_seconds("conv2", 24)[2] == pytest.approx(0.9 * 0.5 * 24)
+        wholes.clear()
+        per_kernel["d2"] = 2.0           # d0 and d1 alike: one runs it, both take it
+        cal = calibrate_module.calibrate(devices, shape.blocks, 4, fastest_whole=True)
+        assert [(n, layer) for n, layer, _ in wholes] == [("d0", "conv1"), ("d0", "conv2")]
+        assert cal.whole["conv2"] == [0.9, 0.9, 1.0]
+        wholes.clear()
+        devices[0].link = devices[1].link = Link(latency_s=1e-6, bandwidth_bytes_per_s=1e12)
+        calibrate_module.calibrate(devices, shape.blocks, 4, fastest_whole=True)
+        assert [(n, layer) for n, layer, _ in wholes] == [("d2", "conv1"), ("d2", "conv2")]
+        devices[0].link = devices[1].link = None
+        wholes.clear()
+        per_kernel.update(d0=1e-5, d1=1e-5, d2=2e-5)   # short layers: _small_wholes' own
+        calibrate_module.calibrate(devices, shape.blocks, 4, fastest_whole=True)
+        assert wholes == [(n, layer, None) for layer in ("conv1", "conv2")   # each kind
+                          for n in ("d0", "d2")]      # by _small_wholes, none a second time
+    finally:
+        for d in devices:
+            d.close()
+    wholes.clear()
+    per_kernel.update(d0=1.0, d1=1.0)     # pyhet plan's
+    names, cal = report_module.calibrate_spec("cpu:1,cpu:1", shape, 4, in_step=False)
+    assert [(n, layer) for n, layer, _ in wholes] == [("d0", "conv1"), ("d0", "conv2")]
+
+
 def test_a_single_device_times_the_whole_layer(monkeypatch):
     """The cost model is fitted on the best of trials of a few kernels, which can miss how the
     whole layer runs (the GEMM's Strassen scheme takes only big products; a typical time, not
