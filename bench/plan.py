@@ -19,6 +19,10 @@ With --rounds R, the whole set runs R times in turn (every configuration once a 
 row gives the medians over the rounds: of the plan, of the measured step, and of the plan /
 measured ratio of each round (each a plan and the training run right after it). A machine whose
 speed drifts then moves a row's plan and its measurement together, and one slow run is outvoted.
+
+Where a configuration's plan names as its best single device one that is itself a configuration
+of the run (`cpu:1` beside `cpu:1,cpu:1`), a second table sets the plan's time for that device
+alone beside its measured step, and the plan's speedup beside the measured one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import replace
 
 try:
     from . import _util
@@ -34,6 +39,7 @@ except ImportError:  # run as a script: python bench/plan.py
 
 from pyhet.cli import Parser, arch_spec, kernel_counts, positive
 from pyhet.errors import PyhetError
+from pyhet.specs import parse_devices
 
 
 def parse_args(argv):
@@ -120,6 +126,9 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
             "step_s": s["step_time_s"]["median"],
             "partition": s["partition"][layer],
             "train_model_step_s": s.get("predicted_step_time_s"),
+            # the plan's best single device (its --devices entry, where known) and its step
+            "plan_single": single_entry(spec, p),
+            "plan_single_s": (p.get("best_single") or {}).get("step_s"),
             "contention": {d: v["contention"] for d, v in
                            p["layers"][layer]["devices"].items()},
             # both whole (a few kB): where a plan misses, its layers, devices and calibration
@@ -127,12 +136,39 @@ def measure(spec: str, batch: int, args, cwd) -> dict:
             "plan": p, "run": s}
 
 
+def single_entry(spec: str, plan: dict):
+    """The --devices entry (without its rank) of the plan's best single device, or None where
+    the plan names none or its devices do not match the SPEC's entries one for one."""
+    best = (plan.get("best_single") or {}).get("device")
+    entries = sorted(parse_devices(spec), key=lambda e: e.rank or 0)
+    names = [d["name"] for d in plan["devices"]]
+    if best is None or len(entries) != len(names) or best not in names:
+        return None
+    return str(replace(entries[names.index(best)], rank=None))
+
+
+def with_singles(rows: list) -> None:
+    """Each row of several devices whose plan's best single device is itself a row of this
+    run (the same entry, the same batch): that row's measured step beside the plan's single
+    device (`single_measured_s`, `single_ratio`), and the measured speedup beside the plan's
+    (`plan_speedup`, `measured_speedup`)."""
+    steps = {(r["devices"], r["batch_size"]): r["step_s"] for r in rows}
+    for r in rows:
+        alone = steps.get((r["plan_single"], r["batch_size"]))
+        if r["plan_single"] is None or r["plan_single"] == r["devices"] or alone is None:
+            continue
+        r["single_measured_s"] = alone
+        r["single_ratio"] = r["plan_single_s"] / alone
+        r["plan_speedup"] = r["plan_single_s"] / r["plan_step_s"]
+        r["measured_speedup"] = alone / r["step_s"]
+
+
 def summarise(spec: str, batch: int, runs: list) -> dict:
     """A row: the last round's partitions and contention, medians of the times and ratios."""
     row = {"devices": spec, "batch_size": batch,
            **{k: v for k, v in runs[-1].items() if k not in ("plan", "run")}}
     for key in ("plan_step_s", "step_s", "train_model_step_s", "plan_conv_s", "plan_master_s",
-                "conv_s"):
+                "conv_s", "plan_single_s"):
         row[key] = median(r[key] for r in runs)
     row["plan_ratio"] = median(r["plan_step_s"] / r["step_s"] for r in runs)
     row["train_model_ratio"] = median(
@@ -182,6 +218,17 @@ def main(argv=None) -> int:
                              table))
     worst = max(abs(r["plan_ratio"] - 1) for r in rows)
     print(f"largest difference of the plan from the measured step: {100 * worst:.1f}%")
+    with_singles(rows)
+    singles = [r for r in rows if "single_ratio" in r]
+    if singles:
+        print("\nthe plan's best single device against its own row's measured step, and the "
+              "speedups:")
+        print(_util.format_table(
+            ["devices", "batch", "single", "plan single s", "measured s", "plan/measured",
+             "plan speedup", "measured speedup"],
+            [[r["devices"], r["batch_size"], r["plan_single"], _util.secs(r["plan_single_s"]),
+              _util.secs(r["single_measured_s"]), f"{r['single_ratio']:.2f}",
+              f"{r['plan_speedup']:.2f}x", f"{r['measured_speedup']:.2f}x"] for r in singles]))
     result = {"benchmark": "plan", "system": info, "kernels": args.kernels, "arch": args.arch,
               "steps": args.steps, "rounds": args.rounds, "rows": rows}
     if args.json:

@@ -490,6 +490,42 @@ def test_bench_plan(tmp_path, capsys):
         assert all(v >= low for v in r["contention"].values())
     assert rows[0]["train_model_step_s"] is None and rows[1]["train_model_step_s"] > 0
     assert "plan/measured" in out and "largest difference" in out and "medians of 2" in out
+    # the pair's plan's best single device: where it is cpu:1, that row's measured step
+    # beside it, and the two speedups
+    assert rows[0]["plan_single"] == "cpu:1" and "single_ratio" not in rows[0]
+    assert rows[1]["plan_single"] in ("cpu:1", "numpy")
+    if rows[1]["plan_single"] == "cpu:1":
+        assert rows[1]["single_ratio"] == pytest.approx(
+            rows[1]["plan_single_s"] / rows[0]["step_s"])
+        assert rows[1]["measured_speedup"] == pytest.approx(rows[0]["step_s"] / rows[1]["step_s"])
+        assert rows[1]["plan_speedup"] == pytest.approx(
+            rows[1]["plan_single_s"] / rows[1]["plan_step_s"])
+        assert "plan speedup" in out
+
+
+def test_bench_plan_names_the_plans_best_single_device_by_its_entry():
+    """The plan's best single device is named by its --devices entry, without its rank (the
+    devices in rank order), to be found among the run's configurations; rows whose best single
+    device is a row of the same batch get that row's step and both speedups."""
+    plan = bench_module("plan")
+    two = [{"name": "d0"}, {"name": "d1"}]
+    assert plan.single_entry("cpu:1,cpu:1@0.5", {"best_single": {"device": "d0"},
+                                                 "devices": two}) == "cpu:1"
+    assert plan.single_entry("1/cpu:1@0.5,0/cpu:2", {"best_single": {"device": "d0"},
+                                                     "devices": two}) == "cpu:2"
+    assert plan.single_entry("cpu:1", {"best_single": None, "devices": two[:1]}) is None
+    assert plan.single_entry("cpu:1", {"best_single": {"device": "d0"}, "devices": two}) is None
+    rows = [{"devices": "cpu:1", "batch_size": 16, "step_s": 4.0, "plan_step_s": 4.1,
+             "plan_single": "cpu:1", "plan_single_s": 4.1},
+            {"devices": "cpu:1,cpu:1", "batch_size": 16, "step_s": 2.0, "plan_step_s": 2.2,
+             "plan_single": "cpu:1", "plan_single_s": 4.4},
+            {"devices": "cpu:1,cpu:1", "batch_size": 32, "step_s": 4.0, "plan_step_s": 4.2,
+             "plan_single": "cpu:1", "plan_single_s": 8.4}]
+    plan.with_singles(rows)
+    assert "single_ratio" not in rows[0] and "single_ratio" not in rows[2]
+    assert rows[1]["single_ratio"] == pytest.approx(1.1)
+    assert rows[1]["plan_speedup"] == pytest.approx(2.0)
+    assert rows[1]["measured_speedup"] == pytest.approx(2.0)
 
 
 def test_bench_plan_runs_a_spec_of_ranks_under_mpiexec(tmp_path, capsys, monkeypatch):
