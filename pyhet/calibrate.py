@@ -734,9 +734,10 @@ def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dic
     cores, which device runs when is the scheduler's, and follows the step's pattern: the
     master's messages, each phase waiting for all, a device emulated at half speed idling
     between its calls. Its trials at once, a trial each, knew none of it: three processes of
-    `0/cpu:1,1/cpu:1@0.5,2/cpu:1@0.5` on 2 cores were 1.5 times their fits there and 1.8-2.0
-    in steps, whose devices of the ranks were then busy 89-97% of the step and the master's
-    waited for them 0.5-0.7 s of 4.7 (the paper network at batch 16)."""
+    `0/cpu:1,1/cpu:1@0.5,2/cpu:1@0.5` on 2 cores had the ranks' devices at about 1.5 times
+    their fits there and at 1.6-1.9 in their split run so; partitioned by the first, the ranks'
+    devices were busy 89-97% of the step and the master's waited for them 0.5-0.7 s of 4.7
+    (the paper network at batch 16; by the second 0.02-0.29 s of 3.8-4.1)."""
     devices, g, batch, need_dx, fits, memory, one_group = model
     try:
         counts = cal.partition(g.name, g.K)
