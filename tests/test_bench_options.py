@@ -342,7 +342,8 @@ def test_plan_keeps_what_it_measured_before_it_was_interrupted(capsys, tmp_path,
         measured.append(spec)
         return {"plan_step_s": 1.0, "step_s": 1.0, "train_model_step_s": None,
                 "plan_conv_s": 0.9, "plan_master_s": 0.1, "conv_s": 0.9, "layer": "conv2",
-                "plan_partition": {"conv2": 8}, "partition": {"conv2": 8}}
+                "plan_partition": {"conv2": 8}, "partition": {"conv2": 8},
+                "plan_single": spec, "plan_single_s": 1.0}
     monkeypatch.setattr(plan, "measure", measure)
     out = tmp_path / "p.json"
     assert main(["bench", "plan", "--configs", "cpu:1;cpu:2", "--batch-sizes", "2",
