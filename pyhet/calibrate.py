@@ -294,12 +294,18 @@ def _together(devices, g: ConvGeometry, x, need_dx: bool, fits: list, caps: list
             for w in workers:
                 w.shutdown(wait=True)
 
+    return (_pooled(devices, ratios, 1.0 if len(devices) == 1 else MIN_CONTENTION),
+            min(MAX_CONTENTION, float(np.median(beyond))) if beyond else 1.0)
+
+
+def _pooled(devices, ratios: list, low: float) -> list:
+    """Per device, the median of its alike devices' ratios (`ratios`: a list per device)
+    within [low, MAX_CONTENTION]; None where they have none."""
     pooled = {}
     for d, r in zip(devices, ratios):
         pooled.setdefault(_alike(d), []).extend(r)
-    low = 1.0 if len(devices) == 1 else MIN_CONTENTION
-    return ([min(MAX_CONTENTION, max(low, float(np.median(pooled[_alike(d)]))))
-             for d in devices], min(MAX_CONTENTION, float(np.median(beyond))) if beyond else 1.0)
+    return [min(MAX_CONTENTION, max(low, float(np.median(pooled[_alike(d)]))))
+            if pooled[_alike(d)] else None for d in devices]
 
 
 def _whole_layer(device: Device, g: ConvGeometry, x, need_dx: bool, model_s: float,
@@ -365,10 +371,10 @@ def _fastest_whole(factors: list, devices, g: ConvGeometry, x, need_dx: bool, fi
     step runs it (_whole_layer), where that layer is longer than _small_wholes times: that is
     its whole-layer factor (in `factors`, in place; alike devices share it), and the time
     pyhet plan gives the best single device. Its model is fitted on trials of a few kernels,
-    which miss what the whole layer runs: the paper network's conv2 at batch 16 on a `cpu:1`
-    of a pair was 5.16 s a step by its fit and trials' spread, 4.84 s alone (a GEMM whose every
-    dimension is at least 768 takes Strassen's scheme, and larger products run faster), which
-    made the pair 2.17 times as fast as one of them by the plan."""
+    which miss what the whole layer runs (a GEMM whose every dimension is at least 768 takes
+    Strassen's scheme, and larger products run faster): a `cpu:1` of a pair was 5.16 s a step
+    of the paper network at batch 16 by its fit and trials' spread, 4.77 s measured alone, and
+    the pair 2.17 times as fast as one of them by the plan (1.95 measured)."""
     own = [i for i, d in enumerate(devices) if d.link is None and memory[i] >= g.K]
     if not own:
         return
@@ -752,17 +758,10 @@ def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dic
         g.x_shape(batch)).astype(np.float32)
     trial = replace(g, name=f"calibrate/{g.name}/crowded")
     runs = _layer_trial(devices, trial, counts, x, need_dx, rounds, seed)
-    pooled = {}
-    for i, d in enumerate(devices):
-        if counts[i]:
-            slope, intercept = fits[i]
-            fitted = counts[i] * slope + intercept / _group_size(devices, d)
-            pooled.setdefault(_alike(d), []).extend(busy[i] / fitted for busy, _ in runs)
-    slower = list(contention[g.name])
-    for i, d in enumerate(devices):
-        if counts[i]:
-            slower[i] = min(MAX_CONTENTION, max(MIN_CONTENTION,
-                                                float(np.median(pooled[_alike(d)]))))
+    ratios = [[busy[i] / (k * fits[i][0] + fits[i][1] / _group_size(devices, d))
+               for busy, _ in runs] if k else [] for i, (d, k) in enumerate(zip(devices, counts))]
+    slower = [c if m is None or not k else m for c, m, k in
+              zip(contention[g.name], _pooled(devices, ratios, MIN_CONTENTION), counts)]
     contention[g.name] = slower
     _layer_model(*model, slower, speeds, overheads, caps, parts, phases)
     _set_waits(waits, g.name, _split_waits_of(cal, g.name, counts,
