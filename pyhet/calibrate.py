@@ -13,8 +13,8 @@ import numpy as np
 from .devices import Device
 from .geometry import GPU_OUTPUTS, ConvGeometry
 from .links import link_cost, link_phase_cost
-from .partition import (among_own, balanced_phases, local_phases, local_split, phases_time,
-                        split_phases, split_waits, with_local_split)
+from .partition import (_bounded_speedup, among_own, balanced_phases, local_phases, local_split,
+                        phases_time, split_phases, split_waits, with_local_split)
 from .workers import Worker
 
 
@@ -146,7 +146,8 @@ class Calibration:
         slower = (self.contention or {}).get(layer)
         if local is None or slower is None:
             return None
-        return [c / lc for c, lc in zip(slower, local)]
+        # within the dynamic balancer's bounds: idle devices slow no one
+        return _bounded_speedup([c / lc for c, lc in zip(slower, local)])
 
     def linked(self, layer: str):
         """Per device, whether it has a link (another rank) on this layer, or None where the
@@ -374,18 +375,26 @@ def _fastest_whole(factors: list, devices, g: ConvGeometry, x, need_dx: bool, fi
     which miss what the whole layer runs (a GEMM whose every dimension is at least 768 takes
     Strassen's scheme, and larger products run faster): a `cpu:1` of a pair was 5.16 s a step
     of the paper network at batch 16 by its fit and trials' spread, 4.77 s measured alone, and
-    the pair 2.17 times as fast as one of them by the plan (1.95 measured)."""
+    the pair 2.17 times as fast as one of them by the plan (1.95 measured). Where the device
+    so timed is then predicted slower than another kind's, whose factor is its trials' spread,
+    that one is timed so too, until the fastest has been (at most once for each kind). The
+    pick is the layer's: where the fastest device differs between layers, the plan's best
+    single device's other layers are those of _small_wholes, else its trials' spread."""
     own = [i for i, d in enumerate(devices) if d.link is None and memory[i] >= g.K]
     if not own:
         return
     model = {i: fits[i][1] + g.K * fits[i][0] for i in own}
-    best = min(own, key=lambda i: model[i] * factors[i])
-    if model[best] <= SMALL_WHOLE_S:   # timed whole already
-        return
-    factor = _whole_layer(devices[best], g, x, need_dx, model[best], seed, budget_s)
-    for i in own:
-        if _alike(devices[i]) == _alike(devices[best]):
-            factors[i] = factor
+    timed = set()
+    while True:
+        best = min(own, key=lambda i: model[i] * factors[i])
+        # (a short layer: timed whole by _small_wholes, where calibration ran together trials)
+        if _alike(devices[best]) in timed or model[best] <= SMALL_WHOLE_S:
+            return
+        factor = _whole_layer(devices[best], g, x, need_dx, model[best], seed, budget_s)
+        timed.add(_alike(devices[best]))
+        for i in own:
+            if _alike(devices[i]) == _alike(devices[best]):
+                factors[i] = factor
 
 
 def _group_size(devices, d) -> int:
@@ -529,6 +538,19 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
                     batch, GPU_OUTPUTS if d.kind == "gpu" else 2)))
         one_group = len({d.group for d in devices}) == 1 and devices[0].group is not None
         larger = [_trial_kernels(d, g.K, memory[i]) for i, d in enumerate(devices)]
+        # alike devices of this process (the same SPEC, neither pinned to a core: the same
+        # hardware) share the mean of their best times, so that timing noise does not tilt the
+        # partition between them (a mean: the best of all their trials would favour them over
+        # a device alone of its kind); they run the same trials, of the fewest kernels any of
+        # them was given (their memory read a moment apart can hold a kernel more or less)
+        alike = {}
+        for i, d in enumerate(devices):
+            if d.link is None:
+                alike.setdefault(_alike(d), []).append(i)
+        for members in alike.values():
+            fewest = min(larger[j] for j in members)
+            for j in members:
+                larger[j] = fewest
         trials = []  # (device index, kernels)
         for i, kb in enumerate(larger):
             trials.append((i, kb))
@@ -542,14 +564,6 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
             for i, k in trials:
                 times[(i, k)].append(_time_block(devices[i], g, k, x, rng, need_dx))
         best = {t: min(ts) for t, ts in times.items()}
-        # alike devices of this process (the same SPEC, neither pinned to a core: the same
-        # hardware) share the mean of their best times, so that timing noise does not tilt the
-        # partition between them (a mean: the best of all their trials would favour them over
-        # a device alone of its kind)
-        alike = {}
-        for i, d in enumerate(devices):
-            if d.link is None:
-                alike.setdefault(_alike(d), []).append(i)
         shared = {(i, k): float(np.mean([best[(j, k)] for j in members]))
                   for members in alike.values() for i, k in trials if i in members}
         best.update(shared)
@@ -634,7 +648,7 @@ def calibrate(devices, geometries, batch: int, seed: int = 0, rounds: int = 5,
         if _crowds(devices):
             for g in geometries:
                 _crowded_split(cal, models[g.name], contention, speeds, overheads, caps, parts,
-                               phases, waits, seed, together)
+                               phases, waits, local_contention, seed, together)
             cal = replace(cal, waits=waits or None)
     for index, g in enumerate(geometries):
         _, _, _, need_dx, fits, memory, _ = models[g.name]
@@ -729,7 +743,7 @@ def _crowds(devices) -> bool:
 
 def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dict,
                    overheads: dict, caps: dict, parts: dict, phases: dict, waits: dict,
-                   seed: int, rounds: int) -> None:
+                   local_contention: dict, seed: int, rounds: int) -> None:
     """On a crowded machine (_crowds), the layer's split under the cost model, where it gives
     kernels to a device of another rank on the master's machine and is longer than
     SMALL_WHOLE_S (a shorter one is timed by _short_splits), run as a step runs it
@@ -743,7 +757,10 @@ def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dic
     `0/cpu:1,1/cpu:1@0.5,2/cpu:1@0.5` on 2 cores had the ranks' devices at about 1.5 times
     their fits there and at 1.6-1.9 in their split run so; partitioned by the first, the ranks'
     devices were busy 89-97% of the step and the master's waited for them 0.5-0.7 s of 4.7
-    (the paper network at batch 16; by the second 0.02-0.29 s of 3.8-4.1)."""
+    (the paper network at batch 16; by the second 0.02-0.29 s of 3.8-4.1). Where the layer
+    has a local contention (`local_contention`, in place), a device's that is not below its
+    new contention by LOCAL_SPEEDUP_NOISE is that contention (idle ranks slow no one), and a
+    device of another rank's is its contention, as calibrate made them."""
     devices, g, batch, need_dx, fits, memory, one_group = model
     try:
         counts = cal.partition(g.name, g.K)
@@ -763,6 +780,11 @@ def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dic
     slower = [c if m is None or not k else m for c, m, k in
               zip(contention[g.name], _pooled(devices, ratios, MIN_CONTENTION), counts)]
     contention[g.name] = slower
+    local = local_contention.get(g.name)
+    if local is not None:
+        for i, d in enumerate(devices):
+            if d.link is not None or local[i] * LOCAL_SPEEDUP_NOISE >= slower[i]:
+                local[i] = slower[i]
     _layer_model(*model, slower, speeds, overheads, caps, parts, phases)
     _set_waits(waits, g.name, _split_waits_of(cal, g.name, counts,
                                               float(np.median([wall for _, wall in runs]))))

@@ -150,6 +150,15 @@ def cuda_device_count() -> int:
         return 0
 
 
+def compute_threads(specs: list[DeviceSpec]) -> int:
+    """The threads the devices compute with on this machine's cores: a cpu device's (one in a
+    core built without OpenMP), a numpy device's one (its worker, whose NumPy calls may use
+    more), a GPU's none (its worker waits on the GPU)."""
+    one = not ops.have_openmp()
+    return sum((1 if one else s.threads) if s.kind == "cpu" else int(s.kind == "numpy")
+               for s in specs)
+
+
 def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
     """Warn when the cpu devices ask for more threads than this process has cores; raise a
     DeviceError when this process cannot start the threads its devices need at once (its

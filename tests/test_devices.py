@@ -19,7 +19,7 @@ from pyhet.backends.cpu import CpuBackend
 from pyhet.calibrate import MIN_CONTENTION, Calibration, calibrate
 from pyhet.devices import arm_faults, fault_refusal, make_backend, make_devices
 from pyhet.errors import DeviceError, DeviceSpecError, UsageError
-from pyhet.geometry import GPU_OUTPUTS
+from pyhet.geometry import GPU_OUTPUTS, ConvGeometry
 from pyhet.links import Link
 from pyhet.model import Net, init_params
 from pyhet.optim import SGDConfig
@@ -118,6 +118,19 @@ def test_a_core_without_openmp_says_its_cpu_devices_of_several_threads_run_on_on
         warnings.simplefilter("error")
         check_threads(parse_devices("cpu"))             # all cores by default: nothing to say
         check_threads(parse_devices("cpu:1,numpy"))
+
+
+def test_a_machines_compute_threads_count_numpy_devices_and_a_core_without_openmp(monkeypatch):
+    """What a rank tells the master it computes with on its machine (pyhet.transport.mpi's
+    host_of, whose sum over a machine's ranks says whether its cores are crowded): a cpu
+    device's threads, one for a numpy device (a `0/numpy,1/cpu:2` on 2 cores was counted 2),
+    none for a GPU's worker; without OpenMP, one for each cpu device."""
+    from pyhet.specs import compute_threads
+
+    assert compute_threads(parse_devices("cpu:2,numpy,gpu:0")) == 3
+    assert compute_threads(parse_devices("cpu")) == CORES
+    monkeypatch.setattr(ops, "have_openmp", lambda: False)
+    assert compute_threads(parse_devices("cpu:2,cpu:3,numpy")) == 3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1651,3 +1664,127 @@ def test_a_fault_on_another_ranks_device_is_refused_where_it_never_fires():
     assert fault_refusal(d1, "forward", devices) is None
     assert fault_refusal(d2, "update", devices) is None
     assert fault_refusal(d3, "forward", devices) is None
+
+
+def test_alike_devices_whose_memory_reads_a_kernel_apart_run_the_same_trials(monkeypatch):
+    """Alike devices pool their trials' times; their memory, read a moment apart, could hold a
+    kernel more or less where it is tight (the trial size is what it holds, at most 128), and
+    calibration failed with a KeyError on the trial one of them did not run. They run the
+    trials of the fewest kernels any of them was given."""
+    import pyhet.calibrate as calibrate_module
+
+    g = ConvGeometry("conv1", C=3, H=8, W=8, K=16, R=3, S=3, pad=1)
+    fixed, per = g.fixed_bytes(2), g.bytes_per_kernel(2, 2)
+    ran = []
+    monkeypatch.setattr(calibrate_module, "_time_block", lambda device, g, k, x, rng, need_dx:
+                        ran.append((device.name, k)) or 1e-3 * k)
+    devices = make_devices(parse_devices("numpy,numpy"))
+    try:
+        for d, k in zip(devices, (10.5, 9.5)):      # 10 and 9 kernels' room
+            d.free_memory = (lambda k=k: (fixed + k * per) / 0.8)
+        cal = calibrate_module.calibrate(devices, [g], 2, rounds=1, together=0)
+    finally:
+        for d in devices:
+            d.close()
+    assert sorted(set(ran)) == [("d0", 2), ("d0", 9), ("d1", 2), ("d1", 9)]
+    assert cal.caps["conv1"] == [10, 9]
+    assert sum(cal.partition("conv1", 16, caps=[10, 9])) == 16
+
+
+def _crowded_devices():
+    """Two devices of this process and one of another rank on its machine, crowded (as
+    calibration's functions read them)."""
+    from types import SimpleNamespace
+
+    def device(group, link=None):
+        return SimpleNamespace(spec=SimpleNamespace(kind="cpu", arg=1, speed=1.0),
+                               group=group, link=link, kind="cpu", on_master_machine=True,
+                               crowded=True)
+    return [device("host"), device("host"),
+            device("rank 1", Link(latency_s=1e-6, bandwidth_bytes_per_s=None))]
+
+
+def test_a_crowded_split_keeps_the_local_contention_at_most_the_contention(monkeypatch):
+    """The split run as a step runs it on a crowded machine replaces each busy device's
+    contention; the local contention (the master's devices with the ranks idle) is then at
+    most that, not a figure from the trials at once above it (which priced the split among
+    the master's devices 1.4 times slower than the split over all): where not below it by
+    LOCAL_SPEEDUP_NOISE it is the contention, and a device of another rank's is its own."""
+    import pyhet.calibrate as c
+
+    g = ConvGeometry("conv2", C=64, H=32, W=32, K=256, R=5, S=5)
+    devices = _crowded_devices()
+    fits = [(0.3 / 256, 0.01)] * 3
+    model = (devices, g, 16, True, fits, [256] * 3, False)
+    speeds, overheads, caps, parts, phases, waits = {}, {}, {}, {}, {}, {}
+    contention = {g.name: [1.5, 1.5, 1.5]}          # at once, a trial each
+    local = {g.name: [1.3, 1.3, 1.5]}               # the ranks idle
+    c._layer_model(*model, contention[g.name], speeds, overheads, caps, parts, phases)
+    cal = c.Calibration(speeds, overheads, caps, parts, contention,
+                        {g.name: [[s, i, int(d.group == "host")]
+                                  for (s, i), d in zip(fits, devices)]},
+                        phases, None, None, local_contention=local)
+    in_step = [0.92, 0.92, 1.9]                     # busy over the fit, in a step
+
+    def fake_trial(devs, trial, counts, x, need_dx, rounds, seed, budget_s=None):
+        busy = [(k * s + i / c._group_size(devs, d)) * r
+                for (s, i), k, d, r in zip(fits, counts, devs, in_step)]
+        return [(busy, max(busy))] * rounds
+
+    monkeypatch.setattr(c, "_layer_trial", fake_trial)
+    c._crowded_split(cal, model, contention, speeds, overheads, caps, parts, phases, waits,
+                     local, 0, 3)
+    assert contention[g.name] == [pytest.approx(0.92)] * 2 + [pytest.approx(1.9)]
+    assert local[g.name] == contention[g.name]
+    assert cal.local_speedup(g.name) == [pytest.approx(1.0)] * 3
+    # a local contention below the new contention by more than the noise stays
+    contention[g.name], local[g.name] = [1.5, 1.5, 1.5], [1.3, 1.3, 1.5]
+    c._layer_model(*model, contention[g.name], speeds, overheads, caps, parts, phases)
+    in_step[:2] = [1.45, 1.45]
+    c._crowded_split(cal, model, contention, speeds, overheads, caps, parts, phases, waits,
+                     local, 0, 3)
+    assert local[g.name] == [1.3, 1.3, pytest.approx(1.9)]
+    assert cal.local_speedup(g.name) == [pytest.approx(1.45 / 1.3)] * 2 + [1.0]
+    # a local speedup below 1 (stale figures) is taken as none, as the balancer takes it
+    local[g.name] = [2.0, 2.0, 1.9]
+    assert cal.local_speedup(g.name) == [1.0, 1.0, 1.0]
+
+
+def test_the_fastest_whole_layer_times_the_next_kind_where_the_first_is_slower_whole(
+        monkeypatch):
+    """pyhet plan's best single device: the device predicted fastest at a long layer alone
+    runs it whole; where that time puts it behind a device of another kind (whose factor is
+    its trials' spread), that one runs it whole too, and the faster of the two as timed is
+    the best single device; each kind at most once."""
+    from types import SimpleNamespace
+
+    import pyhet.calibrate as c
+
+    g = ConvGeometry("conv2", C=64, H=32, W=32, K=256, R=5, S=5)
+
+    def device(kind, arg, group=None):
+        return SimpleNamespace(spec=SimpleNamespace(kind=kind, arg=arg, speed=1.0),
+                               group=group, link=None, kind=kind)
+    devices = [device("gpu", 0), device("cpu", 4, "host"), device("cpu", 4, "host")]
+    fits = [(0.06 / 256, 0.0), (0.08 / 256, 0.0), (0.08 / 256, 0.0)]
+    whole = {"gpu": 1.5, "cpu": 1.2}
+    timed = []
+
+    def fake_whole(d, g, x, need_dx, model_s, seed, budget_s=None):
+        timed.append(d.spec.kind)
+        return whole[d.spec.kind]
+
+    monkeypatch.setattr(c, "_whole_layer", fake_whole)
+    factors = [1.0, 1.0, 1.0]
+    c._fastest_whole(factors, devices, g, None, True, fits, [256] * 3, 0, None)
+    assert timed == ["gpu", "cpu"] and factors == [1.5, 1.2, 1.2]
+    timed.clear()
+    whole["gpu"] = 1.1                # still the fastest, timed: no other
+    factors = [1.0, 1.0, 1.0]
+    c._fastest_whole(factors, devices, g, None, True, fits, [256] * 3, 0, None)
+    assert timed == ["gpu"] and factors == [1.1, 1.0, 1.0]
+    timed.clear()
+    whole.update(gpu=1.5, cpu=2.0)    # each timed once, then the GPU is the faster again
+    factors = [1.0, 1.0, 1.0]
+    c._fastest_whole(factors, devices, g, None, True, fits, [256] * 3, 0, None)
+    assert timed == ["gpu", "cpu"] and factors == [1.5, 2.0, 2.0]

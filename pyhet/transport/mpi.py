@@ -45,7 +45,7 @@ from ..errors import DeviceError, UsageError, shown, warn
 from ..geometry import ConvGeometry
 from ..links import Link
 from ..optim import SGDConfig
-from ..specs import DeviceSpec, check_threads, for_rank, parse_devices
+from ..specs import DeviceSpec, check_threads, compute_threads, for_rank, parse_devices
 from ..workers import Worker
 from . import DEFAULT_TIMEOUT
 
@@ -622,14 +622,15 @@ class MasterLink:
 
 
 def host_of(specs: list[DeviceSpec]) -> str:
-    """What a rank tells the master of its machine: "name<TAB>cpu threads<TAB>its cores" (the
-    cores it may run on, as a comma list), so that ranks on one machine can be told apart from
-    ranks on several."""
+    """What a rank tells the master of its machine: "name<TAB>threads<TAB>its cores" (the
+    threads its devices compute with there, pyhet.specs.compute_threads; the cores it may run
+    on, as a comma list), so that ranks on one machine can be told apart from ranks on
+    several."""
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:   # not Linux
         cores = list(range(os.cpu_count() or 1))
-    threads = sum(s.threads for s in specs if s.kind == "cpu")
+    threads = compute_threads(specs)
     return f"{MPI.Get_processor_name()}\t{threads}\t{','.join(map(str, cores))}"
 
 
@@ -671,7 +672,7 @@ def master_crowded(hosts: dict[int, str]) -> bool:
 
 
 def shared_host_warnings(hosts: dict[int, str]) -> list[str]:
-    """A line for each machine whose ranks' cpu devices together ask for more threads than the
+    """A line for each machine whose ranks' devices together ask for more threads than the
     cores those ranks may run on (each rank checks its own alone). hosts: {rank: host_of()}."""
     out = []
     for name, ranks in _machines(hosts).items():
