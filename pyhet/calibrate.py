@@ -30,7 +30,10 @@ class Calibration:
     overheads: dict   # layer -> [s per device]
     caps: dict        # layer -> [max kernels per device]
     parts: dict | None = None  # layer -> [None, or {compute and link figures} per device]
-    contention: dict | None = None  # layer -> [compute time all at once / alone, per device]
+    # layer -> [compute time all at once / alone, per device]: the lower of two together
+    # trials where the first put the layer whole on one device; on a crowded machine, busy
+    # time in the split run as a step runs it over the fit (_crowded_split)
+    contention: dict | None = None
     # layer -> [[seconds per kernel, fixed seconds, 1 if the fixed part was shared with the
     # host group else 0] alone, per device]: what pyhet plan needs to place a device elsewhere
     fits: dict | None = None
@@ -41,7 +44,9 @@ class Calibration:
     # (its best time alone), per device]: measured for a single device of this process whose
     # memory holds the layer (_whole_layer); of several devices, each one's typical time alone
     # over its best in its trials (_spreads), or, where the layer is short, its run of the whole
-    # layer as a step runs it (_small_wholes). A device running a layer on its own is predicted
+    # layer as a step runs it (_small_wholes); with fastest_whole, the device fastest alone
+    # at a long layer's run of it (_fastest_whole); a device of another rank's raised by its
+    # run of a short layer whole (_linked_wholes). A device running a layer on its own is predicted
     # at its model times this (alone_seconds). Missing: not measured (see whole_factor)
     whole: dict | None = None
     # layer -> the layer's waits between phases beyond what its contention carries: where
@@ -746,7 +751,8 @@ def _crowded_split(cal: Calibration, model: tuple, contention: dict, speeds: dic
                    local_contention: dict, seed: int, rounds: int) -> None:
     """On a crowded machine (_crowds), the layer's split under the cost model, where it gives
     kernels to a device of another rank on the master's machine and is longer than
-    SMALL_WHOLE_S (a shorter one is timed by _short_splits), run as a step runs it
+    SMALL_WHOLE_S (a shorter one's split is timed by _short_splits, for its waits only), run
+    as a step runs it
     (_layer_trial): each device's contention there (its compute time over its fit's, the
     median of the runs, alike devices pooled) replaces the one of its trial at once, the
     layer's cost model is made again (into the dicts, in place), and the split's wall time over
