@@ -427,6 +427,10 @@ def plot_folder(parser, folder: str) -> None:
         parser.error("argument --plot: give a folder name")
     if os.path.exists(folder) and not os.path.isdir(folder):
         parser.error(f"argument --plot {folder}: it is a file, not a folder")
+    suffix = os.path.splitext(os.path.basename(folder.rstrip(os.sep)))[1]
+    if suffix[1:].lower() in PLOT_FORMATS and not os.path.isdir(folder):
+        parser.error(f"argument --plot {folder}: a folder for the plots, one file each, "
+                     f"not a file name (give e.g. --plot {folder[:-len(suffix)] or 'plots'})")
     problem = folder_problem(folder)
     if problem is not None:
         parser.error(f"argument --plot {folder}: {problem}")

@@ -641,6 +641,11 @@ def cmd_plan(args, parser, comm=None) -> int:
     # given; the layers are taken at their model's time there)
     remote = ranks > 1 and any(for_rank(specs, r) for r in range(1, ranks))
     in_step = args.master_gflops is None or not remote
+    if args.master_link == "links" and not remote and args.link is None and not any(
+            d.link is not None for d in described):
+        parser.error("--master-link links is the fastest of the devices' links: no device has "
+                     "one (give a bandwidth, or devices behind links: --describe NAME:...,bw=BW "
+                     "or --link)")
     if comm is not None:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "

@@ -856,16 +856,19 @@ def read_images(filename):
     path = Path(files.user_path(filename))
     loaded = npzfile.read(path, DataError, "an .npy array of images (N, C, H, W) or an .npz "
                           "with one in x", keys=("x",), npy=True)
+    label = "x"
     if isinstance(loaded, dict):
         if "x" not in loaded:
             names = npzfile.read_names(path, DataError)
             raise DataError(f"{path}: no array 'x' (N, C, H, W) of images; found "
                             f"{', '.join(sorted(names)) or 'no arrays'}")
         loaded = loaded["x"]
+    else:
+        label = None   # an .npy file: the array, unnamed
     # no guess at a channel-last layout from the shape alone: the network the images are
     # for says exactly (pyhet predict checks against its input shape)
     loaded = native_float32(loaded)
-    _check_npz_images(loaded, "x", None, path, guess_layout=False)
+    _check_npz_images(loaded, label, None, path, guess_layout=False)
     return loaded
 
 
@@ -887,33 +890,36 @@ def _npz_arrays(arrays, path):
 
 def _check_npz_images(a, key, like, path, guess_layout: bool = True):
     """a must be (N, C, H, W), float32 or uint8, N > 0; shaped and typed like `like`.
-    guess_layout: refuse a shape that looks channel-last (images.looks_channel_last)."""
+    guess_layout: refuse a shape that looks channel-last (images.looks_channel_last). key None:
+    the array of an .npy file, which has no name."""
+    named = "the array" if key is None else repr(key)
     if a.dtype not in (np.float32, np.uint8):
-        raise DataError(f"{path}: {key!r} is {a.dtype}, expected float32 (used as is) "
-                        f"or uint8 (scaled to [0, 1])")
+        raise DataError(f"{path}: {named} is {a.dtype}, expected float32 (used as is) "
+                        f"or uint8 (scaled to [0, 1]); save other images as "
+                        f".astype(np.float32)")
     if a.ndim != 4:
-        raise DataError(f"{path}: {key!r} has shape {a.shape}, expected 4 dimensions "
+        raise DataError(f"{path}: {named} has shape {a.shape}, expected 4 dimensions "
                         f"(N, C, H, W)")
     if guess_layout and looks_channel_last(a.shape):
-        raise DataError(f"{path}: " + channel_last_message(repr(key), a.shape))
+        raise DataError(f"{path}: " + channel_last_message(named, a.shape))
     if like is None:
         if len(a) == 0 or 0 in a.shape[1:]:
-            raise DataError(f"{path}: {key!r} has shape {a.shape}, expected at least "
+            raise DataError(f"{path}: {named} has shape {a.shape}, expected at least "
                             f"one image of non-zero size")
     else:
         if len(a) == 0:
-            raise DataError(f"{path}: {key!r} holds no images; leave x_test and y_test "
+            raise DataError(f"{path}: {named} holds no images; leave x_test and y_test "
                             f"out for a dataset without a test split")
         if a.shape[1:] != like.shape[1:]:
-            raise DataError(f"{path}: {key!r} has images of {a.shape[1:]}, but 'x' has "
+            raise DataError(f"{path}: {named} has images of {a.shape[1:]}, but 'x' has "
                             f"{like.shape[1:]} (C, H, W)")
         if a.dtype != like.dtype:
-            raise DataError(f"{path}: {key!r} is {a.dtype}, but 'x' is {like.dtype}; "
+            raise DataError(f"{path}: {named} is {a.dtype}, but 'x' is {like.dtype}; "
                             f"both splits must have the same dtype")
     if a.dtype == np.float32:
         finite = np.isfinite(a).reshape(len(a), -1).all(axis=1)
         if not finite.all():
-            raise DataError(f"{path}: {key!r} holds NaN or infinite values (image "
+            raise DataError(f"{path}: {named} holds NaN or infinite values (image "
                             f"{int(np.argmin(finite))} is the first)")
 
 

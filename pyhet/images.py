@@ -127,7 +127,8 @@ def check_images(x, input_shape, what="x"):
         raise DataError(f"{what}: holds no images, expected at least one")
     if x.dtype != np.uint8 and not (x.dtype.kind == "f" and x.dtype.itemsize == 4):
         raise DataError(f"{what}: expected float32 images (used as they are) or uint8 pixels "
-                        f"(scaled as the training images were), got dtype {x.dtype}")
+                        f"(scaled as the training images were), got dtype {x.dtype} "
+                        f"(convert others with .astype(np.float32))")
     return x
 
 

@@ -535,7 +535,8 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
 
 @pytest.mark.parametrize("call,words", [
     (lambda n, x, y: n.fit(x[:, :, :10], y, steps=1), ["(N, 1, 12, 12)", "(40, 1, 10, 12)"]),
-    (lambda n, x, y: n.fit(x.astype(np.float64), y, steps=1), ["float32", "uint8", "float64"]),
+    (lambda n, x, y: n.fit(x.astype(np.float64), y, steps=1),
+     ["float32", "uint8", "float64", ".astype(np.float32)"]),
     (lambda n, x, y: n.fit(x, y[:-1], steps=1), ["40 labels", "(39,)"]),
     (lambda n, x, y: n.fit(x, y + 3, steps=1), ["0..2"]),
     (lambda n, x, y: n.fit(x, y.astype(np.float32), steps=1), ["integer"]),
@@ -865,7 +866,8 @@ def test_evaluate_and_predict_refuse_bad_input(cli, tmp_path, case):
                                                                   "(1, 12, 12)"]
     elif case == "wrong dtype":
         np.save(tmp_path / "x.npy", np.zeros((2, 1, 12, 12), np.float64))
-        argv, words = ["predict", "--input", tmp_path / "x.npy"], ["float64", "float32"]
+        argv, words = ["predict", "--input", tmp_path / "x.npy"], [
+            "the array is float64", "float32", ".astype(np.float32)"]   # (an .npy: unnamed)
     elif case == "missing input":
         argv, words = ["predict", "--input", tmp_path / "nope.npy"], ["nope.npy", "no such"]
     elif case == "no x":

@@ -220,6 +220,10 @@ def test_paper_plot_folder_checked_first(capsys, tmp_path):
     assert "it is a file, not a folder" in refused(capsys, "paper", "--plot",
                                                     str(tmp_path / "file"))
     assert "cannot take a new file" in refused(capsys, "paper", "--plot", "/proc/nope")
+    # a plot's file name, which other benchmarks take, is not made a folder of that name
+    err = refused(capsys, "paper", "--plot", str(tmp_path / "x.png"))
+    assert "not a file name" in err and f"--plot {tmp_path / 'x'}" in err, err
+    assert not (tmp_path / "x.png").exists()
 
 
 @pytest.mark.parametrize("argv", [["scaling", "--plot", "x.png"], ["paper", "--plot", "d"]])

@@ -1443,6 +1443,9 @@ def test_a_sweep_row_without_memory_enough_is_n_a(cli):
     # --link is the link of described devices without one of their own: here there is none
     (["--describe", "g:gflops=1,bw=1gbit", "--link", "10gbit"],
      ["--link", "every described device gives its own bw="]),
+    # the fastest of the devices' links: no device has one (it was ignored)
+    (["--describe", "g:gflops=100", "--master-link", "links"],
+     ["--master-link links", "no device has one"]),
     # a sweep takes its described devices in turn, one at a time: count= has no place there
     (["--describe", "a:gflops=10,count=5;b:gflops=1000", "--sweep", "devices=1,2"],
      ["--sweep", "count=5", "a"]),
