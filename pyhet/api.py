@@ -514,7 +514,7 @@ class Network:
         if dataset is not None:
             if x is not None or y is not None:
                 raise UsageError("fit: give either arrays (x, y) or dataset=, not both")
-            ds = load_dataset(dataset, data_dir, seed=self.seed)
+            ds = load_dataset(dataset, data_dir, seed=self.seed, input_shape=self.input_shape)
             if ds.input_shape != self.input_shape or ds.num_classes != self.num_classes:
                 raise DataError(f"dataset {dataset}: {ds.num_classes} classes of "
                                 f"{'x'.join(map(str, ds.input_shape))} images, but the network "
@@ -525,6 +525,9 @@ class Network:
                 ds.x_test, ds.y_test = self._xy(x_test, y_test, "x_test", "y_test",
                                                 ds.normalization)
             return ds
+        if data_dir is not None:   # (the command line refuses a --data-dir it would not read)
+            raise UsageError("fit: data_dir= is the folder of dataset='s files; with arrays "
+                             "(x, y) it would be read by nothing")
         if x is None or y is None:
             raise UsageError("fit: needs images x and labels y, or dataset=")
         xs, ys = self._xy(x, y, "x", "y")
@@ -589,7 +592,8 @@ class Network:
             # the test files alone, but where an earlier version's file takes the
             # dataset's images normalised by the training split's statistics
             ds = load_test_split(dataset, data_dir, seed=self.seed,
-                                 train_statistics=not self._records_normalization)
+                                 train_statistics=not self._records_normalization,
+                                 input_shape=self.input_shape)
             if ds.x_test is None:
                 raise DataError(f"dataset {dataset} has no test split to evaluate on")
             if ds.input_shape != self.input_shape:
@@ -612,6 +616,9 @@ class Network:
             if x is None and y is None:
                 raise UsageError("evaluate: give the images and labels (x, y), or dataset= "
                                  "(a named dataset's test split)")
+            if data_dir is not None:
+                raise UsageError("evaluate: data_dir= is the folder of dataset='s files; with "
+                                 "arrays (x, y) it would be read by nothing")
             xs, ys = self._checked_xy(x, y, "x", "y")
             prepare = self._batch_preparer("x")
         batch_size = min(batch_size, len(xs))    # no batch larger than the images, or memory

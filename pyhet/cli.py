@@ -36,7 +36,7 @@ try:   # (Ctrl-C while these load: pyhet._loading_interrupted)
     from .optim import SGDConfig
     from .report import calibrate_ranks, calibrate_spec, describe_devices
     from .specs import check_ranks, cuda_device_count, for_rank, parse_devices
-    from .train import TrainConfig, check_file_destination, train
+    from .train import TrainConfig, check_file_destination, check_memory, host_devices, train
     from .transport import DEFAULT_TIMEOUT, end_job_unstarted, launched_rank, launched_size
 except KeyboardInterrupt:
     _loading_interrupted()
@@ -646,6 +646,8 @@ def cmd_plan(args, parser, comm=None) -> int:
         parser.error("--master-link links is the fastest of the devices' links: no device has "
                      "one (give a bandwidth, or devices behind links: --describe NAME:...,bw=BW "
                      "or --link)")
+    if args.devices is not None:   # what calibrating them here needs (rank 0's, under mpiexec)
+        check_memory(net, args.batch_size, devices=host_devices(args.devices))
     if comm is not None:
         if args.devices is None:
             raise UsageError("under mpiexec pyhet plan calibrates the devices of every rank: "
@@ -968,6 +970,9 @@ def main(argv=None) -> int:
     return 0
 
 
+MIN_STARTUP_S = 5.0   # the least time MPI's start-up is given under mpiexec (run_rank)
+
+
 def run_rank(args, parser, ranks: int) -> int:
     """Under mpiexec with several ranks: rank 0 trains (the master), or plans (pyhet plan,
     which calibrates the devices of every rank); every other rank serves the devices placed on
@@ -984,7 +989,9 @@ def run_rank(args, parser, ranks: int) -> int:
     # which holds the interpreter: after --timeout, SIGALRM's default action ends this rank,
     # and mpiexec the job, saying so in its own words
     timeout = getattr(args, "timeout", None)   # pyhet plan has none: the default
-    limit = timeout if timeout is not None else DEFAULT_TIMEOUT
+    # (at least MIN_STARTUP_S: a --timeout of a tenth of a second, fit for messages between
+    # running ranks, ended every start-up by SIGALRM, in mpiexec's banner)
+    limit = max(MIN_STARTUP_S, timeout if timeout is not None else DEFAULT_TIMEOUT)
     # (the timer takes at most about 2**63 ns: a longer limit is none, as inf is)
     if limit < MAX_ALARM_S:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)

@@ -165,18 +165,20 @@ def data_dir_problem(name, data_dir) -> "str | None":
             f"dataset it holds, or leave the folder out")
 
 
-def load_dataset(name, data_dir=None, seed=0):
+def load_dataset(name, data_dir=None, seed=0, *, input_shape=None):
     """The Dataset called `name` (one of DATASETS, or "npz:FILE").
 
     data_dir is where the fashion-mnist, mnist and cifar10 files are (default: the
     dataset's usual place); the other names read no folder and refuse one (a folder given with
     the wrong name, or none, trained on other data without a word). seed only changes
-    synthetic.
+    synthetic. input_shape: the (C, H, W) of the network the images are for, where known: an
+    npz file's images of exactly that shape are not taken for channel-last ones.
     """
-    return _load(name, data_dir, seed, test_only=False)
+    return _load(name, data_dir, seed, test_only=False, input_shape=input_shape)
 
 
-def load_test_split(name, data_dir=None, seed=0, *, train_statistics=False):
+def load_test_split(name, data_dir=None, seed=0, *, train_statistics=False,
+                    input_shape=None):
     """The Dataset called `name` for evaluating a network on its test split: of fashion-mnist,
     mnist and cifar10 only the test files are read. Its x_test_raw holds their pixels, x_test
     the same scaled to [0, 1] (normalization None), and its training split is empty (no images,
@@ -185,12 +187,12 @@ def load_test_split(name, data_dir=None, seed=0, *, train_statistics=False):
     train_statistics=True is for a network whose weight file records no normalisation (one of
     an earlier version), which takes x_test as load_dataset normalises it, with the training
     split's statistics: the training files are read too, and their errors say why. The other
-    names are read as load_dataset reads them."""
+    names are read as load_dataset reads them (input_shape too)."""
     return _load(name, data_dir, seed, test_only=not train_statistics,
-                 why=TRAIN_STATISTICS_WHY if train_statistics else "")
+                 why=TRAIN_STATISTICS_WHY if train_statistics else "", input_shape=input_shape)
 
 
-def _load(name, data_dir, seed, test_only: bool, why: str = ""):
+def _load(name, data_dir, seed, test_only: bool, why: str = "", input_shape=None):
     """load_dataset; with test_only, the folder datasets' test split alone (load_test_split).
     why: what the errors of the training split's files add."""
     if not isinstance(name, str):
@@ -211,7 +213,7 @@ def _load(name, data_dir, seed, test_only: bool, why: str = ""):
     if data_dir_problem(name, data_dir) is not None:
         raise UsageError(data_dir_problem(name, data_dir))
     if name.startswith("npz:"):
-        return load_npz(name[len("npz:"):])
+        return load_npz(name[len("npz:"):], input_shape)
     if name == "bundled":
         return _load_idx_dataset("bundled", BUNDLED_DIR, FASHION_MNIST_CLASSES,
                                  hint=" (pyhet's bundled dataset is missing: reinstall pyhet)")
@@ -281,23 +283,37 @@ def _labels(y):
 
 # ================================================================ reading files
 
-def _read_file(path):
-    """The bytes of `path`, gunzipped when its name ends in .gz."""
+READ_CHUNK = 1 << 20
+
+
+def _read_file(path, limit: int | None = None):
+    """The bytes of `path`, gunzipped when its name ends in .gz; with `limit`, at most that many
+    (read a chunk at a time: the rest is not read, so that a gzip file of a few megabytes that
+    holds gigabytes past what its header promises is refused without them)."""
+    gz = path.suffix == ".gz"
+    chunks, got = [], 0
     try:
         with files.open_regular(path, DataError) as f:    # a FIFO: refused, not waited on
-            data = f.read()
+            stream = gzip.GzipFile(fileobj=f, mode="rb") if gz else f
+            try:
+                while limit is None or got < limit:
+                    chunk = stream.read(READ_CHUNK if limit is None
+                                        else min(READ_CHUNK, limit - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+            except (OSError, EOFError, zlib.error) as e:
+                if not gz:
+                    raise
+                # BadGzipFile (an OSError) for a wrong header or CRC, EOFError when
+                # the stream is cut short, zlib.error for corrupt deflate data
+                raise DataError(f"{path}: not a valid gzip file ({e})") from e
     except FileNotFoundError as e:
         raise DataError(f"{path}: no such file") from e
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror or e})") from e
-    if path.suffix == ".gz":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            # BadGzipFile (an OSError) for a wrong header or CRC, EOFError when
-            # the stream is cut short, zlib.error for corrupt deflate data
-            raise DataError(f"{path}: not a valid gzip file ({e})") from e
-    return data
+    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------- IDX (MNIST, Fashion-MNIST)
@@ -318,8 +334,9 @@ def read_idx(path, magic):
     IDX: a big-endian uint32 magic number (0x0000 08 D: unsigned bytes, D
     dimensions), D big-endian uint32 sizes, then the values in C order.
     """
-    data = _read_file(path)
     ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    data = _read_file(path, limit=header)
     kind = {IDX_IMAGES: "image", IDX_LABELS: "label"}.get(magic, "IDX")
     if len(data) < 4:
         raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header "
@@ -329,19 +346,21 @@ def read_idx(path, magic):
         raise DataError(f"{path}: not an IDX {kind} file: magic number 0x{got:08x}, "
                         f"expected 0x{magic:08x} (unsigned bytes, {ndim} dimension"
                         f"{'s' if ndim > 1 else ''})" + _gzipped(data))
-    header = 4 + 4 * ndim
     if len(data) < header:
         raise DataError(f"{path}: {len(data)} bytes, too short for an IDX header of "
                         f"{ndim} dimensions ({header} bytes); truncated file?")
     dims = struct.unpack(f">{ndim}I", data[4:header])
     expected = math.prod(dims)          # Python ints: 3 sizes of up to 2**32 - 1 overflow int64
+    # the data, and a byte more where the file has it: no more is read
+    data = _read_file(path, limit=header + expected + 1)
     payload = len(data) - header
     if payload != expected:
         what = ("truncated file, or a damaged header?" if payload < expected
                 else "trailing bytes, or a damaged header?")
         sizes = " x ".join(map(str, dims)) + f" = {expected}" if ndim > 1 else f"{expected}"
+        holds = f"{payload}" if payload < expected else f"more than {expected}"
         raise DataError(f"{path}: header promises {sizes} bytes of data, the file "
-                        f"holds {payload} ({what})")
+                        f"holds {holds} ({what})")
     if dims[0] == 0:
         raise DataError(f"{path}: holds no {kind}s (the header says 0)")
     if 0 in dims[1:]:
@@ -782,9 +801,11 @@ def make_synthetic(seed=0):
 MAX_INFERRED_CLASSES = 2**31 - 1
 
 
-def load_npz(filename):
+def load_npz(filename, input_shape=None):
     """The npz dataset README describes: x (N, C, H, W) float32 (used as is) or
-    uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes."""
+    uint8 (scaled to [0, 1]), y (N,) integers, optional x_test, y_test and num_classes.
+    input_shape: the (C, H, W) of the network the images are for, where known (images of that
+    shape are not taken for channel-last)."""
     if not filename:
         raise DataError("npz: needs a file name, as in npz:data.npz")
     if "\0" in filename:
@@ -795,10 +816,11 @@ def load_npz(filename):
     x, y, x_test, y_test, num_classes = _npz_arrays(arrays, path)
     x, x_test = native_float32(x), native_float32(x_test)
 
-    _check_npz_images(x, "x", None, path)
+    guess = input_shape is None or tuple(x.shape[1:]) != tuple(input_shape)
+    _check_npz_images(x, "x", None, path, guess_layout=guess)
     _check_npz_labels(y, "y", len(x), path)
     if x_test is not None:
-        _check_npz_images(x_test, "x_test", x, path)
+        _check_npz_images(x_test, "x_test", x, path, guess_layout=guess)
         _check_npz_labels(y_test, "y_test", len(x_test), path)
 
     largest = int(y.max()) if y_test is None else max(int(y.max()), int(y_test.max()))

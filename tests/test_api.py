@@ -546,6 +546,9 @@ def test_network_refuses_bad_arguments(kwargs, error, words):
     (lambda n, x, y: n.fit(x, y, lr="0.1", steps=1), ["lr", "number"]),
     (lambda n, x, y: n.fit(x, y, dataset="bundled", steps=1), ["either arrays", "not both"]),
     (lambda n, x, y: n.evaluate(), ["give the images and labels (x, y), or dataset="]),
+    # a folder read by nothing (the command line refuses such a --data-dir)
+    (lambda n, x, y: n.fit(x, y, steps=1, data_dir="/tmp"), ["data_dir=", "read by nothing"]),
+    (lambda n, x, y: n.evaluate(x, y, data_dir="/tmp"), ["data_dir=", "read by nothing"]),
     (lambda n, x, y: n.fit(x[:0], y[:0], steps=1), ["no images"]),
     (lambda n, x, y: n.evaluate(x[:0], y[:0]), ["no images"]),
     (lambda n, x, y: n.fit(steps=1), ["x", "dataset="]),

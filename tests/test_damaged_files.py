@@ -391,6 +391,34 @@ def test_a_damaged_batches_meta_is_called_what_it_is(tmp_path):
         load_dataset("cifar10", tmp_path)
 
 
+def test_a_small_gzip_idx_file_holding_far_more_than_its_header_promises_is_not_read_whole(
+        tmp_path):
+    """A gzipped IDX file of a few hundred kilobytes whose header promises 20 labels and that
+    holds 256 MiB of zeros after them: refused (trailing bytes) having read what the header
+    promises and a byte more, not the 256 MiB (a file of 50 MB so would have taken the
+    machine's memory before the error)."""
+    import gzip
+    import tracemalloc
+
+    from pyhet.data import read_idx
+
+    path = tmp_path / "train-labels-idx1-ubyte.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(struct.pack(">II", 0x801, 20) + bytes(20))
+        for _ in range(16):
+            f.write(bytes(16 << 20))
+    assert path.stat().st_size < (2 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError, match=r"header promises 20 bytes of data, the file holds "
+                                            r"more than 20 \(trailing bytes"):
+            read_idx(path, 0x801)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (8 << 20), peak
+
+
 def test_an_idx_header_that_promises_other_sizes_may_be_the_damage(tmp_path):
     from pyhet.data import read_idx
 

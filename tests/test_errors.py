@@ -166,6 +166,10 @@ BAD = [
     (["devices", "--batch-size", "0"], 2, ["--batch-size"]),
     (["devices", "--dataset", "npz:DIR", "--devices", "cpu:1"], 1, ["folder"]),
     (["devices", "--kernels", "1000000,8", "--devices", "cpu:1,cpu:1"], 1, ["GiB"]),
+    # --- plan: the devices it calibrates here need what training them would (it ran out
+    # of memory in calibration, after gigabytes)
+    (["plan", "--arch", "4C5-P2-8C5-P2", "--batch-size", "500000", "--devices", "cpu:1"], 1,
+     ["at batch 500000", "GiB available"]),
     # --- evaluate
     (["evaluate"], 2, ["--weights", "required"]),
     (["evaluate", "--weights", "DIR", "--devices", "cpu:1"], 1, ["folder"]),
@@ -849,6 +853,27 @@ def test_predict_takes_images_of_the_networks_own_shape_that_look_channel_last(c
     np.save(tmp_path / "t.npy", x.transpose(0, 2, 3, 1))
     res = cli("predict", "--weights", tmp_path / "w.npz", "--input", tmp_path / "t.npy",
               "--devices", "numpy")
+    assert res.code == 1 and "channel-last" in res.err, res.err
+
+
+def test_an_npz_dataset_of_the_networks_own_shape_that_looks_channel_last_evaluates(
+        cli, tmp_path):
+    """A network of (8, 8, 3) inputs: pyhet evaluate, and fit and evaluate with dataset=,
+    refused an npz dataset of exactly its images as channel-last (from the shape alone), and
+    told to transpose them into a shape the network does not take; as predict, they take it."""
+    rng = np.random.default_rng(0)
+    x, y = rng.random((6, 8, 8, 3), dtype=np.float32), np.arange(6) % 2
+    np.savez(tmp_path / "d.npz", x=x, y=y, x_test=x, y_test=y)
+    with pyhet.Network("4C3p1", (8, 8, 3), 2, devices="numpy") as net:
+        net.fit(dataset=f"npz:{tmp_path / 'd.npz'}", steps=1, batch_size=3)
+        assert net.evaluate(dataset=f"npz:{tmp_path / 'd.npz'}")["images"] == 6
+        net.save(tmp_path / "w.npz")
+    res = cli("evaluate", "--weights", tmp_path / "w.npz", "--dataset",
+              f"npz:{tmp_path / 'd.npz'}", "--devices", "numpy", "--json")
+    assert res.code == 0 and json.loads(res.out.splitlines()[-1])["images"] == 6, res.err
+    # pyhet train, whose network is made for the data, still names the layout
+    res = cli("train", "--dataset", f"npz:{tmp_path / 'd.npz'}", "--arch", "2C3", "--steps",
+              "1", "--devices", "numpy")
     assert res.code == 1 and "channel-last" in res.err, res.err
 
 
