@@ -33,6 +33,14 @@ _POLICY = "OMP_WAIT_POLICY"
 _chosen = _POLICY in os.environ
 if not _chosen:
     os.environ[_POLICY] = "PASSIVE"
+# The cores this process may run on, before libgomp loads: under OMP_PROC_BIND it binds the
+# loading thread to one core, which every thread made later (each device's worker) would
+# inherit, so that `cpu:1,cpu:1` ran on one core and a `cpu` device took one thread. pyhet
+# places its threads itself: the mask is put back below (its OpenMP teams still bind as asked).
+try:
+    _AFFINITY = os.sched_getaffinity(0)
+except AttributeError:  # not Linux
+    _AFFINITY = None
 try:
     from . import _core
 except ImportError as e:  # a source tree without the built extension, usually
@@ -51,6 +59,11 @@ except ImportError as e:  # a source tree without the built extension, usually
 finally:
     if not _chosen:
         del os.environ[_POLICY]
+    if _AFFINITY is not None and os.sched_getaffinity(0) != _AFFINITY:
+        try:
+            os.sched_setaffinity(0, _AFFINITY)
+        except OSError:
+            pass
 
 
 def _openmp_stack_size(environ=os.environ) -> "tuple[int, str] | None":

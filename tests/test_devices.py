@@ -120,6 +120,28 @@ def test_a_core_without_openmp_says_its_cpu_devices_of_several_threads_run_on_on
         check_threads(parse_devices("cpu:1,numpy"))
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux only")
+@pytest.mark.parametrize("bind", ["true", "spread"])
+def test_omp_proc_bind_leaves_pyhet_every_core(tmp_path, bind):
+    """Under OMP_PROC_BIND, libgomp binds the thread that loads it to one core, and the threads
+    made later (each device's worker) inherited that: pyhet saw one core, and `cpu:1,cpu:1`
+    ran on it. The mask is put back once the core is loaded."""
+    import os
+    import subprocess
+
+    code = ("import os, threading\n"
+            "from pyhet import ops\n"
+            "seen = []\n"
+            "t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0))))\n"
+            "t.start(); t.join()\n"
+            "print(ops.default_threads(), seen[0])\n")
+    env = dict(os.environ, OMP_PROC_BIND=bind)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(CORES)] * 2, out.stdout
+
+
 def test_a_machines_compute_threads_count_numpy_devices_and_a_core_without_openmp(monkeypatch):
     """What a rank tells the master it computes with on its machine (pyhet.transport.mpi's
     host_of, whose sum over a machine's ranks says whether its cores are crowded): a cpu
