@@ -314,11 +314,20 @@ class CheckpointDir:
         return None
 
     def _skip(self, path, why, older):
-        """Say that a damaged checkpoint is passed over, and for which."""
+        """Say that a damaged checkpoint is passed over, and for which; where no older one is
+        left to try, refuse (PyhetError): a run started afresh in the folder would delete it
+        with the others in time (--keep), or write over it, where its weights may still be
+        what the user wanted resumed."""
+        if older is None:
+            raise PyhetError(
+                f"checkpoint {path} is damaged ({why}), and the folder holds no older one to "
+                f"resume from: nothing was changed. Mend or move it, or start afresh with "
+                f"{errors.flag('overwrite', self.python)} in place of "
+                f"{errors.flag('resume', self.python)} (which deletes the folder's "
+                f"checkpoints as it writes its own)")
         if self.log is not None:
             say(f"pyhet: warning: checkpoint {path} is damaged ({why}); "
-                + (f"resuming from {older} instead" if older
-                   else "no older checkpoint: starting afresh"), self.log)
+                f"resuming from {older} instead", self.log)
 
     def _check_settings(self, path, meta: dict):
         stored = meta.get("settings") or {k: meta[k] for k in ("seed", "batch_size", "shuffle")

@@ -640,11 +640,12 @@ def test_a_damaged_checkpoint_past_the_run_never_costs_a_new_one(cli, npz_datase
     checkpoint the run wrote: --keep 1 deleted each new one as soon as it was written."""
     data = npz_dataset(n=40)
     ck = tmp_path / "ck"
-    ck.mkdir()
+    res = cli(*train_argv(data, "--steps", "1", "--checkpoint-dir", ck))
+    assert res.code == 0, res.err
     (ck / "checkpoint-000000050.npz").write_text("junk")
     res = cli(*train_argv(data, "--steps", "4", "--checkpoint-dir", ck, "--resume",
                           "--keep", "1", "--checkpoint-every", "1"))
-    assert res.code == 0, res.err
+    assert res.code == 0 and "(step 1)" in res.err, res.err
     assert checkpoints(ck) == ["checkpoint-000000004.npz", "checkpoint-000000050.npz"]
     res = cli(*train_argv(data, "--steps", "5", "--checkpoint-dir", ck, "--resume",
                           "--keep", "1"))

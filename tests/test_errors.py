@@ -635,7 +635,7 @@ DAMAGED_CHECKPOINT = {
                                ["nested too deeply"]),
     "a format to come": (lambda m, v: _meta(m, format=99), ["format is 99, not one of 1..2"]),
     "a step training cannot have reached": (lambda m, v: _meta(m, step=10**30),
-                                            [f"step {10**30}, more than the 1 batches"]),
+                                            [f"step {10**30}, more than the 2 batches"]),
     "a batch past the epoch's end": (lambda m, v: _meta(m, batch=10**9),
                                      ["batch 1000000000 of an epoch, which has"]),
     "lr a string": (lambda m, v: _meta(m, settings={**m["settings"],
@@ -674,20 +674,42 @@ def _one_checkpoint(cli, files, tmp_path):
 @pytest.mark.parametrize("damage", list(DAMAGED_CHECKPOINT))
 def test_resume_passes_over_an_edited_checkpoint(cli, files, tmp_path, damage):
     """A checkpoint whose meta entry, weights or momentum are not what pyhet writes is damaged:
-    --resume says so in one warning and goes on from the one before it (here: from the start),
-    where it ended in a traceback, resumed from a negative step, or trained with NaN momentum."""
-    argv, path, arrays = _one_checkpoint(cli, files, tmp_path)
+    --resume says so in one warning and goes on from the one before it, where it ended in a
+    traceback, resumed from a negative step, or trained with NaN momentum; where there is none
+    before it, --resume is refused, and the file left as it is (a run started afresh would
+    have deleted it in time, or written over it)."""
+    argv, first, _ = _one_checkpoint(cli, files, tmp_path)
+    assert cli(*argv, "--steps", "2", "--resume").code == 0
+    path = first.with_name("checkpoint-000000002.npz")
+    arrays = dict(np.load(path))
     change, words = DAMAGED_CHECKPOINT[damage]
     changed = {**arrays, **change(json.loads(str(arrays["meta"])),
                                   arrays["momentum/conv1.weight"])}
     np.savez(path, **{k: v for k, v in changed.items() if v is not None})
-    res = cli(*argv, "--steps", "2", "--resume", "--json")
+    res = cli(*argv, "--steps", "3", "--resume", "--json")
     assert res.code == 0, res.err
     lines = [line for line in res.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in res.err, res.err
-    for w in [str(path), "is damaged", "starting afresh", *words]:
+    assert len(lines) == 2 and "Traceback" not in res.err, res.err
+    assert lines[1] == f"resuming from {first} (step 1)", res.err
+    for w in [str(path), "is damaged", f"resuming from {first} instead", *words]:
         assert w in lines[0], (w, lines[0])
-    assert json.loads(res.out.splitlines()[-1])["steps"] == 2
+    summary = json.loads(res.out.splitlines()[-1])
+    assert summary["steps"] == 3 and summary["start_step"] == 1
+    # the only checkpoint, damaged: nothing to resume from
+    for old in first.parent.glob("checkpoint-*.npz"):
+        old.unlink()
+    np.savez(path, **{k: v for k, v in changed.items() if v is not None})
+    before = path.read_bytes()
+    res = cli(*argv, "--steps", "3", "--resume")
+    assert res.code == 1, res.err
+    lines = [line for line in res.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in res.err, res.err
+    for w in [str(path), "is damaged", "no older one", "--overwrite in place of --resume",
+              *words]:
+        assert w in lines[0], (w, lines[0])
+    assert path.read_bytes() == before
+    res = cli(*argv, "--steps", "1", "--overwrite")
+    assert res.code == 0, res.err
 
 
 def test_resume_refuses_an_earlier_versions_checkpoint_of_another_network(cli, files, tmp_path):
