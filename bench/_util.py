@@ -150,6 +150,7 @@ def system_info() -> dict:
         from pyhet import ops
         info["pyhet"] = getattr(pyhet, "__version__", "?")
         info["pyhet_gemm_kernel"] = ops.gemm_kernel()
+        info["pyhet_gemm_blocks"] = list(ops.gemm_blocks())
         info["pyhet_openmp"] = ops.have_openmp()
     except ImportError as e:  # a benchmark of something else may still run
         info["pyhet"] = f"not importable: {e}"
@@ -161,8 +162,10 @@ def describe_system(info: dict) -> str:
     lines = [f"cpu: {info['cpu']} ({info['cores_available']} cores available)",
              f"python {info['python']}, numpy {info['numpy']}"]
     if "pyhet_gemm_kernel" in info:
-        lines.append(f"pyhet {info['pyhet']}: gemm kernel {info['pyhet_gemm_kernel']}, "
-                     f"OpenMP {'on' if info['pyhet_openmp'] else 'off'}")
+        blocks = info.get("pyhet_gemm_blocks")
+        lines.append(f"pyhet {info['pyhet']}: gemm kernel {info['pyhet_gemm_kernel']}"
+                     + (" (MC {}, KC {}, NC {})".format(*blocks) if blocks else "")
+                     + f", OpenMP {'on' if info['pyhet_openmp'] else 'off'}")
     for lib in info["blas"]:
         lines.append(f"numpy BLAS: {lib.get('internal_api')} {lib.get('version')}, "
                      f"kernel {lib.get('architecture')}, {lib.get('num_threads')} threads "

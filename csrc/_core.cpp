@@ -928,6 +928,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("a"), py::arg("b"), py::arg("c"), py::arg("threads") = 1,
         "For the benchmark: c = a @ b by the plain i-k-j loop the compiler vectorises.");
   m.def("gemm_kernel", &pyhet::sgemm_kernel_name, "The micro-kernel sgemm uses on this CPU.");
+  m.def("gemm_blocks", &pyhet::sgemm_blocks,
+        "The blocks (MC, KC, NC) of the micro-kernel sgemm uses on this CPU.");
   m.def("set_gemm_kernel",
         [](const std::string& name) {
           if (!pyhet::gemm::set_kernel(name.c_str()))

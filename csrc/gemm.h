@@ -7,6 +7,7 @@
 // overwrites C without reading it (NaNs in C do not leak through). Transposes are handled while
 // packing, never by copying the matrix.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -30,6 +31,8 @@ void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 
 // Which micro-kernel sgemm uses on this CPU: "avx512", "avx2-fma" or "portable".
 const char* sgemm_kernel_name();
+// The chosen kernel's blocks: {MC, KC, NC}.
+std::array<int64_t, 3> sgemm_blocks();
 
 // ---------------------------------------------------------------------------------------------
 // op(B) packed once for several products that share it: the devices of one process multiply

@@ -991,11 +991,12 @@ def run_rank(args, parser, ranks: int) -> int:
     timeout = getattr(args, "timeout", None)   # pyhet plan has none: the default
     # (at least MIN_STARTUP_S: a --timeout of a tenth of a second, fit for messages between
     # running ranks, ended every start-up by SIGALRM, in mpiexec's banner)
-    limit = max(MIN_STARTUP_S, timeout if timeout is not None else DEFAULT_TIMEOUT)
+    limit = timeout if timeout is not None else DEFAULT_TIMEOUT
+    startup = max(MIN_STARTUP_S, limit)
     # (the timer takes at most about 2**63 ns: a longer limit is none, as inf is)
-    if limit < MAX_ALARM_S:
+    if startup < MAX_ALARM_S:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, limit)
+        signal.setitimer(signal.ITIMER_REAL, startup)
     from .transport import mpi  # mpi4py is optional: imported only under mpiexec
 
     signal.setitimer(signal.ITIMER_REAL, 0)

@@ -87,7 +87,8 @@ __all__ = [
     "gemm", "sgemm", "packed_b", "pack_b", "sgemm_packed", "gemm_kernel", "have_openmp",
     "PackedQuadrants", "packed_quadrants", "pack_quadrants", "uses_packed_strassen",
     "strassen_min_dim", "uses_strassen", "splits_k", "start_team",
-    "default_threads", "im2col", "im2col_pack", "im2col_pack_quadrants", "quadrant_units",
+    "default_threads", "gemm_blocks", "im2col", "im2col_pack", "im2col_pack_quadrants",
+    "quadrant_units",
     "col2im",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
@@ -106,6 +107,12 @@ def gemm_kernel() -> str:
     """The GEMM micro-kernel chosen for this CPU: ``"avx512"``, ``"avx2-fma"`` or
     ``"portable"``."""
     return _core.gemm_kernel()
+
+
+def gemm_blocks() -> tuple:
+    """The blocks (MC, KC, NC) of the chosen micro-kernel: its K blocks are longer on a CPU
+    whose cores have an L2 of 2 MiB or more (the AVX-512 kernel's KC 1024, else 512)."""
+    return tuple(_core.gemm_blocks())
 
 
 def have_openmp() -> bool:

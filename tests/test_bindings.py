@@ -464,7 +464,8 @@ def test_binding_runs_or_raises_a_short_error(name, data):
 
 def test_every_binding_is_covered():
     """A new binding needs a case here (or a test of its own below)."""
-    own_tests = {"gemm_kernel", "have_openmp", "set_gemm_kernel", "set_gemm_min_flops_per_thread",
+    own_tests = {"gemm_kernel", "gemm_blocks", "have_openmp", "set_gemm_kernel",
+                 "set_gemm_min_flops_per_thread",
                  "set_gemm_strassen_min_dim", "gemm_strassen_min_dim", "gemm_uses_strassen",
                  "gemm_splits_k", "start_team", "startable_threads",
                  "gemm_packed_uses_strassen"}

@@ -400,7 +400,7 @@ def test_a_strassen_switch_the_core_does_not_read_is_named(value, said, tmp_path
 # small, so split only under the test hook, on 2, 3 and 7 threads (K too short for 7 blocks of
 # the usual size: smaller blocks), with edge tiles, one tile, and a single row and column.
 SPLIT_K_CASES = [
-    (32, 25, 36864, 2, False), (7, 20, 2000, 2, True), (30, 20, 777, 3, True),
+    (32, 25, 36864, 2, False), (7, 20, 2000, 2, True), (30, 20, 500, 3, True),
     (1, 1, 5000, 2, True), (20, 10, 4100, 7, True), (12, 32, 1024, 3, True),
 ]
 
@@ -1221,6 +1221,65 @@ def test_default_kernel_follows_the_rule():
     else:
         expected = "avx2-fma" if HAVE_AVX2 else "portable"
     assert ops.gemm_kernel() == expected
+
+
+def test_the_avx512_kernels_k_blocks_follow_the_cores_l2():
+    """KC 1024 where the core's L2 holds 2 MiB or more (the packed block of A then takes the
+    same quarter of it as KC 512 of a 1 MiB one), else 512; the other kernels' blocks are
+    their own."""
+    import shutil
+
+    if shutil.which("getconf") is None:   # (Python's os.sysconf does not know the name)
+        pytest.skip("no getconf to read the L2's size as the C library gives it")
+    said = subprocess.run(["getconf", "LEVEL2_CACHE_SIZE"], capture_output=True, text=True,
+                          env=dict(os.environ, PYHET_GEMM_L2_BYTES=""))
+    l2 = int(said.stdout.strip()) if said.stdout.strip().isdigit() else 0
+    if os.environ.get("PYHET_GEMM_L2_BYTES", "").isdigit():
+        l2 = int(os.environ["PYHET_GEMM_L2_BYTES"])
+    blocks = ops.gemm_blocks()
+    assert len(blocks) == 3 and all(isinstance(v, int) and v > 0 for v in blocks)
+    if ops.gemm_kernel() == "avx512":
+        assert blocks[1] == (1024 if (l2 or 0) >= 2 << 20 else 512), (blocks, l2)
+    else:
+        assert blocks[1] == 512, blocks
+
+
+@pytest.mark.skipif(not HAVE_AVX512, reason="this CPU or build has no avx512 kernel")
+@pytest.mark.parametrize("l2", [1 << 20, 2 << 20])
+def test_the_avx512_kernel_computes_the_same_with_either_k_block(tmp_path, l2):
+    """Either length of K block (PYHET_GEMM_L2_BYTES stands in for the core's L2), on products
+    of several K blocks and odd sizes, plain, transposed, from a packed B and by Strassen's
+    scheme, against the float64 product; in a process of its own (the blocks are chosen once
+    a process)."""
+    code = textwrap.dedent("""
+        import numpy as np
+        from pyhet import _core, ops
+        _core.set_gemm_kernel("avx512")
+        print(ops.gemm_blocks()[1])
+        rng = np.random.default_rng(0)
+        worst = 0.0
+        for m, n, k, ta, tb in [(37, 45, 2500, False, False), (61, 33, 2049, True, False),
+                                (29, 70, 1100, False, True), (800, 800, 2100, False, False)]:
+            a = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(np.float32)
+            b = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(np.float32)
+            want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+            got = ops.sgemm(a, b, trans_a=ta, trans_b=tb, threads=1)
+            worst = max(worst, float(np.abs(got - want).max() / np.sqrt(k)))
+            if not ta:
+                packed = ops.packed_b(k, n, trans_b=tb)
+                ops.pack_b(b, packed)
+                got = ops.sgemm_packed(a, packed, threads=2)
+                worst = max(worst, float(np.abs(got - want).max() / np.sqrt(k)))
+        print(ops.uses_strassen(800, 800, 2100, 1), worst)
+    """)
+    env = dict(os.environ, PYHET_GEMM_L2_BYTES=str(l2))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    kc, strassen, worst = out.stdout.split()
+    assert int(kc) == (1024 if l2 >= 2 << 20 else 512)
+    assert strassen == "True"
+    assert float(worst) < 1e-5, worst
 
 
 @pytest.mark.parametrize("name", ["portable", "avx2-fma", "avx512"])
