@@ -125,10 +125,10 @@ constexpr Blocks kBlocksAvx512{PYHET_GEMM_AVX512_MC, PYHET_GEMM_AVX512_KC,
 // The same with K blocks twice as long, where a core has an L2 of 2 MiB or more (Intel's server
 // cores): the packed MC x KC block of A (480 KiB) takes the same quarter of it that KC = 512 takes
 // of Zen 4's and Zen 5's 1 MiB, and each tile of C is read and written half as often. On a
-// 2-core Intel Xeon VM (48 KiB L1d, 2 MiB L2), one thread, alternated builds: the conv2 weight
-// and input gradients (1500 x 12500 x 1600 and 12500 x 1600 x 1500) went from 0.87 and 0.91 of
-// OpenBLAS to 0.94 and 1.00, 1024^3 from 0.98 to 1.10, and the paper network's step at batch 16
-// from 1.34 to 1.23 s.
+// 2-core Intel Xeon VM (48 KiB L1d, 2 MiB L2), one thread, one build after the other: the conv2
+// weight and input gradients (1500 x 12500 x 1600 and 12500 x 1600 x 1500) went from 0.87 and
+// 0.91 of OpenBLAS to 0.94 and 1.00, 1024^3 from 0.98 to 0.99-1.10, and the paper network's
+// step at batch 16 from 1.34 to 1.23 s.
 #ifndef PYHET_GEMM_AVX512_WIDE_L2_KC
 #define PYHET_GEMM_AVX512_WIDE_L2_KC 1024
 #endif
