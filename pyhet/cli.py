@@ -840,11 +840,11 @@ def cmd_evaluate(args) -> int:
 
 def cmd_predict(args) -> int:
     if args.output is not None:      # checked before any work, as --save is
-        check_file_destination(args.output, "--output")
         for option, given in (("--weights", args.weights), ("--input", args.input)):
             if files.same_file(args.output, given):
                 raise UsageError(f"--output {args.output}: the same file as {option} {given}, "
                                  f"which writing it would replace: give another name")
+        check_file_destination(args.output, "--output")
     x = read_images(args.input)
     net = _load_network(args.weights, args.devices, lambda: tuple(x.shape[1:]))
     if looks_channel_last(x.shape, net.input_shape):

@@ -513,7 +513,10 @@ def read_cifar_bin(path):
     """x (N, 3, 32, 32) uint8, y (N,) uint8 of one binary-layout batch file:
     records of 1 label byte and 3072 pixel bytes."""
     data = _read_file(path)
-    if len(data) == 0 or len(data) % CIFAR_RECORD:
+    if len(data) == 0:
+        raise DataError(f"{path}: an empty file, expected CIFAR-10 records of {CIFAR_RECORD} "
+                        f"bytes (1 label + 3072 pixels); truncated file?")
+    if len(data) % CIFAR_RECORD:
         raise DataError(f"{path}: {len(data)} bytes, not a whole number of CIFAR-10 "
                         f"records of {CIFAR_RECORD} bytes (1 label + 3072 pixels); "
                         + (_gzipped(data).lstrip("; ") or "truncated file?"))

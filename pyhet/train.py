@@ -174,6 +174,10 @@ def check_file_destination(path, option: str) -> None:
         raise UsageError(f"{option} {path}: a folder, not a file")
     if path.endswith(tuple(filter(None, (os.sep, os.altsep)))):
         raise UsageError(f"{option} {path}: names a folder (it ends in {path[-1]}), not a file")
+    if path.lower().endswith(".npy"):   # (read back as an .npy: "no array 'x'", and the like)
+        raise UsageError(f"{option} {path}: pyhet writes an .npz archive, which a name ending "
+                         f"in .npy would have read back as a single array; give a name ending "
+                         f"in .npz")
     # the folder as the system reaches it (link/.. is the folder above the link's target)
     problem = files.unreachable(files.folder_of(path))
     if problem is not None:

@@ -570,6 +570,16 @@ def test_cifar_bin_size_not_a_multiple_of_3073(tmp_path, cut):
         load_dataset("cifar10", data_dir=str(folder))
 
 
+def test_an_empty_cifar_bin_batch_is_said_to_be_empty(tmp_path):
+    """It was "0 bytes, not a whole number of records" (0 is one)."""
+    folder = tmp_path / "cifar-10-batches-bin"
+    write_cifar_bin(folder, cifar_arrays())
+    (folder / "data_batch_3.bin").write_bytes(b"")
+    with pytest.raises(DataError, match=r"data_batch_3.bin: an empty file, expected CIFAR-10 "
+                                        r"records of 3073 bytes"):
+        load_dataset("cifar10", data_dir=str(folder))
+
+
 def test_cifar_bin_label_out_of_range(tmp_path):
     batches = cifar_arrays()
     batches["test_batch"][1][2] = 10

@@ -135,6 +135,7 @@ BAD = [
     (TRAIN + ["--dataset", "npz:X_JUNK_MEMBER"], 1, ["'x'", "not an .npy array"]),
     (TRAIN + ["--save", "DIR"], 2, ["--save", "a folder, not a file"]),
     (TRAIN + ["--save", "SLASHED"], 2, ["--save", "out.npz/", "ends in /", "not a file"]),
+    (TRAIN + ["--save", "w.npy"], 2, ["--save w.npy", "an .npz archive", "ending in .npz"]),
     (TRAIN + ["--dataset", "npz:DIR"], 1, ["folder"]),
     (TRAIN + ["--dataset", "npz:OBJECTS"], 1, ["'y'", "Python objects"]),
     (TRAIN + ["--dataset", "npz:TEXT"], 1, ["not an .npz file", "x (N, C, H, W)"]),
