@@ -48,6 +48,10 @@ BALANCE_MODES = ("dynamic", "static", "even")
 # them (normalised: a few units; raw pixel values as floats: up to 255): a run that diverged on
 # such images says to scale them first
 HUGE_IMAGE_VALUE = 1e3
+# a run whose last training loss is above this many times ln(classes), a guess's, has diverged
+# (pyhet warns), though its values stayed finite (the right class's probability below e^-230
+# of 10 classes; a network of a large fc layer was at 11 times after its first three steps)
+DIVERGED_LOSS_TIMES_CHANCE = 100.0
 
 
 @dataclass
@@ -926,6 +930,16 @@ def _run_steps(cfg, ds, net, start, log, balance, callback, save_checkpoint, sto
                                 f"diverged" + ("; the weights were not saved" if cfg.save
                                                else "") + "; "
                                  + _advice(cfg, ds.x_train[:n]))
+    final = losses[-1] if losses else None
+    chance = math.log(ds.num_classes)
+    if final is not None and final > DIVERGED_LOSS_TIMES_CHANCE * chance:
+        # finite, but far past what guessing costs: a run whose weights grew without overflowing
+        # (an lr of 1e5 ended at a loss of 1.4e5 and weights of 3e10, and said nothing)
+        n = largest_batch(cfg, ds)
+        warn(f"the training loss ended at {final:.4g}, {final / chance:.0f} times a guess's "
+             f"(ln {ds.num_classes} = {chance:.3g}): training diverged, though its values "
+             f"stayed finite" + ("; the weights are saved as they are" if cfg.save else "")
+             + "; " + _advice(cfg, ds.x_train[:n]))
     if cfg.save:
         save_weights(cfg.save, params, net.shape, ds.classes, ds.normalization)
     result = summary(cfg, ds, net, step_times, part_times, losses, busy, train_s, test,

@@ -187,6 +187,25 @@ def test_quiet_leaves_out_the_bars_and_the_set_ups_lines(cli, npz_dataset):
     assert set(last_json(quiet.out)["partition"]) == {"conv1", "conv2"}
 
 
+def test_a_run_whose_loss_ends_far_above_a_guess_is_said_to_have_diverged(cli_process,
+                                                                         tmp_path):
+    """An lr of 1000 ends at a finite loss of about 1,400 (ln 10 = 2.3 is a guess's) with
+    weights of order 1e10: a warning says it diverged, and what to change; an ordinary run says
+    nothing."""
+    argv = ["train", "--arch", "4C5-P2-8C5-P2", "--devices", "cpu:1", "--batch-size", "8",
+            "--steps", "6", "--quiet", "--json", "--save", tmp_path / "w.npz"]
+    res = cli_process(*argv, "--lr", "1000")
+    assert res.code == 0, res.err
+    loss = last_json(res.out)["train_loss"]
+    assert loss > 100 * math.log(10)
+    (line,) = res.err.strip().splitlines()
+    assert line.startswith(f"pyhet: warning: the training loss ended at {loss:.4g}, "), line
+    assert ("training diverged, though its values stayed finite; the weights are saved as they "
+            "are; try a smaller --lr (now 1000)") in line, line
+    res = cli_process(*argv)
+    assert res.code == 0 and res.err == "", res.err
+
+
 # ================================================================ steps, epochs, order, seed
 
 def test_steps_cross_epoch_boundaries(cli, npz_dataset):
