@@ -150,13 +150,18 @@ def cuda_device_count() -> int:
         return 0
 
 
-def compute_threads(specs: list[DeviceSpec]) -> int:
-    """The threads the devices compute with on this machine's cores: a cpu device's (one in a
-    core built without OpenMP), a numpy device's one (its worker, whose NumPy calls may use
-    more), a GPU's none (its worker waits on the GPU)."""
+def cpu_threads(specs: list[DeviceSpec]) -> int:
+    """The threads of the cpu devices: each one's, or one each in a core built without
+    OpenMP."""
     one = not ops.have_openmp()
-    return sum((1 if one else s.threads) if s.kind == "cpu" else int(s.kind == "numpy")
-               for s in specs)
+    return sum(1 if one else s.threads for s in specs if s.kind == "cpu")
+
+
+def compute_threads(specs: list[DeviceSpec]) -> int:
+    """The threads the devices compute with on this machine's cores: the cpu devices'
+    (cpu_threads), a numpy device's one (its worker, whose NumPy calls may use more), a GPU's
+    none (its worker waits on the GPU)."""
+    return cpu_threads(specs) + sum(1 for s in specs if s.kind == "numpy")
 
 
 def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
@@ -178,8 +183,7 @@ def check_threads(specs: list[DeviceSpec], master: bool = True) -> None:
             warn(f"this build of pyhet's core has no OpenMP: {', '.join(wide)} "
                  f"run{'s' if len(wide) == 1 else ''} on one thread (every kernel is "
                  f"single-threaded); give cpu:1 devices, or install a build with OpenMP")
-        specs = [replace(s, arg=1) if s.kind == "cpu" else s for s in specs]
-    total = sum(s.threads for s in specs if s.kind == "cpu")
+    total = cpu_threads(specs)
     if total > cores:
         warn(f"the cpu devices use {total} threads in all but this process may run on "
              f"{cores} cores: they will compete for them")

@@ -185,6 +185,8 @@ BAD = [
     (PREDICT + ["--input", "NPY_OBJECTS"], 1, ["Python objects"]),
     (PREDICT + ["--input", "NPY_LONG_HEADER"], 1, ["header of 12,020 bytes", "damaged"]),
     (PREDICT + ["--input", "DIR"], 1, ["folder"]),
+    (PREDICT + ["--input", "NPY_CHANNEL_LAST", "--output", "p.npy"], 2,
+     ["--output p.npy", "an .npz archive"]),
     (PREDICT + ["--input", "EMPTY"], 1, ["empty file"]),
     (PREDICT + ["--input", "TEXT"], 1, ["not an .npy or .npz file"]),
     (PREDICT + ["--input", "X_JUNK_MEMBER"], 1, ["'x'", "not an .npy array"]),
