@@ -448,6 +448,15 @@ void tile_out(const float* tile, int64_t m, int64_t n, float alpha, float beta, 
   }
 }
 
+// The edge kernel of a micro-kernel (rows of a tile cut off by the edge of C), or null.
+inline EdgeKernel edge_kernel_of(MicroKernel kernel) {
+#ifdef PYHET_HAVE_AVX512_KERNEL
+  if (kernel == micro_kernel_avx512) return edge_kernel_avx512;
+#endif
+  (void)kernel;
+  return nullptr;
+}
+
 // C2 (with alpha2, beta2, same row stride): where a Strassen sub-product also goes, or null.
 template <int MR, int NR>
 void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_t s0,
@@ -455,6 +464,7 @@ void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_
                   float alpha, float beta, float* C, int64_t ldc, float* C2 = nullptr,
                   float alpha2 = 0.f, float beta2 = 0.f) {
   alignas(64) float tile[MR * NR];
+  const EdgeKernel edge = edge_kernel_of(kernel);
   for (int64_t s = s0; s < s1; ++s) {
     const int64_t j = s * NR, n = std::min<int64_t>(NR, nc - j);
     const float* b = bpack + s * b_stride;
@@ -467,8 +477,12 @@ void macro_kernel(MicroKernel kernel, int64_t mc, int64_t nc, int64_t kc, int64_
         kernel(kc, a, b, c, ldc, alpha, beta, C2 ? &second : nullptr);
         continue;
       }
-      // An edge tile: compute the whole tile into `tile`, then write only the part inside C.
-      kernel(kc, a, b, tile, NR, 1.f, 0.f, nullptr);
+      // An edge tile: compute it into `tile` (its rows inside C, where the kernel has an edge
+      // kernel, else the whole tile), then write only the part inside C.
+      if (edge && m < MR)
+        edge(kc, a, b, tile, m);
+      else
+        kernel(kc, a, b, tile, NR, 1.f, 0.f, nullptr);
       tile_out<NR>(tile, m, n, alpha, beta, c, ldc);
       if (C2) tile_out<NR>(tile, m, n, alpha2, beta2, second.c, ldc);
     }

@@ -122,6 +122,39 @@ void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, i
 #undef PYHET_STORE
 }
 
+namespace {
+
+// The first ROWS rows of a tile (of the MR that the packed a holds, zero-padded past the edge of
+// A) into tile (row stride NR), alpha 1 and beta 0: 2 * ROWS FMAs a step instead of 24.
+template <int ROWS>
+void edge_rows(int64_t kc, const float* a, const float* b, float* tile) {
+  __m512 lo[ROWS], hi[ROWS];
+  for (int i = 0; i < ROWS; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    for (int i = 0; i < ROWS; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      lo[i] = _mm512_fmadd_ps(ai, b0, lo[i]);
+      hi[i] = _mm512_fmadd_ps(ai, b1, hi[i]);
+    }
+  }
+  for (int i = 0; i < ROWS; ++i) {
+    _mm512_store_ps(tile + i * NR, lo[i]);
+    _mm512_store_ps(tile + i * NR + 16, hi[i]);
+  }
+}
+
+}  // namespace
+
+void edge_kernel_avx512(int64_t kc, const float* a, const float* b, float* tile, int64_t m) {
+  if (m <= 4)
+    edge_rows<4>(kc, a, b, tile);
+  else if (m <= 8)
+    edge_rows<8>(kc, a, b, tile);
+  else
+    micro_kernel_avx512(kc, a, b, tile, NR, 1.f, 0.f, nullptr);
+}
+
 }  // namespace gemm
 }  // namespace pyhet
 

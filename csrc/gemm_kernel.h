@@ -54,6 +54,13 @@ void micro_kernel_avx512(int64_t kc, const float* a, const float* b, float* c, i
                          float alpha, float beta, const SecondTile* second);
 #endif
 
+// An edge tile of m < MR rows: at least its first m rows into tile (row stride NR; alpha 1, beta
+// 0), for fewer FMAs than the whole tile's. A kernel without one computes the whole tile.
+using EdgeKernel = void (*)(int64_t kc, const float* a, const float* b, float* tile, int64_t m);
+#ifdef PYHET_HAVE_AVX512_KERNEL
+void edge_kernel_avx512(int64_t kc, const float* a, const float* b, float* tile, int64_t m);
+#endif
+
 // Test hook: force "portable", "avx2-fma" or "avx512", or go back to "auto" (the kernel chosen
 // for this CPU). Returns false, changing nothing, for an unknown name or a kernel this CPU or
 // build cannot run.

@@ -166,6 +166,21 @@ def test_sizes(kernel, m, n, k, trans_a, trans_b, threads):
         expect_close(run_ref(a, b, c0, trans_a, trans_b, 1.0, 0.0), a, b, c0, trans_a, trans_b)
 
 
+@pytest.mark.parametrize("alpha,beta", [(1.0, 0.0), (-1.5, 0.5)])
+def test_every_row_count_of_an_edge_tile(kernel, alpha, beta):
+    # tiles cut off by the last row of C, 1 to MR - 1 rows (the AVX-512 kernel computes only
+    # those rows, in 4 or 8 of them), and by its last column, plain and from a packed B
+    rng = np.random.default_rng(11)
+    for m in range(1, 26):
+        a, b, c0 = operands(rng, m, 45, 37, False, False)
+        c = run_sgemm(a, b, c0, False, False, alpha, beta, 1)
+        expect_close(c, a, b, c0, False, False, alpha, beta)
+        packed = packed_parts(b, 37, 45, False, "grid", 1)
+        c = c0.copy()
+        ops.sgemm_packed(a, packed, c, alpha=alpha, beta=beta, threads=1)
+        expect_close(c, a, b, c0, False, False, alpha, beta)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (-1.5, 0.0), (0.5, -0.75), (2.0, 1.0),
                                         (1.0, 0.0), (0.0, 0.5), (0.0, 0.0)])
