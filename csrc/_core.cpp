@@ -688,6 +688,52 @@ void bind_col2im(py::handle col_, py::handle kh, py::handle kw, py::handle strid
                 c.second);
 }
 
+// x's channels [c0, c1) = col2im(sum_j w_j^T @ dy_j): the input gradient without its dcol.
+void bind_col2im_product(py::handle ws_, py::handle dys_, py::handle kh, py::handle kw,
+                         py::handle stride, py::handle pad, py::handle x_, py::handle threads_,
+                         py::handle channels) {
+  auto x = checked<float>(x_, "x", 4, true);
+  const ConvGeom g = conv_geom(x, kh, kw, stride, pad);
+  const Shape col = col_shape(g);
+  if (!py::isinstance<py::sequence>(ws_) || py::isinstance<py::str>(ws_) ||
+      !py::isinstance<py::sequence>(dys_) || py::isinstance<py::str>(dys_))
+    throw py::type_error("col2im_product: expected sequences ws and dys of float32 matrices, got " +
+                         type_name(ws_) + " and " + type_name(dys_));
+  auto ws_seq = py::reinterpret_borrow<py::sequence>(ws_);
+  auto dys_seq = py::reinterpret_borrow<py::sequence>(dys_);
+  if (ws_seq.size() != dys_seq.size())
+    throw py::value_error("col2im_product: expected as many dys as ws, got " +
+                          std::to_string(dys_seq.size()) + " and " +
+                          std::to_string(ws_seq.size()));
+  std::vector<py::array> held;
+  std::vector<const float*> w, dy;
+  std::vector<int64_t> k, ldw, lddy;
+  for (size_t j = 0; j < ws_seq.size(); ++j) {
+    const std::string wn = "ws[" + std::to_string(j) + "]", dn = "dys[" + std::to_string(j) + "]";
+    auto wj = checked<float>(ws_seq[j], wn.c_str(), 2, false, true);
+    auto dj = checked<float>(dys_seq[j], dn.c_str(), 2, false, true);
+    expect_shape(wj, wn.c_str(), {wj.shape(0), col[0]});
+    expect_shape(dj, dn.c_str(), {wj.shape(0), col[1]});
+    expect_disjoint(x, wj, "x", wn.c_str());
+    expect_disjoint(x, dj, "x", dn.c_str());
+    w.push_back(cptr<float>(wj));
+    dy.push_back(cptr<float>(dj));
+    k.push_back(wj.shape(0));
+    ldw.push_back(leading_dim(wj));
+    lddy.push_back(leading_dim(dj));
+    held.push_back(wj);
+    held.push_back(dj);
+  }
+  const auto c = channel_range(channels, g.C);
+  const int threads = thread_count(threads_);
+  if (x.size() == 0) return;
+  float* px = ptr<float>(x);
+  py::gil_scoped_release nogil;
+  pyhet::col2im_product(static_cast<int>(w.size()), w.data(), k.data(), ldw.data(), dy.data(),
+                        lddy.data(), g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.pad, px,
+                        threads, c.first, c.second);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pooling
 
@@ -1076,6 +1122,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("col2im", &bind_col2im, py::arg("col"), py::arg("kh"), py::arg("kw"),
         py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
         py::arg("channels") = py::none());
+  m.def("col2im_product", &bind_col2im_product, py::arg("ws"), py::arg("dys"), py::arg("kh"),
+        py::arg("kw"), py::arg("stride"), py::arg("pad"), py::arg("x"), py::arg("threads") = 1,
+        py::arg("channels") = py::none(),
+        "x's channels (c0, c1) (None: all) = col2im(sum_j ws[j]^T @ dys[j]), ws[j] (k_j, C*KH*KW) "
+        "and dys[j] (k_j, N*OH*OW), made in blocks that stay in cache (no dcol in memory).");
   m.def("maxpool", &bind_maxpool, py::arg("x"), py::arg("k"), py::arg("stride"), py::arg("out"),
         py::arg("arg"), py::arg("threads") = 1);
   m.def("maxpool_backward", &bind_maxpool_backward, py::arg("dout"), py::arg("arg"),

@@ -76,6 +76,24 @@ void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
   }
 }
 
+// The L2 per core as the C library reports it, 0 where it cannot say; PYHET_GEMM_L2_BYTES, where
+// set to a number, stands in for it (the tests run every block size on any CPU).
+int64_t core_l2_bytes() {
+  static const int64_t l2 = [] {
+    if (const char* given = std::getenv("PYHET_GEMM_L2_BYTES")) {
+      char* end = nullptr;
+      const long v = std::strtol(given, &end, 10);
+      if (end != given && *end == '\0' && v >= 0) return static_cast<int64_t>(v);
+    }
+    long found = 0;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+    found = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return static_cast<int64_t>(found > 0 ? found : 0);
+  }();
+  return l2;
+}
+
 namespace gemm {
 namespace {
 
@@ -930,22 +948,9 @@ constexpr Kernel kAvx512KernelWideL2 =
     make_kernel<Avx512Tile>("avx512", micro_kernel_avx512, kBlocksAvx512WideL2);
 
 // The AVX-512 kernel with the blocks for this CPU's L2 (one per process: a PackedB made by it is
-// read by it). The L2 per core as the C library reports it (0 where it cannot say: the
-// narrower blocks); PYHET_GEMM_L2_BYTES, where set to a number, stands in for it (the tests run
-// both blocks on any CPU).
+// read by it): the wider ones where core_l2_bytes() is kWideL2Bytes or more.
 const Kernel& avx512_kernel() {
-  static const bool wide = [] {
-    long l2 = 0;
-    if (const char* given = std::getenv("PYHET_GEMM_L2_BYTES")) {
-      char* end = nullptr;
-      const long v = std::strtol(given, &end, 10);
-      if (end != given && *end == '\0' && v >= 0) return v >= kWideL2Bytes;
-    }
-#ifdef _SC_LEVEL2_CACHE_SIZE
-    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    return l2 >= kWideL2Bytes;
-  }();
+  static const bool wide = core_l2_bytes() >= kWideL2Bytes;
   return wide ? kAvx512KernelWideL2 : kAvx512Kernel;
 }
 #endif

@@ -31,6 +31,8 @@ void sgemm_naive(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 
 // Which micro-kernel sgemm uses on this CPU: "avx512", "avx2-fma" or "portable".
 const char* sgemm_kernel_name();
+// The L2 per core (PYHET_GEMM_L2_BYTES, where set, stands in for it); 0 where unknown.
+int64_t core_l2_bytes();
 // The chosen kernel's blocks: {MC, KC, NC}.
 std::array<int64_t, 3> sgemm_blocks();
 

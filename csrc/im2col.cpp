@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
 #include <numeric>
 #include <cstdint>
 #include <cstring>
@@ -393,17 +394,21 @@ void im2col_pack_quadrants(const float* x, int64_t N, int64_t C, int64_t H, int6
   }
 }
 
-void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
-            int64_t stride, int64_t pad, float* x, int threads, int64_t c_begin, int64_t c_end) {
-  const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
-  const int64_t P = OH * OW;
-#pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
-  for (int64_t c = c_begin; c < c_end; ++c) {
-    for (int64_t n = 0; n < N; ++n) std::memset(x + (n * C + c) * H * W, 0, sizeof(float) * H * W);
+namespace {
+
+// col2im of a block of dcol: channels [cb0, cb1) x images [n0, n1) from buf (row
+// u = ((c - cb0) * KH + i) * KW + j holds (c, i, j), the images' columns side by side; rows ld
+// floats apart) into those planes of x, which it sets: nothing else writes them.
+void col2im_block(const float* buf, int64_t ld, int64_t n0, int64_t n1, int64_t cb0, int64_t cb1,
+                  int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t stride,
+                  int64_t pad, int64_t OH, int64_t OW, float* x) {
+  for (int64_t c = cb0; c < cb1; ++c) {
+    for (int64_t n = n0; n < n1; ++n)
+      std::memset(x + (n * C + c) * H * W, 0, sizeof(float) * H * W);
     for (int64_t i = 0; i < KH; ++i)
       for (int64_t j = 0; j < KW; ++j) {
-        const float* src = col + ((c * KH + i) * KW + j) * N * P;
-        for (int64_t n = 0; n < N; ++n) {
+        const float* src = buf + (((c - cb0) * KH + i) * KW + j) * ld;
+        for (int64_t n = n0; n < n1; ++n) {
           float* plane = x + (n * C + c) * H * W;
           for (int64_t oh = 0; oh < OH; ++oh, src += OW) {
             const int64_t ih = oh * stride - pad + i;
@@ -416,6 +421,80 @@ void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_
           }
         }
       }
+  }
+}
+
+}  // namespace
+
+void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+            int64_t stride, int64_t pad, float* x, int threads, int64_t c_begin, int64_t c_end) {
+  const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
+  const int64_t NP = N * OH * OW;
+#pragma omp parallel for schedule(static) num_threads(clamp_threads(threads))
+  for (int64_t c = c_begin; c < c_end; ++c)
+    col2im_block(col + c * KH * KW * NP, NP, 0, N, c, c + 1, C, H, W, KH, KW, stride, pad, OH,
+                 OW, x);
+}
+
+
+
+int64_t col2im_block_floats() {
+  const int64_t l2 = core_l2_bytes();
+  return (l2 > 0 ? l2 : int64_t{512} << 10) / 2 / static_cast<int64_t>(sizeof(float));
+}
+
+void col2im_blocks(int64_t N, int64_t P, int64_t KK, int64_t c_begin, int64_t c_end,
+                   int64_t budget, int64_t* images, int64_t* channels) {
+  // at least kColumns columns of images (the products' N: their B packed once per block of
+  // channels, their A once per block of images), then as many channels as fit the budget
+  constexpr int64_t kColumns = 256;
+  const int64_t nb =
+      std::max<int64_t>(1, std::min(N, (kColumns + P - 1) / std::max<int64_t>(P, 1)));
+  const int64_t span = std::max<int64_t>(c_end - c_begin, 1);
+  int64_t cb = std::max<int64_t>(1, budget / std::max<int64_t>(KK * nb * P, 1));
+  cb = std::min(cb, span);
+  const int64_t pieces = (span + cb - 1) / cb;  // blocks of near-equal size
+  *images = nb;
+  *channels = (span + pieces - 1) / pieces;
+}
+
+void col2im_product(int parts, const float* const* w, const int64_t* k, const int64_t* ldw,
+                    const float* const* dy, const int64_t* lddy, int64_t N, int64_t C,
+                    int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t stride, int64_t pad,
+                    float* x, int threads, int64_t c_begin, int64_t c_end) {
+  const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
+  const int64_t P = OH * OW, KK = KH * KW;
+  if (N <= 0 || c_end <= c_begin) return;
+  int64_t nb = 1, cb = 1;
+  col2im_blocks(N, P, KK, c_begin, c_end, col2im_block_floats(), &nb, &cb);
+  const int64_t image_blocks = (N + nb - 1) / nb;
+  const int64_t channel_blocks = (c_end - c_begin + cb - 1) / cb;
+  const int64_t blocks = image_blocks * channel_blocks;
+  const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), blocks));
+  const int64_t ld = nb * P, buf_floats = cb * KK * ld;
+  // a buffer a thread, not set (a block's products write it whole)
+  std::unique_ptr<float[]> bufs(new float[static_cast<size_t>(team) * buf_floats]);
+#pragma omp parallel num_threads(region_size(team, threads))
+  {
+    float* buf = bufs.get() + std::min(thread_id(), team - 1) * buf_floats;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      // image blocks outer: a thread's blocks share their images' columns of dy
+      const int64_t n0 = (b / channel_blocks) * nb, n1 = std::min(N, n0 + nb);
+      const int64_t cb0 = c_begin + (b % channel_blocks) * cb, cb1 = std::min(c_end, cb0 + cb);
+      const int64_t rows = (cb1 - cb0) * KK, cols = (n1 - n0) * P;
+      bool written = false;
+      for (int j = 0; j < parts; ++j) {
+        if (k[j] <= 0) continue;
+        // rows [cb0 * KK, cb1 * KK) of w_j^T: columns of w_j (k_j x C * KK, ldw_j apart)
+        sgemm(true, false, rows, cols, k[j], 1.f, w[j] + cb0 * KK, ldw[j], dy[j] + n0 * P,
+              lddy[j], written ? 1.f : 0.f, buf, ld, 1);
+        written = true;
+      }
+      if (!written)
+        for (int64_t u = 0; u < rows; ++u) std::memset(buf + u * ld, 0, sizeof(float) * cols);
+      col2im_block(buf, ld, n0, n1, cb0, cb1, C, H, W, KH, KW, stride, pad, OH, OW, x);
+    }
   }
 }
 

@@ -89,7 +89,7 @@ __all__ = [
     "strassen_min_dim", "uses_strassen", "splits_k", "start_team",
     "default_threads", "gemm_blocks", "im2col", "im2col_pack", "im2col_pack_quadrants",
     "quadrant_units",
-    "col2im",
+    "col2im", "col2im_product",
     "maxpool", "maxpool_backward", "bias_relu_maxpool", "bias_relu_maxpool_backward",
     "conv_out_size",
 ]
@@ -721,6 +721,34 @@ def col2im(col, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None, th
     x = _out(out, _shape(x_shape, "x_shape", "col2im"), "out", what="col2im")
     _core_call("col2im", "float32 arrays and ints", _core.col2im, col, kh, kw, stride, pad, x,
                threads=_threads(threads), channels=_range(channels, "channels", "col2im"))
+    return x
+
+
+def col2im_product(ws, dys, x_shape, kh, kw, stride=1, pad=0, *, out=None, channels=None,
+                   threads=None):
+    """col2im(sum_j ws[j]^T @ dys[j]) without the matrix dcol in between: the input gradient of
+    a conv layer straight from its weights ws[j] (k_j, C*KH*KW) and output gradients dys[j]
+    (k_j, N*OH*OW) (one pair a shard, or one of them all). dcol is made a block at a time (a
+    few images and channels, half the core's L2), each added into `out` while it is in cache.
+    Faster where the kernels are few (a few hundred: the product's output is then most of its
+    memory traffic); on many, its blocks pack the operands again and again, and sgemm then
+    col2im is faster. channels=(c0, c1) makes only those channels (of `out`)."""
+    if isinstance(ws, np.ndarray) or isinstance(dys, np.ndarray) or not isinstance(
+            ws, (list, tuple)) or not isinstance(dys, (list, tuple)):
+        raise TypeError(f"col2im_product: ws and dys: expected lists of float32 matrices, got "
+                        f"{type(ws).__name__} and {type(dys).__name__}")
+    if len(ws) != len(dys):
+        raise ValueError(f"col2im_product: expected one dy a w, got {len(ws)} ws and "
+                         f"{len(dys)} dys")
+    ws = [_matrix(w, f"ws[{j}]") for j, w in enumerate(ws)]
+    dys = [_matrix(d, f"dys[{j}]") for j, d in enumerate(dys)]
+    kh, kw = _size(kh, "kh", "col2im_product", 1), _size(kw, "kw", "col2im_product", 1)
+    stride = _size(stride, "stride", "col2im_product", 1)
+    pad = _size(pad, "pad", "col2im_product")
+    x = _out(out, _shape(x_shape, "x_shape", "col2im_product"), "out", what="col2im_product")
+    _core_call("col2im_product", "lists of float32 matrices, a float32 array and ints",
+               _core.col2im_product, ws, dys, kh, kw, stride, pad, x, threads=_threads(threads),
+               channels=_range(channels, "channels", "col2im_product"))
     return x
 
 

@@ -251,6 +251,18 @@ def col2im_call(draw):
                 channels=True)
 
 
+def col2im_product_call(draw):
+    N, C, H, W, kh, kw, stride, pad, OH, OW, channels = conv_sizes(draw)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    kernels = draw(st.lists(st.integers(0, 4), max_size=3))
+    args = dict(ws=[rand(rng, k, C * kh * kw) for k in kernels],
+                dys=[rand(rng, k, N * OH * OW) for k in kernels], kh=kh, kw=kw, stride=stride,
+                pad=pad, x=np.zeros((N, C, H, W), np.float32), threads=draw(THREADS),
+                channels=channels)
+    return Call(_core.col2im_product, args, outputs=("x",), ints=("kh", "kw", "stride", "pad"),
+                channels=True)
+
+
 def pool_sizes(draw):
     """N, C (or K), H, W, window k, stride s, PH, PW."""
     k, s = draw(st.integers(1, 3)), draw(st.integers(1, 3))
@@ -318,7 +330,7 @@ CASES = {
     "sgemm_packed_quadrants_t": sgemm_packed_quadrants_t_call,
     "im2col": im2col_call, "im2col_pack": im2col_pack_call,
     "im2col_pack_quadrants": im2col_pack_quadrants_call,
-    "col2im": col2im_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
+    "col2im": col2im_call, "col2im_product": col2im_product_call, "maxpool": maxpool_call, "maxpool_backward": maxpool_backward_call,
     "bias_relu_maxpool": bias_relu_maxpool_call,
     "bias_relu_maxpool_backward": bias_relu_maxpool_backward_call,
     "sgd_update": sgd_update_call,
@@ -460,6 +472,35 @@ def test_binding_runs_or_raises_a_short_error(name, data):
         assert "\n" not in message and len(message) < 200, f"not a short message: {message!r}"
         return
     assert not must_raise, f"{name} ran with {call.spoiled}"
+
+
+@settings(max_examples=settings.default.max_examples * 3)
+@given(data=st.data())
+def test_col2im_product_runs_or_raises_with_spoiled_parts(data):
+    """col2im_product's lists of weights and output gradients, spoiled: an array of one of
+    them (as the arrays of every binding are), a list one longer than the other, or not a
+    list of arrays at all."""
+    call = col2im_product_call(data.draw)
+    ws, dys = call.args["ws"], call.args["dys"]
+    how = data.draw(st.sampled_from(["array", "longer", "not a list"]))
+    must = True
+    if how == "array" and ws:
+        which = data.draw(st.sampled_from(["ws", "dys"]))
+        j = data.draw(st.integers(0, len(ws) - 1))
+        value, how, must = spoil_array(data.draw, call.args[which][j], False)
+        call.args[which][j] = value
+    elif how == "longer" or how == "array":
+        call.args[data.draw(st.sampled_from(["ws", "dys"]))].append(np.zeros((1, 1), np.float32))
+    else:
+        call.args[data.draw(st.sampled_from(["ws", "dys"]))] = data.draw(
+            st.sampled_from(["ab", 3, None, np.zeros((2, 2), np.float32), [[1.0]]]))
+    try:
+        call.fn(**call.args)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        assert "\n" not in message and len(message) < 200, f"not a short message: {message!r}"
+        return
+    assert not must, f"col2im_product ran with {how}"
 
 
 def test_every_binding_is_covered():

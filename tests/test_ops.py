@@ -282,6 +282,89 @@ def test_col2im_overwrites_its_output():
     assert np.isfinite(x).all() and x[0, 0, 1, 1] == 4 and x[0, 0, 0, 0] == 1
 
 
+@given(conv_geometry(), THREADS, st.lists(st.integers(0, 9), max_size=3), st.data(),
+       st.integers(0, 2**31))
+def test_col2im_product_matches_reference(geom, threads, kernels, data, seed):
+    """col2im(sum_j w_j^T @ dy_j): any number of parts (none: zeros), parts without kernels,
+    weights and output gradients that are blocks of bigger matrices; with channels, only those
+    channels of the output are written."""
+    N, C, H, W, R, S, stride, pad = geom
+    channels = data.draw(channel_ranges(C), "channels")
+    rng = np.random.default_rng(seed)
+    OH, OW = ref.out_size(H, R, stride, pad), ref.out_size(W, S, stride, pad)
+    rows, cols = C * R * S, N * OH * OW
+    ws = [rand(rng, k, rows + 3)[:, 1:rows + 1] for k in kernels]   # rows further apart
+    dys = [rand(rng, k + 2, cols)[1:k + 1] for k in kernels]
+    out = np.full((N, C, H, W), np.nan, np.float32)
+    got = ops.col2im_product(ws, dys, (N, C, H, W), R, S, stride, pad, out=out,
+                             channels=channels, threads=threads)
+    assert got is out
+    dcol = np.zeros((rows, cols))
+    for w, dy in zip(ws, dys):
+        dcol += w.T.astype(np.float64) @ dy.astype(np.float64)
+    want = ref.col2im(dcol, (N, C, H, W), R, S, stride, pad)
+    if channels is not None:
+        want[:, :channels[0]] = want[:, channels[1]:] = np.nan
+    scale = sum(float(np.abs(w).max(initial=0.0)) * float(np.abs(d).max(initial=0.0))
+                for w, d in zip(ws, dys))
+    atol = 1e-6 * R * S * (sum(kernels) + 1) * max(1.0, scale)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("kernel", ["portable", "avx2-fma", "avx512"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_col2im_product_is_sgemm_then_col2im(kernel, threads):
+    """In blocks of images and channels (several of each here, for an L2 up to 4 MiB), the same bits
+    as the product into dcol and col2im of it, for each micro-kernel (K within one K block);
+    channels past the range are left as they were."""
+    rng = np.random.default_rng(3)
+    N, C, H, R, pad = 21, 200, 10, 5, 1                # 8x8 maps: 64 columns an image
+    shape = (N, C, H, H)
+    rows, cols = C * R * R, N * 64
+    parts = [(rand(rng, k, rows), rand(rng, k, cols)) for k in (37, 0, 28)]
+    with forced_kernel(kernel):
+        dcol = np.zeros((rows, cols), np.float32)
+        for w, dy in parts:
+            ops.sgemm(w, dy, dcol, trans_a=True, beta=1.0, threads=threads)
+        want = np.full(shape, 5.0, np.float32)
+        ops.col2im(dcol, shape, R, R, 1, pad, out=want, channels=(3, 197), threads=threads)
+        got = np.full(shape, 5.0, np.float32)
+        ops.col2im_product([w for w, _ in parts], [dy for _, dy in parts], shape, R, R, 1, pad,
+                           out=got, channels=(3, 197), threads=threads)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_col2im_product_says_what_it_expected():
+    w, dy = np.zeros((2, 18), np.float32), np.zeros((2, 32), np.float32)   # 2x3x6x6, 3x3
+    x = np.zeros((2, 2, 6, 6), np.float32)
+    cases = [
+        (lambda: ops.col2im_product(w, [dy], x.shape, 3, 3), TypeError,
+         "ws and dys: expected lists of float32 matrices, got ndarray and list"),
+        (lambda: ops.col2im_product([w], [dy, dy], x.shape, 3, 3), ValueError,
+         "one dy a w, got 1 ws and 2 dys"),
+        (lambda: ops.col2im_product([w.astype(np.float64)], [dy], x.shape, 3, 3), TypeError,
+         r"ws\[0\]: expected dtype float32, got float64"),
+        (lambda: ops.col2im_product([w[:, :10]], [dy], x.shape, 3, 3), ValueError,
+         r"ws\[0\]: expected shape \(2, 18\), got \(2, 10\)"),
+        (lambda: ops.col2im_product([w], [dy[:1]], x.shape, 3, 3), ValueError,
+         r"dys\[0\]: expected shape \(2, 32\), got \(1, 32\)"),
+        (lambda: ops.col2im_product([w], [dy], x.shape, 3, 3, out=x[:1]), ValueError,
+         "out"),
+        (lambda: ops.col2im_product([w], [dy], x.shape, 3, 3, channels=(0, 3)), ValueError,
+         "channels"),
+        (lambda: ops.col2im_product([w], [dy], x.shape, 7, 7), ValueError, "does not fit"),
+        (lambda: ops.col2im_product([w], [dy], x.shape, 3, 3, threads=0), ValueError,
+         "threads"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "\n" not in str(e.value)
+    flat = x.reshape(-1)
+    with pytest.raises(ValueError, match="overlaps"):
+        ops.col2im_product([flat[:36].reshape(2, 18)], [dy], x.shape, 3, 3, out=x)
+
+
 # ------------------------------------------------------------------------------------------------
 # Max-pool
 

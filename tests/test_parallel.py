@@ -409,28 +409,37 @@ def test_host_group_weight_gradient_from_the_forward_quadrant_sums(spec, counts)
             d.close()
 
 
-def test_host_group_multiplies_all_its_kernels_at_once(reference):
+@pytest.mark.parametrize("fused", [False, True])
+def test_host_group_multiplies_all_its_kernels_at_once(reference, fused, monkeypatch):
     """A host group's update writes its members' new weights into their rows of one array of the
     whole layer (two, taking turns), and its backward their dy into one array, so that each
     member's part of the input gradient is one product over all of the group's kernels (not one
     per shard), and so is its part of the weight gradient (the columns of its channels), from
     col packed for the forward, read transposed: col^T is not packed for a layer with an input
     gradient (conv2), and is for one without (conv1). A device of another kind between them
-    leaves the parts apart. The weights stay those of one reference device."""
+    leaves the parts apart. fused: the input gradient's product and col2im in one, a block at
+    a time (few kernels, ops.col2im_product), else sgemm then col2im. The weights stay those
+    of one reference device."""
     from pyhet import ops
     from pyhet.backends import cpu
 
+    if not fused:
+        monkeypatch.setattr(cpu, "COL2IM_PRODUCT_KERNELS", 0)
     for spec, counts, joined in (("cpu:1,cpu:2,cpu:1", [2, 3, 4], True),
                                  ("cpu:1,numpy,cpu:1", [4, 2, 3], False)):
         devices = make_devices(parse_devices(spec))
         products, inside, grads = [], [], []
         original, part = ops.sgemm, cpu.CpuBackend.input_grad_part
-        original_t = ops.sgemm_packed_t
+        original_t, original_fused = ops.sgemm_packed_t, ops.col2im_product
 
         def counting(*args, **kwargs):
             if inside:   # w^T @ dy: the input gradient's products (kernels, from where)
                 products.append((args[0].shape[0], np.shares_memory(args[0], weights[0])))
             return original(*args, **kwargs)
+
+        def counting_fused(ws, *args, **kwargs):   # (kernels, from where) of each part
+            products.append(tuple((w.shape[0], np.shares_memory(w, weights[0])) for w in ws))
+            return original_fused(ws, *args, **kwargs)
 
         def counting_t(*args, **kwargs):   # dy @ col[rows]^T: the weight gradient's
             grads.append(args[0].shape[0])
@@ -456,12 +465,12 @@ def test_host_group_multiplies_all_its_kernels_at_once(reference):
                 assert whole.shape == (9, conv.g.C * conv.g.R * conv.g.S)
                 np.testing.assert_array_equal(whole, np.concatenate(group))
             cpu.ops.sgemm, cpu.CpuBackend.input_grad_part = counting, input_grad_part
-            cpu.ops.sgemm_packed_t = counting_t
+            cpu.ops.sgemm_packed_t, cpu.ops.col2im_product = counting_t, counting_fused
             try:
                 net.train_step(*batch(1), CFG)
             finally:
                 cpu.ops.sgemm, cpu.CpuBackend.input_grad_part = original, part
-                cpu.ops.sgemm_packed_t = original_t
+                cpu.ops.sgemm_packed_t, cpu.ops.col2im_product = original_t, original_fused
             conv1, conv2 = (c._shared for c in net.convs)
             assert conv2.fwd is not None and conv2.col_t is None and conv2.dw_from_fwd
             assert conv1.col_t is not None and not conv1.dw_from_fwd
@@ -470,8 +479,12 @@ def test_host_group_multiplies_all_its_kernels_at_once(reference):
             assert sorted(grads) == ([9, 9, 9] if joined else [3, 3, 4, 4])
             # conv2's input gradient: one product per member, of all 9 kernels, when joined
             # straight from the group's weights; apart, one per member from joined copies of the
-            # shards' columns (JOIN_KERNELS)
-            assert sorted(products) == ([(9, True)] * 3 if joined else [(7, False)] * 2)
+            # shards' columns (JOIN_KERNELS), or, fused, the shards' weights as they are
+            if fused:
+                assert sorted(products) == ([((9, True),)] * 3 if joined else
+                                            [((4, True), (3, False))] * 2)
+            else:
+                assert sorted(products) == ([(9, True)] * 3 if joined else [(7, False)] * 2)
             net.train_step(*batch(2), CFG)
             assert_same_weights(net.params(), reference[0])
         finally:

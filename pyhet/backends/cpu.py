@@ -21,6 +21,11 @@ from . import numpy_ref as ref
 # core's GEMM takes K in blocks of 512 (PYHET_GEMM_KC), so that such a product passes over its
 # output once.
 JOIN_KERNELS = 512
+# Up to this many kernels in all, the input gradient goes straight from the product to col2im a
+# block at a time (ops.col2im_product): its dcol would be most of the product's memory traffic
+# (on the default network's conv2, 64 kernels, 1.2-1.3x faster with one or two threads; about
+# even at 512 kernels, 0.8-0.9x at the paper network's 1500).
+COL2IM_PRODUCT_KERNELS = 256
 
 
 class CpuBackend:
@@ -152,7 +157,8 @@ class CpuBackend:
     def input_grad_part(self, parts, dcol, dx, g, channels, dw=None):
         """Channels [c0, c1) of the layer's input gradient, from every shard of the layer:
         dcol[rows] = sum_j w_j[:, rows]^T @ dy_j (rows of those channels), then col2im of those
-        channels into dx. parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]. dw:
+        channels into dx (for up to COL2IM_PRODUCT_KERNELS kernels in all, a block of dcol at a
+        time, dcol left as it was). parts: [(w_j (k_j, C*R*S), dy_j (k_j, N*OH*OW)), ...]. dw:
         ([dw_j (k_j, C*R*S), ...], fwd), the shards' weight gradients, of which this fills the
         columns of those rows: dy_j @ col[rows]^T, from col packed for the forward (fwd, read
         transposed); or None. Where fwd holds col's quadrants' sums (ops.PackedQuadrants),
@@ -184,6 +190,13 @@ class CpuBackend:
             w_all = _joined_rows([w2 for w2, _ in parts])
             if w_all is not None:
                 parts = [(w_all, dy_all)]
+        if kernels <= COL2IM_PRODUCT_KERNELS:
+            # few kernels: the rows of dcol a block at a time, each added into dx while in cache
+            # (dcol itself is then neither written nor read back)
+            ops.col2im_product([w2 for w2, _ in parts], [dy for _, dy in parts], dx.shape, g.R,
+                               g.S, g.stride, g.pad, out=dx, channels=channels,
+                               threads=self.threads)
+            return
         if len(parts) > 1 and kernels <= JOIN_KERNELS and kernels < r1 - r0:
             # few kernels in all: one product over all of them passes over the block once
             # (the GEMM's K block holds them), not once per part; the joined copies are smaller
