@@ -129,6 +129,11 @@ def test_im2col_pack_holds_the_packed_im2col(kernel, geom, threads, data, seed):
         only = ops.packed_b(NP, K, trans_b=True)
         ops.im2col_pack(x, R, S, stride, pad, t=only, threads=threads)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), only), col.T)
+        # fwd alone, in the same pieces
+        alone = ops.packed_b(K, NP)
+        for n0, n1 in order:
+            ops.im2col_pack(x, R, S, stride, pad, fwd=alone, images=(n0, n1), threads=threads)
+        np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), alone), col)
 
 
 def test_im2col_pack_says_what_it_expected():
@@ -192,7 +197,8 @@ def test_im2col_pack_quadrants_holds_the_quadrant_sums_of_im2col(kernel, geom, t
 def test_im2col_pack_in_chunks_of_images(kernel, hw, k):
     """Both packings go through the images in chunks (as many as fill whole slivers: 8 of 100
     pixels on a 32-wide kernel), at multiples of the chunk: ranges that start and end inside
-    chunks, filled in any order, still pack every column once, whole or in quadrants."""
+    chunks, filled in any order, still pack every column once, whole or in quadrants, and fwd
+    alone too."""
     with forced_kernel(kernel):
         rng = np.random.default_rng(hw)
         x = rand(rng, 46, 4, hw, hw)
@@ -200,11 +206,14 @@ def test_im2col_pack_in_chunks_of_images(kernel, hw, k):
         K, NP = col.shape
         fwd, t = ops.packed_b(K, NP), ops.packed_b(NP, K, trans_b=True)
         qf, qt = ops.packed_quadrants(K, NP), ops.packed_quadrants(NP, K, trans_b=True)
+        alone = ops.packed_b(K, NP)
         for n0, n1 in [(13, 46), (0, 5), (5, 13)]:
             ops.im2col_pack(x, k, k, fwd=fwd, t=t, images=(n0, n1), threads=2)
+            ops.im2col_pack(x, k, k, fwd=alone, images=(n0, n1), threads=2)
         for n0, n1 in [(9, 23), (0, 3), (3, 9)]:
             ops.im2col_pack_quadrants(x, k, k, fwd=qf, t=qt, images=(n0, n1), threads=2)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), fwd), col)
+        np.testing.assert_array_equal(ops.sgemm_packed(np.eye(K, dtype=np.float32), alone), col)
         np.testing.assert_array_equal(ops.sgemm_packed(np.eye(NP, dtype=np.float32), t), col.T)
         assert_packs_the_quadrant_sums(col, qf, qt, rng)
 
