@@ -9,6 +9,9 @@
 #include <numeric>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
 #include <vector>
 #ifdef __SSE2__
 #include <xmmintrin.h>
@@ -451,8 +454,9 @@ void col2im_blocks(int64_t N, int64_t P, int64_t KK, int64_t c_begin, int64_t c_
   const int64_t nb =
       std::max<int64_t>(1, std::min(N, (kColumns + P - 1) / std::max<int64_t>(P, 1)));
   const int64_t span = std::max<int64_t>(c_end - c_begin, 1);
-  int64_t cb = std::max<int64_t>(1, budget / std::max<int64_t>(KK * nb * P, 1));
-  cb = std::min(cb, span);
+  // (divisions, not a product of KK and the columns, which an absurd kernel could overflow)
+  int64_t cb = budget / std::max<int64_t>(KK, 1) / std::max<int64_t>(nb * P, 1);
+  cb = std::max<int64_t>(1, std::min(cb, span));
   const int64_t pieces = (span + cb - 1) / cb;  // blocks of near-equal size
   *images = nb;
   *channels = (span + pieces - 1) / pieces;
@@ -465,37 +469,62 @@ void col2im_product(int parts, const float* const* w, const int64_t* k, const in
   const int64_t OH = conv_out_size(H, KH, stride, pad), OW = conv_out_size(W, KW, stride, pad);
   const int64_t P = OH * OW, KK = KH * KW;
   if (N <= 0 || c_end <= c_begin) return;
+  bool any = false;
+  for (int j = 0; j < parts; ++j) any = any || k[j] > 0;
+  if (!any) {  // no kernels: those channels of x are zeros (and no buffer, whatever KK is)
+    for (int64_t n = 0; n < N; ++n)
+      std::memset(x + (n * C + c_begin) * H * W, 0, sizeof(float) * (c_end - c_begin) * H * W);
+    return;
+  }
   int64_t nb = 1, cb = 1;
   col2im_blocks(N, P, KK, c_begin, c_end, col2im_block_floats(), &nb, &cb);
   const int64_t image_blocks = (N + nb - 1) / nb;
   const int64_t channel_blocks = (c_end - c_begin + cb - 1) / cb;
   const int64_t blocks = image_blocks * channel_blocks;
   const int team = static_cast<int>(std::min<int64_t>(clamp_threads(threads), blocks));
-  const int64_t ld = nb * P, buf_floats = cb * KK * ld;
+  const int64_t ld = nb * P;
+  // a block of one channel can still be too big (cb * KK is at most the budget, or KK)
+  const int64_t limit = int64_t{1} << 40;
+  const int64_t buf_floats = ld > 0 && cb * KK > limit / ld ? limit + 1 : cb * KK * ld;
+  const int64_t all_floats = buf_floats > limit / team ? limit + 1 : buf_floats * team;
+  if (all_floats > limit)
+    throw std::length_error("col2im_product: the rows of one channel for " +
+                            std::to_string(nb) + " images take more memory than there is (" +
+                            std::to_string(KK) + " rows of " + std::to_string(ld) +
+                            " floats)");
   // a buffer a thread, not set (a block's products write it whole)
-  std::unique_ptr<float[]> bufs(new float[static_cast<size_t>(team) * buf_floats]);
+  std::unique_ptr<float[]> bufs(new float[static_cast<size_t>(all_floats)]);
+  // block b into buf, then into x: image blocks outer (a thread's blocks share their images'
+  // columns of dy)
+  auto product_block = [&](int64_t b, float* buf) {
+    const int64_t n0 = (b / channel_blocks) * nb, n1 = std::min(N, n0 + nb);
+    const int64_t cb0 = c_begin + (b % channel_blocks) * cb, cb1 = std::min(c_end, cb0 + cb);
+    const int64_t rows = (cb1 - cb0) * KK, cols = (n1 - n0) * P;
+    bool written = false;
+    for (int j = 0; j < parts; ++j) {
+      if (k[j] <= 0) continue;
+      // rows [cb0 * KK, cb1 * KK) of w_j^T: columns of w_j (k_j x C * KK, ldw_j apart)
+      sgemm(true, false, rows, cols, k[j], 1.f, w[j] + cb0 * KK, ldw[j], dy[j] + n0 * P,
+            lddy[j], written ? 1.f : 0.f, buf, ld, 1);
+      written = true;
+    }
+    col2im_block(buf, ld, n0, n1, cb0, cb1, C, H, W, KH, KW, stride, pad, OH, OW, x);
+  };
+  std::exception_ptr failed;  // (an exception must not leave the parallel region)
 #pragma omp parallel num_threads(region_size(team, threads))
   {
     float* buf = bufs.get() + std::min(thread_id(), team - 1) * buf_floats;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      // image blocks outer: a thread's blocks share their images' columns of dy
-      const int64_t n0 = (b / channel_blocks) * nb, n1 = std::min(N, n0 + nb);
-      const int64_t cb0 = c_begin + (b % channel_blocks) * cb, cb1 = std::min(c_end, cb0 + cb);
-      const int64_t rows = (cb1 - cb0) * KK, cols = (n1 - n0) * P;
-      bool written = false;
-      for (int j = 0; j < parts; ++j) {
-        if (k[j] <= 0) continue;
-        // rows [cb0 * KK, cb1 * KK) of w_j^T: columns of w_j (k_j x C * KK, ldw_j apart)
-        sgemm(true, false, rows, cols, k[j], 1.f, w[j] + cb0 * KK, ldw[j], dy[j] + n0 * P,
-              lddy[j], written ? 1.f : 0.f, buf, ld, 1);
-        written = true;
+      try {
+        product_block(b, buf);
+      } catch (...) {
+#pragma omp critical(pyhet_col2im_product)
+        if (!failed) failed = std::current_exception();
       }
-      if (!written)
-        for (int64_t u = 0; u < rows; ++u) std::memset(buf + u * ld, 0, sizeof(float) * cols);
-      col2im_block(buf, ld, n0, n1, cb0, cb1, C, H, W, KH, KW, stride, pad, OH, OW, x);
     }
   }
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace pyhet

@@ -372,6 +372,10 @@ def test_col2im_product_says_what_it_expected():
     flat = x.reshape(-1)
     with pytest.raises(ValueError, match="overlaps"):
         ops.col2im_product([flat[:36].reshape(2, 18)], [dy], x.shape, 3, 3, out=x)
+    # no kernels: zeros, whatever the kernel's size (no block of its rows is made)
+    np.testing.assert_array_equal(
+        ops.col2im_product([], [], (4, 1, 1, 1), 2**30, 2**30, 1, 2**29, threads=2),
+        np.zeros((4, 1, 1, 1), np.float32))
 
 
 # ------------------------------------------------------------------------------------------------
