@@ -439,13 +439,16 @@ void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_
                  OW, x);
 }
 
+namespace {
 
-
+// The floats of a block: half the core's L2 (512 KiB taken for it where unknown).
 int64_t col2im_block_floats() {
   const int64_t l2 = core_l2_bytes();
   return (l2 > 0 ? l2 : int64_t{512} << 10) / 2 / static_cast<int64_t>(sizeof(float));
 }
 
+// The blocks: `images` images (at least 256 columns) by `channels` channels (as many as
+// `budget` floats hold, in blocks of near-equal size).
 void col2im_blocks(int64_t N, int64_t P, int64_t KK, int64_t c_begin, int64_t c_end,
                    int64_t budget, int64_t* images, int64_t* channels) {
   // at least kColumns columns of images (the products' N: their B packed once per block of
@@ -461,6 +464,8 @@ void col2im_blocks(int64_t N, int64_t P, int64_t KK, int64_t c_begin, int64_t c_
   *images = nb;
   *channels = (span + pieces - 1) / pieces;
 }
+
+}  // namespace
 
 void col2im_product(int parts, const float* const* w, const int64_t* k, const int64_t* ldw,
                     const float* const* dy, const int64_t* lddy, int64_t N, int64_t C,

@@ -53,8 +53,8 @@ void col2im(const float* col, int64_t N, int64_t C, int64_t H, int64_t W, int64_
 // The input gradient's channels [c_begin, c_end) of x (N, C, H, W) straight from the product
 // that makes their rows of dcol: col2im of sum_j w_j^T @ dy_j, w_j (k[j], C * KH * KW) with rows
 // ldw[j] floats apart, dy_j (k[j], N * OH * OW) with rows lddy[j] apart. dcol is made a block
-// at a time (a few images and channels, col2im_block_floats() at most where one channel of
-// the images fits) and summed into x at once, while it is in the core's cache: it never goes to
+// at a time (a few images and channels, half the core's L2 at most where one channel of the
+// images fits) and summed into x at once, while it is in the core's cache: it never goes to
 // memory, nor is it read back. Each thread takes whole blocks (products on one thread each).
 // It pays where the product is short (a few hundred kernels: its output is most of its memory
 // traffic); on a long one its blocks pack the operands again and again.
@@ -62,11 +62,5 @@ void col2im_product(int parts, const float* const* w, const int64_t* k, const in
                     const float* const* dy, const int64_t* lddy, int64_t N, int64_t C,
                     int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t stride, int64_t pad,
                     float* x, int threads, int64_t c_begin, int64_t c_end);
-// The floats of a block: half the core's L2 (512 KiB taken for it where unknown).
-int64_t col2im_block_floats();
-// The blocks it takes: `images` images (at least 256 columns) by `channels` channels (as many
-// as `budget` floats hold, in blocks of near-equal size).
-void col2im_blocks(int64_t N, int64_t P, int64_t KK, int64_t c_begin, int64_t c_end,
-                   int64_t budget, int64_t* images, int64_t* channels);
 
 }  // namespace pyhet

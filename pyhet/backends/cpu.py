@@ -23,8 +23,8 @@ from . import numpy_ref as ref
 JOIN_KERNELS = 512
 # Up to this many kernels in all, the input gradient goes straight from the product to col2im a
 # block at a time (ops.col2im_product): its dcol would be most of the product's memory traffic
-# (on the default network's conv2, 64 kernels, 1.2-1.3x faster with one or two threads; about
-# even at 512 kernels, 0.8-0.9x at the paper network's 1500).
+# (on the default network's conv2, 64 kernels, 1.1-1.2x faster with one or two threads; about
+# even at 512 kernels, 0.83-0.93x at the paper network's 1500).
 COL2IM_PRODUCT_KERNELS = 256
 
 
